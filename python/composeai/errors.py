@@ -1,0 +1,94 @@
+"""The exception hierarchy of composeai (ERR-1)."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ComposeError",
+    "ConfigError",
+    "ProviderError",
+    "SerializationError",
+    "ResumeMismatchError",
+    "BudgetExceededError",
+    "CompositionTypeError",
+    "StageTypeError",
+    "MaxTurnsExceededError",
+    "ModelRefusalError",
+    "AgentTimeoutError",
+    "TaskTimeoutError",
+    "MCPToolError",
+]
+
+
+class ComposeError(Exception):
+    """Base class of every composeai error."""
+
+
+class ConfigError(ComposeError):
+    """Misuse of the API or an unusable store."""
+
+
+class ProviderError(ComposeError):
+    """A model provider failed or answered with something unusable."""
+
+    def __init__(self, message: str = "", *, provider: str | None = None, model: str | None = None):
+        super().__init__(message)
+        self.provider = provider
+        self.model = model
+
+    def __reduce__(self):
+        return (_rebuild_provider_error, (str(self), self.provider, self.model))
+
+
+def _rebuild_provider_error(message, provider, model):
+    return ProviderError(message, provider=provider, model=model)
+
+
+class SerializationError(ComposeError):
+    """A value cannot be encoded or decoded."""
+
+
+class ResumeMismatchError(ComposeError):
+    """A flow's source changed since the run being resumed was created."""
+
+
+class BudgetExceededError(ComposeError):
+    """An active budget was crossed after an LLM call."""
+
+
+class CompositionTypeError(ComposeError, TypeError):
+    """Stages that cannot be composed, detected before anything runs."""
+
+
+class StageTypeError(ComposeError, TypeError):
+    """A runtime value does not fit a stage's declared input type."""
+
+
+class MaxTurnsExceededError(ComposeError):
+    """An agent used up its turns."""
+
+
+class ModelRefusalError(ComposeError):
+    """The model refused to answer."""
+
+    def __init__(self, message: str = "", *, raw: str | None = None):
+        super().__init__(message)
+        self.raw = raw
+
+    def __reduce__(self):
+        return (_rebuild_refusal, (str(self), self.raw))
+
+
+def _rebuild_refusal(message, raw):
+    return ModelRefusalError(message, raw=raw)
+
+
+class AgentTimeoutError(ComposeError):
+    """An agent exceeded its timeout."""
+
+
+class TaskTimeoutError(ComposeError):
+    """A task, map item or aggregate branch exceeded its timeout."""
+
+
+class MCPToolError(ComposeError):
+    """An MCP tool call or listing failed."""

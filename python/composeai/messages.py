@@ -1,0 +1,135 @@
+"""Conversation message types and token usage (AGENT-60 … AGENT-65)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "TextPart",
+    "ImagePart",
+    "ToolCallPart",
+    "ToolResultPart",
+    "ThinkingPart",
+    "ContentPart",
+    "Message",
+    "Usage",
+    "StopReason",
+]
+
+_FROZEN = ConfigDict(frozen=True)
+
+
+class TextPart(BaseModel):
+    model_config = _FROZEN
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ImagePart(BaseModel):
+    model_config = _FROZEN
+    type: Literal["image"] = "image"
+    media_type: str
+    data: str | None = None
+    url: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> ImagePart:
+        if (self.data is None) == (self.url is None):
+            raise ValueError("ImagePart requires exactly one of `data` or `url`, not both/neither")
+        return self
+
+
+class ToolCallPart(BaseModel):
+    model_config = _FROZEN
+    type: Literal["tool_call"] = "tool_call"
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+class ToolResultPart(BaseModel):
+    model_config = _FROZEN
+    type: Literal["tool_result"] = "tool_result"
+    tool_call_id: str
+    content: str
+    is_error: bool = False
+
+
+class ThinkingPart(BaseModel):
+    model_config = _FROZEN
+    type: Literal["thinking"] = "thinking"
+    text: str = ""
+    provider_token: str | None = None
+    provider: str | None = None
+
+
+ContentPart = Annotated[
+    Union[TextPart, ImagePart, ToolCallPart, ToolResultPart, ThinkingPart],
+    Field(discriminator="type"),
+]
+
+
+def _parts(text_or_parts: str | list[Any]) -> list[Any]:
+    if isinstance(text_or_parts, str):
+        return [TextPart(text=text_or_parts)]
+    return list(text_or_parts)
+
+
+class Message(BaseModel):
+    model_config = _FROZEN
+    role: Literal["user", "assistant"]
+    parts: list[ContentPart]
+
+    @classmethod
+    def user(cls, text_or_parts: str | list[Any]) -> Message:
+        return cls(role="user", parts=_parts(text_or_parts))
+
+    @classmethod
+    def assistant(cls, text_or_parts: str | list[Any]) -> Message:
+        return cls(role="assistant", parts=_parts(text_or_parts))
+
+    @property
+    def text(self) -> str:
+        return "".join(p.text for p in self.parts if isinstance(p, TextPart))
+
+
+class StopReason(str, Enum):
+    END_TURN = "end_turn"
+    MAX_TOKENS = "max_tokens"
+    TOOL_USE = "tool_use"
+    REFUSAL = "refusal"
+    ERROR = "error"
+    OTHER = "other"
+
+
+class Usage(BaseModel):
+    """Tokens and cost of one or more model calls. `Usage()` means nothing yet."""
+
+    model_config = _FROZEN
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_creation_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_usd: float | None = None
+    cost_complete: bool = True
+
+    def __add__(self, other: object) -> Usage:
+        if not isinstance(other, Usage):
+            return NotImplemented
+        if self.cost_usd is None and other.cost_usd is None:
+            cost = None
+        else:
+            cost = (self.cost_usd or 0) + (other.cost_usd or 0)
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
+            cache_creation_tokens=self.cache_creation_tokens + other.cache_creation_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+            cost_usd=cost,
+            cost_complete=self.cost_complete and other.cost_complete,
+        )

@@ -1,0 +1,34 @@
+//! Core errors. Each variant maps to one documented Python exception class
+//! in `src/py/errors.rs`.
+
+use thiserror::Error;
+
+#[derive(Debug, Clone, Error)]
+pub enum CoreError {
+    /// Misuse or an unusable store: maps to `composeai.errors.ConfigError`.
+    #[error("{0}")]
+    Config(String),
+    /// A stored value that cannot be decoded: `SerializationError`.
+    #[error("{0}")]
+    Serialization(String),
+    /// The caller's journal access was revoked (abandoned thread or finished
+    /// attempt): an internal `BaseException` in Python.
+    #[error("journal access revoked: {0}")]
+    Revoked(String),
+    /// SQLite failed; the message names the database path.
+    #[error("{0}")]
+    Store(String),
+}
+
+pub type CoreResult<T> = Result<T, CoreError>;
+
+/// Attaches the database path to a SQLite error.
+pub trait AtPath<T> {
+    fn at(self, path: &str) -> CoreResult<T>;
+}
+
+impl<T> AtPath<T> for rusqlite::Result<T> {
+    fn at(self, path: &str) -> CoreResult<T> {
+        self.map_err(|e| CoreError::Store(format!("composeai store '{path}': {e}")))
+    }
+}

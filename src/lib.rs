@@ -1,0 +1,9 @@
+//! composeai's engine core. Everything outside `py` is plain Rust, testable
+//! with `cargo test`; `py` holds the Python bindings.
+
+pub mod error;
+pub mod ids;
+pub mod journal;
+pub mod run;
+pub mod store;
+pub mod py;

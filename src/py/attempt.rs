@@ -1,0 +1,213 @@
+//! `Attempt` and `Fence`: the engine protocol the Python drivers follow.
+//! Python reserves a key, runs the body on a miss, and commits the value;
+//! the core decides replay, first-write-wins and journal access.
+
+use super::errors::IntoPy;
+use super::spans::span_from_py;
+use super::store::interrupt_tuple;
+use crate::journal::Fence;
+use crate::run::Attempt;
+use crate::store::{InterruptRow, Settlement};
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+use std::sync::Arc;
+
+#[pyclass(name = "Fence", module = "composeai._core", frozen)]
+#[derive(Clone)]
+pub struct PyFence {
+    pub inner: Fence,
+}
+
+#[pymethods]
+impl PyFence {
+    /// A fence revoked together with this one, or on its own.
+    fn child(&self) -> PyFence {
+        PyFence {
+            inner: self.inner.child(),
+        }
+    }
+
+    fn revoke(&self) {
+        self.inner.revoke();
+    }
+
+    #[getter]
+    fn revoked(&self) -> bool {
+        self.inner.is_revoked()
+    }
+}
+
+#[pyclass(name = "Attempt", module = "composeai._core", frozen)]
+pub struct PyAttempt {
+    inner: Arc<Attempt>,
+}
+
+impl PyAttempt {
+    pub fn new(attempt: Attempt) -> PyAttempt {
+        PyAttempt {
+            inner: Arc::new(attempt),
+        }
+    }
+}
+
+type PendingTuple = (String, String, Option<String>, Option<String>);
+
+#[pymethods]
+impl PyAttempt {
+    #[getter]
+    fn run_id(&self) -> &str {
+        &self.inner.run.run_id
+    }
+
+    #[getter]
+    fn trace_id(&self) -> &str {
+        self.inner.trace_id()
+    }
+
+    #[getter]
+    fn kind(&self) -> &str {
+        &self.inner.run.kind
+    }
+
+    #[getter]
+    fn name(&self) -> &str {
+        &self.inner.run.name
+    }
+
+    #[getter]
+    fn status(&self) -> &str {
+        &self.inner.run.status
+    }
+
+    #[getter]
+    fn fingerprint(&self) -> Option<&str> {
+        self.inner.run.fingerprint.as_deref()
+    }
+
+    #[getter]
+    fn args_json(&self) -> Option<&str> {
+        self.inner.run.args_json.as_deref()
+    }
+
+    #[getter]
+    fn budget_json(&self) -> Option<&str> {
+        self.inner.run.budget_json.as_deref()
+    }
+
+    #[getter]
+    fn output_json(&self) -> Option<&str> {
+        self.inner.run.output_json.as_deref()
+    }
+
+    fn root_fence(&self) -> PyFence {
+        PyFence {
+            inner: self.inner.root_fence().clone(),
+        }
+    }
+
+    /// Allocates the next key for `name` in `scope`; returns
+    /// `(key, value_json or None)`.
+    #[pyo3(signature = (scope, name, fence=None))]
+    fn reserve<'py>(
+        &self,
+        py: Python<'py>,
+        scope: &str,
+        name: &str,
+        fence: Option<&PyFence>,
+    ) -> PyResult<(String, Option<Bound<'py, PyString>>)> {
+        let (key, hit) = self
+            .inner
+            .reserve(scope, name, fence.map(|f| &f.inner))
+            .py_err()?;
+        Ok((key, hit.map(|v| PyString::new(py, &v))))
+    }
+
+    #[pyo3(signature = (scope, name, fence=None))]
+    fn next_key(&self, scope: &str, name: &str, fence: Option<&PyFence>) -> PyResult<String> {
+        self.inner
+            .next_key(scope, name, fence.map(|f| &f.inner))
+            .py_err()
+    }
+
+    #[pyo3(signature = (key, fence=None))]
+    fn lookup<'py>(
+        &self,
+        py: Python<'py>,
+        key: &str,
+        fence: Option<&PyFence>,
+    ) -> PyResult<Option<Bound<'py, PyString>>> {
+        let hit = self.inner.lookup(key, fence.map(|f| &f.inner)).py_err()?;
+        Ok(hit.map(|v| PyString::new(py, &v)))
+    }
+
+    /// Journals `value_json` under `key` with the step's span, durably, and
+    /// returns the stored value (an earlier write wins).
+    #[pyo3(signature = (key, value_json, span=None, fence=None))]
+    fn commit<'py>(
+        &self,
+        py: Python<'py>,
+        key: &str,
+        value_json: &str,
+        span: Option<&Bound<'py, PyAny>>,
+        fence: Option<&PyFence>,
+    ) -> PyResult<Bound<'py, PyString>> {
+        let span = span.map(span_from_py).transpose()?;
+        let fence = fence.map(|f| f.inner.clone());
+        let inner = self.inner.clone();
+        let stored = py
+            .allow_threads(move || inner.commit(key, value_json, span, fence.as_ref()))
+            .py_err()?;
+        Ok(PyString::new(py, &stored))
+    }
+
+    /// Queues a finished span of this run.
+    fn span(&self, span: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.inner.queue_span(span_from_py(span)?);
+        Ok(())
+    }
+
+    fn set_budget(&self, py: Python<'_>, budget_json: &str) -> PyResult<()> {
+        py.allow_threads(|| self.inner.set_budget(budget_json))
+            .py_err()
+    }
+
+    /// Journals `(interrupt_id, value_json)` answers and clears them from
+    /// the pending interrupts.
+    fn record_answers(&self, py: Python<'_>, answers: Vec<(String, String)>) -> PyResult<()> {
+        py.allow_threads(|| self.inner.record_answers(answers))
+            .py_err()
+    }
+
+    fn pending(&self, py: Python<'_>) -> PyResult<Vec<PendingTuple>> {
+        let rows = py.allow_threads(|| self.inner.pending()).py_err()?;
+        Ok(rows.into_iter().map(interrupt_tuple).collect())
+    }
+
+    /// Ends the attempt: status, output or error, pending interrupts, lease
+    /// released, queued spans written, in one transaction.
+    #[pyo3(signature = (status, output_json=None, error_json=None, pending=vec![]))]
+    fn settle(
+        &self,
+        py: Python<'_>,
+        status: String,
+        output_json: Option<String>,
+        error_json: Option<String>,
+        pending: Vec<PendingTuple>,
+    ) -> PyResult<()> {
+        let settlement = Settlement {
+            status,
+            output_json,
+            error_json,
+            pending: pending
+                .into_iter()
+                .map(|(interrupt_id, kind, question, payload_json)| InterruptRow {
+                    interrupt_id,
+                    kind,
+                    question,
+                    payload_json,
+                })
+                .collect(),
+        };
+        py.allow_threads(|| self.inner.settle(settlement)).py_err()
+    }
+}

@@ -1,0 +1,32 @@
+//! The `composeai._core` extension module: every exported class and
+//! function is listed here.
+
+mod attempt;
+mod errors;
+mod spans;
+mod store;
+
+use pyo3::prelude::*;
+
+/// A new ULID (26 characters, Crockford base32, monotonic in this process).
+#[pyfunction(name = "ulid")]
+fn new_ulid() -> String {
+    crate::ids::new_ulid()
+}
+
+/// The first span-persistence failure since the last call, if any.
+#[pyfunction]
+fn take_span_write_error() -> Option<String> {
+    crate::store::sqlite::take_span_write_error()
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<store::PyStore>()?;
+    m.add_class::<attempt::PyAttempt>()?;
+    m.add_class::<attempt::PyFence>()?;
+    m.add_function(wrap_pyfunction!(new_ulid, m)?)?;
+    m.add_function(wrap_pyfunction!(take_span_write_error, m)?)?;
+    m.add_function(wrap_pyfunction!(errors::register_errors, m)?)?;
+    Ok(())
+}

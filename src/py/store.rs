@@ -1,0 +1,146 @@
+//! `Store`: the Python handle on one state directory's database.
+
+use super::attempt::PyAttempt;
+use super::errors::IntoPy;
+use super::spans::span_from_py;
+use crate::run::Attempt;
+use crate::store::sqlite::SqliteStore;
+use crate::store::{InterruptRow, NewRun, RunRow, SpanRecord, Store};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::sync::Arc;
+
+#[pyclass(name = "Store", module = "composeai._core", frozen)]
+pub struct PyStore {
+    pub inner: Arc<SqliteStore>,
+}
+
+pub fn run_row_dict<'py>(py: Python<'py>, r: &RunRow) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("run_id", &r.run_id)?;
+    d.set_item("kind", &r.kind)?;
+    d.set_item("name", &r.name)?;
+    d.set_item("status", &r.status)?;
+    d.set_item("created_at", r.created_at)?;
+    d.set_item("updated_at", r.updated_at)?;
+    d.set_item("trace_id", &r.trace_id)?;
+    d.set_item("fingerprint", &r.fingerprint)?;
+    d.set_item("args_json", &r.args_json)?;
+    d.set_item("output_json", &r.output_json)?;
+    d.set_item("error_json", &r.error_json)?;
+    d.set_item("budget_json", &r.budget_json)?;
+    Ok(d)
+}
+
+pub fn interrupt_tuple(p: InterruptRow) -> (String, String, Option<String>, Option<String>) {
+    (p.interrupt_id, p.kind, p.question, p.payload_json)
+}
+
+#[pymethods]
+impl PyStore {
+    /// Opens the database at `path`, creating or migrating it.
+    #[new]
+    fn open(py: Python<'_>, path: String) -> PyResult<Self> {
+        let store = py.allow_threads(|| SqliteStore::open(&path)).py_err()?;
+        Ok(PyStore {
+            inner: Arc::new(store),
+        })
+    }
+
+    #[getter]
+    fn path(&self) -> &str {
+        self.inner.path()
+    }
+
+    /// Creates a run (status `running`, leased to this process) and returns
+    /// its first attempt.
+    #[pyo3(signature = (kind, name, fingerprint=None, args_json=None, budget_json=None, run_id=None, trace_id=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn start_run(
+        &self,
+        py: Python<'_>,
+        kind: String,
+        name: String,
+        fingerprint: Option<String>,
+        args_json: Option<String>,
+        budget_json: Option<String>,
+        run_id: Option<String>,
+        trace_id: Option<String>,
+    ) -> PyResult<PyAttempt> {
+        let new = NewRun {
+            run_id: run_id.unwrap_or_else(crate::ids::new_ulid),
+            trace_id: trace_id.unwrap_or_else(crate::ids::new_ulid),
+            kind,
+            name,
+            fingerprint,
+            args_json,
+            budget_json,
+        };
+        let store: Arc<dyn Store> = self.inner.clone();
+        let attempt = py.allow_threads(|| Attempt::start(store, new)).py_err()?;
+        Ok(PyAttempt::new(attempt))
+    }
+
+    /// Takes the lease of an existing run and loads its journal.
+    fn resume(&self, py: Python<'_>, run_id: String) -> PyResult<PyAttempt> {
+        let store: Arc<dyn Store> = self.inner.clone();
+        let attempt = py
+            .allow_threads(|| Attempt::resume(store, &run_id))
+            .py_err()?;
+        Ok(PyAttempt::new(attempt))
+    }
+
+    /// The run row as a dict, or `None`.
+    fn get_run<'py>(&self, py: Python<'py>, run_id: &str) -> PyResult<Option<Bound<'py, PyDict>>> {
+        match py.allow_threads(|| self.inner.get_run(run_id)).py_err()? {
+            Some(r) => Ok(Some(run_row_dict(py, &r)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Pending interrupts of a run: `(id, kind, question, payload_json)`,
+    /// ordered by id.
+    fn pending(
+        &self,
+        py: Python<'_>,
+        run_id: &str,
+    ) -> PyResult<Vec<(String, String, Option<String>, Option<String>)>> {
+        let rows = py
+            .allow_threads(|| -> crate::error::CoreResult<_> {
+                match self.inner.get_run(run_id)? {
+                    Some(r) => self.inner.pending(r.rid),
+                    None => Ok(vec![]),
+                }
+            })
+            .py_err()?;
+        Ok(rows.into_iter().map(interrupt_tuple).collect())
+    }
+
+    /// The stored journal of a run as `(step_key, value_json)` pairs.
+    fn journal(&self, py: Python<'_>, run_id: &str) -> PyResult<Vec<(String, String)>> {
+        py.allow_threads(|| -> crate::error::CoreResult<_> {
+            match self.inner.get_run(run_id)? {
+                Some(r) => self.inner.journal(r.rid),
+                None => Ok(vec![]),
+            }
+        })
+        .py_err()
+    }
+
+    /// Queues a span that belongs to no run; `flush` (or the next commit)
+    /// writes it.
+    fn queue_span(&self, trace_id: String, span: &Bound<'_, PyAny>) -> PyResult<()> {
+        let span = span_from_py(span)?;
+        self.inner.queue_span(SpanRecord {
+            trace_id,
+            rid: None,
+            span,
+            output_in_journal: false,
+        });
+        Ok(())
+    }
+
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        py.allow_threads(|| self.inner.flush()).py_err()
+    }
+}

@@ -1,0 +1,405 @@
+//! Run lifecycle: creating runs, leasing an attempt to one process, and
+//! settling it.
+
+use crate::error::{CoreError, CoreResult};
+use crate::journal::{Fence, Journal};
+use crate::store::sqlite::now;
+use crate::store::{InterruptRow, NewRun, RunRow, Settlement, SpanRecord, SpanRow, Store};
+use parking_lot::Mutex;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// How long a lease stays valid without its holder being provably alive.
+/// Same-host holders are checked by process id, so this only matters for a
+/// holder on another machine sharing the store.
+pub const LEASE_SECONDS: f64 = 60.0;
+
+/// This process's identity in lease rows: `host:pid:start-time`.
+pub fn owner_id() -> &'static str {
+    static OWNER: OnceLock<String> = OnceLock::new();
+    OWNER.get_or_init(|| {
+        let pid = std::process::id();
+        format!("{}:{}:{}", hostname(), pid, process_start(pid).unwrap_or(0))
+    })
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates
+    // within it or truncates.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// The start time of a process in clock ticks since boot (field 22 of
+/// /proc/<pid>/stat), which tells a live process from a reused pid.
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces; fields resume after ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the lease held by `holder` until `until` is still live.
+pub fn lease_is_live(holder: &str, until: f64) -> bool {
+    let mut parts = holder.rsplitn(3, ':');
+    let (start, pid, host) = (parts.next(), parts.next(), parts.next());
+    if let (Some(start), Some(pid), Some(host)) = (start, pid, host) {
+        if host == hostname() {
+            let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) else {
+                return until > now();
+            };
+            return match process_start(pid) {
+                Some(s) => start == 0 || s == start,
+                None => false,
+            };
+        }
+    }
+    until > now()
+}
+
+/// Runs currently executed by this process.
+fn active_runs() -> &'static Mutex<HashSet<String>> {
+    static ACTIVE: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+    ACTIVE.get_or_init(|| Mutex::new(HashSet::new()))
+}
+
+fn claim_in_process(run_id: &str) -> CoreResult<()> {
+    if !active_runs().lock().insert(run_id.to_string()) {
+        return Err(CoreError::Config(format!(
+            "run '{run_id}' is already being executed in this process -- one attempt of a run \
+             executes at a time; resume it after the current attempt returns"
+        )));
+    }
+    Ok(())
+}
+
+/// One attempt at executing a run, holding its lease.
+pub struct Attempt {
+    store: Arc<dyn Store>,
+    pub run: RunRow,
+    journal: Mutex<Journal>,
+    /// Set once settled: every later journal access is refused.
+    closed: AtomicBool,
+    root_fence: Fence,
+}
+
+impl Attempt {
+    /// Creates a run and its first attempt.
+    pub fn start(store: Arc<dyn Store>, new: NewRun) -> CoreResult<Attempt> {
+        claim_in_process(&new.run_id)?;
+        match store.create_run(&new, owner_id(), now() + LEASE_SECONDS) {
+            Ok(run) => Ok(Attempt::new(store, run, Journal::default())),
+            Err(e) => {
+                active_runs().lock().remove(&new.run_id);
+                Err(e)
+            }
+        }
+    }
+
+    /// Takes the lease of an existing run and loads its journal once.
+    pub fn resume(store: Arc<dyn Store>, run_id: &str) -> CoreResult<Attempt> {
+        claim_in_process(run_id)?;
+        match store.acquire(run_id, owner_id(), now() + LEASE_SECONDS, &lease_is_live) {
+            Ok((run, entries)) => Ok(Attempt::new(store, run, Journal::new(entries))),
+            Err(e) => {
+                active_runs().lock().remove(run_id);
+                Err(e)
+            }
+        }
+    }
+
+    fn new(store: Arc<dyn Store>, run: RunRow, journal: Journal) -> Attempt {
+        Attempt {
+            store,
+            run,
+            journal: Mutex::new(journal),
+            closed: AtomicBool::new(false),
+            root_fence: Fence::root(),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn root_fence(&self) -> &Fence {
+        &self.root_fence
+    }
+
+    fn check(&self, fence: Option<&Fence>) -> CoreResult<()> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(CoreError::Revoked(format!(
+                "the attempt of run '{}' has ended",
+                self.run.run_id
+            )));
+        }
+        if fence.is_some_and(|f| f.is_revoked()) {
+            return Err(CoreError::Revoked("the stage was abandoned".into()));
+        }
+        Ok(())
+    }
+
+    /// Allocates the next key for `name` in `scope` and returns it with the
+    /// journaled value, if any.
+    pub fn reserve(
+        &self,
+        scope: &str,
+        name: &str,
+        fence: Option<&Fence>,
+    ) -> CoreResult<(String, Option<Arc<str>>)> {
+        self.check(fence)?;
+        let mut j = self.journal.lock();
+        let key = j.next_key(scope, name);
+        let hit = j.get(&key);
+        Ok((key, hit))
+    }
+
+    /// Allocates a key without looking it up (scopes of `map`, `aggregate`).
+    pub fn next_key(&self, scope: &str, name: &str, fence: Option<&Fence>) -> CoreResult<String> {
+        self.check(fence)?;
+        Ok(self.journal.lock().next_key(scope, name))
+    }
+
+    pub fn lookup(&self, key: &str, fence: Option<&Fence>) -> CoreResult<Option<Arc<str>>> {
+        self.check(fence)?;
+        Ok(self.journal.lock().get(key))
+    }
+
+    /// Journals `value` under `key` with its span, durably, and returns the
+    /// stored value (an earlier write wins).
+    pub fn commit(
+        &self,
+        key: &str,
+        value: &str,
+        span: Option<SpanRow>,
+        fence: Option<&Fence>,
+    ) -> CoreResult<Arc<str>> {
+        self.check(fence)?;
+        if let Some(existing) = self.journal.lock().get(key) {
+            if let Some(s) = span {
+                self.queue_span(s);
+            }
+            return Ok(existing);
+        }
+        let record = span.map(|s| self.record(s, Some(value)));
+        let winner = self
+            .store
+            .commit_step(self.run.rid, key, value, record)?;
+        let stored: Arc<str> = Arc::from(winner.as_deref().unwrap_or(value));
+        Ok(self.journal.lock().record(key, stored))
+    }
+
+    fn record(&self, span: SpanRow, journal_value: Option<&str>) -> SpanRecord {
+        let output_in_journal = match (&span.output_json, journal_value) {
+            (Some(out), Some(v)) => span.step_key.is_some() && out == v,
+            _ => false,
+        };
+        SpanRecord {
+            trace_id: self.trace_id().to_string(),
+            rid: Some(self.run.rid),
+            span,
+            output_in_journal,
+        }
+    }
+
+    pub fn trace_id(&self) -> &str {
+        self.run.trace_id.as_deref().unwrap_or("")
+    }
+
+    /// Queues a finished span of this run (written with the next commit).
+    pub fn queue_span(&self, span: SpanRow) {
+        let in_journal = span
+            .step_key
+            .as_deref()
+            .and_then(|k| self.journal.lock().get(k));
+        let record = self.record(span, in_journal.as_deref());
+        self.store.queue_span(record);
+    }
+
+    pub fn set_budget(&self, budget_json: &str) -> CoreResult<()> {
+        self.check(None)?;
+        self.store.set_budget(self.run.rid, budget_json)
+    }
+
+    pub fn record_answers(&self, answers: Vec<(String, String)>) -> CoreResult<()> {
+        self.check(None)?;
+        self.store.record_answers(self.run.rid, &answers)?;
+        let mut j = self.journal.lock();
+        for (id, value) in answers {
+            j.record(&format!("__interrupt__:{id}"), Arc::from(value));
+        }
+        Ok(())
+    }
+
+    pub fn pending(&self) -> CoreResult<Vec<InterruptRow>> {
+        self.store.pending(self.run.rid)
+    }
+
+    /// Ends the attempt: persists the outcome and releases the lease. Every
+    /// later journal access through this attempt is refused.
+    pub fn settle(&self, settlement: Settlement) -> CoreResult<()> {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.root_fence.revoke();
+        active_runs().lock().remove(&self.run.run_id);
+        self.store
+            .settle(self.run.rid, owner_id(), &settlement)
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        if !self.closed.load(Ordering::SeqCst) {
+            active_runs().lock().remove(&self.run.run_id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::sqlite::SqliteStore;
+
+    fn temp_store() -> (tempdir::Dir, Arc<dyn Store>) {
+        let dir = tempdir::Dir::new();
+        let store = SqliteStore::open(&dir.path("runs.db")).unwrap();
+        (dir, Arc::new(store))
+    }
+
+    mod tempdir {
+        pub struct Dir(std::path::PathBuf);
+        impl Dir {
+            pub fn new() -> Dir {
+                let p = std::env::temp_dir().join(format!("composeai-test-{}", crate::ids::new_ulid()));
+                std::fs::create_dir_all(&p).unwrap();
+                Dir(p)
+            }
+            pub fn path(&self, name: &str) -> String {
+                self.0.join(name).to_string_lossy().into_owned()
+            }
+        }
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+
+    fn new_run(name: &str) -> NewRun {
+        NewRun {
+            run_id: crate::ids::new_ulid(),
+            trace_id: crate::ids::new_ulid(),
+            kind: "flow".into(),
+            name: name.into(),
+            fingerprint: Some("f".into()),
+            args_json: Some("{}".into()),
+            budget_json: None,
+        }
+    }
+
+    fn span(key: &str, out: &str) -> SpanRow {
+        SpanRow {
+            span_id: crate::ids::new_ulid(),
+            kind: "task".into(),
+            name: "t".into(),
+            status: "ok".into(),
+            step_key: Some(key.into()),
+            output_json: Some(out.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn steps_replay_in_a_later_attempt() {
+        let (_d, store) = temp_store();
+        let a = Attempt::start(store.clone(), new_run("f")).unwrap();
+        let run_id = a.run.run_id.clone();
+        let (k1, hit) = a.reserve("", "t", None).unwrap();
+        assert_eq!((k1.as_str(), hit), ("t#1", None));
+        assert_eq!(&*a.commit(&k1, "10", Some(span(&k1, "10")), None).unwrap(), "10");
+        let (k2, _) = a.reserve("", "t", None).unwrap();
+        a.commit(&k2, "20", None, None).unwrap();
+        a.settle(Settlement {
+            status: "paused".into(),
+            output_json: None,
+            error_json: None,
+            pending: vec![],
+        })
+        .unwrap();
+
+        let b = Attempt::resume(store.clone(), &run_id).unwrap();
+        assert_eq!(b.reserve("", "t", None).unwrap().1.as_deref(), Some("10"));
+        assert_eq!(b.reserve("", "t", None).unwrap().1.as_deref(), Some("20"));
+        assert_eq!(b.reserve("", "t", None).unwrap().1, None);
+    }
+
+    #[test]
+    fn first_write_wins_in_the_store() {
+        let (_d, store) = temp_store();
+        let a = Attempt::start(store.clone(), new_run("f")).unwrap();
+        a.commit("k#1", "1", None, None).unwrap();
+        assert_eq!(&*a.commit("k#1", "2", None, None).unwrap(), "1");
+        assert_eq!(store.journal(a.run.rid).unwrap(), vec![("k#1".into(), "1".into())]);
+    }
+
+    #[test]
+    fn a_second_attempt_in_the_same_process_is_refused() {
+        let (_d, store) = temp_store();
+        let a = Attempt::start(store.clone(), new_run("f")).unwrap();
+        let err = Attempt::resume(store.clone(), &a.run.run_id).err().unwrap();
+        assert!(err.to_string().contains("already being executed"), "{err}");
+    }
+
+    #[test]
+    fn a_live_lease_of_another_process_is_refused_and_a_dead_one_taken_over() {
+        let (_d, store) = temp_store();
+        let a = Attempt::start(store.clone(), new_run("f")).unwrap();
+        let run_id = a.run.run_id.clone();
+        drop(a);
+        let live = |_: &str, _: f64| true;
+        let dead = |_: &str, _: f64| false;
+        store
+            .acquire(&run_id, "otherhost:1:1", now() + 60.0, &dead)
+            .unwrap();
+        let err = store
+            .acquire(&run_id, owner_id(), now() + 60.0, &live)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("otherhost:1:1"), "{err}");
+        store.acquire(&run_id, owner_id(), now() + 60.0, &dead).unwrap();
+    }
+
+    #[test]
+    fn settled_attempts_refuse_writes_and_revoked_fences_too() {
+        let (_d, store) = temp_store();
+        let a = Attempt::start(store.clone(), new_run("f")).unwrap();
+        let f = a.root_fence().child();
+        f.revoke();
+        assert!(matches!(a.reserve("", "t", Some(&f)), Err(CoreError::Revoked(_))));
+        assert!(a.reserve("", "t", None).is_ok());
+        a.settle(Settlement {
+            status: "completed".into(),
+            output_json: Some("1".into()),
+            error_json: None,
+            pending: vec![],
+        })
+        .unwrap();
+        assert!(matches!(a.commit("t#9", "1", None, None), Err(CoreError::Revoked(_))));
+    }
+
+    #[test]
+    fn own_process_lease_is_live_and_dead_pid_is_not() {
+        assert!(lease_is_live(owner_id(), 0.0));
+        let host = hostname();
+        assert!(!lease_is_live(&format!("{host}:4000000000:5"), now() + 100.0));
+        assert!(lease_is_live("elsewhere:1:1", now() + 100.0));
+        assert!(!lease_is_live("elsewhere:1:1", now() - 1.0));
+    }
+}

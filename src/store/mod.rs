@@ -1,0 +1,156 @@
+//! The durable store: runs, journal, spans, interrupts, agent state, chats.
+//!
+//! `Store` is the seam callers use; `sqlite::SqliteStore` is the one
+//! implementation today. A server-backed implementation (for workers on
+//! several machines) can be added behind the same trait.
+
+mod migrate;
+pub mod sqlite;
+
+use crate::error::CoreResult;
+
+/// A `runs` row.
+#[derive(Debug, Clone, Default)]
+pub struct RunRow {
+    pub rid: i64,
+    pub run_id: String,
+    pub kind: String,
+    pub name: String,
+    pub status: String,
+    pub created_at: f64,
+    pub updated_at: f64,
+    pub trace_id: Option<String>,
+    pub fingerprint: Option<String>,
+    pub args_json: Option<String>,
+    pub output_json: Option<String>,
+    pub error_json: Option<String>,
+    pub budget_json: Option<String>,
+}
+
+/// What a caller supplies to create a run.
+#[derive(Debug, Clone, Default)]
+pub struct NewRun {
+    pub run_id: String,
+    pub trace_id: String,
+    pub kind: String,
+    pub name: String,
+    pub fingerprint: Option<String>,
+    pub args_json: Option<String>,
+    pub budget_json: Option<String>,
+}
+
+/// Token usage and cost of an `llm` span.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UsageRow {
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cache_read_tokens: i64,
+    pub cache_creation_tokens: i64,
+    pub reasoning_tokens: i64,
+    pub cost_usd: Option<f64>,
+    pub cost_complete: bool,
+}
+
+/// A finished span, as persisted.
+#[derive(Debug, Clone, Default)]
+pub struct SpanRow {
+    pub span_id: String,
+    pub parent_span_id: Option<String>,
+    pub kind: String,
+    pub name: String,
+    pub started_at: f64,
+    pub ended_at: Option<f64>,
+    pub status: String,
+    pub replayed: bool,
+    /// `attributes["step_key"]`, kept in its own column (it is on most rows).
+    pub step_key: Option<String>,
+    /// The other attributes, encoded; `None` when there are none.
+    pub attributes_json: Option<String>,
+    pub usage: Option<UsageRow>,
+    pub error_json: Option<String>,
+    pub input_json: Option<String>,
+    pub output_json: Option<String>,
+}
+
+/// A span with the run and trace it belongs to.
+#[derive(Debug, Clone)]
+pub struct SpanRecord {
+    pub trace_id: String,
+    pub rid: Option<i64>,
+    pub span: SpanRow,
+    /// The span's output equals the journal value under its step key, so
+    /// only the reference is stored.
+    pub output_in_journal: bool,
+}
+
+/// A pending human interrupt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InterruptRow {
+    pub interrupt_id: String,
+    pub kind: String,
+    pub question: Option<String>,
+    pub payload_json: Option<String>,
+}
+
+/// How a run attempt ends.
+#[derive(Debug, Clone)]
+pub struct Settlement {
+    pub status: String,
+    pub output_json: Option<String>,
+    pub error_json: Option<String>,
+    pub pending: Vec<InterruptRow>,
+}
+
+/// Decides whether a lease held by `owner` until `until` is still live.
+pub type LeaseCheck<'a> = &'a dyn Fn(&str, f64) -> bool;
+
+pub trait Store: Send + Sync {
+    fn path(&self) -> &str;
+
+    /// Creates a run row leased to `owner`, in one commit.
+    fn create_run(&self, new: &NewRun, owner: &str, lease_until: f64) -> CoreResult<RunRow>;
+
+    /// Takes the lease on an existing run (refused while `live` says the
+    /// current holder is alive) and loads its whole journal.
+    fn acquire(
+        &self,
+        run_id: &str,
+        owner: &str,
+        lease_until: f64,
+        live: LeaseCheck<'_>,
+    ) -> CoreResult<(RunRow, Vec<(String, String)>)>;
+
+    /// Journals `value` under `key` (first write wins) together with the
+    /// step's span, durably, before returning. Returns the stored value when
+    /// an earlier write won.
+    fn commit_step(
+        &self,
+        rid: i64,
+        key: &str,
+        value: &str,
+        span: Option<SpanRecord>,
+    ) -> CoreResult<Option<String>>;
+
+    /// Queues a span; it is written with the next commit or `flush`.
+    fn queue_span(&self, span: SpanRecord);
+
+    /// Writes everything queued.
+    fn flush(&self) -> CoreResult<()>;
+
+    /// Settles an attempt: status, output or error, pending interrupts, lease
+    /// released, queued spans written, all in one transaction.
+    fn settle(&self, rid: i64, owner: &str, settlement: &Settlement) -> CoreResult<()>;
+
+    /// Replaces the stored budget (last write wins).
+    fn set_budget(&self, rid: i64, budget_json: &str) -> CoreResult<()>;
+
+    /// Journals answers (first write wins) and deletes their pending rows.
+    fn record_answers(&self, rid: i64, answers: &[(String, String)]) -> CoreResult<()>;
+
+    fn get_run(&self, run_id: &str) -> CoreResult<Option<RunRow>>;
+
+    fn pending(&self, rid: i64) -> CoreResult<Vec<InterruptRow>>;
+
+    /// The journal of a run, as stored.
+    fn journal(&self, rid: i64) -> CoreResult<Vec<(String, String)>>;
+}

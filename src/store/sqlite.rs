@@ -1,0 +1,640 @@
+//! SQLite implementation of `Store`: one WAL database per state directory.
+//!
+//! Writes go through a leader-based group commit. A caller enqueues its
+//! operation, then takes the connection lock; if a previous lock holder
+//! already committed the operation it just reads its result, otherwise it
+//! commits everything queued in one transaction. Sequential callers thus
+//! commit on their own thread with no hand-off, and concurrent callers share
+//! commits.
+
+use super::migrate;
+use super::{InterruptRow, LeaseCheck, NewRun, RunRow, Settlement, SpanRecord, Store};
+use crate::error::{AtPath, CoreError, CoreResult};
+use crate::ids::{encode_id, StoredId};
+use parking_lot::Mutex;
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub const SCHEMA_VERSION: i64 = 2;
+
+pub fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+pub const SCHEMA: &str = r#"
+CREATE TABLE runs(
+    rid INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL UNIQUE,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    trace_id TEXT,
+    fingerprint TEXT,
+    args_json TEXT,
+    output_json TEXT,
+    error_json TEXT,
+    budget_json TEXT,
+    lease_owner TEXT,
+    lease_until REAL
+);
+CREATE INDEX runs_by_created ON runs(created_at);
+CREATE TABLE traces(tid INTEGER PRIMARY KEY, trace_id TEXT NOT NULL UNIQUE);
+CREATE TABLE journal(
+    rid INTEGER NOT NULL,
+    step_key TEXT NOT NULL,
+    value_json TEXT NOT NULL,
+    PRIMARY KEY(rid, step_key)
+) WITHOUT ROWID;
+CREATE TABLE spans(
+    sid INTEGER PRIMARY KEY,
+    tid INTEGER NOT NULL,
+    rid INTEGER,
+    span_id BLOB NOT NULL,
+    parent BLOB,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    status TEXT NOT NULL,
+    flags INTEGER NOT NULL,
+    step_key TEXT,
+    attributes_json TEXT,
+    error_json TEXT,
+    input_tokens INTEGER,
+    output_tokens INTEGER,
+    cache_read_tokens INTEGER,
+    cache_creation_tokens INTEGER,
+    reasoning_tokens INTEGER,
+    cost_usd REAL,
+    cost_complete INTEGER,
+    input_json TEXT,
+    output_json TEXT
+);
+CREATE INDEX spans_by_trace ON spans(tid);
+CREATE INDEX llm_spans_by_start ON spans(started_at) WHERE kind = 'llm';
+CREATE TABLE pending_interrupts(
+    rid INTEGER NOT NULL,
+    interrupt_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    question TEXT,
+    payload_json TEXT,
+    created_at REAL NOT NULL,
+    PRIMARY KEY(rid, interrupt_id)
+) WITHOUT ROWID;
+CREATE TABLE agent_state(
+    rid INTEGER NOT NULL,
+    scope_key TEXT NOT NULL,
+    messages_json TEXT,
+    partial_results_json TEXT,
+    turn INTEGER,
+    updated_at REAL,
+    PRIMARY KEY(rid, scope_key)
+) WITHOUT ROWID;
+CREATE TABLE chats(
+    chat_id TEXT PRIMARY KEY,
+    agent_name TEXT,
+    system TEXT,
+    model TEXT,
+    messages_json TEXT,
+    created_at REAL,
+    updated_at REAL
+);
+"#;
+
+/// `spans.flags` bits.
+pub const FLAG_REPLAYED: i64 = 1;
+pub const FLAG_OUTPUT_IN_JOURNAL: i64 = 2;
+
+type StepResult = CoreResult<Option<String>>;
+
+#[derive(Default)]
+struct Slot(Mutex<Option<StepResult>>);
+
+enum Op {
+    Span(SpanRecord),
+    Step {
+        rid: i64,
+        key: String,
+        value: String,
+        slot: Arc<Slot>,
+    },
+}
+
+struct Writer {
+    conn: Connection,
+    traces: HashMap<String, i64>,
+}
+
+pub struct SqliteStore {
+    path: String,
+    writer: Mutex<Writer>,
+    queue: Mutex<Vec<Op>>,
+}
+
+/// The first span-persistence failure of this process, for one warning.
+static SPAN_WRITE_ERROR: Mutex<Option<String>> = Mutex::new(None);
+
+/// Takes the recorded span-persistence failure, if any.
+pub fn take_span_write_error() -> Option<String> {
+    SPAN_WRITE_ERROR.lock().take()
+}
+
+fn config(path: &str, what: String) -> CoreError {
+    CoreError::Config(format!("composeai store '{path}': {what}"))
+}
+
+impl SqliteStore {
+    /// Opens (creating, or migrating forward) the database at `path`.
+    pub fn open(path: &str) -> CoreResult<SqliteStore> {
+        let full_sync = std::env::var("COMPOSE_SYNC")
+            .map(|v| v.eq_ignore_ascii_case("full"))
+            .unwrap_or(false);
+        let conn = open_connection(path, full_sync)?;
+        Ok(SqliteStore {
+            path: path.to_string(),
+            writer: Mutex::new(Writer {
+                conn,
+                traces: HashMap::new(),
+            }),
+            queue: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Runs `f` with the connection, after writing anything queued.
+    pub fn with_conn<T>(&self, f: impl FnOnce(&mut Connection) -> CoreResult<T>) -> CoreResult<T> {
+        let mut w = self.writer.lock();
+        self.drain(&mut w)?;
+        f(&mut w.conn)
+    }
+
+    fn drain(&self, w: &mut Writer) -> CoreResult<()> {
+        let ops = std::mem::take(&mut *self.queue.lock());
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.apply(w, ops, |_| Ok(()))
+    }
+
+    /// Applies `ops` and then `extra` in one transaction, filling step slots.
+    fn apply(
+        &self,
+        w: &mut Writer,
+        ops: Vec<Op>,
+        extra: impl FnOnce(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<()> {
+        let path = self.path.clone();
+        let Writer { conn, traces } = w;
+        let mut results: Vec<(Arc<Slot>, Option<String>)> = Vec::new();
+        let outcome = (|| -> CoreResult<()> {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .at(&path)?;
+            for op in &ops {
+                match op {
+                    Op::Step {
+                        rid,
+                        key,
+                        value,
+                        slot,
+                    } => {
+                        let winner = insert_journal(&tx, *rid, key, value).at(&path)?;
+                        results.push((slot.clone(), winner));
+                    }
+                    Op::Span(rec) => insert_span(&tx, traces, rec).at(&path)?,
+                }
+            }
+            extra(&tx)?;
+            tx.commit().at(&path)
+        })();
+        match outcome {
+            Ok(()) => {
+                for (slot, winner) in results {
+                    *slot.0.lock() = Some(Ok(winner));
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // A failed transaction may have cached trace ids that were
+                // rolled back.
+                traces.clear();
+                let mut span_failed = false;
+                for op in ops {
+                    match op {
+                        Op::Step { slot, .. } => *slot.0.lock() = Some(Err(e.clone())),
+                        Op::Span(_) => span_failed = true,
+                    }
+                }
+                if span_failed {
+                    SPAN_WRITE_ERROR.lock().get_or_insert_with(|| e.to_string());
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn run_row(conn: &Connection, run_id: &str) -> rusqlite::Result<Option<RunRow>> {
+        conn.prepare_cached(
+            "SELECT rid, run_id, kind, name, status, created_at, updated_at, trace_id, \
+             fingerprint, args_json, output_json, error_json, budget_json \
+             FROM runs WHERE run_id = ?1",
+        )?
+        .query_row([run_id], read_run_row)
+        .optional()
+    }
+}
+
+pub fn read_run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
+    Ok(RunRow {
+        rid: r.get(0)?,
+        run_id: r.get(1)?,
+        kind: r.get(2)?,
+        name: r.get(3)?,
+        status: r.get(4)?,
+        created_at: r.get(5)?,
+        updated_at: r.get(6)?,
+        trace_id: r.get(7)?,
+        fingerprint: r.get(8)?,
+        args_json: r.get(9)?,
+        output_json: r.get(10)?,
+        error_json: r.get(11)?,
+        budget_json: r.get(12)?,
+    })
+}
+
+/// Opens a connection with the store's pragmas, creating the database file
+/// private to its user and bringing the schema to `SCHEMA_VERSION`.
+pub fn open_connection(path: &str, full_sync: bool) -> CoreResult<Connection> {
+    create_private_file(path)?;
+    let conn = Connection::open(path).at(path)?;
+    conn.busy_timeout(std::time::Duration::from_secs(30))
+        .at(path)?;
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(|e| config(path, format!("not a readable composeai store ({e})")))?;
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .map_err(|e| config(path, format!("cannot enable WAL ({e})")))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(config(path, format!("cannot enable WAL (journal_mode={mode})")));
+    }
+    let sync = if full_sync { "FULL" } else { "NORMAL" };
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous={sync}; PRAGMA foreign_keys=OFF; PRAGMA temp_store=MEMORY;"
+    ))
+    .at(path)?;
+    migrate::bring_up_to_date(&conn, path, version)?;
+    Ok(conn)
+}
+
+fn create_private_file(path: &str) -> CoreResult<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let p = std::path::Path::new(path);
+    if p.exists() {
+        return Ok(());
+    }
+    if let Some(dir) = p.parent() {
+        if !dir.as_os_str().is_empty() && !dir.exists() {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| config(path, format!("cannot create its directory ({e})")))?;
+        }
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(p)
+        .map_err(|e| config(path, format!("cannot create the database ({e})")))?;
+    Ok(())
+}
+
+fn insert_journal(
+    tx: &rusqlite::Transaction<'_>,
+    rid: i64,
+    key: &str,
+    value: &str,
+) -> rusqlite::Result<Option<String>> {
+    let n = tx
+        .prepare_cached("INSERT OR IGNORE INTO journal(rid, step_key, value_json) VALUES(?1, ?2, ?3)")?
+        .execute(params![rid, key, value])?;
+    if n == 1 {
+        return Ok(None);
+    }
+    let stored: String = tx
+        .prepare_cached("SELECT value_json FROM journal WHERE rid = ?1 AND step_key = ?2")?
+        .query_row(params![rid, key], |r| r.get(0))?;
+    Ok(if stored == value { None } else { Some(stored) })
+}
+
+fn trace_tid(
+    tx: &Connection,
+    traces: &mut HashMap<String, i64>,
+    trace_id: &str,
+) -> rusqlite::Result<i64> {
+    if let Some(tid) = traces.get(trace_id) {
+        return Ok(*tid);
+    }
+    tx.prepare_cached("INSERT OR IGNORE INTO traces(trace_id) VALUES(?1)")?
+        .execute([trace_id])?;
+    let tid: i64 = tx
+        .prepare_cached("SELECT tid FROM traces WHERE trace_id = ?1")?
+        .query_row([trace_id], |r| r.get(0))?;
+    traces.insert(trace_id.to_string(), tid);
+    Ok(tid)
+}
+
+pub fn insert_span(
+    tx: &Connection,
+    traces: &mut HashMap<String, i64>,
+    rec: &SpanRecord,
+) -> rusqlite::Result<()> {
+    let tid = trace_tid(tx, traces, &rec.trace_id)?;
+    let s = &rec.span;
+    let mut flags = 0;
+    if s.replayed {
+        flags |= FLAG_REPLAYED;
+    }
+    let output = if rec.output_in_journal {
+        flags |= FLAG_OUTPUT_IN_JOURNAL;
+        None
+    } else {
+        s.output_json.as_deref()
+    };
+    let parent: Option<StoredId> = s.parent_span_id.as_deref().map(encode_id);
+    let u = s.usage.as_ref();
+    tx.prepare_cached(
+        "INSERT INTO spans(tid, rid, span_id, parent, kind, name, started_at, ended_at, status, \
+         flags, step_key, attributes_json, error_json, input_tokens, output_tokens, \
+         cache_read_tokens, cache_creation_tokens, reasoning_tokens, cost_usd, cost_complete, \
+         input_json, output_json) \
+         VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, \
+         ?19, ?20, ?21, ?22)",
+    )?
+    .execute(params![
+        tid,
+        rec.rid,
+        encode_id(&s.span_id),
+        parent,
+        s.kind,
+        s.name,
+        s.started_at,
+        s.ended_at,
+        s.status,
+        flags,
+        s.step_key,
+        s.attributes_json,
+        s.error_json,
+        u.map(|u| u.input_tokens),
+        u.map(|u| u.output_tokens),
+        u.map(|u| u.cache_read_tokens),
+        u.map(|u| u.cache_creation_tokens),
+        u.map(|u| u.reasoning_tokens),
+        u.and_then(|u| u.cost_usd),
+        u.map(|u| u.cost_complete),
+        s.input_json,
+        output,
+    ])?;
+    Ok(())
+}
+
+impl Store for SqliteStore {
+    fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn create_run(&self, new: &NewRun, owner: &str, lease_until: f64) -> CoreResult<RunRow> {
+        let mut w = self.writer.lock();
+        let ops = std::mem::take(&mut *self.queue.lock());
+        let t = now();
+        let mut rid = 0;
+        self.apply(&mut w, ops, |tx| {
+            tx.prepare_cached(
+                "INSERT INTO runs(run_id, kind, name, status, created_at, updated_at, trace_id, \
+                 fingerprint, args_json, budget_json, lease_owner, lease_until) \
+                 VALUES(?1, ?2, ?3, 'running', ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    new.run_id,
+                    new.kind,
+                    new.name,
+                    t,
+                    new.trace_id,
+                    new.fingerprint,
+                    new.args_json,
+                    new.budget_json,
+                    owner,
+                    lease_until
+                ])
+            })
+            .at(&self.path)?;
+            rid = tx.last_insert_rowid();
+            Ok(())
+        })?;
+        Ok(RunRow {
+            rid,
+            run_id: new.run_id.clone(),
+            kind: new.kind.clone(),
+            name: new.name.clone(),
+            status: "running".into(),
+            created_at: t,
+            updated_at: t,
+            trace_id: Some(new.trace_id.clone()),
+            fingerprint: new.fingerprint.clone(),
+            args_json: new.args_json.clone(),
+            output_json: None,
+            error_json: None,
+            budget_json: new.budget_json.clone(),
+        })
+    }
+
+    fn acquire(
+        &self,
+        run_id: &str,
+        owner: &str,
+        lease_until: f64,
+        live: LeaseCheck<'_>,
+    ) -> CoreResult<(RunRow, Vec<(String, String)>)> {
+        let mut w = self.writer.lock();
+        self.drain(&mut w)?;
+        let path = self.path.clone();
+        let tx = w
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .at(&path)?;
+        let row = Self::run_row(&tx, run_id)
+            .at(&path)?
+            .ok_or_else(|| CoreError::Config(format!("no run found with run_id '{run_id}'")))?;
+        let (holder, until): (Option<String>, Option<f64>) = tx
+            .query_row(
+                "SELECT lease_owner, lease_until FROM runs WHERE rid = ?1",
+                [row.rid],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .at(&path)?;
+        if let Some(holder) = holder {
+            if holder != owner && live(&holder, until.unwrap_or(0.0)) {
+                return Err(CoreError::Config(format!(
+                    "run '{run_id}' is already being executed by another process ({holder}) -- \
+                     one process executes a run at a time; resume it after that process has \
+                     finished or exited"
+                )));
+            }
+        }
+        tx.execute(
+            "UPDATE runs SET lease_owner = ?1, lease_until = ?2 WHERE rid = ?3",
+            params![owner, lease_until, row.rid],
+        )
+        .at(&path)?;
+        let journal = read_journal(&tx, row.rid).at(&path)?;
+        tx.commit().at(&path)?;
+        Ok((row, journal))
+    }
+
+    fn commit_step(
+        &self,
+        rid: i64,
+        key: &str,
+        value: &str,
+        span: Option<SpanRecord>,
+    ) -> CoreResult<Option<String>> {
+        let slot = Arc::new(Slot::default());
+        {
+            let mut q = self.queue.lock();
+            q.push(Op::Step {
+                rid,
+                key: key.to_string(),
+                value: value.to_string(),
+                slot: slot.clone(),
+            });
+            if let Some(s) = span {
+                q.push(Op::Span(s));
+            }
+        }
+        let mut w = self.writer.lock();
+        if let Some(done) = slot.0.lock().take() {
+            return done;
+        }
+        let ops = std::mem::take(&mut *self.queue.lock());
+        // An error is delivered through every slot of the batch, ours included.
+        let _ = self.apply(&mut w, ops, |_| Ok(()));
+        drop(w);
+        let result = slot.0.lock().take();
+        result.unwrap_or_else(|| Err(CoreError::Store("journal write was lost".into())))
+    }
+
+    fn queue_span(&self, span: SpanRecord) {
+        self.queue.lock().push(Op::Span(span));
+    }
+
+    fn flush(&self) -> CoreResult<()> {
+        let mut w = self.writer.lock();
+        self.drain(&mut w)
+    }
+
+    fn settle(&self, rid: i64, owner: &str, s: &Settlement) -> CoreResult<()> {
+        let mut w = self.writer.lock();
+        let ops = std::mem::take(&mut *self.queue.lock());
+        let path = self.path.clone();
+        self.apply(&mut w, ops, |tx| {
+            let t = now();
+            tx.prepare_cached(
+                "UPDATE runs SET status = ?1, output_json = ?2, error_json = ?3, updated_at = ?4, \
+                 lease_owner = NULL, lease_until = NULL WHERE rid = ?5 AND \
+                 (lease_owner IS NULL OR lease_owner = ?6)",
+            )
+            .and_then(|mut st| {
+                st.execute(params![s.status, s.output_json, s.error_json, t, rid, owner])
+            })
+            .at(&path)?;
+            for p in &s.pending {
+                tx.prepare_cached(
+                    "INSERT OR REPLACE INTO pending_interrupts(rid, interrupt_id, kind, question, \
+                     payload_json, created_at) VALUES(?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .and_then(|mut st| {
+                    st.execute(params![rid, p.interrupt_id, p.kind, p.question, p.payload_json, t])
+                })
+                .at(&path)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn set_budget(&self, rid: i64, budget_json: &str) -> CoreResult<()> {
+        self.with_conn(|c| {
+            c.execute(
+                "UPDATE runs SET budget_json = ?1 WHERE rid = ?2",
+                params![budget_json, rid],
+            )
+            .map(|_| ())
+            .at(&self.path)
+        })
+    }
+
+    fn record_answers(&self, rid: i64, answers: &[(String, String)]) -> CoreResult<()> {
+        let mut w = self.writer.lock();
+        let ops = std::mem::take(&mut *self.queue.lock());
+        let path = self.path.clone();
+        self.apply(&mut w, ops, |tx| {
+            for (id, value) in answers {
+                insert_journal(tx, rid, &format!("__interrupt__:{id}"), value).at(&path)?;
+                tx.prepare_cached(
+                    "DELETE FROM pending_interrupts WHERE rid = ?1 AND interrupt_id = ?2",
+                )
+                .and_then(|mut st| st.execute(params![rid, id]))
+                .at(&path)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn get_run(&self, run_id: &str) -> CoreResult<Option<RunRow>> {
+        let w = self.writer.lock();
+        Self::run_row(&w.conn, run_id).at(&self.path)
+    }
+
+    fn pending(&self, rid: i64) -> CoreResult<Vec<InterruptRow>> {
+        let w = self.writer.lock();
+        read_pending(&w.conn, rid).at(&self.path)
+    }
+
+    fn journal(&self, rid: i64) -> CoreResult<Vec<(String, String)>> {
+        let w = self.writer.lock();
+        read_journal(&w.conn, rid).at(&self.path)
+    }
+}
+
+pub fn read_pending(conn: &Connection, rid: i64) -> rusqlite::Result<Vec<InterruptRow>> {
+    let mut st = conn.prepare_cached(
+        "SELECT interrupt_id, kind, question, payload_json FROM pending_interrupts \
+         WHERE rid = ?1 ORDER BY interrupt_id",
+    )?;
+    let rows = st.query_map([rid], |r| {
+        Ok(InterruptRow {
+            interrupt_id: r.get(0)?,
+            kind: r.get(1)?,
+            question: r.get(2)?,
+            payload_json: r.get(3)?,
+        })
+    })?;
+    rows.collect()
+}
+
+fn read_journal(conn: &Connection, rid: i64) -> rusqlite::Result<Vec<(String, String)>> {
+    let mut st =
+        conn.prepare_cached("SELECT step_key, value_json FROM journal WHERE rid = ?1")?;
+    let rows = st.query_map([rid], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    rows.collect()
+}
