@@ -6,4 +6,5 @@ pub mod ids;
 pub mod journal;
 pub mod run;
 pub mod store;
+pub mod trace;
 pub mod py;

@@ -3,8 +3,10 @@
 
 mod attempt;
 mod errors;
+mod query;
 mod spans;
 mod store;
+mod trace;
 
 use pyo3::prelude::*;
 
@@ -28,5 +30,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(new_ulid, m)?)?;
     m.add_function(wrap_pyfunction!(take_span_write_error, m)?)?;
     m.add_function(wrap_pyfunction!(errors::register_errors, m)?)?;
+    trace::register(m)?;
+    query::register(m)?;
     Ok(())
 }

@@ -5,6 +5,7 @@
 //! several machines) can be added behind the same trait.
 
 mod migrate;
+pub mod query;
 pub mod sqlite;
 
 use crate::error::CoreResult;

@@ -1,0 +1,1 @@
+//! Read-only queries for the CLI.
