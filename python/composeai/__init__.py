@@ -1,0 +1,57 @@
+"""composeai: durable, journaled AI-agent workflows with a Rust engine.
+
+Importing the package stays cheap: names whose modules need pydantic are
+loaded on first access.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .combinators import MapResult, map
+from .flow import aresume, anow, arandom, flow, now, random, resume, task
+from .hitl import approve, ask_human
+from .runs import Budget, Run
+
+__version__ = "0.12.0"
+
+__all__ = [
+    "Budget",
+    "Interrupt",
+    "MapResult",
+    "Run",
+    "anow",
+    "approve",
+    "arandom",
+    "aresume",
+    "ask_human",
+    "flow",
+    "map",
+    "now",
+    "random",
+    "register_module_types",
+    "register_serializable",
+    "resume",
+    "task",
+]
+
+_LAZY = {
+    "Interrupt": ("._interrupt", "Interrupt"),
+    "register_serializable": ("._codec", "register_serializable"),
+    "register_module_types": ("._codec", "register_module_types"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'composeai' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(target[0], __name__), target[1])
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

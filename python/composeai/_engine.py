@@ -1,0 +1,764 @@
+"""The Python driver of the core's engine protocol.
+
+The Rust core decides (keys, replay, first-write-wins, leases, fencing); this
+module executes: it calls user functions, converts values, and keeps the
+ambient frame (run, journal scope, current span, fence) in a context variable
+so that nested calls, threads and tasks see it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from contextvars import ContextVar, copy_context
+from typing import Any, Callable
+
+from . import _codec, _core
+from .errors import ConfigError, SerializationError, TaskTimeoutError
+from .tracing import ErrorInfo, Span, Trace
+
+
+class _Pause(BaseException):
+    """Internal signal: an interrupt has no answer yet (FLOW-32)."""
+
+    def __init__(self, interrupt_id: str, kind: str, question: str | None, payload: Any):
+        super().__init__(interrupt_id)
+        self.interrupt_id = interrupt_id
+        self.kind = kind
+        self.question = question
+        self.payload = payload
+
+    def interrupt(self):
+        from .hitl import Interrupt
+
+        return Interrupt(
+            id=self.interrupt_id, kind=self.kind, question=self.question, payload=self.payload
+        )
+
+
+class _Revoked(BaseException):
+    """Internal signal: this thread's journal access was revoked (FLOW-61).
+    It unwinds an abandoned thread silently."""
+
+
+_core.register_errors(ConfigError, SerializationError, _Revoked)
+
+# ---------------------------------------------------------------------------
+# The store
+
+
+_store: Any = None
+_store_lock = threading.Lock()
+
+
+def state_dir() -> str:
+    return os.environ.get("COMPOSE_DIR") or "./.compose"
+
+
+def get_store():
+    """The process's store, opened on first use (OBS-1)."""
+    store = _store
+    if store is not None:
+        return store
+    return _open_store()
+
+
+def _open_store():
+    global _store
+    with _store_lock:
+        if _store is None:
+            directory = state_dir()
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            _store = _core.Store(os.path.join(directory, "runs.db"))
+        return _store
+
+
+def reset_store() -> None:
+    global _store
+    with _store_lock:
+        if _store is not None:
+            _store.flush()
+        _store = None
+
+
+_warned_span_write = False
+
+
+def _check_span_writes() -> None:
+    """OBS-5: span persistence failures warn once per process, then stay silent."""
+    global _warned_span_write
+    message = _core.take_span_write_error()
+    if message is not None and not _warned_span_write:
+        _warned_span_write = True
+        import warnings
+
+        warnings.warn(f"composeai could not persist trace spans: {message}", RuntimeWarning, 3)
+
+
+# ---------------------------------------------------------------------------
+# The ambient frame
+
+
+class RunState:
+    """One attempt of a durable run as the Python side sees it."""
+
+    __slots__ = ("attempt", "run_id", "trace_id", "trace", "name")
+
+    def __init__(self, attempt, name: str):
+        self.attempt = attempt
+        self.run_id = attempt.run_id
+        self.trace_id = attempt.trace_id
+        self.trace = Trace(self.trace_id)
+        self.name = name
+
+
+class Frame:
+    """What a call sees of its surroundings. Immutable: nesting makes a new one."""
+
+    __slots__ = ("run", "scope", "span", "fence", "trace")
+
+    def __init__(self, run: RunState | None, scope: str, span: Span | None, fence, trace):
+        self.run = run
+        self.scope = scope
+        self.span = span
+        self.fence = fence
+        self.trace = trace
+
+
+FRAME: ContextVar[Frame | None] = ContextVar("composeai.frame", default=None)
+
+
+def current_frame() -> Frame | None:
+    return FRAME.get()
+
+
+def active_run() -> RunState | None:
+    frame = FRAME.get()
+    return frame.run if frame is not None else None
+
+
+# ---------------------------------------------------------------------------
+# Spans
+
+
+def _capture() -> bool:
+    return os.environ.get("COMPOSE_TRACE_CONTENT") != "0"
+
+
+def open_span(parent: Span | None, trace: Trace, kind: str, name: str) -> Span:
+    """Opens a span under `parent` in `trace` (the trace keeps start order)."""
+    span = Span(
+        trace_id=trace.trace_id,
+        span_id=_core.ulid(),
+        parent_span_id=parent.span_id if parent is not None else None,
+        kind=kind,
+        name=name,
+        started_at=time.time(),
+    )
+    trace.add(span)
+    return span
+
+
+def open_child(frame: Frame | None, kind: str, name: str) -> tuple[Span, Trace]:
+    """A span under the frame's current span, or the root of a new trace."""
+    if frame is not None and frame.span is not None:
+        return open_span(frame.span, frame.trace, kind, name), frame.trace
+    trace = Trace(_core.ulid())
+    return open_span(None, trace, kind, name), trace
+
+
+def error_info(exc: BaseException) -> ErrorInfo:
+    import traceback
+
+    return ErrorInfo(
+        type=type(exc).__name__,
+        message=str(exc),
+        stacktrace="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    )
+
+
+def mark_failed(span: Span, exc: BaseException) -> None:
+    """Records how `exc` ended the span: paused, revoked or an error (OBS-12)."""
+    span.ended_at = time.time()
+    if isinstance(exc, _Pause):
+        span.status = "paused"
+    elif isinstance(exc, _Revoked):
+        span.status = "cancelled"
+    elif type(exc).__name__ == "CancelledError":
+        span.status = "cancelled"
+    else:
+        span.status = "error"
+        span.error = error_info(exc)
+
+
+def span_row(span: Span, output_json: str | None = None, input_json: str | None = None) -> tuple:
+    """The 14-field record the core persists (see src/py/spans.rs)."""
+    attributes = span.attributes
+    step_key = attributes.get("step_key")
+    if not attributes or (step_key is not None and len(attributes) == 1):
+        attributes_json = None
+    else:
+        attributes_json = _codec.dumps_lenient(
+            {k: v for k, v in attributes.items() if k != "step_key"}
+        )
+    error = span.error
+    error_json = (
+        None
+        if error is None
+        else _codec.dumps_lenient(
+            {"type": error.type, "message": error.message, "stacktrace": error.stacktrace}
+        )
+    )
+    usage = span.usage
+    usage_t = (
+        None
+        if usage is None
+        else (
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.cache_read_tokens,
+            usage.cache_creation_tokens,
+            usage.reasoning_tokens,
+            usage.cost_usd,
+            usage.cost_complete,
+        )
+    )
+    if input_json is None and span.input is not None:
+        input_json = _codec.dumps_lenient(span.input)
+    if output_json is None and span.output is not None:
+        output_json = _codec.dumps_lenient(span.output)
+    return (
+        span.span_id,
+        span.parent_span_id,
+        span.kind,
+        span.name,
+        span.started_at,
+        span.ended_at,
+        span.status,
+        span.replayed,
+        step_key,
+        attributes_json,
+        usage_t,
+        error_json,
+        input_json,
+        output_json,
+    )
+
+
+def persist_span(run: RunState | None, span: Span, output_json: str | None = None) -> None:
+    """Hands a finished span to the core: batched with the run's next commit,
+    or, outside any run, written when its root finishes (OBS-5)."""
+    if not _capture():
+        output_json = None
+    row = span_row(span, output_json)
+    if run is not None:
+        run.attempt.span(row)
+        return
+    store = get_store()
+    store.queue_span(span.trace_id, row)
+    if span.parent_span_id is None:
+        try:
+            store.flush()
+        except Exception:
+            pass
+        _check_span_writes()
+
+
+def close_span(run: RunState | None, span: Span, output: Any = None) -> None:
+    span.ended_at = time.time()
+    span.status = "ok"
+    if output is not None and _capture():
+        span.output = output
+    persist_span(run, span)
+
+
+def fail_span(run: RunState | None, span: Span, exc: BaseException) -> None:
+    mark_failed(span, exc)
+    persist_span(run, span)
+
+
+# ---------------------------------------------------------------------------
+# Executing bodies
+
+
+def _timeout_text(seconds: float) -> str:
+    return str(seconds)
+
+
+def task_timeout_error(kind: str, name: str, seconds: float, cooperative: bool) -> TaskTimeoutError:
+    if cooperative:
+        tail = " (cancelled cooperatively)"
+    else:
+        tail = (
+            " -- the abandoned thread keeps running in the background as a daemon; its eventual "
+            "result is discarded, and it loses journal write access immediately (its pure side "
+            "effects, if any, still run to completion -- there is no safe way to stop that)"
+        )
+    return TaskTimeoutError(f"{kind} {name!r} exceeded timeout={_timeout_text(seconds)}s{tail}")
+
+
+def run_on_thread(
+    fn: Callable[[], Any],
+    frame: Frame,
+    timeout: float | None,
+    on_timeout: Callable[[], BaseException],
+    thread_name: str,
+) -> Any:
+    """Runs `fn` on a dedicated daemon thread under `frame` (whose fence the
+    caller derived for it). On timeout the fence is revoked and the thread
+    abandoned (FLOW-3, FLOW-61)."""
+    outcome: list[Any] = []
+    finished = threading.Event()
+    ctx = copy_context()
+
+    def target() -> None:
+        FRAME.set(frame)
+        try:
+            outcome.append((True, fn()))
+        except _Revoked:
+            outcome.append((False, None))
+        except BaseException as exc:  # handed to the waiting side
+            outcome.append((False, exc))
+        finally:
+            finished.set()
+
+    thread = threading.Thread(target=ctx.run, args=(target,), name=thread_name, daemon=True)
+    thread.start()
+    try:
+        if not finished.wait(timeout):
+            if frame.fence is not None:
+                frame.fence.revoke()
+            raise on_timeout()
+    except KeyboardInterrupt:
+        if frame.fence is not None:
+            frame.fence.revoke()
+        raise
+    ok, value = outcome[0]
+    if ok:
+        return value
+    if value is None:
+        raise _Revoked("stage abandoned")
+    raise value
+
+
+def child_fence(frame: Frame):
+    if frame.run is None:
+        return None
+    parent = frame.fence if frame.fence is not None else frame.run.attempt.root_fence()
+    return parent.child()
+
+
+def call_body(fn: Callable, is_async: bool, args: tuple, kwargs: dict) -> Any:
+    """Calls a body from sync code: directly, or on the background loop for
+    an `async def` body (ASYNC-7)."""
+    if is_async:
+        from . import _runtime
+
+        return _runtime.run_sync(lambda: fn(*args, **kwargs))
+    return fn(*args, **kwargs)
+
+
+def call_with_retries(
+    body: Callable[[], Any], retries: int, span: Span
+) -> Any:
+    """FLOW-2: re-runs the body on an `Exception`, recording each failure."""
+    attempt = 0
+    while True:
+        try:
+            return body()
+        except TaskTimeoutError:
+            raise
+        except Exception as exc:
+            if retries:
+                span.attributes.setdefault("retries", []).append(
+                    {"type": type(exc).__name__, "message": str(exc)}
+                )
+            if attempt >= retries:
+                raise
+            attempt += 1
+
+
+def encode_step(key: str, value: Any) -> str:
+    try:
+        return _codec.dumps(value)
+    except SerializationError as exc:
+        raise SerializationError(f"step '{key}': {exc}") from None
+
+
+# ---------------------------------------------------------------------------
+# Journaled steps
+
+
+class StepStart:
+    """A reserved step: either a journal hit (`hit` holds the stored JSON) or
+    a miss to execute under `inner`, the step's own frame."""
+
+    __slots__ = ("frame", "key", "span", "hit", "inner")
+
+    def __init__(self, frame: Frame, key: str, span: Span, hit: str | None, inner: Frame | None):
+        self.frame = frame
+        self.key = key
+        self.span = span
+        self.hit = hit
+        self.inner = inner
+
+
+def begin_step(frame: Frame, kind: str, name: str, span_input: Any, fence: Any = None) -> StepStart:
+    """Reserves the step's key. A hit is replayed here: the span is recorded
+    as replayed and nothing else runs (FLOW-16)."""
+    attempt = frame.run.attempt
+    key, hit = attempt.reserve(frame.scope, name, frame.fence)
+    span = open_span(frame.span, frame.trace, kind, name)
+    span.attributes["step_key"] = key
+    if hit is not None:
+        span.replayed = True
+        span.status = "ok"
+        span.ended_at = span.started_at
+        if _capture():
+            span.output = _codec.loads(hit)
+            attempt.span(span_row(span, hit))
+        else:
+            attempt.span(span_row(span))
+        return StepStart(frame, key, span, hit, None)
+    if span_input is not None and _capture():
+        span.input = span_input
+    inner = Frame(frame.run, key, span, frame.fence, frame.trace)
+    return StepStart(frame, key, span, None, inner)
+
+
+def replayed_value(step: StepStart) -> Any:
+    span = step.span
+    if span.output is not None:
+        return span.output
+    return _codec.loads(step.hit)
+
+
+def finish_step(step: StepStart, value: Any) -> Any:
+    """Journals the step's value and span in one durable commit and returns
+    the value decoded from what was stored (FLOW-17, FLOW-18)."""
+    run = step.frame.run
+    span = step.span
+    try:
+        value_json = encode_step(step.key, value)
+    except SerializationError as exc:
+        fail_span(run, span, exc)
+        raise
+    span.ended_at = time.time()
+    span.status = "ok"
+    capture = _capture()
+    row = span_row(span, value_json if capture else None)
+    stored = run.attempt.commit(step.key, value_json, row, step.frame.fence)
+    result = _codec.loads(stored)
+    if capture:
+        span.output = result
+    return result
+
+
+def journaled_step(
+    frame: Frame, kind: str, name: str, execute: Callable[[Frame], Any], span_input: Any = None
+) -> Any:
+    """One journaled step on the sync path: replay, or execute then commit."""
+    step = begin_step(frame, kind, name, span_input)
+    if step.hit is not None:
+        return replayed_value(step)
+    token = FRAME.set(step.inner)
+    try:
+        value = execute(step.inner)
+    except BaseException as exc:
+        fail_span(frame.run, step.span, exc)
+        raise
+    finally:
+        FRAME.reset(token)
+    return finish_step(step, value)
+
+
+async def ajournaled_step(
+    frame: Frame, kind: str, name: str, execute: Callable[[Frame], Any], span_input: Any = None
+) -> Any:
+    """The async twin of `journaled_step`: `execute` returns an awaitable."""
+    step = begin_step(frame, kind, name, span_input)
+    if step.hit is not None:
+        return replayed_value(step)
+    token = FRAME.set(step.inner)
+    try:
+        value = await execute(step.inner)
+    except BaseException as exc:
+        fail_span(frame.run, step.span, exc)
+        raise
+    finally:
+        FRAME.reset(token)
+    return finish_step(step, value)
+
+
+def _unjournaled_frame(frame: Frame | None, kind: str, name: str, span_input: Any) -> Frame:
+    run = frame.run if frame is not None else None
+    span, trace = open_child(frame, kind, name)
+    if span_input is not None and _capture():
+        span.input = span_input
+    return Frame(
+        run,
+        frame.scope if frame is not None else "",
+        span,
+        frame.fence if frame is not None else None,
+        trace,
+    )
+
+
+def unjournaled_call(
+    frame: Frame | None, kind: str, name: str, execute: Callable[[Frame], Any], span_input: Any
+) -> Any:
+    """A step outside any durable run: a plain span, nothing journaled (FLOW-6)."""
+    inner = _unjournaled_frame(frame, kind, name, span_input)
+    token = FRAME.set(inner)
+    try:
+        value = execute(inner)
+    except BaseException as exc:
+        fail_span(inner.run, inner.span, exc)
+        raise
+    finally:
+        FRAME.reset(token)
+    close_span(inner.run, inner.span, value)
+    return value
+
+
+async def aunjournaled_call(
+    frame: Frame | None, kind: str, name: str, execute: Callable[[Frame], Any], span_input: Any
+) -> Any:
+    inner = _unjournaled_frame(frame, kind, name, span_input)
+    token = FRAME.set(inner)
+    try:
+        value = await execute(inner)
+    except BaseException as exc:
+        fail_span(inner.run, inner.span, exc)
+        raise
+    finally:
+        FRAME.reset(token)
+    close_span(inner.run, inner.span, value)
+    return value
+
+
+# ---------------------------------------------------------------------------
+# Deterministic values: now() / random()
+
+
+def journaled_value(name: str, draw: Callable[[], Any]) -> Any:
+    frame = FRAME.get()
+    if frame is None or frame.run is None:
+        return draw()
+    attempt = frame.run.attempt
+    key, hit = attempt.reserve(frame.scope, name, frame.fence)
+    if hit is not None:
+        return _codec.loads(hit)
+    value = draw()
+    return _codec.loads(attempt.commit(key, _codec.dumps(value), None, frame.fence))
+
+
+# ---------------------------------------------------------------------------
+# Interrupts
+
+NO_RUN_FOR_INTERRUPT = (
+    "approve()/ask_human() (and approval-gated @tool calls) only work inside an active @flow "
+    "body or a durable @agent run -- none is active here"
+)
+
+
+def interrupt(interrupt_id: str, kind: str, question: str | None, payload: Any) -> Any:
+    """Looks the answer up in the run's journal; without one, pauses (FLOW-31)."""
+    frame = FRAME.get()
+    if frame is None or frame.run is None:
+        raise ConfigError(NO_RUN_FOR_INTERRUPT)
+    hit = frame.run.attempt.lookup("__interrupt__:" + interrupt_id, frame.fence)
+    if hit is not None:
+        return _codec.loads(hit)
+    span = open_span(frame.span, frame.trace, "pause", interrupt_id)
+    span.ended_at = span.started_at
+    span.status = "paused"
+    if payload is not None and _capture():
+        span.input = payload
+    persist_span(frame.run, span)
+    raise _Pause(interrupt_id, kind, question, payload)
+
+
+# ---------------------------------------------------------------------------
+# Driving a durable run
+
+
+def error_json(exc: BaseException) -> str:
+    message = str(exc)
+    if type(exc).__name__ == "CancelledError" and not message:
+        message = "cancelled"
+    return _codec.dumps({"type": type(exc).__name__, "message": message})
+
+
+def _settle_failed(run: RunState, exc: BaseException) -> None:
+    if isinstance(exc, KeyboardInterrupt):
+        err = _codec.dumps({"type": "CancelledError", "message": "cancelled"})
+    else:
+        err = error_json(exc)
+    run.attempt.settle("failed", None, err)
+    _check_span_writes()
+
+
+def _pending_row(pause: _Pause) -> tuple:
+    payload_json = None
+    if pause.payload is not None:
+        try:
+            payload_json = _codec.dumps(pause.payload)
+        except SerializationError as exc:
+            raise SerializationError(f"interrupt '{pause.interrupt_id}' payload: {exc}") from None
+    return (pause.interrupt_id, pause.kind, pause.question, payload_json)
+
+
+def drive_sync(run: RunState, body: Callable[[], Any], root: Span) -> Any:
+    """Executes a durable run's body on the calling thread and settles the
+    attempt. Returns `(status, output, pause)`; failures are re-raised
+    unchanged after the row is marked failed (FLOW-12)."""
+    frame = Frame(run, "", root, None, run.trace)
+    token = FRAME.set(frame)
+    try:
+        output = body()
+    except _Pause as pause:
+        return settle_paused(run, root, pause)
+    except BaseException as exc:
+        fail_span(run, root, exc)
+        _settle_failed(run, exc)
+        raise
+    finally:
+        FRAME.reset(token)
+    return settle_completed(run, root, output)
+
+
+def settle_paused(run: RunState, root: Span, pause: _Pause):
+    mark_failed(root, pause)
+    persist_span(run, root)
+    try:
+        pending = _pending_row(pause)
+    except SerializationError as exc:
+        _settle_failed(run, exc)
+        raise
+    run.attempt.settle("paused", None, None, [pending])
+    _check_span_writes()
+    return ("paused", None, pause)
+
+
+def settle_completed(run: RunState, root: Span, output: Any):
+    try:
+        output_json = _codec.dumps(output)
+    except SerializationError as exc:
+        fail_span(run, root, exc)
+        _settle_failed(run, exc)
+        raise
+    root.ended_at = time.time()
+    root.status = "ok"
+    persist_span(run, root, output_json)
+    if _capture():
+        root.output = output
+    run.attempt.settle("completed", output_json, None)
+    _check_span_writes()
+    return ("completed", output, None)
+
+
+async def drive_async(run: RunState, body: Callable[[], Any], root: Span) -> Any:
+    """The async twin of `drive_sync`: the body is awaited on the caller's loop."""
+    frame = Frame(run, "", root, None, run.trace)
+    token = FRAME.set(frame)
+    try:
+        output = await body()
+    except _Pause as pause:
+        return settle_paused(run, root, pause)
+    except BaseException as exc:
+        fail_span(run, root, exc)
+        _settle_failed(run, exc)
+        raise
+    finally:
+        FRAME.reset(token)
+    return settle_completed(run, root, output)
+
+
+def make_run_result(run: RunState, outcome) -> Any:
+    from .runs import Run
+
+    status, output, pause = outcome
+    if status == "paused":
+        return Run(
+            id=run.run_id,
+            status="paused",
+            output=None,
+            usage=None,
+            trace=run.trace,
+            messages=[],
+            pending=pause.interrupt(),
+        )
+    return Run(
+        id=run.run_id,
+        status="completed",
+        output=output,
+        usage=rollup_usage(run.trace),
+        trace=run.trace,
+        messages=[],
+        pending=None,
+    )
+
+
+def rollup_usage(trace: Trace):
+    """Usage of the attempt's `llm` spans, or `None` ("nothing yet") when it
+    made no model call."""
+    total = None
+    for span in trace.spans:
+        if span.kind == "llm" and span.usage is not None:
+            total = span.usage if total is None else total + span.usage
+    return total
+
+
+async def run_on_thread_async(
+    fn: Callable[[], Any],
+    frame: Frame,
+    timeout: float | None,
+    on_timeout: Callable[[], BaseException],
+    thread_name: str,
+) -> Any:
+    """Awaits a sync body run on a dedicated daemon thread (never a shared,
+    bounded pool: ASYNC-7). Timeout or cancellation revokes its fence."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+    ctx = copy_context()
+
+    def deliver(outcome: tuple) -> None:
+        if not future.done():
+            future.set_result(outcome)
+
+    def target() -> None:
+        FRAME.set(frame)
+        try:
+            outcome = (True, fn())
+        except _Revoked:
+            outcome = (False, None)
+        except BaseException as exc:  # handed to the awaiting side
+            outcome = (False, exc)
+        try:
+            loop.call_soon_threadsafe(deliver, outcome)
+        except RuntimeError:
+            pass  # the loop is gone; nobody is waiting
+
+    threading.Thread(target=ctx.run, args=(target,), name=thread_name, daemon=True).start()
+    try:
+        if timeout is None:
+            ok, value = await future
+        else:
+            ok, value = await asyncio.wait_for(future, timeout)
+    except asyncio.TimeoutError:
+        if frame.fence is not None:
+            frame.fence.revoke()
+        raise on_timeout() from None
+    except BaseException:
+        if frame.fence is not None:
+            frame.fence.revoke()
+        raise
+    if ok:
+        return value
+    if value is None:
+        raise _Revoked("stage abandoned")
+    raise value

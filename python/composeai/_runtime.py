@@ -1,0 +1,98 @@
+"""The background event loop that runs `async def` bodies reached from sync
+code. It starts only when such a body is first reached (ASYNC-1)."""
+
+from __future__ import annotations
+
+import atexit
+import contextvars
+import threading
+from typing import Any, Awaitable, Callable
+
+_lock = threading.Lock()
+_loop: Any = None
+_thread: threading.Thread | None = None
+_shut_down = False
+
+REENTRY = "composeai runtime cannot be re-entered from its own loop thread"
+SHUT_DOWN = "composeai runtime is shut down (interpreter exit in progress?)"
+
+
+def _ensure_loop():
+    global _loop, _thread
+    if _shut_down:
+        raise RuntimeError(SHUT_DOWN)
+    if _loop is not None:
+        return _loop
+    with _lock:
+        if _loop is None:
+            import asyncio
+
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
+
+            def serve() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                loop.run_forever()
+
+            thread = threading.Thread(target=serve, name="composeai-runtime", daemon=True)
+            thread.start()
+            ready.wait()
+            _thread = thread
+            _loop = loop
+            atexit.register(_shutdown)
+    return _loop
+
+
+def on_loop_thread() -> bool:
+    return _thread is not None and threading.current_thread() is _thread
+
+
+def run_sync(make_coro: Callable[[], Awaitable[Any]]) -> Any:
+    """Runs the coroutine made by `make_coro` on the background loop, in a
+    copy of the caller's context, and blocks until it settles. Ctrl-C
+    cancels it (a real CancelledError into it) and re-raises."""
+    if on_loop_thread():
+        raise RuntimeError(REENTRY)
+    loop = _ensure_loop()
+    import asyncio
+    import concurrent.futures
+
+    ctx = contextvars.copy_context()
+    done: concurrent.futures.Future = concurrent.futures.Future()
+    handle: dict[str, Any] = {}
+
+    def start() -> None:
+        task = ctx.run(loop.create_task, make_coro())
+        handle["task"] = task
+
+        def settle(t: asyncio.Task) -> None:
+            if t.cancelled():
+                done.set_exception(asyncio.CancelledError())
+            elif t.exception() is not None:
+                done.set_exception(t.exception())
+            else:
+                done.set_result(t.result())
+
+        task.add_done_callback(settle)
+
+    loop.call_soon_threadsafe(start)
+    try:
+        return done.result()
+    except KeyboardInterrupt:
+        task = handle.get("task")
+        if task is not None:
+            loop.call_soon_threadsafe(task.cancel)
+            try:
+                done.result(timeout=5)
+            except BaseException:
+                pass
+        raise
+
+
+def _shutdown() -> None:
+    global _shut_down
+    _shut_down = True
+    loop = _loop
+    if loop is not None and loop.is_running():
+        loop.call_soon_threadsafe(loop.stop)

@@ -1,0 +1,564 @@
+"""`@task`, `@flow`, `now()`/`random()` and `resume()` (FLOW-1 … FLOW-61)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Generic, TypeVar, overload
+
+from . import _codec, _engine
+from ._engine import FRAME, Frame
+from .errors import ConfigError, ResumeMismatchError, SerializationError
+
+__all__ = ["Flow", "Task", "flow", "task", "now", "random", "anow", "arandom", "resume", "aresume"]
+
+R = TypeVar("R")
+
+_TASKS: dict[str, Task] = {}
+_FLOWS: dict[str, Flow] = {}
+
+
+def _is_coroutine_function(fn: Callable) -> bool:
+    import inspect
+
+    return inspect.iscoroutinefunction(fn)
+
+
+def _args_payload(args: tuple, kwargs: dict) -> dict:
+    return {"args": list(args), "kwargs": kwargs}
+
+
+# ---------------------------------------------------------------------------
+# @task
+
+
+class Task(Generic[R]):
+    """A journaled unit of work (FLOW-1 … FLOW-7)."""
+
+    def __init__(self, fn: Callable[..., Any], *, retries: int, timeout: float | None, name: str):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.name = name
+        self.retries = retries
+        self.timeout = timeout
+        self._is_async = _is_coroutine_function(fn)
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name!r}>"
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        return functools.partial(self, obj)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R:
+        frame = FRAME.get()
+        payload = _args_payload(args, kwargs)
+        if frame is not None and frame.run is not None:
+            return _engine.journaled_step(
+                frame, "task", self.name, lambda inner: self._execute(inner, args, kwargs), payload
+            )
+        return _engine.unjournaled_call(
+            frame, "task", self.name, lambda inner: self._execute(inner, args, kwargs), payload
+        )
+
+    def _timeout_error(self, cooperative: bool):
+        return _engine.task_timeout_error("@task", self.name, self.timeout, cooperative)
+
+    def _execute(self, inner: Frame, args: tuple, kwargs: dict) -> Any:
+        fn = self.fn
+        if self.timeout is None:
+
+            def body():
+                return _engine.call_body(fn, self._is_async, args, kwargs)
+
+        elif self._is_async:
+
+            def body():
+                from . import _runtime
+
+                return _runtime.run_sync(lambda: self._await_with_timeout(args, kwargs))
+
+        else:
+
+            def body():
+                frame = Frame(
+                    inner.run, inner.scope, inner.span, _engine.child_fence(inner), inner.trace
+                )
+                return _engine.run_on_thread(
+                    lambda: fn(*args, **kwargs),
+                    frame,
+                    self.timeout,
+                    lambda: self._timeout_error(False),
+                    f"composeai-task-{self.name}",
+                )
+
+        return _engine.call_with_retries(body, self.retries, inner.span)
+
+    async def _await_with_timeout(self, args: tuple, kwargs: dict) -> Any:
+        import asyncio
+
+        try:
+            return await asyncio.wait_for(self.fn(*args, **kwargs), self.timeout)
+        except asyncio.TimeoutError:
+            raise self._timeout_error(True) from None
+
+    async def _aexecute(self, inner: Frame, args: tuple, kwargs: dict) -> Any:
+        fn = self.fn
+        attempt = 0
+        while True:
+            try:
+                if self._is_async:
+                    if self.timeout is None:
+                        return await fn(*args, **kwargs)
+                    return await self._await_with_timeout(args, kwargs)
+                frame = Frame(
+                    inner.run, inner.scope, inner.span, _engine.child_fence(inner), inner.trace
+                )
+                return await _engine.run_on_thread_async(
+                    lambda: fn(*args, **kwargs),
+                    frame,
+                    self.timeout,
+                    lambda: self._timeout_error(False),
+                    f"composeai-task-{self.name}",
+                )
+            except Exception as exc:
+                from .errors import TaskTimeoutError
+
+                if isinstance(exc, TaskTimeoutError):
+                    raise
+                if self.retries:
+                    inner.span.attributes.setdefault("retries", []).append(
+                        {"type": type(exc).__name__, "message": str(exc)}
+                    )
+                if attempt >= self.retries:
+                    raise
+                attempt += 1
+
+    async def arun(self, *args: Any, **kwargs: Any) -> R:
+        """Async twin of calling the task, on the caller's loop (FLOW-7)."""
+        frame = FRAME.get()
+        payload = _args_payload(args, kwargs)
+        if frame is not None and frame.run is not None:
+            return await _engine.ajournaled_step(
+                frame, "task", self.name, lambda inner: self._aexecute(inner, args, kwargs), payload
+            )
+        return await _engine.aunjournaled_call(
+            frame, "task", self.name, lambda inner: self._aexecute(inner, args, kwargs), payload
+        )
+
+
+def _register(registry: dict, obj: Any, replace: bool, message: str) -> None:
+    if obj.name in registry and not replace:
+        raise ConfigError(message)
+    registry[obj.name] = obj
+
+
+@overload
+def task(fn: Callable[..., R], /) -> Task[R]: ...
+@overload
+def task(
+    *, retries: int = 0, timeout: float | None = None, name: str | None = None, replace: bool = False
+) -> Callable[[Callable[..., R]], Task[R]]: ...
+def task(fn=None, /, *, retries=0, timeout=None, name=None, replace=False):
+    """Declares a journaled task, bare or with keyword options (FLOW-1)."""
+
+    def decorate(f: Callable[..., Any]) -> Task:
+        task_name = name or f.__name__
+        obj = Task(f, retries=retries, timeout=timeout, name=task_name)
+        _register(
+            _TASKS,
+            obj,
+            replace,
+            f"@task name {task_name!r} is already registered -- task names must be unique per "
+            "process (they key the durable journal's per-step counter); pass an explicit "
+            "name=... to disambiguate",
+        )
+        _codec.register_annotation_types(f)
+        return obj
+
+    if fn is not None:
+        return decorate(fn)
+    return decorate
+
+
+# ---------------------------------------------------------------------------
+# @flow
+
+
+def _fingerprint(fn: Callable) -> str:
+    """SHA-256 of the dedented source (FLOW-9)."""
+    import hashlib
+    import inspect
+    import textwrap
+
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return f"nosource:{fn.__module__}:{fn.__qualname__}"
+    return hashlib.sha256(source.encode("utf-8")).hexdigest()
+
+
+def _budget_json(budget: Any) -> str | None:
+    if budget is None:
+        return None
+    return _codec.dumps({"usd": budget.usd, "tokens": budget.tokens})
+
+
+class Flow(Generic[R]):
+    """A durable run (FLOW-8 … FLOW-12)."""
+
+    def __init__(self, fn: Callable[..., Any], *, name: str):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.name = name
+        self.fingerprint = _fingerprint(fn)
+        self._is_async = _is_coroutine_function(fn)
+
+    def __repr__(self) -> str:
+        return f"<Flow {self.name!r}>"
+
+    def __call__(self, *args: Any, budget: Any = None, **kwargs: Any) -> R:
+        frame = FRAME.get()
+        if frame is not None and frame.run is not None:
+            if budget is not None:
+                raise ConfigError(self._nested_budget_message())
+            return _engine.journaled_step(
+                frame,
+                "flow",
+                self.name,
+                lambda inner: _engine.call_body(self.fn, self._is_async, args, kwargs),
+                _args_payload(args, kwargs),
+            )
+        return self.run(*args, budget=budget, **kwargs).output
+
+    def _nested_budget_message(self) -> str:
+        return (
+            f"@flow {self.name!r}: budget= is not supported on a nested flow call (the enclosing "
+            "run's budget governs); set it on the outer run"
+        )
+
+    def _start(self, args: tuple, kwargs: dict, budget: Any):
+        args_json = _codec.dumps(_args_payload(args, kwargs))
+        budget_json = _budget_json(budget)
+        attempt = _engine.get_store().start_run(
+            "flow", self.name, self.fingerprint, args_json, budget_json
+        )
+        return _engine.RunState(attempt, self.name)
+
+    def _root(self, run, args: tuple, kwargs: dict):
+        root = _engine.open_span(None, run.trace, "flow", self.name)
+        if _engine._capture():
+            root.input = _args_payload(args, kwargs)
+        return root
+
+    def _drive(self, run, args: tuple, kwargs: dict):
+        root = self._root(run, args, kwargs)
+        if self._is_async:
+            from . import _runtime
+
+            outcome = _runtime.run_sync(
+                lambda: _engine.drive_async(run, lambda: self.fn(*args, **kwargs), root)
+            )
+        else:
+            outcome = _engine.drive_sync(run, lambda: self.fn(*args, **kwargs), root)
+        return _engine.make_run_result(run, outcome)
+
+    async def _adrive(self, run, args: tuple, kwargs: dict):
+        root = self._root(run, args, kwargs)
+        if self._is_async:
+            body = lambda: self.fn(*args, **kwargs)  # noqa: E731
+        else:
+
+            def body():
+                frame = FRAME.get()
+                thread_frame = Frame(
+                    frame.run, frame.scope, frame.span, _engine.child_fence(frame), frame.trace
+                )
+                return _engine.run_on_thread_async(
+                    lambda: self.fn(*args, **kwargs),
+                    thread_frame,
+                    None,
+                    lambda: RuntimeError("unreachable"),
+                    f"composeai-flow-{self.name}",
+                )
+
+        outcome = await _engine.drive_async(run, body, root)
+        return _engine.make_run_result(run, outcome)
+
+    def run(self, *args: Any, budget: Any = None, **kwargs: Any):
+        """Starts a new top-level durable run, even inside another flow."""
+        return self._drive(self._start(args, kwargs, budget), args, kwargs)
+
+    async def arun(self, *args: Any, budget: Any = None, **kwargs: Any):
+        """Async twin of `run`; nested (one step) when a flow is active (FLOW-50)."""
+        frame = FRAME.get()
+        if frame is not None and frame.run is not None:
+            if budget is not None:
+                raise ConfigError(self._nested_budget_message())
+            return await self._anested(frame, args, kwargs)
+        return await self._adrive(self._start(args, kwargs, budget), args, kwargs)
+
+    async def _anested(self, frame: Frame, args: tuple, kwargs: dict):
+        from . import _core
+        from .runs import Run
+
+        spans: list = []
+
+        async def execute(inner: Frame):
+            spans.append(inner.span)
+            if self._is_async:
+                return await self.fn(*args, **kwargs)
+            thread_frame = Frame(
+                inner.run, inner.scope, inner.span, _engine.child_fence(inner), inner.trace
+            )
+            return await _engine.run_on_thread_async(
+                lambda: self.fn(*args, **kwargs),
+                thread_frame,
+                None,
+                lambda: RuntimeError("unreachable"),
+                f"composeai-flow-{self.name}",
+            )
+
+        output = await _engine.ajournaled_step(
+            frame, "flow", self.name, execute, _args_payload(args, kwargs)
+        )
+        usage = None
+        if spans:
+            usage = _subtree_usage(frame.trace, spans[0])
+        return Run(
+            id=_core.ulid(),
+            status="completed",
+            output=output,
+            usage=usage,
+            trace=frame.trace,
+            messages=[],
+        )
+
+
+def _subtree_usage(trace, root) -> Any:
+    ids = {root.span_id}
+    total = None
+    for span in trace.spans:
+        if span.parent_span_id in ids:
+            ids.add(span.span_id)
+        if span.span_id in ids and span.kind == "llm" and span.usage is not None:
+            total = span.usage if total is None else total + span.usage
+    return total
+
+
+@overload
+def flow(fn: Callable[..., R], /) -> Flow[R]: ...
+@overload
+def flow(*, name: str | None = None, replace: bool = False) -> Callable[[Callable[..., R]], Flow[R]]: ...
+def flow(fn=None, /, *, name=None, replace=False):
+    """Declares a durable flow, bare or with keyword options (FLOW-8)."""
+
+    def decorate(f: Callable[..., Any]) -> Flow:
+        flow_name = name or f.__name__
+        obj = Flow(f, name=flow_name)
+        _register(
+            _FLOWS,
+            obj,
+            replace,
+            f"@flow name {flow_name!r} is already registered -- flow names must be unique per "
+            "process; pass an explicit name=... to disambiguate",
+        )
+        _codec.register_annotation_types(f)
+        return obj
+
+    if fn is not None:
+        return decorate(fn)
+    return decorate
+
+
+def reset_registries() -> None:
+    """Forgets every registered task and flow name (TEST-50)."""
+    _TASKS.clear()
+    _FLOWS.clear()
+
+
+# ---------------------------------------------------------------------------
+# now() / random()
+
+
+def _utc_now():
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc)
+
+
+def _draw() -> float:
+    import random as _random
+
+    return _random.random()
+
+
+def now():
+    """The current UTC time, journaled once per call inside a flow (FLOW-22)."""
+    return _engine.journaled_value("now", _utc_now)
+
+
+def random() -> float:
+    """A float in [0, 1), journaled once per call inside a flow (FLOW-23)."""
+    return _engine.journaled_value("random", _draw)
+
+
+async def anow():
+    """Async twin of `now()`, sharing its keys (FLOW-24)."""
+    return _engine.journaled_value("now", _utc_now)
+
+
+async def arandom() -> float:
+    """Async twin of `random()`, sharing its keys (FLOW-24)."""
+    return _engine.journaled_value("random", _draw)
+
+
+# ---------------------------------------------------------------------------
+# resume()
+
+_CALLBACKS_ON_FLOW = (
+    "approver=, context_manager= and tool_interceptor= apply only to standalone agent runs, "
+    "not @flow runs"
+)
+
+
+def _resolve_answers(answers: dict[str, Any], pending_ids: list[str]) -> list[tuple[str, str]]:
+    """Maps answer keys to interrupt ids and encodes the answers (FLOW-43)."""
+    pending = set(pending_ids)
+    resolved: list[tuple[str, str]] = []
+    for key, value in answers.items():
+        if key in pending:
+            full = key
+        else:
+            matches = sorted(p for p in pending_ids if p.startswith(f"tool:{key}:"))
+            if len(matches) == 1:
+                full = matches[0]
+            elif len(matches) > 1:
+                raise ConfigError(
+                    f"answer key {key!r} is ambiguous -- it matches multiple pending interrupts "
+                    f"{matches!r}; use the full interrupt id to disambiguate"
+                )
+            elif pending_ids and all(p.startswith("tool:") for p in pending_ids):
+                raise ConfigError(
+                    f"answer key {key!r} does not match any pending interrupt -- currently "
+                    f"pending: {sorted(pending_ids)!r} (a tool-call answer can't be supplied ahead "
+                    "of the tool actually being called, unlike a bare approve()/ask_human() id)"
+                )
+            else:
+                full = key
+        try:
+            encoded = _codec.dumps(value)
+        except SerializationError as exc:
+            raise SerializationError(f"answer {key!r}: {exc}") from None
+        resolved.append((full, encoded))
+    return resolved
+
+
+def _prepare_resume(
+    run_id: str,
+    answers: dict[str, Any] | None,
+    allow_code_change: bool,
+    callbacks: tuple,
+):
+    """FLOW-41's checks, in order, before anything is written. Returns the
+    flow to run and the resolved answers, or a finished `Run`."""
+    store = _engine.get_store()
+    row = store.get_run(run_id)
+    if row is None:
+        raise ConfigError(f"no run found with run_id {run_id!r}")
+    if row["kind"] == "agent":
+        raise ConfigError(
+            f"run {run_id!r} is a standalone @agent run; resuming agent runs needs composeai's "
+            "agent support, which this build does not include yet"
+        )
+    if any(c is not None for c in callbacks):
+        raise ConfigError(_CALLBACKS_ON_FLOW)
+    flow_obj = _FLOWS.get(row["name"])
+    if flow_obj is None or row["kind"] != "flow":
+        raise ConfigError(
+            f"flow {row['name']!r} is not registered in this process -- import the module that "
+            "defines it (so its @flow decoration runs) before calling resume()"
+        )
+    if row["status"] == "completed":
+        from .runs import Run
+        from .tracing import Trace
+
+        output_json = row["output_json"]
+        return None, None, Run(
+            id=run_id,
+            status="completed",
+            output=_codec.loads(output_json) if output_json is not None else None,
+            usage=None,
+            trace=Trace(trace_id=row["trace_id"] or ""),
+            messages=[],
+            pending=None,
+        )
+    if row["fingerprint"] != flow_obj.fingerprint and not allow_code_change:
+        raise ResumeMismatchError(
+            f"@flow {flow_obj.name!r}'s source changed since run {run_id!r} was created "
+            "(fingerprint mismatch) -- pass allow_code_change=True to resume anyway (the journal "
+            "may no longer match the new code's call sequence)"
+        )
+    resolved: list[tuple[str, str]] = []
+    if answers:
+        pending_ids = [p[0] for p in store.pending(run_id)]
+        resolved = _resolve_answers(answers, pending_ids)
+    return flow_obj, resolved, None
+
+
+def _begin_resume(flow_obj: Flow, run_id: str, resolved, budget):
+    """Takes the lease, applies the budget override and answers, and decodes
+    the original arguments (FLOW-42)."""
+    attempt = _engine.get_store().resume(run_id)
+    try:
+        if budget is not None:
+            attempt.set_budget(_budget_json(budget))
+        if resolved:
+            attempt.record_answers(resolved)
+        payload = _codec.loads(attempt.args_json) if attempt.args_json else {}
+        args = tuple(payload.get("args", ()))
+        kwargs = dict(payload.get("kwargs", {}))
+    except BaseException as exc:
+        attempt.settle("failed", None, _engine.error_json(exc))
+        raise
+    return _engine.RunState(attempt, flow_obj.name), args, kwargs
+
+
+def resume(
+    run_id: str,
+    answers: dict[str, Any] | None = None,
+    *,
+    budget: Any = None,
+    allow_code_change: bool = False,
+    approver: Any = None,
+    tool_interceptor: Any = None,
+    context_manager: Any = None,
+):
+    """Continues a durable run in this or any process (FLOW-40 … FLOW-43)."""
+    flow_obj, resolved, done = _prepare_resume(
+        run_id, answers, allow_code_change, (approver, tool_interceptor, context_manager)
+    )
+    if done is not None:
+        return done
+    run, args, kwargs = _begin_resume(flow_obj, run_id, resolved, budget)
+    return flow_obj._drive(run, args, kwargs)
+
+
+async def aresume(
+    run_id: str,
+    answers: dict[str, Any] | None = None,
+    *,
+    budget: Any = None,
+    allow_code_change: bool = False,
+    approver: Any = None,
+    tool_interceptor: Any = None,
+    context_manager: Any = None,
+):
+    """Async twin of `resume`, on the caller's loop."""
+    flow_obj, resolved, done = _prepare_resume(
+        run_id, answers, allow_code_change, (approver, tool_interceptor, context_manager)
+    )
+    if done is not None:
+        return done
+    run, args, kwargs = _begin_resume(flow_obj, run_id, resolved, budget)
+    return await flow_obj._adrive(run, args, kwargs)

@@ -1,0 +1,29 @@
+"""Human-in-the-loop: `approve()` and `ask_human()` (FLOW-30 … FLOW-37)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _engine
+
+__all__ = ["Interrupt", "approve", "ask_human"]
+
+
+def approve(id: str, payload: Any = None) -> bool:
+    """The journaled answer to approval `id` as a bool; pauses the run when
+    there is none yet."""
+    return bool(_engine.interrupt(id, "approval", None, payload))
+
+
+def ask_human(id: str, question: str, payload: Any = None) -> Any:
+    """The journaled answer to question `id`; pauses the run when there is
+    none yet."""
+    return _engine.interrupt(id, "question", question, payload)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Interrupt":
+        from ._interrupt import Interrupt
+
+        return Interrupt
+    raise AttributeError(f"module 'composeai.hitl' has no attribute {name!r}")
