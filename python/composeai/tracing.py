@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Span", "Trace", "ErrorInfo", "render_trace", "render_trace_mermaid"]
+__all__ = ["ErrorInfo", "Span", "Trace", "render_trace", "render_trace_mermaid"]
 
 
 @dataclass(slots=True)
@@ -54,9 +55,253 @@ class Span:
 
 
 class Trace:
+    """The spans of one trace, in the order they were added (start order)."""
+
     def __init__(self, trace_id: str, spans: list[Span] | None = None):
         self.trace_id = trace_id
         self.spans: list[Span] = list(spans) if spans else []
 
+    def __repr__(self) -> str:
+        return f"Trace(trace_id={self.trace_id!r}, spans=<{len(self.spans)} spans>)"
+
     def add(self, span: Span) -> None:
         self.spans.append(span)
+
+    # -- structure ---------------------------------------------------------
+
+    def roots(self) -> list[Span]:
+        """Spans with no parent, or whose parent is not in this trace."""
+        ids = {s.span_id for s in self.spans}
+        return [s for s in self.spans if s.parent_span_id is None or s.parent_span_id not in ids]
+
+    def children_of(self, span_id: str) -> list[Span]:
+        return [s for s in self.spans if s.parent_span_id == span_id]
+
+    def _subtree(self, span: Span) -> list[Span]:
+        """`span` and its descendants, depth-first pre-order (each span once)."""
+        children: dict[str, list[Span]] = {}
+        for s in self.spans:
+            if s.parent_span_id is not None:
+                children.setdefault(s.parent_span_id, []).append(s)
+        out: list[Span] = []
+        seen: set[int] = set()
+        stack = [span]
+        while stack:
+            s = stack.pop()
+            if id(s) in seen:
+                continue
+            seen.add(id(s))
+            out.append(s)
+            stack.extend(reversed(children.get(s.span_id, ())))
+        return out
+
+    # -- usage -------------------------------------------------------------
+
+    def rollup_usage(self, span: Span) -> Any:
+        """Sum of `usage` over `span`'s subtree, itself included (a `Usage`)."""
+        return _sum_usage(self._subtree(span))
+
+    def total_usage(self) -> Any:
+        """Sum of `usage` over every span of the trace (a `Usage`)."""
+        return _sum_usage(self.spans)
+
+    # -- status ------------------------------------------------------------
+
+    @property
+    def status(self) -> str:
+        """OBS-16: error > cancelled > paused > running > ok."""
+        roots = self.roots()
+        if any(s.status == "error" for s in roots):
+            return "error"
+        if any(s.status == "cancelled" for s in self.spans):
+            return "cancelled"
+        if any(s.status == "paused" for s in self.spans):
+            return "paused"
+        if any(s.status == "running" for s in roots):
+            return "running"
+        return "ok"
+
+    # -- output ------------------------------------------------------------
+
+    def print(self, *, file: Any = None, color: bool | None = None) -> None:
+        """Writes the tree view and a newline to `file` (stdout by default).
+
+        With `color=None`, colour is used iff the target stream is a TTY and
+        `NO_COLOR` is not set.
+        """
+        out = sys.stdout if file is None else file
+        if color is None:
+            color = _want_color(out)
+        out.write(render_trace(self, color=color) + "\n")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trace_id": self.trace_id, "spans": [_span_dict(s) for s in self.spans]}
+
+    def to_json(self, indent: int | None = None) -> str:
+        import json
+
+        return json.dumps(self.to_dict(), indent=indent)
+
+
+def _sum_usage(spans: list[Span]) -> Any:
+    from composeai.messages import Usage
+
+    total = Usage()
+    for s in spans:
+        if s.usage is not None:
+            total = total + s.usage
+    return total
+
+
+# ---------------------------------------------------------------------------
+# to_dict (OBS-17)
+
+_MAX_STR = 8192
+_KEEP = 4096
+
+
+def _encode(value: Any) -> Any:
+    """The JSON tree of `value` as the lenient encoder writes it."""
+    if value is None or type(value) in (bool, int, str):
+        return value
+    import json
+
+    from composeai import _codec
+
+    return json.loads(_codec.dumps_lenient(value))
+
+
+def _truncate(value: Any) -> tuple[Any, bool]:
+    """Cuts every string longer than 8192 chars to its first and last 4096."""
+    if isinstance(value, str):
+        if len(value) > _MAX_STR:
+            cut = len(value) - _MAX_STR
+            return f"{value[:_KEEP]}…[{cut} chars truncated]…{value[-_KEEP:]}", True
+        return value, False
+    if isinstance(value, list):
+        out_list = []
+        cut_any = False
+        for item in value:
+            item, cut = _truncate(item)
+            out_list.append(item)
+            cut_any = cut_any or cut
+        return out_list, cut_any
+    if isinstance(value, dict):
+        out_dict = {}
+        cut_any = False
+        for k, item in value.items():
+            item, cut = _truncate(item)
+            out_dict[k] = item
+            cut_any = cut_any or cut
+        return out_dict, cut_any
+    return value, False
+
+
+def _span_dict(span: Span) -> dict[str, Any]:
+    inp, cut_in = _truncate(_encode(span.input))
+    outp, cut_out = _truncate(_encode(span.output))
+    attributes = {str(k): _encode(v) for k, v in span.attributes.items()}
+    usage = span.usage
+    cost_usd = None
+    if usage is not None:
+        attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
+        attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
+        attributes["gen_ai.usage.cache_read.input_tokens"] = usage.cache_read_tokens
+        attributes["gen_ai.usage.cache_creation.input_tokens"] = usage.cache_creation_tokens
+        if "provider" in span.attributes:
+            attributes["gen_ai.provider.name"] = attributes["provider"]
+        if "model" in span.attributes:
+            attributes["gen_ai.request.model"] = attributes["model"]
+        cost_usd = usage.cost_usd
+    err = span.error
+    d: dict[str, Any] = {
+        "span_id": span.span_id,
+        "trace_id": span.trace_id,
+        "parent_span_id": span.parent_span_id,
+        "kind": span.kind,
+        "name": span.name,
+        "started_at": span.started_at,
+        "ended_at": span.ended_at,
+        "status": span.status,
+        "error": (
+            None
+            if err is None
+            else {"type": err.type, "message": err.message, "stacktrace": err.stacktrace}
+        ),
+        "replayed": span.replayed,
+        "input": inp,
+        "output": outp,
+        "attributes": attributes,
+        "cost_usd": cost_usd,
+    }
+    if cut_in or cut_out:
+        d["_truncated"] = True
+    return d
+
+
+# ---------------------------------------------------------------------------
+# Rendering (OBS-20 … OBS-25), done by the Rust core
+
+
+def _want_color(stream: Any) -> bool:
+    if "NO_COLOR" in os.environ:
+        return False
+    try:
+        return bool(stream is not None and stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _usage_tuple(usage: Any) -> tuple[Any, ...] | None:
+    if usage is None:
+        return None
+    return (
+        int(usage.input_tokens),
+        int(usage.output_tokens),
+        int(usage.cache_read_tokens),
+        int(usage.cache_creation_tokens),
+        int(usage.reasoning_tokens),
+        None if usage.cost_usd is None else float(usage.cost_usd),
+        bool(usage.cost_complete),
+    )
+
+
+def _render_tuples(trace: Trace) -> list[tuple[Any, ...]]:
+    out = []
+    for s in trace.spans:
+        err = s.error
+        out.append(
+            (
+                str(s.span_id),
+                s.parent_span_id,
+                str(s.kind),
+                str(s.name),
+                float(s.started_at),
+                None if s.ended_at is None else float(s.ended_at),
+                str(s.status),
+                bool(s.replayed),
+                None if err is None else str(err.type),
+                None if err is None else str(err.message),
+                _usage_tuple(s.usage),
+            )
+        )
+    return out
+
+
+def render_trace(trace: Trace, *, color: bool | None = None) -> str:
+    """The tree view of `trace` (no trailing newline).
+
+    `color=None` → colour iff stdout is a TTY and `NO_COLOR` is not set.
+    """
+    from composeai import _core
+
+    if color is None:
+        color = _want_color(sys.stdout)
+    return _core.render_tree(trace.trace_id, _render_tuples(trace), bool(color))
+
+
+def render_trace_mermaid(trace: Trace) -> str:
+    """A Mermaid `flowchart TD` of `trace` (no trailing newline)."""
+    from composeai import _core
+
+    return _core.render_mermaid(_render_tuples(trace))
