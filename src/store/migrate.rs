@@ -31,15 +31,46 @@ fn foreign(path: &str, version: i64, why: &str) -> CoreError {
     ))
 }
 
+fn newer(path: &str, version: i64) -> CoreError {
+    CoreError::Config(format!(
+        "composeai store '{path}' has schema version {version}, newer than this composeai \
+         supports (version {SCHEMA_VERSION}) -- upgrade composeai to open it"
+    ))
+}
+
+/// Refuses a database we must not touch (newer, or not ours), before any
+/// write, so that it is left byte-for-byte as it was.
+pub fn refuse_foreign(conn: &Connection, path: &str, version: i64) -> CoreResult<()> {
+    let tables = table_names(conn)
+        .map_err(|e| foreign(path, version, &format!("unreadable: {e}")))?;
+    match version {
+        SCHEMA_VERSION => Ok(()),
+        v if v > SCHEMA_VERSION => Err(newer(path, v)),
+        0 if tables.is_empty() => Ok(()),
+        0 => Err(foreign(path, 0, "it holds tables composeai did not create")),
+        LEGACY_VERSION => {
+            let missing: Vec<&str> = LEGACY_TABLES
+                .iter()
+                .copied()
+                .filter(|t| !tables.iter().any(|n| n == t))
+                .collect();
+            if missing.is_empty() {
+                Ok(())
+            } else {
+                Err(foreign(
+                    path,
+                    version,
+                    &format!("tables missing: {}", missing.join(", ")),
+                ))
+            }
+        }
+        v => Err(foreign(path, v, "unknown schema version")),
+    }
+}
+
 pub fn bring_up_to_date(conn: &Connection, path: &str, version: i64) -> CoreResult<()> {
     if version == SCHEMA_VERSION {
         return Ok(());
-    }
-    if version > SCHEMA_VERSION {
-        return Err(CoreError::Config(format!(
-            "composeai store '{path}' has schema version {version}, newer than this composeai \
-             supports (version {SCHEMA_VERSION}) -- upgrade composeai to open it"
-        )));
     }
     // Re-read under the write lock: another process may have just created
     // or migrated the schema.
@@ -47,35 +78,12 @@ pub fn bring_up_to_date(conn: &Connection, path: &str, version: i64) -> CoreResu
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .at(path)?;
+    refuse_foreign(conn, path, version)?;
     let tables = table_names(conn).at(path)?;
     match version {
-        v if v == SCHEMA_VERSION => {}
-        0 if tables.is_empty() => {
-            conn.execute_batch(SCHEMA).at(path)?;
-        }
-        0 => return Err(foreign(path, 0, "it holds tables composeai did not create")),
-        LEGACY_VERSION => {
-            let missing: Vec<&str> = LEGACY_TABLES
-                .iter()
-                .copied()
-                .filter(|t| !tables.iter().any(|n| n == t))
-                .collect();
-            if !missing.is_empty() {
-                return Err(foreign(
-                    path,
-                    version,
-                    &format!("tables missing: {}", missing.join(", ")),
-                ));
-            }
-            migrate_legacy(conn, path, &tables)?;
-        }
-        v if v > SCHEMA_VERSION => {
-            return Err(CoreError::Config(format!(
-                "composeai store '{path}' has schema version {v}, newer than this composeai \
-                 supports (version {SCHEMA_VERSION}) -- upgrade composeai to open it"
-            )))
-        }
-        v => return Err(foreign(path, v, "unknown schema version")),
+        SCHEMA_VERSION => {}
+        0 => conn.execute_batch(SCHEMA).at(path)?,
+        _ => migrate_legacy(conn, path, &tables)?,
     }
     conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
         .at(path)?;

@@ -278,6 +278,7 @@ pub fn open_connection(path: &str, full_sync: bool) -> CoreResult<Connection> {
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .map_err(|e| config(path, format!("not a readable composeai store ({e})")))?;
+    migrate::refuse_foreign(&conn, path, version)?;
     let mode: String = conn
         .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
         .map_err(|e| config(path, format!("cannot enable WAL ({e})")))?;
