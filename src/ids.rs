@@ -90,6 +90,9 @@ mod tests {
     #[test]
     fn foreign_ids_are_kept_as_text() {
         assert!(matches!(encode_id("call_7"), StoredId::Text(t) if t == "call_7"));
-        assert!(matches!(encode_id("01jz3q8m2c4vdx9r7t5n6b1a0e"), StoredId::Text(_)));
+        assert!(matches!(
+            encode_id("01jz3q8m2c4vdx9r7t5n6b1a0e"),
+            StoredId::Text(_)
+        ));
     }
 }

@@ -51,10 +51,7 @@ impl Journal {
 
     /// Records a committed value; an existing value wins.
     pub fn record(&mut self, key: &str, value: Arc<str>) -> Arc<str> {
-        self.values
-            .entry(key.to_string())
-            .or_insert(value)
-            .clone()
+        self.values.entry(key.to_string()).or_insert(value).clone()
     }
 
     pub fn len(&self) -> usize {

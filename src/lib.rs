@@ -4,7 +4,7 @@
 pub mod error;
 pub mod ids;
 pub mod journal;
+pub mod py;
 pub mod run;
 pub mod store;
 pub mod trace;
-pub mod py;

@@ -188,9 +188,7 @@ impl Attempt {
             return Ok(existing);
         }
         let record = span.map(|s| self.record(s, Some(value)));
-        let winner = self
-            .store
-            .commit_step(self.run.rid, key, value, record)?;
+        let winner = self.store.commit_step(self.run.rid, key, value, record)?;
         let stored: Arc<str> = Arc::from(winner.as_deref().unwrap_or(value));
         Ok(self.journal.lock().record(key, stored))
     }
@@ -249,8 +247,7 @@ impl Attempt {
         }
         self.root_fence.revoke();
         active_runs().lock().remove(&self.run.run_id);
-        self.store
-            .settle(self.run.rid, owner_id(), &settlement)
+        self.store.settle(self.run.rid, owner_id(), &settlement)
     }
 }
 
@@ -277,7 +274,8 @@ mod tests {
         pub struct Dir(std::path::PathBuf);
         impl Dir {
             pub fn new() -> Dir {
-                let p = std::env::temp_dir().join(format!("composeai-test-{}", crate::ids::new_ulid()));
+                let p =
+                    std::env::temp_dir().join(format!("composeai-test-{}", crate::ids::new_ulid()));
                 std::fs::create_dir_all(&p).unwrap();
                 Dir(p)
             }
@@ -323,7 +321,10 @@ mod tests {
         let run_id = a.run.run_id.clone();
         let (k1, hit) = a.reserve("", "t", None).unwrap();
         assert_eq!((k1.as_str(), hit), ("t#1", None));
-        assert_eq!(&*a.commit(&k1, "10", Some(span(&k1, "10")), None).unwrap(), "10");
+        assert_eq!(
+            &*a.commit(&k1, "10", Some(span(&k1, "10")), None).unwrap(),
+            "10"
+        );
         let (k2, _) = a.reserve("", "t", None).unwrap();
         a.commit(&k2, "20", None, None).unwrap();
         a.settle(Settlement {
@@ -346,7 +347,10 @@ mod tests {
         let a = Attempt::start(store.clone(), new_run("f")).unwrap();
         a.commit("k#1", "1", None, None).unwrap();
         assert_eq!(&*a.commit("k#1", "2", None, None).unwrap(), "1");
-        assert_eq!(store.journal(a.run.rid).unwrap(), vec![("k#1".into(), "1".into())]);
+        assert_eq!(
+            store.journal(a.run.rid).unwrap(),
+            vec![("k#1".into(), "1".into())]
+        );
     }
 
     #[test]
@@ -373,7 +377,9 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().contains("otherhost:1:1"), "{err}");
-        store.acquire(&run_id, owner_id(), now() + 60.0, &dead).unwrap();
+        store
+            .acquire(&run_id, owner_id(), now() + 60.0, &dead)
+            .unwrap();
     }
 
     #[test]
@@ -382,7 +388,10 @@ mod tests {
         let a = Attempt::start(store.clone(), new_run("f")).unwrap();
         let f = a.root_fence().child();
         f.revoke();
-        assert!(matches!(a.reserve("", "t", Some(&f)), Err(CoreError::Revoked(_))));
+        assert!(matches!(
+            a.reserve("", "t", Some(&f)),
+            Err(CoreError::Revoked(_))
+        ));
         assert!(a.reserve("", "t", None).is_ok());
         a.settle(Settlement {
             status: "completed".into(),
@@ -391,14 +400,20 @@ mod tests {
             pending: vec![],
         })
         .unwrap();
-        assert!(matches!(a.commit("t#9", "1", None, None), Err(CoreError::Revoked(_))));
+        assert!(matches!(
+            a.commit("t#9", "1", None, None),
+            Err(CoreError::Revoked(_))
+        ));
     }
 
     #[test]
     fn own_process_lease_is_live_and_dead_pid_is_not() {
         assert!(lease_is_live(owner_id(), 0.0));
         let host = hostname();
-        assert!(!lease_is_live(&format!("{host}:4000000000:5"), now() + 100.0));
+        assert!(!lease_is_live(
+            &format!("{host}:4000000000:5"),
+            now() + 100.0
+        ));
         assert!(lease_is_live("elsewhere:1:1", now() + 100.0));
         assert!(!lease_is_live("elsewhere:1:1", now() - 1.0));
     }

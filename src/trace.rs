@@ -311,7 +311,8 @@ fn decorate(out: &mut String, s: &RenderSpan, color: bool) {
     }
 }
 
-/// The tree view of a trace (OBS-20 … OBS-24): header line, then each root
+/// The tree view of a trace (OBS-20 … OBS-24): header line (the status of
+/// the latest root's subtree, so a resumed run reads as it now is), then each root
 /// and its descendants depth-first in input order. Lines are joined by `\n`
 /// with no trailing newline.
 pub fn render_tree(trace_id: &str, spans: &[RenderSpan], color: bool) -> String {
@@ -338,7 +339,19 @@ pub fn render_tree(trace_id: &str, spans: &[RenderSpan], color: bool) -> String 
             .fold(f64::NEG_INFINITY, f64::max);
         Some((end - start) * 1000.0)
     };
-    let _ = write!(out, "trace {trace_id} — {}", trace_status(spans));
+    // After a resume the trace holds one root per attempt; the header tells
+    // the run's current state, which is the latest attempt's.
+    let status = match nodes.iter().rposition(|n| n.parent.is_none()) {
+        Some(last) => {
+            let latest: Vec<RenderSpan> = nodes[last..last + nodes[last].size]
+                .iter()
+                .map(|n| spans[n.idx].clone())
+                .collect();
+            trace_status(&latest)
+        }
+        None => trace_status(spans),
+    };
+    let _ = write!(out, "trace {trace_id} — {status}");
     let head = bracket(&total, root_ms);
     if !head.is_empty() {
         let _ = write!(out, " — [{head}]");
@@ -655,9 +668,10 @@ s0 --> s7";
         let d = timed("d", Some("r2"), "task", "d", 2000.0, 2100.0);
         let e = timed("e", Some("d"), "tool", "e", 2000.0, 2001.0);
         let out = render_tree("T", &[r1, a, b, c, r2, d, e], false);
+        // The header reads the latest attempt (the resume completed).
         assert_eq!(
             out,
-            "trace T — paused — [2.5s]\n\
+            "trace T — ok — [2.5s]\n\
              ├─ ▶ f [100ms] ⏸ paused\n\
              │  ├─ • a [10ms]\n\
              │  │  └─ • b [5ms]\n\
@@ -741,5 +755,26 @@ s0 --> s7";
         let out = render_tree("T", &[r, dup], false);
         assert_eq!(out, "trace T — ok — [0ms]\n└─ ▶ r [0ms]\n   └─ • dup [0ms]");
         assert_eq!(render_mermaid(&[a, b]), "flowchart TD");
+    }
+
+    #[test]
+    fn header_shows_the_latest_attempt_after_a_resume() {
+        let span = |id: &str, parent: Option<&str>, status: &str, t: f64| RenderSpan {
+            span_id: id.into(),
+            parent_span_id: parent.map(Into::into),
+            kind: "flow".into(),
+            name: "f".into(),
+            started_at: t,
+            ended_at: Some(t + 0.001),
+            status: status.into(),
+            ..Default::default()
+        };
+        let spans = vec![
+            span("A", None, "paused", 0.0),
+            span("A1", Some("A"), "paused", 0.0),
+            span("B", None, "ok", 1.0),
+        ];
+        assert!(render_tree("T", &spans, false).starts_with("trace T — ok — "));
+        assert_eq!(trace_status(&spans), "paused");
     }
 }

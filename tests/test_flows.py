@@ -9,13 +9,12 @@ import threading
 import time
 from datetime import datetime, timezone
 
-import pytest
-from pydantic import BaseModel
-
 import composeai as compose
+import pytest
 from composeai import _core, _engine
 from composeai.errors import ConfigError, SerializationError, TaskTimeoutError
 from composeai.flow import Flow, Task
+from pydantic import BaseModel
 
 
 def journal_of(run_id):
@@ -463,7 +462,7 @@ def test_flow22_now_and_random_are_journaled_and_replayed():
     assert set(journal) == {"now#1", "random#1", "now#2"}
     time.sleep(0.01)
     second = compose.resume(first.id, answers={"go": True})
-    t1, r1, t2 = second.output
+    t1, r1, _ = second.output
     assert t1.tzinfo is not None and 0 <= r1 < 1
     from composeai import _codec
 

@@ -4,9 +4,8 @@ import asyncio
 import json
 import sqlite3
 
-import pytest
-
 import composeai as compose
+import pytest
 from composeai import _engine
 from composeai.errors import ConfigError, ResumeMismatchError, SerializationError
 
@@ -28,7 +27,9 @@ def test_flow30_approve_and_ask_human_pause_then_read_answers():
         id="style", kind="question", question="Which style?", payload={"choices": ["a", "b"]}
     )
     assert first.output is None
-    assert pending_rows(first.id) == [("style", "question", "Which style?", '{"choices":["a","b"]}')]
+    assert pending_rows(first.id) == [
+        ("style", "question", "Which style?", '{"choices":["a","b"]}')
+    ]
     second = compose.resume(first.id, answers={"style": "formal"})
     assert second.status == "paused" and second.pending.id == "publish"
     third = compose.resume(first.id, answers={"publish": 1})
@@ -53,7 +54,7 @@ def test_flow32_pause_is_not_caught_by_except_exception_or_retries():
         attempts.append(1)
         try:
             compose.approve("inside-task")
-        except Exception:  # must not swallow the pause
+        except Exception:  # noqa: BLE001 -- must not swallow the pause
             return "swallowed"
         return "approved"
 

@@ -166,7 +166,9 @@ def test_obs21_running_root_has_no_duration():
     assert render_trace(Trace("E"), color=False) == "trace E — ok"
 
 
-def test_obs22_resume_roots_worst_status():
+def test_obs22_header_shows_the_resumed_runs_current_status():
+    """Both attempts' roots are shown; the header tells the latest attempt's
+    status (0.11.0 kept the worst one, a defect the spec asks us to fix)."""
     trace = Trace(
         "T",
         [
@@ -176,8 +178,9 @@ def test_obs22_resume_roots_worst_status():
             span("k", "r2", "task", "k", 5000, 5100, replayed=True),
         ],
     )
+    assert trace.status == "paused"
     assert render_trace(trace, color=False) == (
-        "trace T — paused — [5.2s]\n"
+        "trace T — ok — [5.2s]\n"
         "├─ ▶ f [100ms] ⏸ paused\n"
         "│  └─ ⏸ ask [50ms] ⏸ paused\n"
         "└─ ▶ f [250ms]\n"

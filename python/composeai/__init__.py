@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .combinators import MapResult, map
-from .flow import aresume, anow, arandom, flow, now, random, resume, task
+from .flow import anow, arandom, aresume, flow, now, random, resume, task
 from .hitl import approve, ask_human
 from .runs import Budget, Run
 

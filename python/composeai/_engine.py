@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from contextvars import ContextVar, copy_context
-from typing import Any, Callable
+from typing import Any
 
 from . import _codec, _core
 from .errors import ConfigError, SerializationError, TaskTimeoutError
@@ -103,7 +104,7 @@ def _check_span_writes() -> None:
 class RunState:
     """One attempt of a durable run as the Python side sees it."""
 
-    __slots__ = ("attempt", "run_id", "trace_id", "trace", "name")
+    __slots__ = ("attempt", "name", "run_id", "trace", "trace_id")
 
     def __init__(self, attempt, name: str):
         self.attempt = attempt
@@ -116,7 +117,7 @@ class RunState:
 class Frame:
     """What a call sees of its surroundings. Immutable: nesting makes a new one."""
 
-    __slots__ = ("run", "scope", "span", "fence", "trace")
+    __slots__ = ("fence", "run", "scope", "span", "trace")
 
     def __init__(self, run: RunState | None, scope: str, span: Span | None, fence, trace):
         self.run = run
@@ -183,9 +184,7 @@ def mark_failed(span: Span, exc: BaseException) -> None:
     span.ended_at = time.time()
     if isinstance(exc, _Pause):
         span.status = "paused"
-    elif isinstance(exc, _Revoked):
-        span.status = "cancelled"
-    elif type(exc).__name__ == "CancelledError":
+    elif isinstance(exc, _Revoked) or type(exc).__name__ == "CancelledError":
         span.status = "cancelled"
     else:
         span.status = "error"
@@ -260,7 +259,7 @@ def persist_span(run: RunState | None, span: Span, output_json: str | None = Non
     if span.parent_span_id is None:
         try:
             store.flush()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 -- warned once below (OBS-5)
             pass
         _check_span_writes()
 
@@ -318,7 +317,7 @@ def run_on_thread(
             outcome.append((True, fn()))
         except _Revoked:
             outcome.append((False, None))
-        except BaseException as exc:  # handed to the waiting side
+        except BaseException as exc:  # noqa: BLE001 -- handed to the waiting side
             outcome.append((False, exc))
         finally:
             finished.set()
@@ -359,9 +358,7 @@ def call_body(fn: Callable, is_async: bool, args: tuple, kwargs: dict) -> Any:
     return fn(*args, **kwargs)
 
 
-def call_with_retries(
-    body: Callable[[], Any], retries: int, span: Span
-) -> Any:
+def call_with_retries(body: Callable[[], Any], retries: int, span: Span) -> Any:
     """FLOW-2: re-runs the body on an `Exception`, recording each failure."""
     attempt = 0
     while True:
@@ -394,7 +391,7 @@ class StepStart:
     """A reserved step: either a journal hit (`hit` holds the stored JSON) or
     a miss to execute under `inner`, the step's own frame."""
 
-    __slots__ = ("frame", "key", "span", "hit", "inner")
+    __slots__ = ("frame", "hit", "inner", "key", "span")
 
     def __init__(self, frame: Frame, key: str, span: Span, hit: str | None, inner: Frame | None):
         self.frame = frame
@@ -736,7 +733,7 @@ async def run_on_thread_async(
             outcome = (True, fn())
         except _Revoked:
             outcome = (False, None)
-        except BaseException as exc:  # handed to the awaiting side
+        except BaseException as exc:  # noqa: BLE001 -- handed to the awaiting side
             outcome = (False, exc)
         try:
             loop.call_soon_threadsafe(deliver, outcome)

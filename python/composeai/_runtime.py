@@ -6,7 +6,8 @@ from __future__ import annotations
 import atexit
 import contextvars
 import threading
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 _lock = threading.Lock()
 _loop: Any = None
@@ -85,7 +86,7 @@ def run_sync(make_coro: Callable[[], Awaitable[Any]]) -> Any:
             loop.call_soon_threadsafe(task.cancel)
             try:
                 done.result(timeout=5)
-            except BaseException:
+            except BaseException:  # noqa: BLE001, S110 -- the interrupt is what we re-raise
                 pass
         raise
 

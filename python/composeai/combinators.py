@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable, Iterable
 from contextvars import copy_context
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Iterable, TypeVar
+from typing import Any, Generic, TypeVar
 
 from . import _codec, _engine
 from ._engine import FRAME, Frame
@@ -135,7 +136,7 @@ def map(
             outcomes[index] = _run_item(fn, name, index, items[index], item_frame, timeout_per_item)
         except _engine._Revoked:
             failures[index] = None
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 -- settled per item, raised in index order
             failures[index] = exc
         finally:
             FRAME.reset(token)

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 __all__ = [
-    "ComposeError",
-    "ConfigError",
-    "ProviderError",
-    "SerializationError",
-    "ResumeMismatchError",
+    "AgentTimeoutError",
     "BudgetExceededError",
+    "ComposeError",
     "CompositionTypeError",
-    "StageTypeError",
+    "ConfigError",
+    "MCPToolError",
     "MaxTurnsExceededError",
     "ModelRefusalError",
-    "AgentTimeoutError",
+    "ProviderError",
+    "ResumeMismatchError",
+    "SerializationError",
+    "StageTypeError",
     "TaskTimeoutError",
-    "MCPToolError",
 ]
 
 

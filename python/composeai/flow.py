@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Generic, TypeVar, overload
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar, overload
 
 from . import _codec, _engine
 from ._engine import FRAME, Frame
 from .errors import ConfigError, ResumeMismatchError, SerializationError
 
-__all__ = ["Flow", "Task", "flow", "task", "now", "random", "anow", "arandom", "resume", "aresume"]
+__all__ = ["Flow", "Task", "anow", "arandom", "aresume", "flow", "now", "random", "resume", "task"]
 
 R = TypeVar("R")
 
@@ -157,7 +158,11 @@ def _register(registry: dict, obj: Any, replace: bool, message: str) -> None:
 def task(fn: Callable[..., R], /) -> Task[R]: ...
 @overload
 def task(
-    *, retries: int = 0, timeout: float | None = None, name: str | None = None, replace: bool = False
+    *,
+    retries: int = 0,
+    timeout: float | None = None,
+    name: str | None = None,
+    replace: bool = False,
 ) -> Callable[[Callable[..., R]], Task[R]]: ...
 def task(fn=None, /, *, retries=0, timeout=None, name=None, replace=False):
     """Declares a journaled task, bare or with keyword options (FLOW-1)."""
@@ -266,7 +271,7 @@ class Flow(Generic[R]):
     async def _adrive(self, run, args: tuple, kwargs: dict):
         root = self._root(run, args, kwargs)
         if self._is_async:
-            body = lambda: self.fn(*args, **kwargs)  # noqa: E731
+            body = lambda: self.fn(*args, **kwargs)
         else:
 
             def body():
@@ -349,7 +354,9 @@ def _subtree_usage(trace, root) -> Any:
 @overload
 def flow(fn: Callable[..., R], /) -> Flow[R]: ...
 @overload
-def flow(*, name: str | None = None, replace: bool = False) -> Callable[[Callable[..., R]], Flow[R]]: ...
+def flow(
+    *, name: str | None = None, replace: bool = False
+) -> Callable[[Callable[..., R]], Flow[R]]: ...
 def flow(fn=None, /, *, name=None, replace=False):
     """Declares a durable flow, bare or with keyword options (FLOW-8)."""
 
@@ -484,14 +491,18 @@ def _prepare_resume(
         from .tracing import Trace
 
         output_json = row["output_json"]
-        return None, None, Run(
-            id=run_id,
-            status="completed",
-            output=_codec.loads(output_json) if output_json is not None else None,
-            usage=None,
-            trace=Trace(trace_id=row["trace_id"] or ""),
-            messages=[],
-            pending=None,
+        return (
+            None,
+            None,
+            Run(
+                id=run_id,
+                status="completed",
+                output=_codec.loads(output_json) if output_json is not None else None,
+                usage=None,
+                trace=Trace(trace_id=row["trace_id"] or ""),
+                messages=[],
+                pending=None,
+            ),
         )
     if row["fingerprint"] != flow_obj.fingerprint and not allow_code_change:
         raise ResumeMismatchError(

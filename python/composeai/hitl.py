@@ -6,7 +6,7 @@ from typing import Any
 
 from . import _engine
 
-__all__ = ["Interrupt", "approve", "ask_human"]
+__all__ = ["Interrupt", "approve", "ask_human"]  # noqa: F822 -- Interrupt loads lazily
 
 
 def approve(id: str, payload: Any = None) -> bool:

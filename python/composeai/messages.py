@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
-    "TextPart",
+    "ContentPart",
     "ImagePart",
+    "Message",
+    "StopReason",
+    "TextPart",
+    "ThinkingPart",
     "ToolCallPart",
     "ToolResultPart",
-    "ThinkingPart",
-    "ContentPart",
-    "Message",
     "Usage",
-    "StopReason",
 ]
 
 _FROZEN = ConfigDict(frozen=True)
@@ -67,7 +67,7 @@ class ThinkingPart(BaseModel):
 
 
 ContentPart = Annotated[
-    Union[TextPart, ImagePart, ToolCallPart, ToolResultPart, ThinkingPart],
+    TextPart | ImagePart | ToolCallPart | ToolResultPart | ThinkingPart,
     Field(discriminator="type"),
 ]
 

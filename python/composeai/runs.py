@@ -7,7 +7,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from .errors import ConfigError
 
-__all__ = ["Run", "Budget", "reset_default"]
+__all__ = ["Budget", "Run", "reset_default"]
 
 R = TypeVar("R")
 

@@ -4,7 +4,7 @@
 
 use super::errors::IntoPy;
 use super::spans::span_from_py;
-use super::store::interrupt_tuple;
+use super::store::{interrupt_tuple, PendingTuple};
 use crate::journal::Fence;
 use crate::run::Attempt;
 use crate::store::{InterruptRow, Settlement};
@@ -49,8 +49,6 @@ impl PyAttempt {
         }
     }
 }
-
-type PendingTuple = (String, String, Option<String>, Option<String>);
 
 #[pymethods]
 impl PyAttempt {
@@ -200,12 +198,14 @@ impl PyAttempt {
             error_json,
             pending: pending
                 .into_iter()
-                .map(|(interrupt_id, kind, question, payload_json)| InterruptRow {
-                    interrupt_id,
-                    kind,
-                    question,
-                    payload_json,
-                })
+                .map(
+                    |(interrupt_id, kind, question, payload_json)| InterruptRow {
+                        interrupt_id,
+                        kind,
+                        question,
+                        payload_json,
+                    },
+                )
                 .collect(),
         };
         py.allow_threads(|| self.inner.settle(settlement)).py_err()

@@ -1,5 +1,226 @@
-use pyo3::prelude::*;
+//! Read-only queries for the `compose` CLI (OBS-30 … OBS-32).
+//!
+//! Each function takes the database path and never creates a store: a
+//! missing file is reported as the outcome `"no_store"` (or `None`).
+//! Errors raise `composeai.errors.ConfigError`/`SerializationError`
+//! directly, so the CLI does not depend on `register_errors` having run.
 
-pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+use super::store::run_row_dict;
+use crate::error::{CoreError, CoreResult};
+use crate::store::query::{self, Resolved, RunFilter, RunSummary};
+use crate::store::sqlite::open_connection;
+use crate::store::{InterruptRow, RunRow};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyType};
+use rusqlite::Connection;
+
+type PendingTuple = (String, String, Option<String>, Option<String>);
+
+fn to_py_err(py: Python<'_>, e: CoreError) -> PyErr {
+    let class = match e {
+        CoreError::Serialization(_) => "SerializationError",
+        _ => "ConfigError",
+    };
+    let cls = py
+        .import("composeai.errors")
+        .and_then(|m| m.getattr(class))
+        .and_then(|c| c.downcast_into::<PyType>().map_err(PyErr::from));
+    match cls {
+        Ok(cls) => PyErr::from_type(cls, e.to_string()),
+        Err(err) => err,
+    }
+}
+
+fn sql(path: &str) -> impl Fn(rusqlite::Error) -> CoreError + '_ {
+    move |e| CoreError::Store(format!("composeai store '{path}': {e}"))
+}
+
+/// Opens the store at `path` if the file exists (migrating an old one).
+fn open_existing(path: &str) -> CoreResult<Option<Connection>> {
+    if !std::path::Path::new(path).exists() {
+        return Ok(None);
+    }
+    open_connection(path, false).map(Some)
+}
+
+fn summary_dict<'py>(py: Python<'py>, s: &RunSummary) -> PyResult<Bound<'py, PyDict>> {
+    let d = run_row_dict(py, &s.run)?;
+    d.set_item("tokens", s.tokens)?;
+    d.set_item("cost_usd", s.cost_usd)?;
+    d.set_item("cost_complete", s.cost_complete)?;
+    Ok(d)
+}
+
+/// `compose runs` rows: every `runs` column plus `tokens`, `cost_usd` and
+/// `cost_complete`, newest first; `None` when there is no store.
+#[pyfunction]
+#[pyo3(signature = (db_path, status=None, kind=None, since=None, limit=10))]
+fn query_runs<'py>(
+    py: Python<'py>,
+    db_path: &str,
+    status: Option<String>,
+    kind: Option<String>,
+    since: Option<f64>,
+    limit: i64,
+) -> PyResult<Option<Vec<Bound<'py, PyDict>>>> {
+    let filter = RunFilter {
+        status,
+        kind,
+        since,
+        limit,
+    };
+    let rows = py
+        .allow_threads(|| -> CoreResult<Option<Vec<RunSummary>>> {
+            let Some(conn) = open_existing(db_path)? else {
+                return Ok(None);
+            };
+            query::list_runs(&conn, &filter)
+                .map(Some)
+                .map_err(sql(db_path))
+        })
+        .map_err(|e| to_py_err(py, e))?;
+    match rows {
+        None => Ok(None),
+        Some(rows) => rows
+            .iter()
+            .map(|s| summary_dict(py, s))
+            .collect::<PyResult<_>>()
+            .map(Some),
+    }
+}
+
+/// How a run id (or `--last`) resolved.
+enum Lookup {
+    NoStore,
+    NotFound,
+    Ambiguous(Vec<String>),
+    Found(Box<(Connection, RunRow)>),
+}
+
+fn lookup(path: &str, run_id: Option<&str>) -> CoreResult<Lookup> {
+    let Some(conn) = open_existing(path)? else {
+        return Ok(Lookup::NoStore);
+    };
+    let found = match run_id {
+        None => query::last_run(&conn)
+            .map_err(sql(path))?
+            .map(|r| Resolved::Found(Box::new(r))),
+        Some(id) => Some(query::resolve_run(&conn, id).map_err(sql(path))?),
+    };
+    Ok(match found {
+        None | Some(Resolved::NotFound) => Lookup::NotFound,
+        Some(Resolved::Ambiguous(ids)) => Lookup::Ambiguous(ids),
+        Some(Resolved::Found(run)) => Lookup::Found(Box::new((conn, *run))),
+    })
+}
+
+/// Resolves a run id or prefix (OBS-30), or the newest run when `run_id`
+/// is `None`. Returns `(outcome, value)`: `("no_store", None)`,
+/// `("not_found", None)`, `("ambiguous", [ids, sorted])` or
+/// `("found", run_dict)`.
+#[pyfunction]
+#[pyo3(signature = (db_path, run_id=None))]
+fn resolve_run(
+    py: Python<'_>,
+    db_path: &str,
+    run_id: Option<&str>,
+) -> PyResult<(String, PyObject)> {
+    let found = py
+        .allow_threads(|| lookup(db_path, run_id))
+        .map_err(|e| to_py_err(py, e))?;
+    Ok(match found {
+        Lookup::NoStore => ("no_store".into(), py.None()),
+        Lookup::NotFound => ("not_found".into(), py.None()),
+        Lookup::Ambiguous(ids) => (
+            "ambiguous".into(),
+            ids.into_pyobject(py)?.into_any().unbind(),
+        ),
+        Lookup::Found(found) => (
+            "found".into(),
+            run_row_dict(py, &found.1)?.into_any().unbind(),
+        ),
+    })
+}
+
+struct TraceView {
+    run: RunRow,
+    text: String,
+    pending: Vec<InterruptRow>,
+}
+
+/// The whole data side of `compose trace` (OBS-32): resolves the run (the
+/// newest when `run_id` is `None`), renders every span of its trace as a
+/// tree (`fmt="tree"`) or Mermaid (`fmt="mermaid"`), and loads its pending
+/// interrupts when it is paused. Returns `(outcome, value)` like
+/// `resolve_run`, with `value` for `"found"` a dict `{run_id, status,
+/// trace_id, text, pending: [(id, kind, question, payload_json)]}`.
+#[pyfunction]
+#[pyo3(signature = (db_path, run_id=None, fmt="tree", color=false))]
+fn trace_view(
+    py: Python<'_>,
+    db_path: &str,
+    run_id: Option<&str>,
+    fmt: &str,
+    color: bool,
+) -> PyResult<(String, PyObject)> {
+    let mermaid = match fmt {
+        "tree" => false,
+        "mermaid" => true,
+        other => {
+            return Err(super::errors::value_error(format!(
+                "unknown trace format {other:?} (expected 'tree' or 'mermaid')"
+            )))
+        }
+    };
+    let view = py
+        .allow_threads(|| -> CoreResult<Result<TraceView, Lookup>> {
+            let (conn, run) = match lookup(db_path, run_id)? {
+                Lookup::Found(found) => *found,
+                other => return Ok(Err(other)),
+            };
+            let trace_id = run.trace_id.clone().unwrap_or_default();
+            let spans = query::trace_spans(&conn, &trace_id).map_err(sql(db_path))?;
+            let text = if mermaid {
+                crate::trace::render_mermaid(&spans)
+            } else {
+                crate::trace::render_tree(&trace_id, &spans, color)
+            };
+            let pending = if run.status == "paused" {
+                query::pending_interrupts(&conn, run.rid).map_err(sql(db_path))?
+            } else {
+                Vec::new()
+            };
+            Ok(Ok(TraceView { run, text, pending }))
+        })
+        .map_err(|e| to_py_err(py, e))?;
+    let v = match view {
+        Err(Lookup::NoStore) => return Ok(("no_store".into(), py.None())),
+        Err(Lookup::Ambiguous(ids)) => {
+            return Ok((
+                "ambiguous".into(),
+                ids.into_pyobject(py)?.into_any().unbind(),
+            ))
+        }
+        Err(_) => return Ok(("not_found".into(), py.None())),
+        Ok(v) => v,
+    };
+    let d = PyDict::new(py);
+    d.set_item("run_id", &v.run.run_id)?;
+    d.set_item("status", &v.run.status)?;
+    d.set_item("trace_id", &v.run.trace_id)?;
+    d.set_item("text", v.text)?;
+    let pending: Vec<PendingTuple> = v
+        .pending
+        .into_iter()
+        .map(super::store::interrupt_tuple)
+        .collect();
+    d.set_item("pending", pending)?;
+    Ok(("found".into(), d.into_any().unbind()))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(query_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(resolve_run, m)?)?;
+    m.add_function(wrap_pyfunction!(trace_view, m)?)?;
     Ok(())
 }

@@ -28,18 +28,6 @@ pub fn usage_from_tuple(t: UsageTuple) -> UsageRow {
     }
 }
 
-pub fn usage_to_tuple(u: &UsageRow) -> UsageTuple {
-    (
-        u.input_tokens,
-        u.output_tokens,
-        u.cache_read_tokens,
-        u.cache_creation_tokens,
-        u.reasoning_tokens,
-        u.cost_usd,
-        u.cost_complete,
-    )
-}
-
 pub fn span_from_py(obj: &Bound<'_, PyAny>) -> PyResult<SpanRow> {
     let t = obj.downcast::<PyTuple>()?;
     if t.len() != SPAN_FIELDS {

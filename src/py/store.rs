@@ -32,7 +32,10 @@ pub fn run_row_dict<'py>(py: Python<'py>, r: &RunRow) -> PyResult<Bound<'py, PyD
     Ok(d)
 }
 
-pub fn interrupt_tuple(p: InterruptRow) -> (String, String, Option<String>, Option<String>) {
+/// `(interrupt_id, kind, question, payload_json)`.
+pub type PendingTuple = (String, String, Option<String>, Option<String>);
+
+pub fn interrupt_tuple(p: InterruptRow) -> PendingTuple {
     (p.interrupt_id, p.kind, p.question, p.payload_json)
 }
 
@@ -100,11 +103,7 @@ impl PyStore {
 
     /// Pending interrupts of a run: `(id, kind, question, payload_json)`,
     /// ordered by id.
-    fn pending(
-        &self,
-        py: Python<'_>,
-        run_id: &str,
-    ) -> PyResult<Vec<(String, String, Option<String>, Option<String>)>> {
+    fn pending(&self, py: Python<'_>, run_id: &str) -> PyResult<Vec<PendingTuple>> {
         let rows = py
             .allow_threads(|| -> crate::error::CoreResult<_> {
                 match self.inner.get_run(run_id)? {

@@ -41,8 +41,8 @@ fn newer(path: &str, version: i64) -> CoreError {
 /// Refuses a database we must not touch (newer, or not ours), before any
 /// write, so that it is left byte-for-byte as it was.
 pub fn refuse_foreign(conn: &Connection, path: &str, version: i64) -> CoreResult<()> {
-    let tables = table_names(conn)
-        .map_err(|e| foreign(path, version, &format!("unreadable: {e}")))?;
+    let tables =
+        table_names(conn).map_err(|e| foreign(path, version, &format!("unreadable: {e}")))?;
     match version {
         SCHEMA_VERSION => Ok(()),
         v if v > SCHEMA_VERSION => Err(newer(path, v)),
@@ -207,7 +207,8 @@ fn migrate_legacy(conn: &Connection, path: &str, tables: &[String]) -> CoreResul
     }
     migrate_spans(conn, path)?;
     for t in LEGACY_TABLES {
-        conn.execute_batch(&format!("DROP TABLE legacy_{t}")).at(path)?;
+        conn.execute_batch(&format!("DROP TABLE legacy_{t}"))
+            .at(path)?;
     }
     Ok(())
 }
@@ -215,9 +216,7 @@ fn migrate_legacy(conn: &Connection, path: &str, tables: &[String]) -> CoreResul
 fn migrate_spans(conn: &Connection, path: &str) -> CoreResult<()> {
     let rids: HashMap<String, i64> = {
         let mut st = conn.prepare("SELECT run_id, rid FROM runs").at(path)?;
-        let rows = st
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-            .at(path)?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).at(path)?;
         rows.collect::<rusqlite::Result<_>>().at(path)?
     };
     let mut st = conn

@@ -118,7 +118,7 @@ type StepResult = CoreResult<Option<String>>;
 struct Slot(Mutex<Option<StepResult>>);
 
 enum Op {
-    Span(SpanRecord),
+    Span(Box<SpanRecord>),
     Step {
         rid: i64,
         key: String,
@@ -283,7 +283,10 @@ pub fn open_connection(path: &str, full_sync: bool) -> CoreResult<Connection> {
         .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
         .map_err(|e| config(path, format!("cannot enable WAL ({e})")))?;
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(config(path, format!("cannot enable WAL (journal_mode={mode})")));
+        return Err(config(
+            path,
+            format!("cannot enable WAL (journal_mode={mode})"),
+        ));
     }
     let sync = if full_sync { "FULL" } else { "NORMAL" };
     conn.execute_batch(&format!(
@@ -327,7 +330,9 @@ fn insert_journal(
     value: &str,
 ) -> rusqlite::Result<Option<String>> {
     let n = tx
-        .prepare_cached("INSERT OR IGNORE INTO journal(rid, step_key, value_json) VALUES(?1, ?2, ?3)")?
+        .prepare_cached(
+            "INSERT OR IGNORE INTO journal(rid, step_key, value_json) VALUES(?1, ?2, ?3)",
+        )?
         .execute(params![rid, key, value])?;
     if n == 1 {
         return Ok(None);
@@ -520,7 +525,7 @@ impl Store for SqliteStore {
                 slot: slot.clone(),
             });
             if let Some(s) = span {
-                q.push(Op::Span(s));
+                q.push(Op::Span(Box::new(s)));
             }
         }
         let mut w = self.writer.lock();
@@ -536,7 +541,7 @@ impl Store for SqliteStore {
     }
 
     fn queue_span(&self, span: SpanRecord) {
-        self.queue.lock().push(Op::Span(span));
+        self.queue.lock().push(Op::Span(Box::new(span)));
     }
 
     fn flush(&self) -> CoreResult<()> {
@@ -556,7 +561,14 @@ impl Store for SqliteStore {
                  (lease_owner IS NULL OR lease_owner = ?6)",
             )
             .and_then(|mut st| {
-                st.execute(params![s.status, s.output_json, s.error_json, t, rid, owner])
+                st.execute(params![
+                    s.status,
+                    s.output_json,
+                    s.error_json,
+                    t,
+                    rid,
+                    owner
+                ])
             })
             .at(&path)?;
             for p in &s.pending {
@@ -565,7 +577,14 @@ impl Store for SqliteStore {
                      payload_json, created_at) VALUES(?1, ?2, ?3, ?4, ?5, ?6)",
                 )
                 .and_then(|mut st| {
-                    st.execute(params![rid, p.interrupt_id, p.kind, p.question, p.payload_json, t])
+                    st.execute(params![
+                        rid,
+                        p.interrupt_id,
+                        p.kind,
+                        p.question,
+                        p.payload_json,
+                        t
+                    ])
                 })
                 .at(&path)?;
             }
@@ -634,8 +653,7 @@ pub fn read_pending(conn: &Connection, rid: i64) -> rusqlite::Result<Vec<Interru
 }
 
 fn read_journal(conn: &Connection, rid: i64) -> rusqlite::Result<Vec<(String, String)>> {
-    let mut st =
-        conn.prepare_cached("SELECT step_key, value_json FROM journal WHERE rid = ?1")?;
+    let mut st = conn.prepare_cached("SELECT step_key, value_json FROM journal WHERE rid = ?1")?;
     let rows = st.query_map([rid], |r| Ok((r.get(0)?, r.get(1)?)))?;
     rows.collect()
 }
