@@ -5,10 +5,9 @@ import os
 import sqlite3
 import stat
 
-import pytest
-
 import composeai as compose
-from composeai import _core, _engine
+import pytest
+from composeai import _core
 from composeai.errors import ConfigError
 
 LEGACY_SCHEMA = """
@@ -42,36 +41,86 @@ def make_legacy_store(directory, fingerprint):
     db.execute(
         "INSERT INTO runs VALUES (?, 'flow', 'legacy_flow', 'paused', 1700000000.0, 1700000001.0,"
         " ?, ?, ?, NULL, NULL, ?)",
-        (RUN_ID, TRACE_ID, fingerprint, '{"args": ["x"], "kwargs": {}}', '{"usd": 1.0, "tokens": null}'),
+        (
+            RUN_ID,
+            TRACE_ID,
+            fingerprint,
+            '{"args": ["x"], "kwargs": {}}',
+            '{"usd": 1.0, "tokens": null}',
+        ),
     )
-    db.execute("INSERT INTO journal VALUES (?, 'fetch#1', '\"fetched x\"', 1700000000.5)", (RUN_ID,))
+    db.execute(
+        "INSERT INTO journal VALUES (?, 'fetch#1', '\"fetched x\"', 1700000000.5)", (RUN_ID,)
+    )
     usage = {
         "$kind": "pydantic",
         "$type": "composeai.messages:Usage",
         "value": {"input_tokens": 10, "output_tokens": 5, "cost_usd": 0.002, "cost_complete": True},
     }
     spans = [
-        ("01JZ3Q7YB1SPAN00000000000A", None, "flow", "legacy_flow", 0.0, 1.0, "paused", 0, None, None),
-        ("01JZ3Q7YB1SPAN00000000000B", "01JZ3Q7YB1SPAN00000000000A", "task", "fetch", 0.1, 0.2,
-         "ok", 0, '{"step_key": "fetch#1"}', None),
-        ("01JZ3Q7YB1SPAN00000000000C", "01JZ3Q7YB1SPAN00000000000A", "llm", "openai/gpt-x", 0.3,
-         0.4, "ok", 0, '{"model": "gpt-x"}', json.dumps(usage)),
+        (
+            "01JZ3Q7YB1SPAN00000000000A",
+            None,
+            "flow",
+            "legacy_flow",
+            0.0,
+            1.0,
+            "paused",
+            0,
+            None,
+            None,
+        ),
+        (
+            "01JZ3Q7YB1SPAN00000000000B",
+            "01JZ3Q7YB1SPAN00000000000A",
+            "task",
+            "fetch",
+            0.1,
+            0.2,
+            "ok",
+            0,
+            '{"step_key": "fetch#1"}',
+            None,
+        ),
+        (
+            "01JZ3Q7YB1SPAN00000000000C",
+            "01JZ3Q7YB1SPAN00000000000A",
+            "llm",
+            "openai/gpt-x",
+            0.3,
+            0.4,
+            "ok",
+            0,
+            '{"model": "gpt-x"}',
+            json.dumps(usage),
+        ),
     ]
     for sid, parent, kind, name, start, end, status, replayed, attrs, usage_json in spans:
         db.execute(
             "INSERT INTO spans VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)",
-            (sid, TRACE_ID, RUN_ID, parent, kind, name, 1700000000 + start, 1700000000 + end,
-             status, replayed, attrs, usage_json, 0.002 if kind == "llm" else None),
+            (
+                sid,
+                TRACE_ID,
+                RUN_ID,
+                parent,
+                kind,
+                name,
+                1700000000 + start,
+                1700000000 + end,
+                status,
+                replayed,
+                attrs,
+                usage_json,
+                0.002 if kind == "llm" else None,
+            ),
         )
-        db.execute("INSERT INTO span_payloads VALUES (?, '{\"args\": [\"x\"]}', '\"out\"')", (sid,))
+        db.execute('INSERT INTO span_payloads VALUES (?, \'{"args": ["x"]}\', \'"out"\')', (sid,))
         db.execute("INSERT INTO span_fts VALUES (?, ?, 'x')", (sid, name))
     db.execute(
         "INSERT INTO pending_interrupts VALUES (?, 'publish', 'approval', NULL, '{\"d\": 1}', 1.0)",
         (RUN_ID,),
     )
-    db.execute(
-        "INSERT INTO chats VALUES ('c1', 'bot', 'sys', 'openai/gpt-x', '[]', 1.0, 2.0)"
-    )
+    db.execute("INSERT INTO chats VALUES ('c1', 'bot', 'sys', 'openai/gpt-x', '[]', 1.0, 2.0)")
     db.commit()
     db.close()
 
@@ -101,13 +150,17 @@ def test_obs2_legacy_store_is_migrated_and_its_paused_run_resumes(isolated_state
     assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert not any(t.startswith("legacy_") for t in tables)
-    status, budget = db.execute("SELECT status, budget_json FROM runs WHERE run_id=?", (RUN_ID,)).fetchone()
+    status, budget = db.execute(
+        "SELECT status, budget_json FROM runs WHERE run_id=?", (RUN_ID,)
+    ).fetchone()
     assert status == "completed" and json.loads(budget) == {"usd": 1.0, "tokens": None}
     llm = db.execute(
         "SELECT input_tokens, output_tokens, cost_usd, attributes_json FROM spans WHERE kind='llm'"
     ).fetchone()
     assert llm == (10, 5, 0.002, '{"model":"gpt-x"}')
-    assert db.execute("SELECT step_key FROM spans WHERE name='fetch' AND flags=0").fetchone() == ("fetch#1",)
+    assert db.execute("SELECT step_key FROM spans WHERE name='fetch' AND flags=0").fetchone() == (
+        "fetch#1",
+    )
     assert db.execute("SELECT chat_id, agent_name FROM chats").fetchall() == [("c1", "bot")]
 
 
