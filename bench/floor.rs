@@ -1,0 +1,128 @@
+//! The storage floor: a bare Rust loop committing what one journaled step
+//! commits -- one `journal` row plus one `spans` row, in one IMMEDIATE
+//! transaction -- through the store's own schema and pragmas
+//! (`open_connection`), with no Python and no engine in between.
+//!
+//!     cargo run --release --example floor -- <n> <dir> [full]
+//!
+//! Prints one JSON line: microseconds per commit with `synchronous=NORMAL`
+//! and, when `full` is given, with `synchronous=FULL` (what
+//! `COMPOSE_SYNC=full` selects). Each mode uses a fresh database under
+//! `<dir>`.
+
+use _core::ids::{encode_id, new_ulid};
+use _core::store::sqlite::{now, open_connection, SCHEMA_VERSION};
+use rusqlite::{params, TransactionBehavior};
+use std::time::Instant;
+
+/// Commits `n` step-shaped transactions into a fresh store at `path`;
+/// returns microseconds per commit.
+fn measure(path: &str, n: u64, full_sync: bool) -> f64 {
+    let mut conn = open_connection(path, full_sync).expect("open store");
+    let run_id = new_ulid();
+    let trace_id = new_ulid();
+    let t = now();
+    // The run row and trace row a flow run creates once, before its steps.
+    conn.execute(
+        "INSERT INTO runs(run_id, kind, name, status, created_at, updated_at, trace_id, \
+         fingerprint, args_json, lease_owner, lease_until) \
+         VALUES(?1, 'flow', 'loop', 'running', ?2, ?2, ?3, ?4, '{\"args\":[2000],\"kwargs\":{}}', \
+         'bench', ?5)",
+        params![run_id, t, trace_id, "0".repeat(64), t + 60.0],
+    )
+    .expect("insert run");
+    let rid = conn.last_insert_rowid();
+    conn.execute("INSERT INTO traces(trace_id) VALUES(?1)", [&trace_id])
+        .expect("insert trace");
+    let tid = conn.last_insert_rowid();
+    let root_span = new_ulid();
+
+    let start = Instant::now();
+    let mut x: u64 = 0;
+    for i in 1..=n {
+        let key = format!("inc#{i}");
+        let value = (x + 1).to_string();
+        let input = format!("{{\"args\":[{x}],\"kwargs\":{{}}}}");
+        let span_id = new_ulid();
+        let started = now();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .expect("begin");
+        {
+            let n = tx
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO journal(rid, step_key, value_json) VALUES(?1, ?2, ?3)",
+                )
+                .and_then(|mut st| st.execute(params![rid, key, value]))
+                .expect("insert journal");
+            assert_eq!(n, 1);
+            // Same statement and column values as `insert_span` writes for a
+            // task step whose output is stored in the journal (flags = 2).
+            tx.prepare_cached(
+                "INSERT INTO spans(tid, rid, span_id, parent, kind, name, started_at, ended_at, \
+                 status, flags, step_key, attributes_json, error_json, input_tokens, \
+                 output_tokens, cache_read_tokens, cache_creation_tokens, reasoning_tokens, \
+                 cost_usd, cost_complete, input_json, output_json) \
+                 VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
+                 ?17, ?18, ?19, ?20, ?21, ?22)",
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    tid,
+                    rid,
+                    encode_id(&span_id),
+                    encode_id(&root_span),
+                    "task",
+                    "inc",
+                    started,
+                    now(),
+                    "ok",
+                    2i64,
+                    key,
+                    None::<String>,
+                    None::<String>,
+                    None::<i64>,
+                    None::<i64>,
+                    None::<i64>,
+                    None::<i64>,
+                    None::<i64>,
+                    None::<f64>,
+                    None::<bool>,
+                    input,
+                    None::<String>,
+                ])
+            })
+            .expect("insert span");
+        }
+        tx.commit().expect("commit");
+        x += 1;
+    }
+    let elapsed = start.elapsed();
+    assert_eq!(x, n);
+    elapsed.as_secs_f64() * 1e6 / n as f64
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() < 3 {
+        eprintln!("usage: floor <n> <dir> [full]");
+        std::process::exit(2);
+    }
+    let n: u64 = args[1].parse().expect("<n> must be an integer");
+    let dir = std::path::Path::new(&args[2]);
+    let full = args.get(3).map(|a| a == "full").unwrap_or(false);
+    std::fs::create_dir_all(dir).expect("create <dir>");
+
+    let normal_path = dir.join("floor-normal").join("runs.db");
+    let normal = measure(normal_path.to_str().unwrap(), n, false);
+    let full_us = if full {
+        let full_path = dir.join("floor-full").join("runs.db");
+        format!("{:.2}", measure(full_path.to_str().unwrap(), n, true))
+    } else {
+        "null".to_string()
+    };
+    println!(
+        "{{\"workload\": \"floor\", \"n\": {n}, \"us_per_commit_normal\": {normal:.2}, \
+         \"us_per_commit_full\": {full_us}, \"schema_version\": {SCHEMA_VERSION}}}"
+    );
+}
