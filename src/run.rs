@@ -4,6 +4,7 @@
 use crate::error::{CoreError, CoreResult};
 use crate::journal::{Fence, Journal};
 use crate::store::sqlite::now;
+use crate::store::sqlite::Slot;
 use crate::store::{InterruptRow, NewRun, RunRow, Settlement, SpanRecord, SpanRow, Store};
 use parking_lot::Mutex;
 use std::collections::HashSet;
@@ -87,6 +88,8 @@ pub struct Attempt {
     /// Set once settled: every later journal access is refused.
     closed: AtomicBool,
     root_fence: Fence,
+    /// Journal writes committed in the background, not yet confirmed.
+    deferred: Mutex<Vec<Arc<Slot>>>,
 }
 
 impl Attempt {
@@ -121,6 +124,7 @@ impl Attempt {
             journal: Mutex::new(journal),
             closed: AtomicBool::new(false),
             root_fence: Fence::root(),
+            deferred: Mutex::new(Vec::new()),
         }
     }
 
@@ -191,6 +195,55 @@ impl Attempt {
         let winner = self.store.commit_step(self.run.rid, key, value, record)?;
         let stored: Arc<str> = Arc::from(winner.as_deref().unwrap_or(value));
         Ok(self.journal.lock().record(key, stored))
+    }
+
+    /// Journals `value` under `key` like `commit`, but lets a background
+    /// commit make it durable: for steps whose value the flow body only sees
+    /// after `sync` (the items of a `map`). Returns the stored value.
+    pub fn commit_deferred(
+        &self,
+        key: &str,
+        value: &str,
+        span: Option<SpanRow>,
+        fence: Option<&Fence>,
+    ) -> CoreResult<Arc<str>> {
+        self.check(fence)?;
+        let stored = {
+            let mut j = self.journal.lock();
+            if let Some(existing) = j.get(key) {
+                drop(j);
+                if let Some(s) = span {
+                    self.queue_span(s);
+                }
+                return Ok(existing);
+            }
+            j.record(key, Arc::from(value))
+        };
+        let record = span.map(|s| self.record(s, Some(value)));
+        let slot = self.store.commit_deferred(self.run.rid, key, value, record);
+        self.deferred.lock().push(slot);
+        Ok(stored)
+    }
+
+    /// Waits until every deferred journal write of this attempt is durable.
+    pub fn sync(&self) -> CoreResult<()> {
+        let slots = std::mem::take(&mut *self.deferred.lock());
+        if slots.is_empty() {
+            return Ok(());
+        }
+        self.store.flush()?;
+        for slot in slots {
+            match slot.outcome() {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e),
+                None => {
+                    return Err(CoreError::Store(
+                        "a deferred journal write was not applied".into(),
+                    ))
+                }
+            }
+        }
+        Ok(())
     }
 
     fn record(&self, span: SpanRow, journal_value: Option<&str>) -> SpanRecord {
@@ -416,5 +469,22 @@ mod tests {
         ));
         assert!(lease_is_live("elsewhere:1:1", now() + 100.0));
         assert!(!lease_is_live("elsewhere:1:1", now() - 1.0));
+    }
+
+    #[test]
+    fn deferred_commits_are_durable_after_sync() {
+        let (_d, store) = temp_store();
+        let a = Attempt::start(store.clone(), new_run("f")).unwrap();
+        for i in 0..500 {
+            let key = format!("map#1[{i}]/t#1");
+            let stored = a.commit_deferred(&key, &i.to_string(), Some(span(&key, "x")), None);
+            assert_eq!(&*stored.unwrap(), i.to_string());
+        }
+        assert_eq!(
+            &*a.commit_deferred("map#1[0]/t#1", "9", None, None).unwrap(),
+            "0"
+        );
+        a.sync().unwrap();
+        assert_eq!(store.journal(a.run.rid).unwrap().len(), 500);
     }
 }

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import _codec, _core
 from .errors import ConfigError, SerializationError, TaskTimeoutError
-from .tracing import ErrorInfo, Span, Trace
+from .tracing import ErrorInfo, Span, Trace, _capture_content
 
 
 class _Pause(BaseException):
@@ -117,14 +117,20 @@ class RunState:
 class Frame:
     """What a call sees of its surroundings. Immutable: nesting makes a new one."""
 
-    __slots__ = ("fence", "run", "scope", "span", "trace")
+    __slots__ = ("defer", "fence", "run", "scope", "span", "trace")
 
-    def __init__(self, run: RunState | None, scope: str, span: Span | None, fence, trace):
+    def __init__(
+        self, run: RunState | None, scope: str, span: Span | None, fence, trace, defer=False
+    ):
         self.run = run
         self.scope = scope
         self.span = span
         self.fence = fence
         self.trace = trace
+        # A step made directly in this frame hands its value to a collector
+        # (a `map`) that syncs before the flow body sees it, so its commit
+        # may complete in the background.
+        self.defer = defer
 
 
 FRAME: ContextVar[Frame | None] = ContextVar("composeai.frame", default=None)
@@ -143,8 +149,7 @@ def active_run() -> RunState | None:
 # Spans
 
 
-def _capture() -> bool:
-    return os.environ.get("COMPOSE_TRACE_CONTENT") != "0"
+_capture = _capture_content
 
 
 def open_span(parent: Span | None, trace: Trace, kind: str, name: str) -> Span:
@@ -388,8 +393,8 @@ def encode_step(key: str, value: Any) -> str:
 
 
 class StepStart:
-    """A reserved step: either a journal hit (`hit` holds the stored JSON) or
-    a miss to execute under `inner`, the step's own frame."""
+    """A reserved step: either a journal hit (`hit` holds the decoded stored
+    value) or a miss to execute under `inner`, the step's own frame."""
 
     __slots__ = ("frame", "hit", "inner", "key", "span")
 
@@ -406,29 +411,44 @@ def begin_step(frame: Frame, kind: str, name: str, span_input: Any, fence: Any =
     as replayed and nothing else runs (FLOW-16)."""
     attempt = frame.run.attempt
     key, hit = attempt.reserve(frame.scope, name, frame.fence)
-    span = open_span(frame.span, frame.trace, kind, name)
-    span.attributes["step_key"] = key
+    parent = frame.span
+    now = time.time()
     if hit is not None:
-        span.replayed = True
-        span.status = "ok"
-        span.ended_at = span.started_at
-        if _capture():
-            span.output = _codec.loads(hit)
-            attempt.span(span_row(span, hit))
-        else:
-            attempt.span(span_row(span))
-        return StepStart(frame, key, span, hit, None)
+        value = _codec.loads(hit)
+        capture = _capture()
+        span = Span(
+            trace_id=parent.trace_id,
+            span_id=_core.ulid(),
+            parent_span_id=parent.span_id,
+            kind=kind,
+            name=name,
+            started_at=now,
+            ended_at=now,
+            status="ok",
+            output=value if capture else None,
+            attributes={"step_key": key},
+            replayed=True,
+        )
+        frame.trace.spans.append(span)
+        attempt.span(
+            (span.span_id, parent.span_id, kind, name, now, now, "ok", True, key)
+            + (None, None, None, None, hit if capture else None)
+        )
+        return StepStart(frame, key, span, value, None)
+    span = Span(
+        trace_id=parent.trace_id,
+        span_id=_core.ulid(),
+        parent_span_id=parent.span_id,
+        kind=kind,
+        name=name,
+        started_at=now,
+        attributes={"step_key": key},
+    )
+    frame.trace.spans.append(span)
     if span_input is not None and _capture():
         span.input = span_input
     inner = Frame(frame.run, key, span, frame.fence, frame.trace)
     return StepStart(frame, key, span, None, inner)
-
-
-def replayed_value(step: StepStart) -> Any:
-    span = step.span
-    if span.output is not None:
-        return span.output
-    return _codec.loads(step.hit)
 
 
 def finish_step(step: StepStart, value: Any) -> Any:
@@ -445,7 +465,10 @@ def finish_step(step: StepStart, value: Any) -> Any:
     span.status = "ok"
     capture = _capture()
     row = span_row(span, value_json if capture else None)
-    stored = run.attempt.commit(step.key, value_json, row, step.frame.fence)
+    if step.frame.defer:
+        stored = run.attempt.commit_deferred(step.key, value_json, row, step.frame.fence)
+    else:
+        stored = run.attempt.commit(step.key, value_json, row, step.frame.fence)
     result = _codec.loads(stored)
     if capture:
         span.output = result
@@ -457,8 +480,8 @@ def journaled_step(
 ) -> Any:
     """One journaled step on the sync path: replay, or execute then commit."""
     step = begin_step(frame, kind, name, span_input)
-    if step.hit is not None:
-        return replayed_value(step)
+    if step.inner is None:
+        return step.hit
     token = FRAME.set(step.inner)
     try:
         value = execute(step.inner)
@@ -475,8 +498,8 @@ async def ajournaled_step(
 ) -> Any:
     """The async twin of `journaled_step`: `execute` returns an awaitable."""
     step = begin_step(frame, kind, name, span_input)
-    if step.hit is not None:
-        return replayed_value(step)
+    if step.inner is None:
+        return step.hit
     token = FRAME.set(step.inner)
     try:
         value = await execute(step.inner)

@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar
 from . import _codec, _engine
 from ._engine import FRAME, Frame
 from .errors import ConfigError
+from .flow import Task
 
 __all__ = ["MapResult", "map"]
 
@@ -50,9 +51,15 @@ def _check_map_args(fn_label: str, on_error: str, max_workers: int | None) -> No
 
 
 class _Fanout:
-    """Runs items on elastic worker threads: a worker is added only when an
-    item starts while every worker is busy, up to `limit`, so quick items
-    share a few threads and blocking items each get their own (ASYNC-7)."""
+    """Runs items on the calling thread plus workers added on demand.
+
+    A watcher adds workers (doubling, up to `limit`) whenever items are
+    waiting and none finished during a tick: items that block or wait get
+    threads of their own within milliseconds, while quick items run without
+    thread hand-offs. No bounded shared pool sits under the items (ASYNC-7).
+    """
+
+    TICK = 0.001
 
     def __init__(self, count: int, limit: int, run_item: Callable[[int], None]):
         self.pending = deque(range(count))
@@ -60,42 +67,54 @@ class _Fanout:
         self.run_item = run_item
         self.lock = threading.Lock()
         self.workers = 1  # the calling thread
-        self.busy = 0
+        self.finished = 0
         self.remaining = count
         self.done = threading.Event()
         self.ctx = copy_context()
 
-    def _spawn(self) -> None:
-        ctx = self.ctx.copy()
-        threading.Thread(
-            target=ctx.run, args=(self._work,), name="composeai-map", daemon=True
-        ).start()
+    def _take(self) -> int | None:
+        with self.lock:
+            return self.pending.popleft() if self.pending else None
 
     def _work(self) -> None:
-        while True:
-            with self.lock:
-                if not self.pending:
-                    self.workers -= 1
-                    return
-                index = self.pending.popleft()
-                self.busy += 1
-                grow = bool(self.pending) and self.busy >= self.workers
-                grow = grow and self.workers < self.limit
-                if grow:
-                    self.workers += 1
-            if grow:
-                self._spawn()
+        while (index := self._take()) is not None:
             try:
                 self.run_item(index)
             finally:
                 with self.lock:
-                    self.busy -= 1
+                    self.finished += 1
                     self.remaining -= 1
                     if self.remaining == 0:
                         self.done.set()
 
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        ctx = self.ctx.copy()
+        threading.Thread(target=ctx.run, args=(target,), name=name, daemon=True).start()
+
+    def _watch(self) -> None:
+        seen = -1
+        while not self.done.wait(self.TICK):
+            with self.lock:
+                if not self.pending:
+                    return
+                stalled = self.finished == seen
+                seen = self.finished
+                grow = 0
+                if stalled:
+                    grow = min(self.workers, self.limit - self.workers, len(self.pending))
+                    self.workers += grow
+            for _ in range(grow):
+                self._spawn(self._work, "composeai-map")
+
     def run(self) -> None:
-        self._work()
+        if self.limit > 1 and len(self.pending) > 1:
+            self._spawn(self._watch, "composeai-map-watch")
+        try:
+            self._work()
+        except BaseException:
+            with self.lock:
+                self.pending.clear()
+            raise
         self.done.wait()
 
 
@@ -136,6 +155,8 @@ def map(
             outcomes[index] = _run_item(fn, name, index, items[index], item_frame, timeout_per_item)
         except _engine._Revoked:
             failures[index] = None
+        except (KeyboardInterrupt, SystemExit):
+            raise
         except BaseException as exc:  # noqa: BLE001 -- settled per item, raised in index order
             failures[index] = exc
         finally:
@@ -144,6 +165,10 @@ def map(
     limit = count if max_workers is None else min(max_workers, count)
     try:
         _Fanout(count, limit, run_item).run()
+        if run is not None:
+            # Item steps committed in the background are durable before any
+            # of their values reaches the flow body.
+            run.attempt.sync()
     except BaseException as exc:
         for item_fence in item_fences:
             item_fence.revoke()
@@ -182,14 +207,22 @@ def _run_item(
 ) -> Any:
     """One item inside its `<fn>[<i>]` task span (COMP-24)."""
     label = f"{name}[{index}]"
+    # A task mapped directly journals a value only the map collects.
+    defer = isinstance(fn, Task)
 
     def execute(inner: Frame) -> Any:
         if timeout is None:
-            return fn(item)
-        thread_frame = Frame(inner.run, inner.scope, inner.span, inner.fence, inner.trace)
-        fence = _engine.child_fence(inner)
-        if fence is not None:
-            thread_frame = Frame(inner.run, inner.scope, inner.span, fence, inner.trace)
+            if not defer:
+                return fn(item)
+            token = FRAME.set(
+                Frame(inner.run, inner.scope, inner.span, inner.fence, inner.trace, True)
+            )
+            try:
+                return fn(item)
+            finally:
+                FRAME.reset(token)
+        fence = _engine.child_fence(inner) or inner.fence
+        thread_frame = Frame(inner.run, inner.scope, inner.span, fence, inner.trace, defer)
         return _engine.run_on_thread(
             lambda: fn(item),
             thread_frame,

@@ -18,7 +18,19 @@ class ErrorInfo:
     stacktrace: str = ""
 
 
+# OBS-70 reads the switch on every capture; on CPython's POSIX build the
+# environment's raw mapping answers that without re-encoding the key.
+_ENV_DATA = getattr(os.environ, "_data", None)
+try:
+    _CONTENT_KEY = os.environ.encodekey("COMPOSE_TRACE_CONTENT")  # type: ignore[attr-defined]
+    _OFF = os.environ.encodevalue("0")  # type: ignore[attr-defined]
+except AttributeError:
+    _ENV_DATA = None
+
+
 def _capture_content() -> bool:
+    if _ENV_DATA is not None:
+        return _ENV_DATA.get(_CONTENT_KEY) != _OFF
     return os.environ.get("COMPOSE_TRACE_CONTENT") != "0"
 
 

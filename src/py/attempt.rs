@@ -158,6 +158,31 @@ impl PyAttempt {
         Ok(PyString::new(py, &stored))
     }
 
+    /// Like `commit`, but durable soon rather than before returning; `sync`
+    /// waits for it. For steps whose value the flow body sees only later.
+    #[pyo3(signature = (key, value_json, span=None, fence=None))]
+    fn commit_deferred<'py>(
+        &self,
+        py: Python<'py>,
+        key: &str,
+        value_json: &str,
+        span: Option<&Bound<'py, PyAny>>,
+        fence: Option<&PyFence>,
+    ) -> PyResult<Bound<'py, PyString>> {
+        let span = span.map(span_from_py).transpose()?;
+        let stored = self
+            .inner
+            .commit_deferred(key, value_json, span, fence.map(|f| &f.inner))
+            .py_err()?;
+        Ok(PyString::new(py, &stored))
+    }
+
+    /// Waits until every deferred journal write of this attempt is durable.
+    fn sync(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = self.inner.clone();
+        py.allow_threads(move || inner.sync()).py_err()
+    }
+
     /// Queues a finished span of this run.
     fn span(&self, span: &Bound<'_, PyAny>) -> PyResult<()> {
         self.inner.queue_span(span_from_py(span)?);

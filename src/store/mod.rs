@@ -132,8 +132,20 @@ pub trait Store: Send + Sync {
         span: Option<SpanRecord>,
     ) -> CoreResult<Option<String>>;
 
-    /// Queues a span; it is written with the next commit or `flush`.
+    /// Queues a span; it is written with the next commit or `flush`, or in
+    /// the background once enough are waiting.
     fn queue_span(&self, span: SpanRecord);
+
+    /// Journals `value` under `key` with its span without waiting: a
+    /// background commit makes it durable soon, and `flush` waits for it.
+    /// The slot holds the outcome once applied.
+    fn commit_deferred(
+        &self,
+        rid: i64,
+        key: &str,
+        value: &str,
+        span: Option<SpanRecord>,
+    ) -> std::sync::Arc<sqlite::Slot>;
 
     /// Writes everything queued.
     fn flush(&self) -> CoreResult<()>;

@@ -11,7 +11,7 @@ use super::migrate;
 use super::{InterruptRow, LeaseCheck, NewRun, RunRow, Settlement, SpanRecord, Store};
 use crate::error::{AtPath, CoreError, CoreResult};
 use crate::ids::{encode_id, StoredId};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -114,8 +114,31 @@ pub const FLAG_OUTPUT_IN_JOURNAL: i64 = 2;
 
 type StepResult = CoreResult<Option<String>>;
 
+/// Where the outcome of a queued journal write lands once it is applied.
 #[derive(Default)]
-struct Slot(Mutex<Option<StepResult>>);
+pub struct Slot(Mutex<Option<StepResult>>);
+
+impl Slot {
+    /// The write's outcome, once a commit has applied it.
+    pub fn outcome(&self) -> Option<StepResult> {
+        self.0.lock().clone()
+    }
+}
+
+/// Queued spans are written in the background once this many are waiting
+/// (replayed steps queue one each), so a long replay does not end with one
+/// large write.
+const BACKGROUND_BATCH: usize = 256;
+
+#[derive(Default)]
+struct Queue {
+    ops: Vec<Op>,
+    /// A deferred journal write is waiting: commit without waiting for a
+    /// full batch.
+    urgent: bool,
+    shutdown: bool,
+    background_started: bool,
+}
 
 enum Op {
     Span(Box<SpanRecord>),
@@ -132,10 +155,30 @@ struct Writer {
     traces: HashMap<String, i64>,
 }
 
-pub struct SqliteStore {
+/// The store's state, shared with its background writer thread.
+pub struct Inner {
     path: String,
     writer: Mutex<Writer>,
-    queue: Mutex<Vec<Op>>,
+    queue: Mutex<Queue>,
+    wake: Condvar,
+}
+
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+impl std::ops::Deref for SqliteStore {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.inner
+    }
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        self.queue.lock().shutdown = true;
+        self.wake.notify_all();
+    }
 }
 
 /// The first span-persistence failure of this process, for one warning.
@@ -158,13 +201,71 @@ impl SqliteStore {
             .unwrap_or(false);
         let conn = open_connection(path, full_sync)?;
         Ok(SqliteStore {
-            path: path.to_string(),
-            writer: Mutex::new(Writer {
-                conn,
-                traces: HashMap::new(),
+            inner: Arc::new(Inner {
+                path: path.to_string(),
+                writer: Mutex::new(Writer {
+                    conn,
+                    traces: HashMap::new(),
+                }),
+                queue: Mutex::new(Queue::default()),
+                wake: Condvar::new(),
             }),
-            queue: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Queues `op` and, when it should not wait for the next foreground
+    /// commit, wakes the background writer (started on first need).
+    fn enqueue(&self, op: Op, urgent: bool) {
+        let mut q = self.queue.lock();
+        q.ops.push(op);
+        q.urgent |= urgent;
+        if !(q.urgent || q.ops.len() >= BACKGROUND_BATCH) {
+            return;
+        }
+        if !q.background_started {
+            q.background_started = true;
+            let inner = Arc::clone(&self.inner);
+            let spawned = std::thread::Builder::new()
+                .name("composeai-writer".into())
+                .spawn(move || inner.background_writer());
+            if spawned.is_err() {
+                // Without the thread, queued writes wait for the next
+                // foreground commit or flush.
+                q.background_started = false;
+                return;
+            }
+        }
+        self.wake.notify_one();
+    }
+}
+
+impl Inner {
+    fn background_writer(&self) {
+        loop {
+            {
+                let mut q = self.queue.lock();
+                while !(q.shutdown || q.urgent || q.ops.len() >= BACKGROUND_BATCH) {
+                    self.wake.wait(&mut q);
+                }
+                if q.shutdown && q.ops.is_empty() {
+                    return;
+                }
+            }
+            // Take the batch only while holding the connection, so that a
+            // `flush` that got the connection first has seen every op.
+            let mut w = self.writer.lock();
+            let ops = self.take_queue();
+            if !ops.is_empty() {
+                // Failures reach waiting callers through their slots.
+                let _ = self.apply(&mut w, ops, |_| Ok(()));
+            }
+        }
+    }
+
+    fn take_queue(&self) -> Vec<Op> {
+        let mut q = self.queue.lock();
+        q.urgent = false;
+        std::mem::take(&mut q.ops)
     }
 
     /// Runs `f` with the connection, after writing anything queued.
@@ -175,7 +276,7 @@ impl SqliteStore {
     }
 
     fn drain(&self, w: &mut Writer) -> CoreResult<()> {
-        let ops = std::mem::take(&mut *self.queue.lock());
+        let ops = self.take_queue();
         if ops.is_empty() {
             return Ok(());
         }
@@ -421,7 +522,7 @@ impl Store for SqliteStore {
 
     fn create_run(&self, new: &NewRun, owner: &str, lease_until: f64) -> CoreResult<RunRow> {
         let mut w = self.writer.lock();
-        let ops = std::mem::take(&mut *self.queue.lock());
+        let ops = self.take_queue();
         let t = now();
         let mut rid = 0;
         self.apply(&mut w, ops, |tx| {
@@ -479,7 +580,7 @@ impl Store for SqliteStore {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .at(&path)?;
-        let row = Self::run_row(&tx, run_id)
+        let row = Inner::run_row(&tx, run_id)
             .at(&path)?
             .ok_or_else(|| CoreError::Config(format!("no run found with run_id '{run_id}'")))?;
         let (holder, until): (Option<String>, Option<f64>) = tx
@@ -518,21 +619,21 @@ impl Store for SqliteStore {
         let slot = Arc::new(Slot::default());
         {
             let mut q = self.queue.lock();
-            q.push(Op::Step {
+            q.ops.push(Op::Step {
                 rid,
                 key: key.to_string(),
                 value: value.to_string(),
                 slot: slot.clone(),
             });
             if let Some(s) = span {
-                q.push(Op::Span(Box::new(s)));
+                q.ops.push(Op::Span(Box::new(s)));
             }
         }
         let mut w = self.writer.lock();
         if let Some(done) = slot.0.lock().take() {
             return done;
         }
-        let ops = std::mem::take(&mut *self.queue.lock());
+        let ops = self.take_queue();
         // An error is delivered through every slot of the batch, ours included.
         let _ = self.apply(&mut w, ops, |_| Ok(()));
         drop(w);
@@ -541,7 +642,30 @@ impl Store for SqliteStore {
     }
 
     fn queue_span(&self, span: SpanRecord) {
-        self.queue.lock().push(Op::Span(Box::new(span)));
+        self.enqueue(Op::Span(Box::new(span)), false);
+    }
+
+    fn commit_deferred(
+        &self,
+        rid: i64,
+        key: &str,
+        value: &str,
+        span: Option<SpanRecord>,
+    ) -> Arc<Slot> {
+        let slot = Arc::new(Slot::default());
+        if let Some(s) = span {
+            self.queue.lock().ops.push(Op::Span(Box::new(s)));
+        }
+        self.enqueue(
+            Op::Step {
+                rid,
+                key: key.to_string(),
+                value: value.to_string(),
+                slot: slot.clone(),
+            },
+            true,
+        );
+        slot
     }
 
     fn flush(&self) -> CoreResult<()> {
@@ -551,7 +675,7 @@ impl Store for SqliteStore {
 
     fn settle(&self, rid: i64, owner: &str, s: &Settlement) -> CoreResult<()> {
         let mut w = self.writer.lock();
-        let ops = std::mem::take(&mut *self.queue.lock());
+        let ops = self.take_queue();
         let path = self.path.clone();
         self.apply(&mut w, ops, |tx| {
             let t = now();
@@ -605,7 +729,7 @@ impl Store for SqliteStore {
 
     fn record_answers(&self, rid: i64, answers: &[(String, String)]) -> CoreResult<()> {
         let mut w = self.writer.lock();
-        let ops = std::mem::take(&mut *self.queue.lock());
+        let ops = self.take_queue();
         let path = self.path.clone();
         self.apply(&mut w, ops, |tx| {
             for (id, value) in answers {
@@ -622,7 +746,7 @@ impl Store for SqliteStore {
 
     fn get_run(&self, run_id: &str) -> CoreResult<Option<RunRow>> {
         let w = self.writer.lock();
-        Self::run_row(&w.conn, run_id).at(&self.path)
+        Inner::run_row(&w.conn, run_id).at(&self.path)
     }
 
     fn pending(&self, rid: i64) -> CoreResult<Vec<InterruptRow>> {
