@@ -83,6 +83,7 @@ def main() -> None:
     sys.path.insert(0, directory)
 
     import bench_w2_flow
+
     import composeai as compose
 
     t0 = time.perf_counter()

@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+
 from composeai import _core
 from composeai.cli import main
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Annotated, NamedTuple
 
 import pytest
+from pydantic import BaseModel
+
 from composeai import _codec
 from composeai._codec import (
     decode,
@@ -29,7 +31,6 @@ from composeai._codec import (
     tag_of,
 )
 from composeai.errors import SerializationError
-from pydantic import BaseModel
 
 # --------------------------------------------------------------------------- test types
 

@@ -9,12 +9,13 @@ import threading
 import time
 from datetime import datetime, timezone
 
-import composeai as compose
 import pytest
+from pydantic import BaseModel
+
+import composeai as compose
 from composeai import _core, _engine
 from composeai.errors import ConfigError, SerializationError, TaskTimeoutError
 from composeai.flow import Flow, Task
-from pydantic import BaseModel
 
 
 def journal_of(run_id):

@@ -4,8 +4,9 @@ import asyncio
 import json
 import sqlite3
 
-import composeai as compose
 import pytest
+
+import composeai as compose
 from composeai import _engine
 from composeai.errors import ConfigError, ResumeMismatchError, SerializationError
 

@@ -5,8 +5,9 @@ import os
 import sqlite3
 import stat
 
-import composeai as compose
 import pytest
+
+import composeai as compose
 from composeai import _core
 from composeai.errors import ConfigError
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from composeai.messages import Usage
 from composeai.tracing import (
     ErrorInfo,

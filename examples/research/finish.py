@@ -2,8 +2,9 @@
 
 import sys
 
-from composeai import resume
 from research_flow import research  # noqa: F401 -- the import registers the @flow
+
+from composeai import resume
 
 run = resume(sys.argv[1], answers={"publish": True})
 print(f"status: {run.status}")
