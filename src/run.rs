@@ -37,13 +37,19 @@ fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-/// The start time of a process in clock ticks since boot (field 22 of
-/// /proc/<pid>/stat), which tells a live process from a reused pid.
+/// The start time of a running process in clock ticks since boot (field 22
+/// of /proc/<pid>/stat), which tells a live process from a reused pid.
+/// `None` when there is no such process, or it has exited and only awaits
+/// reaping (state `Z` or `X`).
 fn process_start(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may contain spaces; fields resume after ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = fields.next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 /// Whether the lease held by `holder` until `until` is still live.
