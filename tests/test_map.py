@@ -66,7 +66,9 @@ def test_comp23_timeout_per_item():
 
     with pytest.raises(TaskTimeoutError) as info:
         compose.map(maybe_slow, [0, 1, 2], timeout_per_item=0.05)
-    assert str(info.value).startswith("@task 'maybe_slow[1]' exceeded timeout=0.05s -- the abandoned")
+    assert str(info.value).startswith(
+        "@task 'maybe_slow[1]' exceeded timeout=0.05s -- the abandoned"
+    )
 
 
 def test_comp25_raise_reraises_the_first_failure_by_index_after_all_settle():
