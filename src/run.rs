@@ -279,6 +279,40 @@ impl Attempt {
         self.store.queue_span(record);
     }
 
+    /// Queues the span of a step replayed from the journal: finished at
+    /// `at`, status `ok`, its output the journaled value (stored by
+    /// reference) when `with_output`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn queue_replayed_span(
+        &self,
+        span_id: String,
+        parent_span_id: Option<String>,
+        kind: String,
+        name: String,
+        at: f64,
+        step_key: String,
+        with_output: bool,
+    ) {
+        let span = SpanRow {
+            span_id,
+            parent_span_id,
+            kind,
+            name,
+            started_at: at,
+            ended_at: Some(at),
+            status: "ok".into(),
+            replayed: true,
+            step_key: Some(step_key),
+            ..Default::default()
+        };
+        self.store.queue_span(SpanRecord {
+            trace_id: self.trace_id().to_string(),
+            rid: Some(self.run.rid),
+            span,
+            output_in_journal: with_output,
+        });
+    }
+
     pub fn set_budget(&self, budget_json: &str) -> CoreResult<()> {
         self.check(None)?;
         self.store.set_budget(self.run.rid, budget_json)

@@ -406,7 +406,7 @@ class StepStart:
         self.inner = inner
 
 
-def begin_step(frame: Frame, kind: str, name: str, span_input: Any, fence: Any = None) -> StepStart:
+def begin_step(frame: Frame, kind: str, name: str, span_input: Any = None) -> StepStart:
     """Reserves the step's key. A hit is replayed here: the span is recorded
     as replayed and nothing else runs (FLOW-16)."""
     attempt = frame.run.attempt
@@ -430,10 +430,7 @@ def begin_step(frame: Frame, kind: str, name: str, span_input: Any, fence: Any =
             replayed=True,
         )
         frame.trace.spans.append(span)
-        attempt.span(
-            (span.span_id, parent.span_id, kind, name, now, now, "ok", True, key)
-            + (None, None, None, None, hit if capture else None)
-        )
+        attempt.replayed(span.span_id, parent.span_id, kind, name, now, key, capture)
         return StepStart(frame, key, span, value, None)
     span = Span(
         trace_id=parent.trace_id,
@@ -476,15 +473,18 @@ def finish_step(step: StepStart, value: Any) -> Any:
 
 
 def journaled_step(
-    frame: Frame, kind: str, name: str, execute: Callable[[Frame], Any], span_input: Any = None
+    frame: Frame, kind: str, name: str, execute: Callable[..., Any], args: tuple, kwargs: dict
 ) -> Any:
-    """One journaled step on the sync path: replay, or execute then commit."""
-    step = begin_step(frame, kind, name, span_input)
+    """One journaled step on the sync path: replay, or run
+    `execute(inner_frame, args, kwargs)` then commit."""
+    step = begin_step(frame, kind, name)
     if step.inner is None:
         return step.hit
+    if _capture():
+        step.span.input = {"args": list(args), "kwargs": kwargs}
     token = FRAME.set(step.inner)
     try:
-        value = execute(step.inner)
+        value = execute(step.inner, args, kwargs)
     except BaseException as exc:
         fail_span(frame.run, step.span, exc)
         raise
@@ -494,15 +494,17 @@ def journaled_step(
 
 
 async def ajournaled_step(
-    frame: Frame, kind: str, name: str, execute: Callable[[Frame], Any], span_input: Any = None
+    frame: Frame, kind: str, name: str, execute: Callable[..., Any], args: tuple, kwargs: dict
 ) -> Any:
     """The async twin of `journaled_step`: `execute` returns an awaitable."""
-    step = begin_step(frame, kind, name, span_input)
+    step = begin_step(frame, kind, name)
     if step.inner is None:
         return step.hit
+    if _capture():
+        step.span.input = {"args": list(args), "kwargs": kwargs}
     token = FRAME.set(step.inner)
     try:
-        value = await execute(step.inner)
+        value = await execute(step.inner, args, kwargs)
     except BaseException as exc:
         fail_span(frame.run, step.span, exc)
         raise

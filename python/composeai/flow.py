@@ -53,13 +53,14 @@ class Task(Generic[R]):
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         frame = FRAME.get()
-        payload = _args_payload(args, kwargs)
         if frame is not None and frame.run is not None:
-            return _engine.journaled_step(
-                frame, "task", self.name, lambda inner: self._execute(inner, args, kwargs), payload
-            )
+            return _engine.journaled_step(frame, "task", self.name, self._execute, args, kwargs)
         return _engine.unjournaled_call(
-            frame, "task", self.name, lambda inner: self._execute(inner, args, kwargs), payload
+            frame,
+            "task",
+            self.name,
+            lambda inner: self._execute(inner, args, kwargs),
+            _args_payload(args, kwargs),
         )
 
     def _timeout_error(self, cooperative: bool):
@@ -138,13 +139,16 @@ class Task(Generic[R]):
     async def arun(self, *args: Any, **kwargs: Any) -> R:
         """Async twin of calling the task, on the caller's loop (FLOW-7)."""
         frame = FRAME.get()
-        payload = _args_payload(args, kwargs)
         if frame is not None and frame.run is not None:
             return await _engine.ajournaled_step(
-                frame, "task", self.name, lambda inner: self._aexecute(inner, args, kwargs), payload
+                frame, "task", self.name, self._aexecute, args, kwargs
             )
         return await _engine.aunjournaled_call(
-            frame, "task", self.name, lambda inner: self._aexecute(inner, args, kwargs), payload
+            frame,
+            "task",
+            self.name,
+            lambda inner: self._aexecute(inner, args, kwargs),
+            _args_payload(args, kwargs),
         )
 
 
@@ -231,8 +235,9 @@ class Flow(Generic[R]):
                 frame,
                 "flow",
                 self.name,
-                lambda inner: _engine.call_body(self.fn, self._is_async, args, kwargs),
-                _args_payload(args, kwargs),
+                lambda _inner, a, k: _engine.call_body(self.fn, self._is_async, a, k),
+                args,
+                kwargs,
             )
         return self.run(*args, budget=budget, **kwargs).output
 
@@ -309,7 +314,7 @@ class Flow(Generic[R]):
 
         spans: list = []
 
-        async def execute(inner: Frame):
+        async def execute(inner: Frame, args: tuple, kwargs: dict):
             spans.append(inner.span)
             if self._is_async:
                 return await self.fn(*args, **kwargs)
@@ -324,9 +329,7 @@ class Flow(Generic[R]):
                 f"composeai-flow-{self.name}",
             )
 
-        output = await _engine.ajournaled_step(
-            frame, "flow", self.name, execute, _args_payload(args, kwargs)
-        )
+        output = await _engine.ajournaled_step(frame, "flow", self.name, execute, args, kwargs)
         usage = None
         if spans:
             usage = _subtree_usage(frame.trace, spans[0])

@@ -183,6 +183,29 @@ impl PyAttempt {
         py.allow_threads(move || inner.sync()).py_err()
     }
 
+    /// Queues the span of a replayed step (see `Attempt::queue_replayed_span`).
+    #[allow(clippy::too_many_arguments)]
+    fn replayed(
+        &self,
+        span_id: String,
+        parent_span_id: Option<String>,
+        kind: String,
+        name: String,
+        at: f64,
+        step_key: String,
+        with_output: bool,
+    ) {
+        self.inner.queue_replayed_span(
+            span_id,
+            parent_span_id,
+            kind,
+            name,
+            at,
+            step_key,
+            with_output,
+        );
+    }
+
     /// Queues a finished span of this run.
     fn span(&self, span: &Bound<'_, PyAny>) -> PyResult<()> {
         self.inner.queue_span(span_from_py(span)?);
