@@ -1,6 +1,7 @@
 //! composeai's engine core. Everything outside `py` is plain Rust, testable
 //! with `cargo test`; `py` holds the Python bindings.
 
+pub mod budget;
 pub mod error;
 pub mod ids;
 pub mod journal;

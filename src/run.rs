@@ -5,7 +5,9 @@ use crate::error::{CoreError, CoreResult};
 use crate::journal::{Fence, Journal};
 use crate::store::sqlite::now;
 use crate::store::sqlite::Slot;
-use crate::store::{InterruptRow, NewRun, RunRow, Settlement, SpanRecord, SpanRow, Store};
+use crate::store::{
+    AgentStateRow, InterruptRow, NewRun, RunRow, Settlement, SpanRecord, SpanRow, Store,
+};
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -313,6 +315,22 @@ impl Attempt {
         });
     }
 
+    /// Stores the agent loop's snapshot for `state.scope_key` durably.
+    pub fn save_agent_state(&self, state: &AgentStateRow, fence: Option<&Fence>) -> CoreResult<()> {
+        self.check(fence)?;
+        self.store.save_agent_state(self.run.rid, state)
+    }
+
+    pub fn load_agent_state(&self, scope_key: &str) -> CoreResult<Option<AgentStateRow>> {
+        self.store.load_agent_state(self.run.rid, scope_key)
+    }
+
+    /// Spend of earlier attempts (all of them, or one step's), the baseline
+    /// of a budget re-applied on resume (BUDGET-7).
+    pub fn prior_llm_usage(&self, step_key: Option<&str>) -> CoreResult<(i64, f64)> {
+        self.store.prior_llm_usage(self.run.rid, step_key)
+    }
+
     pub fn set_budget(&self, budget_json: &str) -> CoreResult<()> {
         self.check(None)?;
         self.store.set_budget(self.run.rid, budget_json)
@@ -424,7 +442,7 @@ mod tests {
             status: "paused".into(),
             output_json: None,
             error_json: None,
-            pending: vec![],
+            ..Default::default()
         })
         .unwrap();
 
@@ -490,7 +508,7 @@ mod tests {
             status: "completed".into(),
             output_json: Some("1".into()),
             error_json: None,
-            pending: vec![],
+            ..Default::default()
         })
         .unwrap();
         assert!(matches!(

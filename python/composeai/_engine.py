@@ -9,6 +9,7 @@ so that nested calls, threads and tasks see it.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from contextvars import ContextVar, copy_context
 from typing import Any
 
 from . import _codec, _core
+from . import events as _events
 from .errors import ConfigError, SerializationError, TaskTimeoutError
 from .tracing import ErrorInfo, Span, Trace, _capture_content
 
@@ -29,6 +31,14 @@ class _Pause(BaseException):
         self.kind = kind
         self.question = question
         self.payload = payload
+        # Further pauses of the same tool batch and the agent snapshot, all
+        # persisted with the run's pause (AGENT-40).
+        self.others: list[_Pause] = []
+        self.snapshots: list[tuple] = []
+
+    def attach(self, others: list[_Pause], snapshot: tuple, run: Any) -> None:
+        self.others.extend(others)
+        self.snapshots.append(snapshot)
 
     def interrupt(self):
         from .hitl import Interrupt
@@ -36,6 +46,10 @@ class _Pause(BaseException):
         return Interrupt(
             id=self.interrupt_id, kind=self.kind, question=self.question, payload=self.payload
         )
+
+
+class _Cancelled(BaseException):
+    """Internal signal: the run's stream was cancelled (AGENT-93)."""
 
 
 class _Revoked(BaseException):
@@ -104,10 +118,11 @@ def _check_span_writes() -> None:
 class RunState:
     """One attempt of a durable run as the Python side sees it."""
 
-    __slots__ = ("attempt", "name", "run_id", "trace", "trace_id")
+    __slots__ = ("attempt", "kind", "name", "run_id", "trace", "trace_id")
 
     def __init__(self, attempt, name: str):
         self.attempt = attempt
+        self.kind = attempt.kind
         self.run_id = attempt.run_id
         self.trace_id = attempt.trace_id
         self.trace = Trace(self.trace_id)
@@ -134,6 +149,60 @@ class Frame:
 
 
 FRAME: ContextVar[Frame | None] = ContextVar("composeai.frame", default=None)
+
+# Every budget active here, innermost last; each is charged after every model
+# call below its root (BUDGET-3, BUDGET-4).
+BUDGETS: ContextVar[tuple] = ContextVar("composeai.budgets", default=())
+
+
+def budget_json(budget: Any) -> str | None:
+    if budget is None:
+        return None
+    return _codec.dumps({"usd": budget.usd, "tokens": budget.tokens})
+
+
+def budget_from_json(text: str) -> Any:
+    from .runs import Budget
+
+    data = _codec.loads(text)
+    return Budget(usd=data.get("usd"), tokens=data.get("tokens"))
+
+
+def budget_meter(budget: Any, span_kind: str, span_name: str, baseline=(0, 0.0)):
+    """The core meter of a budget attached to a `span_kind` span (None for no budget)."""
+    if budget is None:
+        return None
+    return _core.BudgetMeter(
+        None if budget.usd is None else float(budget.usd),
+        budget.tokens,
+        str(budget.usd),
+        str(budget.tokens),
+        span_kind,
+        span_name,
+        baseline[0],
+        baseline[1],
+    )
+
+
+def _emit(kind: str, span: Span, data: dict) -> None:
+    if _events.current_bus() is not None:
+        _events.emit(
+            _events.Event(
+                kind, trace_id=span.trace_id, span_id=span.span_id, name=span.name, data=data
+            )
+        )
+
+
+def emit_run_finished(root: Span, status: str, exc: BaseException | None = None) -> None:
+    """AGENT-82: once per trace, for the root span."""
+    if _events.current_bus() is None:
+        return
+    data: dict[str, Any] = {"status": status}
+    if exc is not None:
+        data["error"] = type(exc).__name__
+    _events.emit(
+        _events.Event("run_finished", trace_id=root.trace_id, span_id=root.span_id, data=data)
+    )
 
 
 def current_frame() -> Frame | None:
@@ -163,6 +232,8 @@ def open_span(parent: Span | None, trace: Trace, kind: str, name: str) -> Span:
         started_at=time.time(),
     )
     trace.add(span)
+    if _events.current_bus() is not None:
+        _emit("span_started", span, {"kind": kind})
     return span
 
 
@@ -255,6 +326,8 @@ def persist_span(run: RunState | None, span: Span, output_json: str | None = Non
     or, outside any run, written when its root finishes (OBS-5)."""
     if not _capture():
         output_json = None
+    if _events.current_bus() is not None:
+        _emit("span_finished", span, {"kind": span.kind, "status": span.status})
     row = span_row(span, output_json)
     if run is not None:
         run.attempt.span(row)
@@ -392,6 +465,20 @@ def encode_step(key: str, value: Any) -> str:
 # Journaled steps
 
 
+def _streams_loaded() -> bool:
+    # A run can only be cancelled through a stream; until one was created
+    # there is no token to look at.
+    return "composeai._streams" in sys.modules
+
+
+def _check_cancel() -> None:
+    from ._streams import current_cancel_token
+
+    token = current_cancel_token()
+    if token is not None and token.cancelled:
+        raise _Cancelled()
+
+
 class StepStart:
     """A reserved step: either a journal hit (`hit` holds the decoded stored
     value) or a miss to execute under `inner`, the step's own frame."""
@@ -409,6 +496,8 @@ class StepStart:
 def begin_step(frame: Frame, kind: str, name: str, span_input: Any = None) -> StepStart:
     """Reserves the step's key. A hit is replayed here: the span is recorded
     as replayed and nothing else runs (FLOW-16)."""
+    if _streams_loaded():
+        _check_cancel()
     attempt = frame.run.attempt
     key, hit = attempt.reserve(frame.scope, name, frame.fence)
     parent = frame.span
@@ -431,6 +520,9 @@ def begin_step(frame: Frame, kind: str, name: str, span_input: Any = None) -> St
         )
         frame.trace.spans.append(span)
         attempt.replayed(span.span_id, parent.span_id, kind, name, now, key, capture)
+        if _events.current_bus() is not None:
+            _emit("span_started", span, {"kind": kind})
+            _emit("span_finished", span, {"kind": kind, "status": "ok"})
         return StepStart(frame, key, span, value, None)
     span = Span(
         trace_id=parent.trace_id,
@@ -442,6 +534,8 @@ def begin_step(frame: Frame, kind: str, name: str, span_input: Any = None) -> St
         attributes={"step_key": key},
     )
     frame.trace.spans.append(span)
+    if _events.current_bus() is not None:
+        _emit("span_started", span, {"kind": kind})
     if span_input is not None and _capture():
         span.input = span_input
     inner = Frame(frame.run, key, span, frame.fence, frame.trace)
@@ -613,7 +707,7 @@ def error_json(exc: BaseException) -> str:
     return _codec.dumps({"type": type(exc).__name__, "message": message})
 
 
-def _settle_failed(run: RunState, exc: BaseException) -> None:
+def settle_failed(run: RunState, exc: BaseException) -> None:
     if isinstance(exc, KeyboardInterrupt):
         err = _codec.dumps({"type": "CancelledError", "message": "cancelled"})
     else:
@@ -642,9 +736,12 @@ def drive_sync(run: RunState, body: Callable[[], Any], root: Span) -> Any:
         output = body()
     except _Pause as pause:
         return settle_paused(run, root, pause)
+    except _Cancelled as exc:
+        return settle_cancelled(run, root, exc)
     except BaseException as exc:
         fail_span(run, root, exc)
-        _settle_failed(run, exc)
+        settle_failed(run, exc)
+        emit_run_finished(root, "failed", exc)
         raise
     finally:
         FRAME.reset(token)
@@ -652,16 +749,31 @@ def drive_sync(run: RunState, body: Callable[[], Any], root: Span) -> Any:
 
 
 def settle_paused(run: RunState, root: Span, pause: _Pause):
+    """Persists the pause: every pending interrupt of it, the agent
+    snapshots it carries, and the row's status, in one transaction."""
     mark_failed(root, pause)
     persist_span(run, root)
     try:
-        pending = _pending_row(pause)
+        pending = [_pending_row(p) for p in (pause, *pause.others)]
     except SerializationError as exc:
-        _settle_failed(run, exc)
+        settle_failed(run, exc)
         raise
-    run.attempt.settle("paused", None, None, [pending])
+    run.attempt.settle("paused", None, None, pending, pause.snapshots)
     _check_span_writes()
+    emit_run_finished(root, "paused")
     return ("paused", None, pause)
+
+
+def settle_cancelled(run: RunState, root: Span, exc: _Cancelled):
+    """A flow whose stream was cancelled: the row is failed with message
+    "cancelled" (resumable, like ASYNC-10); the caller gets a cancelled Run."""
+    fail_span(run, root, exc)
+    run.attempt.settle(
+        "failed", None, _codec.dumps({"type": "CancelledError", "message": "cancelled"})
+    )
+    _check_span_writes()
+    emit_run_finished(root, "cancelled")
+    return ("cancelled", None, None)
 
 
 def settle_completed(run: RunState, root: Span, output: Any):
@@ -669,7 +781,7 @@ def settle_completed(run: RunState, root: Span, output: Any):
         output_json = _codec.dumps(output)
     except SerializationError as exc:
         fail_span(run, root, exc)
-        _settle_failed(run, exc)
+        settle_failed(run, exc)
         raise
     root.ended_at = time.time()
     root.status = "ok"
@@ -678,6 +790,7 @@ def settle_completed(run: RunState, root: Span, output: Any):
         root.output = output
     run.attempt.settle("completed", output_json, None)
     _check_span_writes()
+    emit_run_finished(root, "completed")
     return ("completed", output, None)
 
 
@@ -689,9 +802,12 @@ async def drive_async(run: RunState, body: Callable[[], Any], root: Span) -> Any
         output = await body()
     except _Pause as pause:
         return settle_paused(run, root, pause)
+    except _Cancelled as exc:
+        return settle_cancelled(run, root, exc)
     except BaseException as exc:
         fail_span(run, root, exc)
-        _settle_failed(run, exc)
+        settle_failed(run, exc)
+        emit_run_finished(root, "failed", exc)
         raise
     finally:
         FRAME.reset(token)
@@ -702,6 +818,10 @@ def make_run_result(run: RunState, outcome) -> Any:
     from .runs import Run
 
     status, output, pause = outcome
+    if status == "cancelled":
+        return Run(
+            id=run.run_id, status="cancelled", output=None, usage=None, trace=run.trace, messages=[]
+        )
     if status == "paused":
         return Run(
             id=run.run_id,

@@ -207,12 +207,6 @@ def _fingerprint(fn: Callable) -> str:
     return hashlib.sha256(source.encode("utf-8")).hexdigest()
 
 
-def _budget_json(budget: Any) -> str | None:
-    if budget is None:
-        return None
-    return _codec.dumps({"usd": budget.usd, "tokens": budget.tokens})
-
-
 class Flow(Generic[R]):
     """A durable run (FLOW-8 … FLOW-12)."""
 
@@ -249,11 +243,11 @@ class Flow(Generic[R]):
 
     def _start(self, args: tuple, kwargs: dict, budget: Any):
         args_json = _codec.dumps(_args_payload(args, kwargs))
-        budget_json = _budget_json(budget)
+        budget_json = _engine.budget_json(budget)
         attempt = _engine.get_store().start_run(
             "flow", self.name, self.fingerprint, args_json, budget_json
         )
-        return _engine.RunState(attempt, self.name)
+        return _engine.RunState(attempt, self.name), _engine.budget_meter(budget, "flow", self.name)
 
     def _root(self, run, args: tuple, kwargs: dict):
         root = _engine.open_span(None, run.trace, "flow", self.name)
@@ -261,8 +255,16 @@ class Flow(Generic[R]):
             root.input = _args_payload(args, kwargs)
         return root
 
-    def _drive(self, run, args: tuple, kwargs: dict):
+    def _drive(self, run, args: tuple, kwargs: dict, meter=None):
         root = self._root(run, args, kwargs)
+        token = _engine.BUDGETS.set((meter,)) if meter is not None else None
+        try:
+            return self._drive_body(run, root, args, kwargs)
+        finally:
+            if token is not None:
+                _engine.BUDGETS.reset(token)
+
+    def _drive_body(self, run, root, args: tuple, kwargs: dict):
         if self._is_async:
             from . import _runtime
 
@@ -273,8 +275,16 @@ class Flow(Generic[R]):
             outcome = _engine.drive_sync(run, lambda: self.fn(*args, **kwargs), root)
         return _engine.make_run_result(run, outcome)
 
-    async def _adrive(self, run, args: tuple, kwargs: dict):
+    async def _adrive(self, run, args: tuple, kwargs: dict, meter=None):
         root = self._root(run, args, kwargs)
+        token = _engine.BUDGETS.set((meter,)) if meter is not None else None
+        try:
+            return await self._adrive_body(run, root, args, kwargs)
+        finally:
+            if token is not None:
+                _engine.BUDGETS.reset(token)
+
+    async def _adrive_body(self, run, root, args: tuple, kwargs: dict):
         if self._is_async:
             body = lambda: self.fn(*args, **kwargs)
         else:
@@ -297,7 +307,14 @@ class Flow(Generic[R]):
 
     def run(self, *args: Any, budget: Any = None, **kwargs: Any):
         """Starts a new top-level durable run, even inside another flow."""
-        return self._drive(self._start(args, kwargs, budget), args, kwargs)
+        run, meter = self._start(args, kwargs, budget)
+        return self._drive(run, args, kwargs, meter)
+
+    def stream(self, *args: Any, budget: Any = None, **kwargs: Any):
+        """Runs `.run()` on a background thread with a fresh event bus (FLOW-10)."""
+        from ._streams import RunStream
+
+        return RunStream.start(lambda: self.run(*args, budget=budget, **kwargs), cancellable=True)
 
     async def arun(self, *args: Any, budget: Any = None, **kwargs: Any):
         """Async twin of `run`; nested (one step) when a flow is active (FLOW-50)."""
@@ -306,7 +323,8 @@ class Flow(Generic[R]):
             if budget is not None:
                 raise ConfigError(self._nested_budget_message())
             return await self._anested(frame, args, kwargs)
-        return await self._adrive(self._start(args, kwargs, budget), args, kwargs)
+        run, meter = self._start(args, kwargs, budget)
+        return await self._adrive(run, args, kwargs, meter)
 
     async def _anested(self, frame: Frame, args: tuple, kwargs: dict):
         from . import _core
@@ -477,10 +495,7 @@ def _prepare_resume(
     if row is None:
         raise ConfigError(f"no run found with run_id {run_id!r}")
     if row["kind"] == "agent":
-        raise ConfigError(
-            f"run {run_id!r} is a standalone @agent run; resuming agent runs needs composeai's "
-            "agent support, which this build does not include yet"
-        )
+        return None, None, row
     if any(c is not None for c in callbacks):
         raise ConfigError(_CALLBACKS_ON_FLOW)
     flow_obj = _FLOWS.get(row["name"])
@@ -526,16 +541,24 @@ def _begin_resume(flow_obj: Flow, run_id: str, resolved, budget):
     attempt = _engine.get_store().resume(run_id)
     try:
         if budget is not None:
-            attempt.set_budget(_budget_json(budget))
+            attempt.set_budget(_engine.budget_json(budget))
         if resolved:
             attempt.record_answers(resolved)
         payload = _codec.loads(attempt.args_json) if attempt.args_json else {}
         args = tuple(payload.get("args", ()))
         kwargs = dict(payload.get("kwargs", {}))
+        effective = budget
+        if effective is None and attempt.budget_json:
+            effective = _engine.budget_from_json(attempt.budget_json)
+        meter = None
+        if effective is not None:
+            meter = _engine.budget_meter(
+                effective, "flow", flow_obj.name, attempt.prior_llm_usage()
+            )
     except BaseException as exc:
         attempt.settle("failed", None, _engine.error_json(exc))
         raise
-    return _engine.RunState(attempt, flow_obj.name), args, kwargs
+    return _engine.RunState(attempt, flow_obj.name), args, kwargs, meter
 
 
 def resume(
@@ -552,10 +575,16 @@ def resume(
     flow_obj, resolved, done = _prepare_resume(
         run_id, answers, allow_code_change, (approver, tool_interceptor, context_manager)
     )
+    if isinstance(done, dict):
+        from .agentfn import resume_standalone
+
+        return resume_standalone(
+            done, answers, budget, approver, tool_interceptor, context_manager, False
+        )
     if done is not None:
         return done
-    run, args, kwargs = _begin_resume(flow_obj, run_id, resolved, budget)
-    return flow_obj._drive(run, args, kwargs)
+    run, args, kwargs, meter = _begin_resume(flow_obj, run_id, resolved, budget)
+    return flow_obj._drive(run, args, kwargs, meter)
 
 
 async def aresume(
@@ -572,7 +601,13 @@ async def aresume(
     flow_obj, resolved, done = _prepare_resume(
         run_id, answers, allow_code_change, (approver, tool_interceptor, context_manager)
     )
+    if isinstance(done, dict):
+        from .agentfn import resume_standalone
+
+        return await resume_standalone(
+            done, answers, budget, approver, tool_interceptor, context_manager, True
+        )
     if done is not None:
         return done
-    run, args, kwargs = _begin_resume(flow_obj, run_id, resolved, budget)
-    return await flow_obj._adrive(run, args, kwargs)
+    run, args, kwargs, meter = _begin_resume(flow_obj, run_id, resolved, budget)
+    return await flow_obj._adrive(run, args, kwargs, meter)

@@ -7,7 +7,7 @@ use super::spans::span_from_py;
 use super::store::{interrupt_tuple, PendingTuple};
 use crate::journal::Fence;
 use crate::run::Attempt;
-use crate::store::{InterruptRow, Settlement};
+use crate::store::{AgentStateRow, InterruptRow, Settlement};
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 use std::sync::Arc;
@@ -34,6 +34,17 @@ impl PyFence {
     #[getter]
     fn revoked(&self) -> bool {
         self.inner.is_revoked()
+    }
+}
+
+type AgentStateTuple = (String, String, Option<String>, i64);
+
+fn agent_state_row(t: AgentStateTuple) -> AgentStateRow {
+    AgentStateRow {
+        scope_key: t.0,
+        messages_json: t.1,
+        partial_results_json: t.2,
+        turn: t.3,
     }
 }
 
@@ -206,6 +217,43 @@ impl PyAttempt {
         );
     }
 
+    /// Stores an agent snapshot `(scope_key, messages_json,
+    /// partial_results_json, turn)` durably.
+    #[pyo3(signature = (state, fence=None))]
+    fn save_agent_state(
+        &self,
+        py: Python<'_>,
+        state: AgentStateTuple,
+        fence: Option<&PyFence>,
+    ) -> PyResult<()> {
+        let row = agent_state_row(state);
+        let fence = fence.map(|f| f.inner.clone());
+        let inner = self.inner.clone();
+        py.allow_threads(move || inner.save_agent_state(&row, fence.as_ref()))
+            .py_err()
+    }
+
+    /// The snapshot for `scope_key` as `(messages_json, partial_results_json,
+    /// turn)`, or `None`.
+    fn load_agent_state(
+        &self,
+        py: Python<'_>,
+        scope_key: &str,
+    ) -> PyResult<Option<(String, Option<String>, i64)>> {
+        let row = py
+            .allow_threads(|| self.inner.load_agent_state(scope_key))
+            .py_err()?;
+        Ok(row.map(|r| (r.messages_json, r.partial_results_json, r.turn)))
+    }
+
+    /// `(tokens, usd)` of earlier attempts' `llm` spans (one step's, with
+    /// `step_key`).
+    #[pyo3(signature = (step_key=None))]
+    fn prior_llm_usage(&self, py: Python<'_>, step_key: Option<&str>) -> PyResult<(i64, f64)> {
+        py.allow_threads(|| self.inner.prior_llm_usage(step_key))
+            .py_err()
+    }
+
     /// Queues a finished span of this run.
     fn span(&self, span: &Bound<'_, PyAny>) -> PyResult<()> {
         self.inner.queue_span(span_from_py(span)?);
@@ -231,7 +279,7 @@ impl PyAttempt {
 
     /// Ends the attempt: status, output or error, pending interrupts, lease
     /// released, queued spans written, in one transaction.
-    #[pyo3(signature = (status, output_json=None, error_json=None, pending=vec![]))]
+    #[pyo3(signature = (status, output_json=None, error_json=None, pending=vec![], agent_states=vec![]))]
     fn settle(
         &self,
         py: Python<'_>,
@@ -239,6 +287,7 @@ impl PyAttempt {
         output_json: Option<String>,
         error_json: Option<String>,
         pending: Vec<PendingTuple>,
+        agent_states: Vec<AgentStateTuple>,
     ) -> PyResult<()> {
         let settlement = Settlement {
             status,
@@ -255,6 +304,7 @@ impl PyAttempt {
                     },
                 )
                 .collect(),
+            agent_states: agent_states.into_iter().map(agent_state_row).collect(),
         };
         py.allow_threads(|| self.inner.settle(settlement)).py_err()
     }

@@ -2,6 +2,7 @@
 //! function is listed here.
 
 mod attempt;
+mod budget;
 mod errors;
 mod query;
 mod spans;
@@ -27,6 +28,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyStore>()?;
     m.add_class::<attempt::PyAttempt>()?;
     m.add_class::<attempt::PyFence>()?;
+    m.add_class::<budget::PyBudgetMeter>()?;
     m.add_function(wrap_pyfunction!(new_ulid, m)?)?;
     m.add_function(wrap_pyfunction!(take_span_write_error, m)?)?;
     m.add_function(wrap_pyfunction!(errors::register_errors, m)?)?;

@@ -93,13 +93,25 @@ pub struct InterruptRow {
     pub payload_json: Option<String>,
 }
 
+/// An agent loop's snapshot for `(run, scope_key)`: conversation, turn and
+/// the results of a partly finished tool batch.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct AgentStateRow {
+    pub scope_key: String,
+    pub messages_json: String,
+    pub partial_results_json: Option<String>,
+    pub turn: i64,
+}
+
 /// How a run attempt ends.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Settlement {
     pub status: String,
     pub output_json: Option<String>,
     pub error_json: Option<String>,
     pub pending: Vec<InterruptRow>,
+    /// Agent snapshots written with the settlement (a pause mid-batch).
+    pub agent_states: Vec<AgentStateRow>,
 }
 
 /// Decides whether a lease held by `owner` until `until` is still live.
@@ -161,6 +173,15 @@ pub trait Store: Send + Sync {
     fn record_answers(&self, rid: i64, answers: &[(String, String)]) -> CoreResult<()>;
 
     fn get_run(&self, run_id: &str) -> CoreResult<Option<RunRow>>;
+
+    /// Stores an agent snapshot durably (last write wins).
+    fn save_agent_state(&self, rid: i64, state: &AgentStateRow) -> CoreResult<()>;
+
+    fn load_agent_state(&self, rid: i64, scope_key: &str) -> CoreResult<Option<AgentStateRow>>;
+
+    /// Tokens (input + output) and USD of the run's persisted `llm` spans;
+    /// with `step_key`, only those under agent spans journaled under it.
+    fn prior_llm_usage(&self, rid: i64, step_key: Option<&str>) -> CoreResult<(i64, f64)>;
 
     fn pending(&self, rid: i64) -> CoreResult<Vec<InterruptRow>>;
 

@@ -277,6 +277,7 @@ mod tests {
                     output_json: None,
                     error_json: None,
                     pending,
+                    ..Default::default()
                 },
             )
             .unwrap();

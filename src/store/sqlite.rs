@@ -8,7 +8,9 @@
 //! commits.
 
 use super::migrate;
-use super::{InterruptRow, LeaseCheck, NewRun, RunRow, Settlement, SpanRecord, Store};
+use super::{
+    AgentStateRow, InterruptRow, LeaseCheck, NewRun, RunRow, Settlement, SpanRecord, Store,
+};
 use crate::error::{AtPath, CoreError, CoreResult};
 use crate::ids::{encode_id, StoredId};
 use parking_lot::{Condvar, Mutex};
@@ -695,6 +697,9 @@ impl Store for SqliteStore {
                 ])
             })
             .at(&path)?;
+            for a in &s.agent_states {
+                write_agent_state(tx, rid, a, t).at(&path)?;
+            }
             for p in &s.pending {
                 tx.prepare_cached(
                     "INSERT OR REPLACE INTO pending_interrupts(rid, interrupt_id, kind, question, \
@@ -744,6 +749,115 @@ impl Store for SqliteStore {
         })
     }
 
+    fn save_agent_state(&self, rid: i64, state: &AgentStateRow) -> CoreResult<()> {
+        let mut w = self.writer.lock();
+        let ops = self.take_queue();
+        let path = self.path.clone();
+        self.apply(&mut w, ops, |tx| {
+            write_agent_state(tx, rid, state, now())
+                .map(|_| ())
+                .at(&path)
+        })
+    }
+
+    fn load_agent_state(&self, rid: i64, scope_key: &str) -> CoreResult<Option<AgentStateRow>> {
+        let w = self.writer.lock();
+        w.conn
+            .prepare_cached(
+                "SELECT messages_json, partial_results_json, turn FROM agent_state \
+                 WHERE rid = ?1 AND scope_key = ?2",
+            )
+            .and_then(|mut st| {
+                st.query_row(params![rid, scope_key], |r| {
+                    Ok(AgentStateRow {
+                        scope_key: scope_key.to_string(),
+                        messages_json: r.get::<_, Option<String>>(0)?.unwrap_or_default(),
+                        partial_results_json: r.get(1)?,
+                        turn: r.get::<_, Option<i64>>(2)?.unwrap_or(0),
+                    })
+                })
+                .optional()
+            })
+            .at(&self.path)
+    }
+
+    fn prior_llm_usage(&self, rid: i64, step_key: Option<&str>) -> CoreResult<(i64, f64)> {
+        let mut w = self.writer.lock();
+        self.drain(&mut w)?;
+        let path = self.path.clone();
+        let conn = &w.conn;
+        let tid: Option<i64> = conn
+            .query_row(
+                "SELECT t.tid FROM runs r JOIN traces t ON t.trace_id = r.trace_id WHERE r.rid = ?1",
+                [rid],
+                |r| r.get(0),
+            )
+            .optional()
+            .at(&path)?;
+        let Some(tid) = tid else {
+            return Ok((0, 0.0));
+        };
+        // Walk the run's spans of its trace: llm usage, optionally only below
+        // agent spans journaled under `step_key`.
+        let mut st = conn
+            .prepare_cached(
+                "SELECT span_id, parent, kind, step_key, input_tokens, output_tokens, cost_usd \
+                 FROM spans WHERE tid = ?1 AND rid = ?2",
+            )
+            .at(&path)?;
+        struct Row {
+            id: Option<String>,
+            parent: Option<String>,
+            kind: String,
+            step_key: Option<String>,
+            tokens: i64,
+            usd: f64,
+        }
+        let rows: Vec<Row> = st
+            .query_map(params![tid, rid], |r| {
+                Ok(Row {
+                    id: crate::ids::read_id(r.get_ref(0)?),
+                    parent: crate::ids::read_id(r.get_ref(1)?),
+                    kind: r.get(2)?,
+                    step_key: r.get(3)?,
+                    tokens: r.get::<_, Option<i64>>(4)?.unwrap_or(0)
+                        + r.get::<_, Option<i64>>(5)?.unwrap_or(0),
+                    usd: r.get::<_, Option<f64>>(6)?.unwrap_or(0.0),
+                })
+            })
+            .and_then(|it| it.collect())
+            .at(&path)?;
+        let Some(key) = step_key else {
+            return Ok(rows
+                .iter()
+                .filter(|r| r.kind == "llm")
+                .fold((0, 0.0), |(t, u), r| (t + r.tokens, u + r.usd)));
+        };
+        let parents: HashMap<&str, Option<&str>> = rows
+            .iter()
+            .filter_map(|r| r.id.as_deref().map(|id| (id, r.parent.as_deref())))
+            .collect();
+        let roots: std::collections::HashSet<&str> = rows
+            .iter()
+            .filter(|r| r.kind == "agent" && r.step_key.as_deref() == Some(key))
+            .filter_map(|r| r.id.as_deref())
+            .collect();
+        let mut total = (0, 0.0);
+        for r in rows.iter().filter(|r| r.kind == "llm") {
+            let mut cursor = r.parent.as_deref();
+            // Bounded by the number of spans, so a corrupt cycle cannot loop.
+            for _ in 0..rows.len() {
+                let Some(id) = cursor else { break };
+                if roots.contains(id) {
+                    total = (total.0 + r.tokens, total.1 + r.usd);
+                    break;
+                }
+                cursor = parents.get(id).copied().flatten();
+            }
+        }
+        Ok(total)
+    }
+
     fn get_run(&self, run_id: &str) -> CoreResult<Option<RunRow>> {
         let w = self.writer.lock();
         Inner::run_row(&w.conn, run_id).at(&self.path)
@@ -758,6 +872,26 @@ impl Store for SqliteStore {
         let w = self.writer.lock();
         read_journal(&w.conn, rid).at(&self.path)
     }
+}
+
+fn write_agent_state(
+    tx: &Connection,
+    rid: i64,
+    a: &AgentStateRow,
+    at: f64,
+) -> rusqlite::Result<usize> {
+    tx.prepare_cached(
+        "INSERT OR REPLACE INTO agent_state(rid, scope_key, messages_json, \
+         partial_results_json, turn, updated_at) VALUES(?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![
+        rid,
+        a.scope_key,
+        a.messages_json,
+        a.partial_results_json,
+        a.turn,
+        at
+    ])
 }
 
 pub fn read_pending(conn: &Connection, rid: i64) -> rusqlite::Result<Vec<InterruptRow>> {

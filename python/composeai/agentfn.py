@@ -1,0 +1,1379 @@
+"""`@agent`: LLM loops as typed functions (AGENT-1 … AGENT-56).
+
+The loop is written once, as a generator that yields its I/O (model calls,
+tool batches, user callbacks) to a driver; the sync driver performs them on
+the calling thread, the async driver awaits them on the caller's loop. So
+both surfaces run the same logic.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import threading
+import time
+from collections.abc import Callable, Generator
+from typing import Any, Generic, TypeVar
+
+from . import _codec, _core, _engine
+from ._engine import BUDGETS, FRAME, Frame, RunState
+from .errors import (
+    AgentTimeoutError,
+    BudgetExceededError,
+    ComposeError,
+    ConfigError,
+    MaxTurnsExceededError,
+    ModelRefusalError,
+    ProviderError,
+    SerializationError,
+)
+from .messages import Message, StopReason, ToolCallPart, ToolResultPart, Usage
+from .models.base import ModelRequest
+from .runs import Run
+
+__all__ = ["AgentFunction", "agent", "prompt"]
+
+R = TypeVar("R")
+
+_AGENTS: dict[str, AgentFunction] = {}
+
+REPAIR_PROMPT = (
+    "Your previous reply did not match the required output schema. Error: {error}\n"
+    "Reply again with ONLY a corrected JSON object matching the schema -- no markdown fences, "
+    "no commentary."
+)
+
+
+def prompt(text_or_messages: Any) -> Any:
+    """Returns its argument unchanged; typed `Any` so a structured-output
+    agent's body can return its prompt (AGENT-8)."""
+    return text_or_messages
+
+
+# ---------------------------------------------------------------------------
+# Decoration-time analysis
+
+
+def _signature_types(fn: Callable) -> tuple[Any, Any]:
+    """AGENT-6: input = first parameter's annotation, output = return
+    annotation (`str` when absent)."""
+    import typing
+
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 -- unresolvable hints fall back to raw annotations
+        hints = dict(getattr(fn, "__annotations__", {}))
+    params = list(inspect.signature(fn).parameters.values())
+    input_type = hints.get(params[0].name, Any) if params else Any
+    output_type = hints.get("return", str)
+    return input_type, output_type
+
+
+def _output_schema(output_type: Any) -> tuple[dict | None, bool]:
+    """AGENT-11: the sealed JSON schema sent on every turn, and whether the
+    payload is wrapped under `result`."""
+    if output_type is str:
+        return None, False
+    from pydantic import TypeAdapter
+
+    from .tools import seal_schema
+
+    schema = seal_schema(TypeAdapter(output_type).json_schema())
+    defs = schema.pop("$defs", None)
+    wrapped = schema.get("type") != "object"
+    if wrapped:
+        schema = {
+            "type": "object",
+            "properties": {"result": schema},
+            "required": ["result"],
+            "additionalProperties": False,
+        }
+    if defs:
+        schema["$defs"] = defs
+    return schema, wrapped
+
+
+def _model_label(model: Any) -> tuple[str, str, str | None]:
+    """`(label, bare id, provider)` of a model string or instance (AGENT-22)."""
+    if isinstance(model, str):
+        from .models.registry import parse_model_string
+
+        provider, model_id = parse_model_string(model)
+        return model, model_id, provider
+    label = getattr(model, "model_id", None) or type(model).__name__
+    return label, label, None
+
+
+def _has(obj: Any, name: str) -> bool:
+    return getattr(obj, name, None) is not None
+
+
+# ---------------------------------------------------------------------------
+# Per-call state
+
+
+class _Call:
+    """Everything one agent call needs: the agent, its overrides, where it
+    runs, and the loop's progress."""
+
+    def __init__(self, agent: AgentFunction, overrides: dict, frame: Frame, tool_scope: str):
+        self.agent = agent
+        self.system = overrides["system"] if overrides["system"] is not None else agent.system
+        self.model_spec = overrides["model"] if overrides["model"] is not None else agent.model
+        self.approver = overrides["approver"]
+        self.interceptor = overrides["tool_interceptor"]
+        self.context_manager = overrides["context_manager"]
+        self.frame = frame  # the agent span's frame
+        self.tool_scope = tool_scope
+        self.snapshot_scope: str | None = None
+        self.messages: list[Message] = []
+        self.turn = 0
+        self.partial: dict[str, ToolResultPart] = {}
+        self.fallback_active = False
+        self.model: Any = None
+        self.started = time.monotonic()
+        self.last_input_tokens = 0
+
+    @property
+    def run(self) -> RunState | None:
+        return self.frame.run
+
+    @property
+    def durable(self) -> bool:
+        return self.run is not None and self.snapshot_scope is not None
+
+    def resolve_model(self) -> None:
+        spec = self.model_spec
+        if spec is None:
+            from .models.registry import resolve
+
+            resolve(None)  # raises the PROV-2 type error
+        self.model = self._resolve(spec)
+        self.label, self.model_id, self.provider = _model_label(spec)
+
+    def _resolve(self, spec: Any) -> Any:
+        from .models import registry
+
+        model = registry.resolve(spec)
+        if self.agent.cache:
+            from .testing import CachingModel
+
+            model = CachingModel(model)
+        return model
+
+    def use_fallback(self) -> bool:
+        fallback = self.agent.fallback
+        if fallback is None or self.fallback_active:
+            return False
+        self.model = self._resolve(fallback)
+        self.label, self.model_id, self.provider = _model_label(fallback)
+        self.fallback_active = True
+        self.frame.span.attributes["fallback_used"] = self.label
+        return True
+
+    def snapshot_row(self) -> tuple:
+        partial = _codec.dumps(self.partial) if self.partial else None
+        return (self.snapshot_scope, _codec.dumps(self.messages), partial, self.turn)
+
+
+# ---------------------------------------------------------------------------
+# The loop
+
+
+def _check_cancel() -> None:
+    from ._streams import current_cancel_token
+
+    token = current_cancel_token()
+    if token is not None and token.cancelled:
+        raise _engine._Cancelled()
+
+
+def _extract(agent: AgentFunction, response: Any) -> Any:
+    """AGENT-10/12: the output of an END_TURN reply."""
+    if agent._schema is None:
+        return response.message.text
+    payload = response.parsed
+    if payload is None:
+        try:
+            payload = json.loads(response.message.text)
+        except ValueError:
+            raise ComposeError(
+                f"@agent {agent.name!r}: model returned no structured payload (response.parsed "
+                "was unset and the message text is not valid JSON)"
+            ) from None
+    if agent._wrapped:
+        if not isinstance(payload, dict) or "result" not in payload:
+            raise ComposeError(
+                f"@agent {agent.name!r}: model returned no structured payload (expected a JSON "
+                "object with a 'result' key)"
+            )
+        payload = payload["result"]
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        return TypeAdapter(agent.output_type).validate_python(payload)
+    except ValidationError as exc:
+        raise ComposeError(
+            f"@agent {agent.name!r}: model output failed validation for "
+            f"{agent.output_type!r}: {exc}"
+        ) from None
+
+
+def _loop(call: _Call) -> Generator[tuple, Any, Any]:
+    """The agent loop (AGENT-20 … AGENT-24). Yields I/O effects:
+    `("model", request)`, `("tools", batch)`, `("callback", fn, args)`."""
+    agent = call.agent
+    repairs = 0
+    if call.messages and _pending_calls(call.messages[-1]):
+        yield from _tool_batch(call, _pending_calls(call.messages[-1]))
+    while True:
+        _check_cancel()
+        call.turn += 1
+        if agent.max_turns is not None and call.turn > agent.max_turns:
+            raise MaxTurnsExceededError(
+                f"@agent {agent.name!r} exceeded max_turns={agent.max_turns} (it kept calling "
+                "tools/turns without finishing; raise max_turns if this agent legitimately needs "
+                "more)"
+            )
+        if agent.timeout is not None and time.monotonic() - call.started > agent.timeout:
+            raise AgentTimeoutError(
+                f"@agent {agent.name!r} exceeded timeout={agent.timeout}s (checked at turn "
+                "boundaries only; an in-flight model call is never interrupted)"
+            )
+        if call.context_manager is not None:
+            managed = yield (
+                "callback",
+                call.context_manager,
+                (list(call.messages), call.last_input_tokens),
+            )
+            if not isinstance(managed, list) or not all(isinstance(m, Message) for m in managed):
+                raise ConfigError("context_manager must return list[Message]")
+            call.messages = list(managed)
+        response = yield from _llm_call(call)
+        call.messages.append(response.message)
+        stop = response.stop_reason
+        if stop == StopReason.TOOL_USE:
+            calls = _pending_calls(response.message)
+            if not calls:
+                raise ComposeError(
+                    f"@agent {agent.name!r}: the model returned stop_reason=TOOL_USE but the "
+                    "response contained no tool call parts (a provider/adapter bug) -- refusing "
+                    "to append an empty tool-results message"
+                )
+            yield from _tool_batch(call, calls)
+            continue
+        if stop == StopReason.MAX_TOKENS:
+            message = (
+                f"@agent {agent.name!r} hit max_tokens={agent.max_tokens} before finishing its "
+                "response; raise max_tokens to give it more room"
+            )
+            reasoning = response.usage.reasoning_tokens
+            if reasoning:
+                message += (
+                    f" (it spent {reasoning} tokens on internal reasoning before any visible "
+                    "output -- reasoning models can need a much larger max_tokens)"
+                )
+            raise ComposeError(message)
+        if stop == StopReason.REFUSAL:
+            raise ModelRefusalError(
+                f"@agent {agent.name!r}: the model refused to respond",
+                raw=response.raw_stop_reason,
+            )
+        if stop == StopReason.END_TURN:
+            try:
+                return _extract(agent, response)
+            except ComposeError as exc:
+                if repairs >= agent.max_repairs:
+                    raise
+                repairs += 1
+                call.frame.span.attributes.setdefault("repairs", []).append(str(exc))
+                call.messages.append(Message.user(REPAIR_PROMPT.format(error=exc)))
+                continue
+        raise ComposeError(
+            f"@agent {agent.name!r}: unhandled stop_reason {stop!r} "
+            f"(raw={response.raw_stop_reason!r})"
+        )
+
+
+def _pending_calls(message: Message) -> list[ToolCallPart]:
+    if message.role != "assistant":
+        return []
+    return [p for p in message.parts if isinstance(p, ToolCallPart)]
+
+
+def _llm_call(call: _Call) -> Generator[tuple, Any, Any]:
+    """One model call in an `llm` span, with retries, fallback and the
+    budget check (AGENT-22, AGENT-23, BUDGET-4)."""
+    agent = call.agent
+    while True:
+        span = _engine.open_span(call.frame.span, call.frame.trace, "llm", call.label)
+        span.attributes["model"] = call.model_id
+        if call.provider is not None:
+            span.attributes["provider"] = call.provider
+        request = ModelRequest(
+            model=call.model_id,
+            messages=list(call.messages),
+            system=call.system,
+            tools=agent._tool_specs,
+            output_schema=agent._schema,
+            max_tokens=agent.max_tokens,
+            temperature=agent.temperature,
+            provider=call.provider,
+            prompt_cache=agent.prompt_cache,
+            thinking=agent.thinking,
+            effort=agent.effort,
+            thinking_budget=agent.thinking_budget,
+        )
+        if _engine._capture():
+            span.input = {"system": call.system, "messages": list(call.messages)}
+        attempts = 0
+        while True:
+            try:
+                response = yield ("model", call, request, span)
+                if response.stop_reason == StopReason.ERROR:
+                    raise ProviderError(
+                        f"model returned stop_reason=ERROR (raw={response.raw_stop_reason!r})"
+                    )
+                break
+            except ProviderError as exc:
+                span.attributes.setdefault("retries", []).append(
+                    {"type": type(exc).__name__, "message": str(exc)}
+                )
+                if attempts < agent.retries:
+                    attempts += 1
+                    continue
+                _engine.fail_span(call.run, span, exc)
+                if call.use_fallback():
+                    break
+                raise
+            except BaseException as exc:
+                _engine.fail_span(call.run, span, exc)
+                raise
+        else:  # pragma: no cover - the inner loop always breaks or raises
+            pass
+        if span.status == "error":
+            continue  # retry the turn once against the fallback
+        span.usage = response.usage
+        if getattr(call.model, "last_was_hit", False):
+            span.attributes["cached"] = True
+        call.last_input_tokens = response.usage.input_tokens
+        try:
+            _charge_budgets(response.usage)
+        except BudgetExceededError as exc:
+            span.output = response.message if _engine._capture() else None
+            _engine.fail_span(call.run, span, exc)
+            raise
+        _engine.close_span(call.run, span, response.message)
+        return response
+
+
+def _charge_budgets(usage: Usage) -> None:
+    meters = BUDGETS.get()
+    if not meters:
+        return
+    tokens = usage.input_tokens + usage.output_tokens
+    exceeded = None
+    for meter in meters:
+        message = meter.charge(tokens, usage.cost_usd)
+        if message is not None and exceeded is None:
+            exceeded = message
+    if exceeded is not None:
+        raise BudgetExceededError(exceeded)
+
+
+# ---------------------------------------------------------------------------
+# Tool batches (AGENT-40 … AGENT-46)
+
+
+class _ToolJob:
+    """One tool call to execute: its tool (None if unknown) and arguments."""
+
+    __slots__ = ("arguments", "call", "tool")
+
+    def __init__(self, call: ToolCallPart, tool: Any, arguments: dict):
+        self.call = call
+        self.tool = tool
+        self.arguments = arguments
+
+
+def _tool_batch(call: _Call, calls: list[ToolCallPart]) -> Generator[tuple, Any, None]:
+    _check_cancel()
+    agent = call.agent
+    results: dict[str, ToolResultPart] = dict(call.partial)
+    arguments: dict[str, dict] = {c.id: c.arguments for c in calls}
+    denied: set[str] = set()
+    if call.interceptor is not None:
+        for c in calls:
+            if c.id in results:
+                continue
+            decision = call.interceptor.before(c)
+            if decision is None or decision.action == "proceed":
+                if decision is not None and decision.arguments is not None:
+                    arguments[c.id] = decision.arguments
+                continue
+            content = decision.message or "blocked by tool interceptor"
+            results[c.id] = _denied(call, c, content)
+            denied.add(c.id)
+    live = [c for c in calls if c.id not in results and not _gated(agent, c)]
+    pauses: list[Any] = []
+    if live:
+        jobs = [_ToolJob(c, agent._tool_map.get(c.name), arguments[c.id]) for c in live]
+        outcomes = yield ("tools", call, jobs)
+        for job, outcome in zip(jobs, outcomes):
+            if isinstance(outcome, _engine._Pause):
+                pauses.append(outcome)
+            else:
+                results[job.call.id] = outcome
+    for c in calls:
+        if c.id in results or not _gated(agent, c):
+            continue
+        outcome = yield from _gated_call(call, c, arguments[c.id])
+        if isinstance(outcome, _engine._Pause):
+            pauses.append(outcome)
+        elif outcome is not None:
+            results[c.id] = outcome
+    if call.interceptor is not None:
+        for c in calls:
+            if c.id in results and c.id not in denied and c.id not in call.partial:
+                replaced = call.interceptor.after(c, results[c.id])
+                if replaced is not None:
+                    results[c.id] = replaced
+    if pauses:
+        call.partial = {k: v for k, v in results.items() if k in arguments}
+        first = pauses[0]
+        if call.durable:
+            extra = [p for p in pauses[1:]]
+            first.attach(extra, call.snapshot_row(), call.run)
+        raise first
+    call.partial = {}
+    call.messages.append(Message(role="user", parts=[results[c.id] for c in calls]))
+    if call.durable:
+        call.run.attempt.save_agent_state(call.snapshot_row(), call.frame.fence)
+
+
+def _gated(agent: AgentFunction, c: ToolCallPart) -> bool:
+    tool = agent._tool_map.get(c.name)
+    return tool is not None and tool.spec.requires_approval
+
+
+def _denied(call: _Call, c: ToolCallPart, content: str) -> ToolResultPart:
+    """A refused call: an error result and a `tool` span with status ok (AGENT-44)."""
+    span = _engine.open_span(call.frame.span, call.frame.trace, "tool", c.name)
+    if _engine._capture():
+        span.input = c.arguments
+    _engine.close_span(call.run, span, content)
+    return ToolResultPart(tool_call_id=c.id, content=content, is_error=True)
+
+
+def _gated_call(call: _Call, c: ToolCallPart, arguments: dict) -> Generator[tuple, Any, Any]:
+    """AGENT-41: look up the journaled answer, ask the approver, or pause."""
+    interrupt_id = f"tool:{c.name}:{c.id}"
+    run = call.run
+    frame = call.frame
+    if run is None:
+        raise ConfigError(_engine.NO_RUN_FOR_INTERRUPT)
+    key = "__interrupt__:" + interrupt_id
+    hit = run.attempt.lookup(key, frame.fence)
+    answer: Any = None
+    message = None
+    if hit is not None:
+        answer = _codec.loads(hit)
+    else:
+        payload = {"tool": c.name, "arguments": arguments}
+        if call.approver is not None:
+            from ._interrupt import Interrupt
+
+            interrupt = Interrupt(id=interrupt_id, kind="approval", question=None, payload=payload)
+            reply = yield ("callback", call.approver, (interrupt,))
+            from ._approval import ApprovalReply
+
+            if isinstance(reply, ApprovalReply):
+                answer, message = reply.allow, reply.message
+            else:
+                answer = bool(reply)
+            run.attempt.commit(key, _codec.dumps(bool(answer)), None, frame.fence)
+        else:
+            span = _engine.open_span(frame.span, frame.trace, "pause", interrupt_id)
+            span.ended_at = span.started_at
+            span.status = "paused"
+            _engine.persist_span(run, span)
+            return _engine._Pause(interrupt_id, "approval", None, payload)
+    if answer:
+        job = _ToolJob(c, call.agent._tool_map.get(c.name), arguments)
+        outcomes = yield ("tools", call, [job])
+        return outcomes[0]
+    return _denied(call, c, message or "denied by user")
+
+
+# ---------------------------------------------------------------------------
+# Executing one tool (sync and async)
+
+
+def _tool_frame(call: _Call, c: ToolCallPart) -> Frame:
+    scope = f"{call.tool_scope}/tool:{c.id}" if call.tool_scope else f"tool:{c.id}"
+    return Frame(call.run, scope, call.frame.span, call.frame.fence, call.frame.trace)
+
+
+def _unknown_tool(call: _Call, job: _ToolJob) -> ToolResultPart:
+    span = _engine.open_span(call.frame.span, call.frame.trace, "tool", job.call.name)
+    if _engine._capture():
+        span.input = job.arguments
+    exc = _UnknownToolError(
+        f"the model called tool {job.call.name!r} but this agent has no such tool"
+    )
+    _engine.fail_span(call.run, span, exc)
+    return ToolResultPart(tool_call_id=job.call.id, content="unknown tool", is_error=True)
+
+
+class _UnknownToolError(Exception):
+    pass
+
+
+_UnknownToolError.__name__ = "UnknownToolError"
+_UnknownToolError.__qualname__ = "UnknownToolError"
+
+
+def _tool_outcome(call: _Call, job: _ToolJob, span, result: Any, exc: BaseException | None):
+    if exc is None:
+        _engine.close_span(call.run, span, result)
+        return ToolResultPart(tool_call_id=job.call.id, content=result)
+    if isinstance(exc, _engine._Pause):
+        _engine.fail_span(call.run, span, exc)
+        return exc
+    if isinstance(exc, Exception):
+        _engine.fail_span(call.run, span, exc)
+        return ToolResultPart(
+            tool_call_id=job.call.id, content=f"{type(exc).__name__}: {exc}", is_error=True
+        )
+    _engine.fail_span(call.run, span, exc)
+    raise exc
+
+
+def _run_tool_sync(call: _Call, job: _ToolJob) -> Any:
+    """Executes one tool call in its `tool` span under scope `tool:<id>`;
+    returns its result part or the pause it raised."""
+    if job.tool is None:
+        return _unknown_tool(call, job)
+    frame = _tool_frame(call, job.call)
+    span = _engine.open_span(frame.span, frame.trace, "tool", job.tool.name)
+    if _engine._capture():
+        span.input = job.arguments
+    inner = Frame(frame.run, frame.scope, span, frame.fence, frame.trace)
+    token = FRAME.set(inner)
+    try:
+        result = _execute_tool_sync(job, inner)
+    except BaseException as exc:  # noqa: BLE001 -- becomes a result, a pause, or re-raised
+        return _tool_outcome(call, job, span, None, exc)
+    finally:
+        FRAME.reset(token)
+    return _tool_outcome(call, job, span, result, None)
+
+
+def _execute_tool_sync(job: _ToolJob, frame: Frame) -> str:
+    tool = job.tool
+    if tool.timeout is None:
+        if tool.is_async:
+            from . import _runtime
+
+            return _runtime.run_sync(lambda: tool.aexecute(job.arguments))
+        return tool.execute(job.arguments)
+    if tool.is_async:
+        from . import _runtime
+
+        return _runtime.run_sync(lambda: _aexecute_with_timeout(job))
+    thread_frame = Frame(
+        frame.run, frame.scope, frame.span, _engine.child_fence(frame), frame.trace
+    )
+    return _engine.run_on_thread(
+        lambda: tool.execute(job.arguments),
+        thread_frame,
+        tool.timeout,
+        lambda: _engine.task_timeout_error("@tool", tool.name, tool.timeout, False),
+        f"composeai-tool-{tool.name}",
+    )
+
+
+async def _aexecute_with_timeout(job: _ToolJob) -> str:
+    import asyncio
+
+    tool = job.tool
+    try:
+        return await asyncio.wait_for(tool.aexecute(job.arguments), tool.timeout)
+    except asyncio.TimeoutError:
+        raise _engine.task_timeout_error("@tool", tool.name, tool.timeout, True) from None
+
+
+async def _run_tool_async(call: _Call, job: _ToolJob) -> Any:
+    if job.tool is None:
+        return _unknown_tool(call, job)
+    frame = _tool_frame(call, job.call)
+    span = _engine.open_span(frame.span, frame.trace, "tool", job.tool.name)
+    if _engine._capture():
+        span.input = job.arguments
+    inner = Frame(frame.run, frame.scope, span, frame.fence, frame.trace)
+    token = FRAME.set(inner)
+    tool = job.tool
+    try:
+        if tool.is_async:
+            if tool.timeout is None:
+                result = await tool.aexecute(job.arguments)
+            else:
+                result = await _aexecute_with_timeout(job)
+        else:
+            thread_frame = Frame(
+                inner.run, inner.scope, inner.span, _engine.child_fence(inner), inner.trace
+            )
+            result = await _engine.run_on_thread_async(
+                lambda: tool.execute(job.arguments),
+                thread_frame,
+                tool.timeout,
+                lambda: _engine.task_timeout_error("@tool", tool.name, tool.timeout, False),
+                f"composeai-tool-{tool.name}",
+            )
+    except BaseException as exc:  # noqa: BLE001 -- becomes a result, a pause, or re-raised
+        return _tool_outcome(call, job, span, None, exc)
+    finally:
+        FRAME.reset(token)
+    return _tool_outcome(call, job, span, result, None)
+
+
+# ---------------------------------------------------------------------------
+# Drivers
+
+
+def _invoke_model_sync(call: _Call, request: ModelRequest, span) -> Any:
+    from .events import current_bus
+
+    model = call.model
+    if current_bus() is not None and _has(model, "stream"):
+        return _consume_stream(call, model.stream(request), span)
+    if not _has(model, "complete") and _has(model, "acomplete"):
+        from . import _runtime
+
+        return _runtime.run_sync(lambda: model.acomplete(request))
+    return model.complete(request)
+
+
+def _emit_stream_event(call: _Call, event: Any, span) -> None:
+    from .events import Event, emit
+
+    kind = event.kind
+    if kind in ("text_delta", "thinking_delta"):
+        emit(
+            Event(
+                kind, trace_id=span.trace_id, span_id=span.span_id, name=call.label, text=event.text
+            )
+        )
+    elif kind in ("tool_call_started", "tool_args_delta", "tool_call_finished"):
+        emit(
+            Event(
+                kind,
+                trace_id=span.trace_id,
+                span_id=span.span_id,
+                name=event.tool_name,
+                text=event.text if kind == "tool_args_delta" else None,
+                data={"id": event.tool_call_id},
+            )
+        )
+
+
+def _stream_missing_done(call: _Call) -> ComposeError:
+    return ComposeError(
+        f"Model.stream() for '{call.label}' ended without yielding a response_done event -- "
+        "adapters must always yield exactly one, as their final event"
+    )
+
+
+def _consume_stream(call: _Call, events, span) -> Any:
+    response = None
+    try:
+        for event in events:
+            _check_cancel()
+            if event.kind == "response_done":
+                response = event.response
+                break
+            _emit_stream_event(call, event, span)
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()
+    if response is None:
+        raise _stream_missing_done(call)
+    return response
+
+
+def _run_batch_sync(call: _Call, jobs: list[_ToolJob]) -> list[Any]:
+    """Runs a tool batch concurrently, one thread per call beyond the first
+    (a tool may block or call other agents, so no shared pool: ASYNC-7)."""
+    if len(jobs) == 1:
+        return [_run_tool_sync(call, jobs[0])]
+    from contextvars import copy_context
+
+    outcomes: list[Any] = [None] * len(jobs)
+    errors: list[BaseException | None] = [None] * len(jobs)
+
+    def work(i: int) -> None:
+        try:
+            outcomes[i] = _run_tool_sync(call, jobs[i])
+        except BaseException as exc:  # noqa: BLE001 -- re-raised by the waiting side
+            errors[i] = exc
+
+    threads = []
+    for i in range(1, len(jobs)):
+        ctx = copy_context()
+        t = threading.Thread(target=ctx.run, args=(work, i), name="composeai-tool", daemon=True)
+        t.start()
+        threads.append(t)
+    work(0)
+    for t in threads:
+        t.join()
+    for err in errors:
+        if err is not None:
+            raise err
+    return outcomes
+
+
+def _perform_sync(effect: tuple) -> Any:
+    kind = effect[0]
+    if kind == "model":
+        _, call, request, span = effect
+        return _invoke_model_sync(call, request, span)
+    if kind == "tools":
+        _, call, jobs = effect
+        return _run_batch_sync(call, jobs)
+    _, fn, args = effect
+    return fn(*args)
+
+
+def _drive_sync(gen: Generator) -> Any:
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            effect = gen.send(value) if error is None else gen.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        value, error = None, None
+        try:
+            value = _perform_sync(effect)
+        except BaseException as exc:  # noqa: BLE001 -- thrown back into the loop
+            error = exc
+
+
+async def _invoke_model_async(call: _Call, request: ModelRequest, span) -> Any:
+    from .events import current_bus
+
+    model = call.model
+    streaming = current_bus() is not None
+    if streaming and _has(model, "astream"):
+        response = None
+        events = model.astream(request)
+        try:
+            async for event in events:
+                _check_cancel()
+                if event.kind == "response_done":
+                    response = event.response
+                    break
+                _emit_stream_event(call, event, span)
+        finally:
+            aclose = getattr(events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        if response is None:
+            raise _stream_missing_done(call)
+        return response
+    if streaming and _has(model, "stream"):
+        return await _off_loop(lambda: _consume_stream(call, model.stream(request), span))
+    if _has(model, "acomplete"):
+        return await model.acomplete(request)
+    return await _off_loop(lambda: model.complete(request))
+
+
+async def _off_loop(fn: Callable[[], Any]) -> Any:
+    frame = FRAME.get()
+    return await _engine.run_on_thread_async(
+        fn, frame, None, lambda: RuntimeError("unreachable"), "composeai-offloop"
+    )
+
+
+async def _perform_async(effect: tuple) -> Any:
+    kind = effect[0]
+    if kind == "model":
+        _, call, request, span = effect
+        return await _invoke_model_async(call, request, span)
+    if kind == "tools":
+        import asyncio
+
+        _, call, jobs = effect
+        return list(await asyncio.gather(*(_run_tool_async(call, job) for job in jobs)))
+    _, fn, args = effect
+    return await _off_loop(lambda: fn(*args))
+
+
+async def _drive_async(gen: Generator) -> Any:
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            effect = gen.send(value) if error is None else gen.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        value, error = None, None
+        try:
+            value = await _perform_async(effect)
+        except BaseException as exc:  # noqa: BLE001 -- thrown back into the loop
+            error = exc
+
+
+# ---------------------------------------------------------------------------
+# Starting the loop: seed, body, snapshot
+
+
+def _seed_from_body(agent: AgentFunction, result: Any) -> list[Message]:
+    if isinstance(result, str):
+        return [Message.user(result)]
+    if isinstance(result, list) and all(isinstance(m, Message) for m in result):
+        return list(result)
+    raise ConfigError(
+        f"@agent function {agent.name!r} must return a str (the user prompt) or a "
+        f"list[Message] (the full conversation) from its body, got {type(result)!r}"
+    )
+
+
+def _restore(call: _Call) -> bool:
+    """Loads the call's snapshot, if any (AGENT-53)."""
+    if not call.durable:
+        return False
+    row = call.run.attempt.load_agent_state(call.snapshot_scope)
+    if row is None:
+        return False
+    messages_json, partial_json, turn = row
+    call.messages = list(_codec.loads(messages_json))
+    call.partial = dict(_codec.loads(partial_json)) if partial_json else {}
+    call.turn = turn
+    return True
+
+
+def _agent_loop_sync(call: _Call, args: tuple, kwargs: dict) -> Any:
+    call.resolve_model()
+    if not _restore(call):
+        agent = call.agent
+        if agent._is_async:
+            from . import _runtime
+
+            body = _runtime.run_sync(lambda: agent.fn(*args, **kwargs))
+        else:
+            body = agent.fn(*args, **kwargs)
+            if inspect.iscoroutine(body):
+                from . import _runtime
+
+                body = _runtime.run_sync(lambda: body)
+        call.messages = _seed_from_body(agent, body)
+    return _drive_sync(_loop(call))
+
+
+async def _agent_loop_async(call: _Call, args: tuple, kwargs: dict) -> Any:
+    call.resolve_model()
+    if not _restore(call):
+        agent = call.agent
+        body = agent.fn(*args, **kwargs)
+        if inspect.iscoroutine(body):
+            body = await body
+        call.messages = _seed_from_body(agent, body)
+    return await _drive_async(_loop(call))
+
+
+# ---------------------------------------------------------------------------
+# AgentFunction
+
+
+def _overrides(budget, system, model, approver, tool_interceptor, context_manager) -> dict:
+    return {
+        "budget": budget,
+        "system": system,
+        "model": model,
+        "approver": approver,
+        "tool_interceptor": tool_interceptor,
+        "context_manager": context_manager,
+    }
+
+
+class AgentFunction(Generic[R]):
+    """An LLM loop behind a typed function (AGENT-1)."""
+
+    def __init__(self, fn: Callable[..., Any], **options: Any):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.name: str = options["name"]
+        self.model = options["model"]
+        self.tools = tuple(options["tools"])
+        self.temperature = options["temperature"]
+        self.max_tokens = options["max_tokens"]
+        self.max_turns = options["max_turns"]
+        self.retries = options["retries"]
+        self.max_repairs = options["max_repairs"]
+        self.timeout = options["timeout"]
+        self.prompt_cache = options["prompt_cache"]
+        self.thinking = options["thinking"]
+        self.effort = options["effort"]
+        self.thinking_budget = options["thinking_budget"]
+        self.fallback = options["fallback"]
+        self.cache = options["cache"]
+        doc = fn.__doc__
+        self.system = inspect.cleandoc(doc) if doc and doc.strip() else None
+        self.input_type, self.output_type = _signature_types(fn)
+        self._is_async = inspect.iscoroutinefunction(fn)
+        self._schema, self._wrapped = _output_schema(self.output_type)
+        self._tool_map = {t.name: t for t in self.tools}
+        self._tool_specs = [t.spec for t in self.tools] or None
+
+    def __repr__(self) -> str:
+        return f"<AgentFunction {self.name!r}>"
+
+    # -- routing (AGENT-50) ------------------------------------------------
+
+    def __call__(
+        self,
+        *args: Any,
+        budget: Any = None,
+        system: str | None = None,
+        model: Any = None,
+        approver: Any = None,
+        tool_interceptor: Any = None,
+        context_manager: Any = None,
+        **kwargs: Any,
+    ) -> R:
+        opts = _overrides(budget, system, model, approver, tool_interceptor, context_manager)
+        return self._run_sync(args, kwargs, opts, want_run=False)
+
+    def run(
+        self,
+        *args: Any,
+        budget: Any = None,
+        system: str | None = None,
+        model: Any = None,
+        approver: Any = None,
+        tool_interceptor: Any = None,
+        context_manager: Any = None,
+        **kwargs: Any,
+    ) -> Run[R]:
+        opts = _overrides(budget, system, model, approver, tool_interceptor, context_manager)
+        return self._run_sync(args, kwargs, opts, want_run=True)
+
+    async def arun(
+        self,
+        *args: Any,
+        budget: Any = None,
+        system: str | None = None,
+        model: Any = None,
+        approver: Any = None,
+        tool_interceptor: Any = None,
+        context_manager: Any = None,
+        **kwargs: Any,
+    ) -> Run[R]:
+        opts = _overrides(budget, system, model, approver, tool_interceptor, context_manager)
+        return await self._run_async(args, kwargs, opts)
+
+    def stream(self, *args: Any, **kwargs: Any):
+        from ._streams import RunStream
+
+        return RunStream.start(lambda: self.run(*args, **kwargs), cancellable=True)
+
+    def astream(self, *args: Any, **kwargs: Any):
+        from ._streams import AsyncRunStream
+
+        return AsyncRunStream.start(lambda: self.arun(*args, **kwargs))
+
+    def _run_sync(self, args: tuple, kwargs: dict, opts: dict, want_run: bool) -> Any:
+        frame = FRAME.get()
+        if frame is not None and frame.run is not None and frame.run.kind == "flow":
+            result = self._flow_step(frame, args, kwargs, opts)
+        elif frame is None or frame.span is None:
+            result = _standalone_sync(self, args, kwargs, opts)
+        else:
+            result = self._nested_sync(frame, args, kwargs, opts)
+        return result if want_run else result.output
+
+    async def _run_async(self, args: tuple, kwargs: dict, opts: dict) -> Run[R]:
+        frame = FRAME.get()
+        if frame is not None and frame.run is not None and frame.run.kind == "flow":
+            return await self._aflow_step(frame, args, kwargs, opts)
+        if frame is None or frame.span is None:
+            return await _standalone_async(self, args, kwargs, opts)
+        return await self._nested_async(frame, args, kwargs, opts)
+
+    # -- in a flow (AGENT-51) ---------------------------------------------
+
+    def _step_budget(self, frame: Frame, key: str, opts: dict):
+        budget = opts["budget"]
+        if budget is None:
+            return None
+        baseline = frame.run.attempt.prior_llm_usage(key)
+        return _engine.budget_meter(budget, "agent", self.name, baseline)
+
+    def _flow_step(self, frame: Frame, args: tuple, kwargs: dict, opts: dict) -> Run[R]:
+        holder: dict[str, Any] = {}
+
+        def execute(inner: Frame, a: tuple, k: dict) -> Any:
+            call = _Call(self, opts, inner, frame.scope)
+            call.snapshot_scope = inner.scope
+            holder["call"] = call
+            meter = self._step_budget(frame, inner.scope, opts)
+            token = _push_budget(meter)
+            try:
+                return _agent_loop_sync(call, a, k)
+            finally:
+                _pop_budget(token)
+
+        output = _engine.journaled_step(frame, "agent", self.name, execute, args, kwargs)
+        return self._step_run(frame, holder, output)
+
+    async def _aflow_step(self, frame: Frame, args: tuple, kwargs: dict, opts: dict) -> Run[R]:
+        holder: dict[str, Any] = {}
+
+        async def execute(inner: Frame, a: tuple, k: dict) -> Any:
+            call = _Call(self, opts, inner, frame.scope)
+            call.snapshot_scope = inner.scope
+            holder["call"] = call
+            meter = self._step_budget(frame, inner.scope, opts)
+            token = _push_budget(meter)
+            try:
+                return await _agent_loop_async(call, a, k)
+            finally:
+                _pop_budget(token)
+
+        output = await _engine.ajournaled_step(frame, "agent", self.name, execute, args, kwargs)
+        return self._step_run(frame, holder, output)
+
+    def _step_run(self, frame: Frame, holder: dict, output: Any) -> Run[R]:
+        call = holder.get("call")
+        if call is None:  # replayed (FLOW-16)
+            return Run(
+                id=_core.ulid(),
+                status="completed",
+                output=output,
+                usage=None,
+                trace=frame.trace,
+                messages=[],
+            )
+        return Run(
+            id=_core.ulid(),
+            status="completed",
+            output=output,
+            usage=_subtree_usage(frame.trace, call.frame.span),
+            trace=frame.trace,
+            messages=list(call.messages),
+        )
+
+    # -- nested plain run (no row) -----------------------------------------
+
+    def _nested_open(self, frame: Frame, args: tuple, kwargs: dict, opts: dict) -> _Call:
+        span = _engine.open_span(frame.span, frame.trace, "agent", self.name)
+        if _engine._capture():
+            span.input = {"args": list(args), "kwargs": kwargs}
+        inner = Frame(frame.run, frame.scope, span, frame.fence, frame.trace)
+        return _Call(self, opts, inner, frame.scope)
+
+    def _nested_done(self, call: _Call, output: Any) -> Run[R]:
+        _engine.close_span(call.run, call.frame.span, output)
+        return Run(
+            id=_core.ulid(),
+            status="completed",
+            output=output,
+            usage=_subtree_usage(call.frame.trace, call.frame.span),
+            trace=call.frame.trace,
+            messages=list(call.messages),
+        )
+
+    def _nested_sync(self, frame: Frame, args: tuple, kwargs: dict, opts: dict) -> Run[R]:
+        call = self._nested_open(frame, args, kwargs, opts)
+        token = FRAME.set(call.frame)
+        budget_token = _push_budget(_engine.budget_meter(opts["budget"], "agent", self.name))
+        try:
+            output = _agent_loop_sync(call, args, kwargs)
+        except BaseException as exc:
+            _engine.fail_span(call.run, call.frame.span, exc)
+            raise
+        finally:
+            _pop_budget(budget_token)
+            FRAME.reset(token)
+        return self._nested_done(call, output)
+
+    async def _nested_async(self, frame: Frame, args: tuple, kwargs: dict, opts: dict) -> Run[R]:
+        call = self._nested_open(frame, args, kwargs, opts)
+        token = FRAME.set(call.frame)
+        budget_token = _push_budget(_engine.budget_meter(opts["budget"], "agent", self.name))
+        try:
+            output = await _agent_loop_async(call, args, kwargs)
+        except BaseException as exc:
+            _engine.fail_span(call.run, call.frame.span, exc)
+            raise
+        finally:
+            _pop_budget(budget_token)
+            FRAME.reset(token)
+        return self._nested_done(call, output)
+
+
+def _push_budget(meter: Any):
+    if meter is None:
+        return None
+    return BUDGETS.set(BUDGETS.get() + (meter,))
+
+
+def _pop_budget(token: Any) -> None:
+    if token is not None:
+        BUDGETS.reset(token)
+
+
+def _subtree_usage(trace, root) -> Any:
+    ids = {root.span_id}
+    total = None
+    for span in trace.spans:
+        if span.parent_span_id in ids:
+            ids.add(span.span_id)
+        if span.span_id in ids and span.kind == "llm" and span.usage is not None:
+            total = span.usage if total is None else total + span.usage
+    return total
+
+
+# ---------------------------------------------------------------------------
+# Standalone durable runs (AGENT-52 … AGENT-54)
+
+
+def _standalone_payload(args: tuple, kwargs: dict, opts: dict) -> str:
+    payload: dict[str, Any] = {"args": list(args), "kwargs": kwargs}
+    if opts["system"] is not None:
+        payload["system"] = opts["system"]
+    if isinstance(opts["model"], str):
+        payload["model"] = opts["model"]
+    return _codec.dumps(payload)
+
+
+def _standalone_start(agent: AgentFunction, args: tuple, kwargs: dict, opts: dict):
+    args_json = _standalone_payload(args, kwargs, opts)
+    budget = opts["budget"]
+    budget_json = _engine.budget_json(budget)
+    attempt = _engine.get_store().start_run("agent", agent.name, None, args_json, budget_json)
+    return _engine.RunState(attempt, agent.name), _engine.budget_meter(budget, "agent", agent.name)
+
+
+def _standalone_frame(agent: AgentFunction, run: RunState, args: tuple, kwargs: dict, opts: dict):
+    root = _engine.open_span(None, run.trace, "agent", agent.name)
+    if _engine._capture():
+        root.input = {"args": list(args), "kwargs": kwargs}
+    frame = Frame(run, "", root, None, run.trace)
+    call = _Call(agent, opts, frame, "")
+    call.snapshot_scope = ""
+    return call
+
+
+def _standalone_sync(
+    agent: AgentFunction, args: tuple, kwargs: dict, opts: dict, run=None, meter=None
+):
+    if run is None:
+        run, meter = _standalone_start(agent, args, kwargs, opts)
+    call = _standalone_frame(agent, run, args, kwargs, opts)
+    token = FRAME.set(call.frame)
+    budget_token = _push_budget(meter)
+    try:
+        output = _agent_loop_sync(call, args, kwargs)
+    except BaseException as exc:  # noqa: BLE001 -- settled, then re-raised or returned
+        return _settle_standalone_error(call, exc)
+    finally:
+        _pop_budget(budget_token)
+        FRAME.reset(token)
+    return _settle_standalone_ok(call, output)
+
+
+async def _standalone_async(
+    agent: AgentFunction, args: tuple, kwargs: dict, opts: dict, run=None, meter=None
+):
+    if run is None:
+        run, meter = _standalone_start(agent, args, kwargs, opts)
+    call = _standalone_frame(agent, run, args, kwargs, opts)
+    token = FRAME.set(call.frame)
+    budget_token = _push_budget(meter)
+    try:
+        output = await _agent_loop_async(call, args, kwargs)
+    except BaseException as exc:  # noqa: BLE001 -- settled, then re-raised or returned
+        return _settle_standalone_error(call, exc)
+    finally:
+        _pop_budget(budget_token)
+        FRAME.reset(token)
+    return _settle_standalone_ok(call, output)
+
+
+def _settle_standalone_ok(call: _Call, output: Any) -> Run:
+    run = call.run
+    root = call.frame.span
+    try:
+        output_json = _codec.dumps(output)
+    except SerializationError:
+        output_json = None
+    _engine.close_span(run, root, output)
+    run.attempt.settle("completed", output_json, None)
+    _engine.emit_run_finished(root, "completed")
+    return Run(
+        id=run.run_id,
+        status="completed",
+        output=output,
+        usage=_subtree_usage(run.trace, root),
+        trace=run.trace,
+        messages=list(call.messages),
+    )
+
+
+def _settle_standalone_error(call: _Call, exc: BaseException) -> Run:
+    run = call.run
+    root = call.frame.span
+    if isinstance(exc, _engine._Pause):
+        _, _, pause = _engine.settle_paused(run, root, exc)
+        return Run(
+            id=run.run_id,
+            status="paused",
+            output=None,
+            usage=None,
+            trace=run.trace,
+            messages=[],
+            pending=pause.interrupt(),
+        )
+    if isinstance(exc, _engine._Cancelled):
+        _engine.fail_span(run, root, exc)
+        run.attempt.settle("cancelled", None, None)
+        _engine.emit_run_finished(root, "cancelled")
+        return Run(
+            id=run.run_id,
+            status="cancelled",
+            output=None,
+            usage=None,
+            trace=run.trace,
+            messages=[],
+        )
+    _engine.fail_span(run, root, exc)
+    _engine.settle_failed(run, exc)
+    _engine.emit_run_finished(root, "failed", exc)
+    raise exc
+
+
+def resume_standalone(
+    row: dict, answers, budget, approver, tool_interceptor, context_manager, asynchronous: bool
+):
+    """AGENT-54: continue a paused or crashed standalone agent run."""
+    run_id = row["run_id"]
+    if row["status"] == "completed":
+        from .tracing import Trace
+
+        output_json = row["output_json"]
+        return Run(
+            id=run_id,
+            status="completed",
+            output=_codec.loads(output_json) if output_json is not None else None,
+            usage=None,
+            trace=Trace(trace_id=row["trace_id"] or ""),
+            messages=[],
+        )
+    agent = _AGENTS.get(row["name"])
+    if agent is None:
+        raise ConfigError(
+            f"agent {row['name']!r} is not registered in this process -- import the module that "
+            "defines it (so its @agent decoration runs) before calling resume()"
+        )
+    from .flow import _resolve_answers
+
+    resolved = []
+    if answers:
+        pending_ids = [p[0] for p in _engine.get_store().pending(run_id)]
+        resolved = _resolve_answers(answers, pending_ids)
+    attempt = _engine.get_store().resume(run_id)
+    try:
+        if budget is not None:
+            attempt.set_budget(_engine.budget_json(budget))
+        if resolved:
+            attempt.record_answers(resolved)
+        payload = _codec.loads(attempt.args_json) if attempt.args_json else {}
+        effective = budget
+        if effective is None and attempt.budget_json:
+            effective = _engine.budget_from_json(attempt.budget_json)
+        meter = None
+        if effective is not None:
+            meter = _engine.budget_meter(effective, "agent", agent.name, attempt.prior_llm_usage())
+    except BaseException as exc:
+        attempt.settle("failed", None, _engine.error_json(exc))
+        raise
+    opts = _overrides(
+        budget,
+        payload.get("system"),
+        payload.get("model"),
+        approver,
+        tool_interceptor,
+        context_manager,
+    )
+    args = tuple(payload.get("args", ()))
+    kwargs = dict(payload.get("kwargs", {}))
+    run = _engine.RunState(attempt, agent.name)
+    if asynchronous:
+        return _standalone_async(agent, args, kwargs, opts, run, meter)
+    return _standalone_sync(agent, args, kwargs, opts, run, meter)
+
+
+# ---------------------------------------------------------------------------
+# @agent
+
+
+def agent(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    model: Any = None,
+    tools: Any = (),
+    temperature: float | None = None,
+    max_tokens: int = 16000,
+    max_turns: int | None = 10,
+    retries: int = 0,
+    max_repairs: int = 0,
+    timeout: float | None = None,
+    prompt_cache: bool = True,
+    thinking: bool | None = None,
+    effort: str | None = None,
+    thinking_budget: int | None = None,
+    fallback: Any = None,
+    cache: bool = False,
+    name: str | None = None,
+    replace: bool = False,
+):
+    """Declares an LLM agent, bare or with keyword options (AGENT-1 … AGENT-4)."""
+
+    def decorate(f: Callable[..., Any]) -> AgentFunction:
+        agent_name = name or f.__name__
+        if agent_name in _AGENTS and not replace:
+            raise ConfigError(
+                f"@agent name {agent_name!r} is already registered -- agent names must be unique "
+                "per process (needed so resume() can route a paused agent run back to its "
+                "definition); pass name=... or replace=True, or rename the function"
+            )
+        obj = AgentFunction(
+            f,
+            model=model,
+            tools=tools,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            max_turns=max_turns,
+            retries=retries,
+            max_repairs=max_repairs,
+            timeout=timeout,
+            prompt_cache=prompt_cache,
+            thinking=thinking,
+            effort=effort,
+            thinking_budget=thinking_budget,
+            fallback=fallback,
+            cache=cache,
+            name=agent_name,
+        )
+        _AGENTS[agent_name] = obj
+        _codec.register_annotation_types(f)
+        return obj
+
+    if fn is not None:
+        return decorate(fn)
+    return decorate

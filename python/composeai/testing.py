@@ -1,0 +1,239 @@
+"""Test kit: a scripted fake model, request hashes and registry reset (testing.md).
+
+Nothing here needs a provider SDK.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from composeai import _core
+from composeai.errors import ComposeError
+from composeai.messages import Message, StopReason, TextPart, ThinkingPart, ToolCallPart, Usage
+from composeai.models.base import ModelRequest, ModelResponse, RawStreamEvent
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator, Sequence
+
+__all__ = ["FakeModel", "compute_full_hash", "compute_message_hash", "reset_registries"]
+
+
+# --------------------------------------------------------------------------- hashes (TEST-22)
+
+
+def _canonical_hash(payload: Any) -> str:
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def compute_message_hash(system: str | None, messages: Sequence[Message]) -> str:
+    """SHA-256 (hex) of the system prompt and messages only (TEST-22)."""
+    return _canonical_hash(
+        {"system": system, "messages": [m.model_dump(mode="json") for m in messages]}
+    )
+
+
+def compute_full_hash(request: ModelRequest) -> str:
+    """SHA-256 (hex) of everything in ``request`` that affects the reply (TEST-22).
+
+    ``prompt_cache`` is never hashed; ``thinking``/``effort``/``thinking_budget`` only when set.
+    """
+    tools = request.tools
+    payload: dict[str, Any] = {
+        "provider": request.provider,
+        "model": request.model,
+        "system": request.system,
+        "messages": [m.model_dump(mode="json") for m in request.messages],
+        "tools": None
+        if tools is None
+        else [
+            {
+                "name": t.name,
+                "description": t.description,
+                "input_schema": t.input_schema,
+                "strict": t.strict,
+                "requires_approval": t.requires_approval,
+            }
+            for t in sorted(tools, key=lambda t: t.name)
+        ],
+        "output_schema": request.output_schema,
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+    }
+    for key in ("thinking", "effort", "thinking_budget"):
+        value = getattr(request, key)
+        if value is not None:
+            payload[key] = value
+    return _canonical_hash(payload)
+
+
+# --------------------------------------------------------------------------- streaming (TEST-5)
+
+_TOKENS = re.compile(r"\S+|\s+")
+
+
+def _synthesize_events(response: ModelResponse) -> list[RawStreamEvent]:
+    """The stream events equivalent to ``response``, ending with ``response_done``."""
+    events: list[RawStreamEvent] = []
+    for part in response.message.parts:
+        if isinstance(part, TextPart):
+            events.extend(RawStreamEvent("text_delta", text=t) for t in _TOKENS.findall(part.text))
+        elif isinstance(part, ThinkingPart):
+            events.extend(
+                RawStreamEvent("thinking_delta", text=t) for t in _TOKENS.findall(part.text)
+            )
+        elif isinstance(part, ToolCallPart):
+            events.append(
+                RawStreamEvent("tool_call_started", tool_call_id=part.id, tool_name=part.name)
+            )
+            events.append(
+                RawStreamEvent(
+                    "tool_args_delta",
+                    text=json.dumps(part.arguments),
+                    tool_call_id=part.id,
+                    tool_name=part.name,
+                )
+            )
+            events.append(
+                RawStreamEvent("tool_call_finished", tool_call_id=part.id, tool_name=part.name)
+            )
+    events.append(RawStreamEvent("response_done", response=response))
+    return events
+
+
+async def _aiter(events: list[RawStreamEvent]) -> AsyncIterator[RawStreamEvent]:
+    for event in events:
+        yield event
+
+
+# --------------------------------------------------------------------------- FakeModel
+
+
+def _default_usage() -> Usage:
+    return Usage(input_tokens=10, output_tokens=20, cost_complete=False)
+
+
+class FakeModel:
+    """A scripted ``Model``: one script item is consumed per call (TEST-1 … TEST-5).
+
+    Item forms: a ``str`` (text reply), ``{"tool_calls": [...], "text": ...}``,
+    ``{"json": payload}``, a ``ModelResponse`` (returned unchanged) or a callable taking the
+    ``ModelRequest`` and returning one of the former. Every request is recorded in
+    ``requests``. There is deliberately no ``model_id`` attribute.
+    """
+
+    def __init__(self, script: list, *, usage: Usage | None = None) -> None:
+        self.script = list(script)
+        self.requests: list[ModelRequest] = []
+        self._usage = usage
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"FakeModel(<{len(self.script)} scripted item(s) left>)"
+
+    def _next_item(self, request: ModelRequest) -> Any:
+        with self._lock:
+            self.requests.append(request)
+            if not self.script:
+                raise ComposeError(
+                    f"FakeModel script exhausted after {len(self.requests)} request(s): "
+                    "no more scripted responses left"
+                )
+            return self.script.pop(0)
+
+    def _respond(self, request: ModelRequest) -> ModelResponse:
+        item = self._next_item(request)
+        if callable(item) and not isinstance(item, ModelResponse):
+            item = item(request)
+        return self._interpret(item, request)
+
+    def _interpret(self, item: Any, request: ModelRequest) -> ModelResponse:
+        if isinstance(item, ModelResponse):
+            return item
+        usage = self._usage if self._usage is not None else _default_usage()
+        if isinstance(item, str):
+            return ModelResponse(
+                message=Message.assistant(item),
+                stop_reason=StopReason.END_TURN,
+                raw_stop_reason="end_turn",
+                usage=usage,
+                model_id=request.model,
+            )
+        if isinstance(item, dict):
+            if "tool_calls" in item:
+                return self._tool_calls(item, request, usage)
+            if "json" in item:
+                payload = item["json"]
+                return ModelResponse(
+                    message=Message.assistant(json.dumps(payload)),
+                    stop_reason=StopReason.END_TURN,
+                    raw_stop_reason="end_turn",
+                    usage=usage,
+                    model_id=request.model,
+                    parsed=payload,
+                )
+        raise _unrecognized(item)
+
+    def _tool_calls(self, item: dict, request: ModelRequest, usage: Usage) -> ModelResponse:
+        calls = item["tool_calls"]
+        if not isinstance(calls, (list, tuple)):
+            raise _unrecognized(item)
+        parts: list[Any] = []
+        text = item.get("text")
+        if text:
+            parts.append(TextPart(text=text))
+        for call in calls:
+            if not isinstance(call, dict) or "name" not in call:
+                raise _unrecognized(item)
+            arguments = call.get("arguments")
+            parts.append(
+                ToolCallPart(
+                    id=call.get("id") or _core.ulid(),
+                    name=call["name"],
+                    arguments={} if arguments is None else arguments,
+                )
+            )
+        return ModelResponse(
+            message=Message(role="assistant", parts=parts),
+            stop_reason=StopReason.TOOL_USE,
+            raw_stop_reason="tool_use",
+            usage=usage,
+            model_id=request.model,
+        )
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        return self._respond(request)
+
+    async def acomplete(self, request: ModelRequest) -> ModelResponse:
+        return self._respond(request)
+
+    def stream(self, request: ModelRequest) -> Iterator[RawStreamEvent]:
+        # The item is consumed (and the request recorded) at call time, not lazily.
+        return iter(_synthesize_events(self._respond(request)))
+
+    def astream(self, request: ModelRequest) -> AsyncIterator[RawStreamEvent]:
+        return _aiter(_synthesize_events(self._respond(request)))
+
+
+def _unrecognized(item: Any) -> ComposeError:
+    return ComposeError(f"FakeModel: unrecognized script item {item!r}")
+
+
+# --------------------------------------------------------------------------- registries (TEST-50)
+
+
+def reset_registries() -> None:
+    """Forget every ``@agent``, ``@flow`` and ``@task`` name (TEST-50)."""
+    # (``composeai.flow`` the attribute is the @flow decorator, so import the function.)
+    from composeai.flow import reset_registries as reset_flows_and_tasks
+
+    reset_flows_and_tasks()
+    agentfn = sys.modules.get("composeai.agentfn")
+    agents = getattr(agentfn, "_AGENTS", None) if agentfn is not None else None
+    if agents is not None:
+        agents.clear()
