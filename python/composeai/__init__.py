@@ -16,10 +16,15 @@ from .runs import Budget, Run
 __version__ = "0.12.0"
 
 __all__ = [
+    "ApprovalReply",
+    "BeforeTool",
     "Budget",
     "Interrupt",
     "MapResult",
+    "ModelPrice",
     "Run",
+    "ToolInterceptor",
+    "agent",
     "anow",
     "approve",
     "arandom",
@@ -28,14 +33,25 @@ __all__ = [
     "flow",
     "map",
     "now",
+    "prompt",
     "random",
     "register_module_types",
+    "register_price",
     "register_serializable",
     "resume",
     "task",
+    "tool",
 ]
 
 _LAZY = {
+    "ApprovalReply": ("._approval", "ApprovalReply"),
+    "BeforeTool": (".interception", "BeforeTool"),
+    "ToolInterceptor": (".interception", "ToolInterceptor"),
+    "ModelPrice": (".models.prices", "ModelPrice"),
+    "register_price": (".models.prices", "register_price"),
+    "agent": (".agentfn", "agent"),
+    "prompt": (".agentfn", "prompt"),
+    "tool": (".tools", "tool"),
     "Interrupt": ("._interrupt", "Interrupt"),
     "register_serializable": ("._codec", "register_serializable"),
     "register_module_types": ("._codec", "register_module_types"),

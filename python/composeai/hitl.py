@@ -6,7 +6,7 @@ from typing import Any
 
 from . import _engine
 
-__all__ = ["Interrupt", "approve", "ask_human"]  # noqa: F822 -- Interrupt loads lazily
+__all__ = ["ApprovalReply", "Interrupt", "approve", "ask_human"]  # noqa: F822 -- loaded lazily
 
 
 def approve(id: str, payload: Any = None) -> bool:
@@ -26,4 +26,8 @@ def __getattr__(name: str) -> Any:
         from ._interrupt import Interrupt
 
         return Interrupt
+    if name == "ApprovalReply":
+        from ._approval import ApprovalReply
+
+        return ApprovalReply
     raise AttributeError(f"module 'composeai.hitl' has no attribute {name!r}")

@@ -67,3 +67,11 @@ def reset_default() -> None:
     from . import _engine
 
     _engine.reset_store()
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("RunStream", "AsyncRunStream"):
+        from . import _streams
+
+        return getattr(_streams, name)
+    raise AttributeError(f"module 'composeai.runs' has no attribute {name!r}")

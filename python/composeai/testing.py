@@ -20,7 +20,13 @@ from composeai.models.base import ModelRequest, ModelResponse, RawStreamEvent
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator, Sequence
 
-__all__ = ["FakeModel", "compute_full_hash", "compute_message_hash", "reset_registries"]
+__all__ = [
+    "CachingModel",
+    "FakeModel",
+    "compute_full_hash",
+    "compute_message_hash",
+    "reset_registries",
+]
 
 
 # --------------------------------------------------------------------------- hashes (TEST-22)
@@ -225,6 +231,93 @@ def _unrecognized(item: Any) -> ComposeError:
 
 
 # --------------------------------------------------------------------------- registries (TEST-50)
+
+
+class CachingModel:
+    """Wraps a model with an on-disk response cache keyed by the request's
+    full hash (TEST-40): a hit is returned with `Usage()`, never re-billed."""
+
+    def __init__(self, inner: Any, cache_dir: str | None = None):
+        import contextvars
+        import os
+
+        from composeai import _engine
+
+        self.inner = inner
+        self.cache_dir = cache_dir or os.path.join(_engine.state_dir(), "cache")
+        self._hit: contextvars.ContextVar[bool] = contextvars.ContextVar(
+            "composeai.cache_hit", default=False
+        )
+        if getattr(inner, "acomplete", None) is not None:
+            self.acomplete = self._acomplete
+        if getattr(inner, "stream", None) is not None:
+            self.stream = inner.stream
+        if getattr(inner, "astream", None) is not None:
+            self.astream = inner.astream
+        model_id = getattr(inner, "model_id", None)
+        if model_id:
+            self.model_id = model_id
+
+    @property
+    def last_was_hit(self) -> bool:
+        """Whether this thread's or task's latest call was served from the cache."""
+        return self._hit.get()
+
+    def _path(self, request: ModelRequest) -> str:
+        import os
+
+        return os.path.join(self.cache_dir, f"{compute_full_hash(request)}.json")
+
+    def _lookup(self, path: str) -> ModelResponse | None:
+        from composeai import _codec
+
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            return None
+        cached = _codec.loads(text)
+        self._hit.set(True)
+        return ModelResponse(
+            message=cached.message,
+            stop_reason=cached.stop_reason,
+            raw_stop_reason=cached.raw_stop_reason,
+            usage=Usage(),
+            model_id=cached.model_id,
+            parsed=cached.parsed,
+        )
+
+    def _store(self, path: str, response: ModelResponse) -> None:
+        import os
+        import tempfile
+
+        from composeai import _codec
+
+        os.makedirs(self.cache_dir, mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.cache_dir, suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(_codec.encode(response)))
+        os.replace(tmp, path)
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        path = self._path(request)
+        cached = self._lookup(path)
+        if cached is not None:
+            return cached
+        self._hit.set(False)
+        response = self.inner.complete(request)
+        self._store(path, response)
+        return response
+
+    async def _acomplete(self, request: ModelRequest) -> ModelResponse:
+        path = self._path(request)
+        cached = self._lookup(path)
+        if cached is not None:
+            return cached
+        self._hit.set(False)
+        response = await self.inner.acomplete(request)
+        self._store(path, response)
+        return response
 
 
 def reset_registries() -> None:

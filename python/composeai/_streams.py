@@ -1,0 +1,274 @@
+"""`RunStream` and `AsyncRunStream` (AGENT-90 … AGENT-93, ASYNC-4, ASYNC-12).
+
+Both run one call with a fresh private `EventBus` made ambient for it, and
+subscribe before the call starts, so no event is lost. The bus is closed when
+the call settles, which ends iteration once the queued events are drained.
+
+`RunStream` also carries a `CancelToken`, ambient inside the call through the
+`CANCEL_TOKEN` ContextVar; the engine polls it (`current_cancel_token()`) and
+turns a cancellation into `Run(status="cancelled", ...)` itself.
+
+This module imports only cheap stdlib modules; asyncio is imported lazily.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from .events import AsyncSubscription, Event, EventBus, Subscription, use_bus
+
+if TYPE_CHECKING:
+    import asyncio
+    from types import TracebackType
+
+    from .runs import Run
+
+__all__ = [
+    "CANCEL_TOKEN",
+    "AsyncRunStream",
+    "CancelToken",
+    "RunStream",
+    "current_cancel_token",
+    "use_cancel_token",
+]
+
+R = TypeVar("R")
+
+
+class CancelToken:
+    """A one-way cancellation flag, safe to set and read from any thread."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    @property
+    def cancelled(self) -> bool:
+        """True once `set()` has been called."""
+        return self._event.is_set()
+
+    def set(self) -> None:
+        """Request cancellation (idempotent)."""
+        self._event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until cancelled or `timeout` seconds pass; returns `cancelled`.
+        For interruptible sleeps (e.g. retry back-off) on worker threads."""
+        return self._event.wait(timeout)
+
+    def __repr__(self) -> str:
+        return f"<CancelToken cancelled={self.cancelled}>"
+
+
+CANCEL_TOKEN: ContextVar[CancelToken | None] = ContextVar("composeai.cancel_token", default=None)
+
+
+def current_cancel_token() -> CancelToken | None:
+    """The ambient cancel token (set inside `RunStream.start`'s call), or None."""
+    return CANCEL_TOKEN.get()
+
+
+class use_cancel_token:
+    """`with use_cancel_token(token):` makes `token` ambient for the block;
+    `use_cancel_token(None)` hides an enclosing stream's token (e.g. for work
+    that must not be cancelled with it)."""
+
+    __slots__ = ("_resets", "_token")
+
+    def __init__(self, token: CancelToken | None) -> None:
+        self._token = token
+        self._resets: list[Any] = []
+
+    def __enter__(self) -> CancelToken | None:
+        self._resets.append(CANCEL_TOKEN.set(self._token))
+        return self._token
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        CANCEL_TOKEN.reset(self._resets.pop())
+
+
+class RunStream(Generic[R]):
+    """Events of a run executing on a background thread (AGENT-90, AGENT-91).
+
+    Iterating yields `Event`s until the run settles, then stops; if the run
+    raised, the first full drain re-raises that same exception object. Later
+    iterations return at once. Made by `RunStream.start`, not directly.
+    """
+
+    def __init__(
+        self,
+        bus: EventBus,
+        subscription: Subscription,
+        cancel_token: CancelToken,
+        cancellable: bool,
+    ) -> None:
+        self._bus = bus
+        self._sub = subscription
+        self._token = cancel_token
+        self._cancellable = cancellable
+        self._thread: threading.Thread | None = None
+        self._result: Run[R] | None = None
+        self._error: BaseException | None = None
+        self._drained = False
+        self._lock = threading.Lock()
+
+    @classmethod
+    def start(cls, call: Callable[[], Run[R]], *, cancellable: bool) -> RunStream[R]:
+        """Run `call()` on a daemon thread that inherits the caller's context,
+        with a fresh bus and this stream's cancel token ambient."""
+        bus = EventBus()
+        stream = cls(bus, bus.subscribe(), CancelToken(), cancellable)
+        ctx = contextvars.copy_context()
+        thread = threading.Thread(
+            target=ctx.run, args=(stream._main, call), name="composeai-stream", daemon=True
+        )
+        stream._thread = thread
+        thread.start()
+        return stream
+
+    def _main(self, call: Callable[[], Run[R]]) -> None:
+        try:
+            with use_bus(self._bus), use_cancel_token(self._token):
+                result = call()
+        except BaseException as exc:  # noqa: BLE001 -- handed to the consumer, re-raised there
+            self._error = exc
+        else:
+            self._result = result
+        finally:
+            self._bus.close()
+
+    def __iter__(self) -> RunStream[R]:
+        return self
+
+    def __next__(self) -> Event:
+        try:
+            return next(self._sub)
+        except StopIteration:
+            pass
+        if not self._sub.closed:
+            # The bus closed, so the call has settled (its outcome is recorded
+            # before the close). Report a failure once, on the first drain.
+            with self._lock:
+                first, self._drained = not self._drained, True
+            if first and self._error is not None:
+                raise self._error
+        raise StopIteration
+
+    @property
+    def run(self) -> Run[R]:
+        """Wait for the call to settle; return its `Run` or re-raise."""
+        assert self._thread is not None
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]
+
+    @property
+    def cancel_token(self) -> CancelToken:
+        """The token the engine polls inside the call."""
+        return self._token
+
+    @property
+    def cancellable(self) -> bool:
+        return self._cancellable
+
+    def cancel(self) -> None:
+        """Ask the run to stop (any thread, idempotent). Accepted and ignored
+        on a stream started with `cancellable=False`."""
+        if self._cancellable:
+            self._token.set()
+
+    def close(self) -> None:
+        """Stop receiving events (idempotent, any thread); the run continues."""
+        self._sub.close()
+
+
+# Tasks started by `AsyncRunStream`: asyncio keeps only weak references.
+_LIVE_TASKS: set[asyncio.Task[Any]] = set()
+
+
+class AsyncRunStream(Generic[R]):
+    """Events of a run executing as an `asyncio.Task` on the caller's loop
+    (AGENT-92, ASYNC-4). Made by `AsyncRunStream.start`, not directly."""
+
+    def __init__(self, bus: EventBus, subscription: AsyncSubscription) -> None:
+        self._bus = bus
+        self._sub = subscription
+        self._task: asyncio.Task[Run[R]] | None = None
+        self._error: BaseException | None = None
+        self._drained = False
+
+    @classmethod
+    def start(cls, make_coro: Callable[[], Awaitable[Run[R]]]) -> AsyncRunStream[R]:
+        """Subscribe, then start `make_coro()` as a task on the running loop
+        (`RuntimeError` without one) with a fresh bus ambient."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        bus = EventBus()
+        stream = cls(bus, bus.asubscribe())
+        # The task copies the caller's context (ASYNC-12); `_drive` installs
+        # the bus inside that copy only.
+        task = loop.create_task(stream._drive(make_coro), name="composeai-astream")
+        stream._task = task
+        _LIVE_TASKS.add(task)
+        task.add_done_callback(_LIVE_TASKS.discard)
+        return stream
+
+    async def _drive(self, make_coro: Callable[[], Awaitable[Run[R]]]) -> Run[R]:
+        try:
+            # No sync stream's token applies here: an async run is cancelled by
+            # cancelling its task (ASYNC-10).
+            with use_bus(self._bus), use_cancel_token(None):
+                return await make_coro()
+        except BaseException as exc:
+            self._error = exc
+            raise
+        finally:
+            self._bus.close()
+
+    def __aiter__(self) -> AsyncRunStream[R]:
+        return self
+
+    async def __anext__(self) -> Event:
+        try:
+            return await self._sub.__anext__()
+        except StopAsyncIteration:
+            pass
+        if self._sub.closed or self._drained:
+            raise StopAsyncIteration
+        task = self._task
+        assert task is not None
+        if not task.done():  # the bus closes just before the task finishes
+            import asyncio
+
+            await asyncio.wait((task,))
+        if self._drained:
+            raise StopAsyncIteration
+        self._drained = True
+        error = self._error
+        if error is not None:
+            if not task.cancelled():
+                task.exception()  # retrieved: no "never retrieved" warning
+            raise error
+        raise StopAsyncIteration
+
+    async def run(self) -> Run[R]:
+        """Wait for the run; return its `Run` or re-raise. Cancelling the
+        awaiting task cancels the run (ASYNC-10)."""
+        assert self._task is not None
+        return await self._task
+
+    def close(self) -> None:
+        """Stop receiving events (idempotent); the run continues."""
+        self._sub.close()

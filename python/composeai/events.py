@@ -1,0 +1,364 @@
+"""Streaming events and the event bus (AGENT-80, AGENT-81).
+
+The engine reports progress (spans, text deltas, tool calls, run outcome) as
+`Event`s on the *ambient* `EventBus`, if any. `emit()` is on the engine's hot
+path: with no bus installed it costs one ContextVar lookup.
+
+A bus fans every event out to all its subscriptions, in one total order (the
+order in which `emit` calls took the bus lock). Subscriptions have unbounded
+queues, so `emit` never blocks on a slow consumer. The producer ends the stream
+with `EventBus.close()`: each subscription then yields what it already holds and
+stops; later emits are dropped and later subscriptions end at once.
+
+This module imports only cheap stdlib modules; asyncio is imported lazily by
+`EventBus.asubscribe()`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import asyncio
+    from types import TracebackType
+
+    from typing_extensions import Self
+
+__all__ = [
+    "AsyncSubscription",
+    "Event",
+    "EventBus",
+    "EventKind",
+    "Subscription",
+    "current_bus",
+    "emit",
+    "use_bus",
+]
+
+EventKind = Literal[
+    "span_started",
+    "text_delta",
+    "thinking_delta",
+    "tool_call_started",
+    "tool_args_delta",
+    "tool_call_finished",
+    "span_finished",
+    "paused",
+    "run_finished",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One thing that happened during a run (AGENT-80, AGENT-82)."""
+
+    kind: EventKind
+    ts: float = field(default_factory=time.time)
+    trace_id: str | None = None
+    span_id: str | None = None
+    name: str | None = None
+    text: str | None = None
+    data: dict[str, Any] | None = None
+
+
+class EventBus:
+    """Thread-safe fan-out of `Event`s to any number of subscriptions."""
+
+    __slots__ = ("__weakref__", "_closed", "_lock", "_subs")
+
+    def __init__(self) -> None:
+        # One lock guards the bus and every subscription's queue: emits are
+        # totally ordered and a subscription's waiters wait on this lock.
+        self._lock = threading.Lock()
+        # Copy-on-write, so `emit` can skip the lock when nobody listens.
+        self._subs: tuple[Subscription | AsyncSubscription, ...] = ()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """True once `close()` has been called."""
+        return self._closed
+
+    def subscribe(self) -> Subscription:
+        """A blocking iterator over every event emitted from now on."""
+        sub = Subscription(self)
+        self._attach(sub)
+        return sub
+
+    def asubscribe(self) -> AsyncSubscription:
+        """An async iterator over every event emitted from now on, delivered to
+        the running event loop. Raises `RuntimeError` without a running loop."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()  # RuntimeError: no running event loop
+        sub = AsyncSubscription(self, loop)
+        self._attach(sub)
+        return sub
+
+    def emit(self, event: Event) -> None:
+        """Deliver `event` to every current subscription. Never blocks on a
+        consumer; a no-op once the bus is closed."""
+        if not self._subs:
+            return
+        with self._lock:
+            for sub in self._subs:
+                sub._push_locked(event)
+
+    def close(self) -> None:
+        """End the stream (producer side; idempotent, any thread). Every
+        subscription yields the events it already holds, then stops."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            subs, self._subs = self._subs, ()
+            for sub in subs:
+                sub._end_locked()
+
+    # -- internals (called with or without the lock as named) ---------------
+
+    def _attach(self, sub: Subscription | AsyncSubscription) -> None:
+        with self._lock:
+            if self._closed:
+                sub._end_locked()
+            else:
+                self._subs = (*self._subs, sub)
+
+    def _detach_locked(self, sub: Subscription | AsyncSubscription) -> None:
+        if sub in self._subs:
+            self._subs = tuple(s for s in self._subs if s is not sub)
+
+
+class Subscription:
+    """A blocking iterator over a bus's events (AGENT-81).
+
+    Iteration stops after the bus is closed and the queue drained, or at once
+    after `close()`. Iterating again after that returns immediately.
+    """
+
+    __slots__ = ("_bus", "_closed", "_cond", "_ended", "_queue", "_waiting")
+
+    def __init__(self, bus: EventBus) -> None:
+        self._bus = bus
+        self._cond = threading.Condition(bus._lock)
+        self._queue: deque[Event] = deque()
+        self._waiting = 0  # threads blocked in __next__
+        self._ended = False  # the bus closed: stop once drained
+        self._closed = False  # unsubscribed: stop now
+
+    @property
+    def closed(self) -> bool:
+        """True once `close()` has been called."""
+        return self._closed
+
+    def __iter__(self) -> Subscription:
+        return self
+
+    def __next__(self) -> Event:
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise StopIteration
+                if self._queue:
+                    return self._queue.popleft()
+                if self._ended:
+                    raise StopIteration
+                self._waiting += 1
+                try:
+                    self._cond.wait()
+                finally:
+                    self._waiting -= 1
+
+    def close(self) -> None:
+        """Unsubscribe (idempotent, any thread). Queued events are dropped and
+        a consumer blocked in iteration stops."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.clear()
+            self._bus._detach_locked(self)
+            if self._waiting:
+                self._cond.notify_all()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- called by the bus, lock held ---------------------------------------
+
+    def _push_locked(self, event: Event) -> None:
+        self._queue.append(event)
+        if self._waiting:
+            self._cond.notify()
+
+    def _end_locked(self) -> None:
+        self._ended = True
+        if self._waiting:
+            self._cond.notify_all()
+
+
+class AsyncSubscription:
+    """An async iterator over a bus's events, bound to the event loop that was
+    running when it was created (AGENT-81).
+
+    Producers on any thread append under the bus lock and, when a consumer is
+    waiting, wake it with `loop.call_soon_threadsafe` (one wake-up per batch).
+    """
+
+    __slots__ = (
+        "_bus",
+        "_closed",
+        "_ended",
+        "_loop",
+        "_queue",
+        "_waiters",
+        "_wake_scheduled",
+    )
+
+    def __init__(self, bus: EventBus, loop: asyncio.AbstractEventLoop) -> None:
+        self._bus = bus
+        self._loop = loop
+        self._queue: deque[Event] = deque()
+        self._waiters: list[asyncio.Future[None]] = []
+        self._wake_scheduled = False
+        self._ended = False
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """True once `close()` has been called."""
+        return self._closed
+
+    def __aiter__(self) -> AsyncSubscription:
+        return self
+
+    async def __anext__(self) -> Event:
+        lock = self._bus._lock
+        while True:
+            with lock:
+                if self._closed:
+                    raise StopAsyncIteration
+                if self._queue:
+                    return self._queue.popleft()
+                if self._ended:
+                    raise StopAsyncIteration
+                waiter = self._loop.create_future()
+                self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                with lock:
+                    if waiter in self._waiters:
+                        self._waiters.remove(waiter)
+
+    def close(self) -> None:
+        """Unsubscribe (idempotent, any thread). Queued events are dropped and
+        a consumer waiting in `async for` stops."""
+        with self._bus._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.clear()
+            self._bus._detach_locked(self)
+            self._wake_locked()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- called by the bus, lock held ---------------------------------------
+
+    def _push_locked(self, event: Event) -> None:
+        if self._loop.is_closed():
+            self._drop_locked()  # nobody can consume any more
+            return
+        self._queue.append(event)
+        self._wake_locked()
+
+    def _end_locked(self) -> None:
+        self._ended = True
+        self._wake_locked()
+
+    def _wake_locked(self) -> None:
+        if not self._waiters or self._wake_scheduled:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:  # the loop closed under us
+            self._drop_locked()
+        else:
+            self._wake_scheduled = True
+
+    def _drop_locked(self) -> None:
+        self._closed = True
+        self._queue.clear()
+        self._waiters.clear()
+        self._bus._detach_locked(self)
+
+    # -- runs on the loop ----------------------------------------------------
+
+    def _wake(self) -> None:
+        with self._bus._lock:
+            self._wake_scheduled = False
+            waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+_BUS: ContextVar[EventBus | None] = ContextVar("composeai.event_bus", default=None)
+
+
+def current_bus() -> EventBus | None:
+    """The ambient bus, or None."""
+    return _BUS.get()
+
+
+def emit(event: Event) -> None:
+    """Emit `event` on the ambient bus; a no-op when there is none."""
+    bus = _BUS.get()
+    if bus is not None:
+        bus.emit(event)
+
+
+class use_bus:
+    """`with use_bus(bus):` makes `bus` ambient for the block (and for anything
+    that inherits this context). `use_bus(None)` hides any ambient bus."""
+
+    __slots__ = ("_bus", "_tokens")
+
+    def __init__(self, bus: EventBus | None) -> None:
+        self._bus = bus
+        self._tokens: list[Any] = []
+
+    def __enter__(self) -> EventBus | None:
+        self._tokens.append(_BUS.set(self._bus))
+        return self._bus
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        _BUS.reset(self._tokens.pop())
