@@ -160,6 +160,7 @@ def collect(args: argparse.Namespace) -> list[dict[str, Any]]:
     w3 = workload("w3_map.py", args.n_w3, r)
     w3_one = workload("w3_map.py", args.n_w3, r, extra=("--max-workers", "1"))
     w4 = workload("w4_runs.py", args.n_w4, r)
+    w5 = workload("w5_agent.py", args.n_w5, r)
     w6 = workload("w6_state.py", args.n_w6, 1)
 
     f_norm, f_full = fl["us_per_commit_normal"], fl["us_per_commit_full"]
@@ -328,6 +329,17 @@ def collect(args: argparse.Namespace) -> list[dict[str, Any]]:
             w4,
         ),
         row(
+            "W5",
+            f"FakeModel agent call outside a flow, N={w5['n']}",
+            w5["ms_per_call"],
+            "ms/call",
+            "<= 0.15",
+            w5["ms_per_call"] / 0.15,
+            "value / target",
+            w5["ms_per_call"] <= 0.15,
+            w5,
+        ),
+        row(
             "W6",
             f"state, N={w6['n']}",
             w6["bytes_per_step"],
@@ -392,6 +404,7 @@ def main() -> None:
     p.add_argument("--n-w2", type=int, default=1000)
     p.add_argument("--n-w3", type=int, default=1000)
     p.add_argument("--n-w4", type=int, default=200)
+    p.add_argument("--n-w5", type=int, default=500)
     p.add_argument("--n-w6", type=int, default=2000)
     args = p.parse_args()
     t0 = time.perf_counter()

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from composeai.models.base import Model
 
 __all__ = ["parse_model_string", "register_provider", "resolve"]
 
@@ -98,9 +97,9 @@ def _builtin_factory(provider: str) -> Callable[[str], Any]:
 
 
 def _is_model(obj: object) -> bool:
-    from composeai.models.base import Model
-
-    return isinstance(obj, Model) and callable(getattr(obj, "complete", None))
+    # What the runtime-checkable protocol checks, without its per-call
+    # attribute scan.
+    return callable(getattr(obj, "complete", None))
 
 
 def resolve(model: str | Model) -> Model:
