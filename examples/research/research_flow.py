@@ -1,7 +1,27 @@
-"""The research flow from the flows guide, offline: fetch sources, summarize
-them in parallel, draft, and publish only after a human approves."""
+"""The research flow from the flows guide: fetch sources, summarize them in
+parallel, let an `editor` agent draft, and publish only after a human
+approves. Offline by default: the editor runs on a scripted FakeModel unless
+an Anthropic key is set and the Anthropic adapter is installed."""
+
+import importlib.util
+import os
 
 import composeai as compose
+from composeai.testing import FakeModel
+
+
+def _draft_reply(request) -> str:
+    """The scripted editor: a short draft from the summaries it was given."""
+    prompt = request.messages[-1].text
+    return "Draft: " + prompt.split("from: ", 1)[-1]
+
+
+def editor_model():
+    if os.environ.get("ANTHROPIC_API_KEY") and importlib.util.find_spec(
+        "composeai.models.anthropic"
+    ):
+        return "anthropic/claude-sonnet-5"
+    return FakeModel([_draft_reply] * 8)
 
 
 @compose.task
@@ -14,9 +34,10 @@ def summarize(source: str) -> str:
     return f"summary of {source}"
 
 
-@compose.task
-def draft(summaries: list[str]) -> str:
-    return "Draft: " + "; ".join(summaries)
+@compose.agent(model=editor_model())
+def editor(summaries: list[str]) -> str:
+    """Turn source summaries into a short draft."""
+    return compose.prompt(f"Draft a short paragraph from: {'; '.join(summaries)}")
 
 
 @compose.task
@@ -28,7 +49,7 @@ def publish(text: str) -> str:
 def research(topic: str) -> str:
     sources = fetch_sources(topic)
     summaries = compose.map(summarize, sources)
-    text = draft(summaries)
+    text = editor(summaries)
     if compose.approve("publish", payload={"draft": text}):
         return publish(text)
     return f"kept as draft: {text}"
