@@ -892,11 +892,11 @@ async def run_on_thread_async(
         else:
             ok, value = await asyncio.wait_for(future, timeout)
     except asyncio.TimeoutError:
-        if frame.fence is not None:
+        if frame is not None and frame.fence is not None:
             frame.fence.revoke()
         raise on_timeout() from None
     except BaseException:
-        if frame.fence is not None:
+        if frame is not None and frame.fence is not None:
             frame.fence.revoke()
         raise
     if ok:

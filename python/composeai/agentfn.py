@@ -350,8 +350,6 @@ def _llm_call(call: _Call) -> Generator[tuple, Any, Any]:
             except BaseException as exc:
                 _engine.fail_span(call.run, span, exc)
                 raise
-        else:  # pragma: no cover - the inner loop always breaks or raises
-            pass
         if span.status == "error":
             continue  # retry the turn once against the fallback
         span.usage = response.usage
@@ -791,7 +789,11 @@ async def _invoke_model_async(call: _Call, request: ModelRequest, span) -> Any:
 
 
 async def _off_loop(fn: Callable[[], Any]) -> Any:
+    """Runs a sync call (model, callback) on a thread of its own, with a
+    fence of its own so that abandoning it revokes nothing else."""
     frame = FRAME.get()
+    if frame is not None:
+        frame = Frame(frame.run, frame.scope, frame.span, _engine.child_fence(frame), frame.trace)
     return await _engine.run_on_thread_async(
         fn, frame, None, lambda: RuntimeError("unreachable"), "composeai-offloop"
     )

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from composeai.models.base import Model
+
 
 __all__ = ["parse_model_string", "register_provider", "resolve"]
 
