@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from . import _codec
+
 __all__ = [
     "ContentPart",
     "ImagePart",
@@ -133,3 +135,19 @@ class Usage(BaseModel):
             cost_usd=cost,
             cost_complete=self.cost_complete and other.cost_complete,
         )
+
+
+# AGENT-65: journals and snapshots holding these decode in any process that
+# imported composeai.messages.
+for _cls in (
+    TextPart,
+    ImagePart,
+    ToolCallPart,
+    ToolResultPart,
+    ThinkingPart,
+    Message,
+    Usage,
+    StopReason,
+):
+    _codec.register_serializable(_cls)
+del _cls
