@@ -260,7 +260,7 @@ def mark_failed(span: Span, exc: BaseException) -> None:
     span.ended_at = time.time()
     if isinstance(exc, _Pause):
         span.status = "paused"
-    elif isinstance(exc, _Revoked) or type(exc).__name__ == "CancelledError":
+    elif isinstance(exc, (_Revoked, _Cancelled)) or type(exc).__name__ == "CancelledError":
         span.status = "cancelled"
     else:
         span.status = "error"

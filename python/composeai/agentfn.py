@@ -426,7 +426,9 @@ def _tool_batch(call: _Call, calls: list[ToolCallPart]) -> Generator[tuple, Any,
     for c in calls:
         if c.id in results or not _gated(agent, c):
             continue
-        outcome = yield from _gated_call(call, c, arguments[c.id])
+        outcome, was_denied = yield from _gated_call(call, c, arguments[c.id])
+        if was_denied:
+            denied.add(c.id)
         if isinstance(outcome, _engine._Pause):
             pauses.append(outcome)
         elif outcome is not None:
@@ -465,7 +467,8 @@ def _denied(call: _Call, c: ToolCallPart, content: str) -> ToolResultPart:
 
 
 def _gated_call(call: _Call, c: ToolCallPart, arguments: dict) -> Generator[tuple, Any, Any]:
-    """AGENT-41: look up the journaled answer, ask the approver, or pause."""
+    """AGENT-41: look up the journaled answer, ask the approver, or pause.
+    Returns `(result or pause, denied)`."""
     interrupt_id = f"tool:{c.name}:{c.id}"
     run = call.run
     frame = call.frame
@@ -496,12 +499,12 @@ def _gated_call(call: _Call, c: ToolCallPart, arguments: dict) -> Generator[tupl
             span.ended_at = span.started_at
             span.status = "paused"
             _engine.persist_span(run, span)
-            return _engine._Pause(interrupt_id, "approval", None, payload)
+            return _engine._Pause(interrupt_id, "approval", None, payload), False
     if answer:
         job = _ToolJob(c, call.agent._tool_map.get(c.name), arguments)
         outcomes = yield ("tools", call, [job])
-        return outcomes[0]
-    return _denied(call, c, message or "denied by user")
+        return outcomes[0], False
+    return _denied(call, c, message or "denied by user"), True
 
 
 # ---------------------------------------------------------------------------
@@ -1075,7 +1078,13 @@ class AgentFunction(Generic[R]):
         if _engine._capture():
             span.input = {"args": list(args), "kwargs": kwargs}
         inner = Frame(frame.run, frame.scope, span, frame.fence, frame.trace)
-        return _Call(self, opts, inner, frame.scope)
+        call = _Call(self, opts, inner, frame.scope)
+        if frame.run is not None:
+            # Inside a durable run (e.g. a tool body, which re-runs from its
+            # start on resume) the k-th call of this agent in this scope
+            # keeps its snapshot under a deterministic key.
+            call.snapshot_scope = frame.run.attempt.next_key(frame.scope, self.name, frame.fence)
+        return call
 
     def _nested_done(self, call: _Call, output: Any) -> Run[R]:
         _engine.close_span(call.run, call.frame.span, output)
