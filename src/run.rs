@@ -350,6 +350,18 @@ impl Attempt {
         self.store.pending(self.run.rid)
     }
 
+    /// Ends the attempt by deleting the run and all it stored (a bare
+    /// pipe/aggregate that paused: nothing could ever resume it).
+    pub fn discard(&self) -> CoreResult<()> {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.root_fence.revoke();
+        active_runs().lock().remove(&self.run.run_id);
+        self.store.flush()?;
+        self.store.delete_run(self.run.rid)
+    }
+
     /// Ends the attempt: persists the outcome and releases the lease. Every
     /// later journal access through this attempt is refused.
     pub fn settle(&self, settlement: Settlement) -> CoreResult<()> {

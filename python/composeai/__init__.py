@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .combinators import MapResult, map
+from .combinators import MapResult, aggregate, amap, map, pipe
 from .flow import anow, arandom, aresume, flow, now, random, resume, task
 from .hitl import approve, ask_human
 from .runs import Budget, Run
@@ -25,6 +25,8 @@ __all__ = [
     "Run",
     "ToolInterceptor",
     "agent",
+    "aggregate",
+    "amap",
     "anow",
     "approve",
     "arandom",
@@ -33,6 +35,7 @@ __all__ = [
     "flow",
     "map",
     "now",
+    "pipe",
     "prompt",
     "random",
     "register_module_types",

@@ -465,6 +465,14 @@ def encode_step(key: str, value: Any) -> str:
 # Journaled steps
 
 
+def check_sync_facade() -> None:
+    """ASYNC-6: a sync facade call on the loop thread that drives the engine
+    would deadlock; it raises instead."""
+    runtime = sys.modules.get("composeai._runtime")
+    if runtime is not None and runtime.on_loop_thread():
+        raise RuntimeError(runtime.REENTRY)
+
+
 def _streams_loaded() -> bool:
     # A run can only be cancelled through a stream; until one was created
     # there is no token to look at.
@@ -841,6 +849,19 @@ def make_run_result(run: RunState, outcome) -> Any:
         messages=[],
         pending=None,
     )
+
+
+def subtree_usage(trace: Trace, root: Span):
+    """Usage of the `llm` spans under `root` (spans are in start order, so a
+    parent always precedes its children), or `None` when there are none."""
+    ids = {root.span_id}
+    total = None
+    for span in trace.spans:
+        if span.parent_span_id in ids:
+            ids.add(span.span_id)
+        if span.span_id in ids and span.kind == "llm" and span.usage is not None:
+            total = span.usage if total is None else total + span.usage
+    return total
 
 
 def rollup_usage(trace: Trace):

@@ -936,6 +936,16 @@ class AgentFunction(Generic[R]):
     def __repr__(self) -> str:
         return f"<AgentFunction {self.name!r}>"
 
+    def __rshift__(self, other: Any):
+        from .combinators import pipe
+
+        return pipe(self, other)
+
+    def __rrshift__(self, other: Any):
+        from .combinators import pipe
+
+        return pipe(other, self)
+
     # -- routing (AGENT-50) ------------------------------------------------
 
     def __call__(
@@ -991,6 +1001,7 @@ class AgentFunction(Generic[R]):
         return AsyncRunStream.start(lambda: self.arun(*args, **kwargs))
 
     def _run_sync(self, args: tuple, kwargs: dict, opts: dict, want_run: bool) -> Any:
+        _engine.check_sync_facade()
         frame = FRAME.get()
         if frame is not None and frame.run is not None and frame.run.kind == "flow":
             result = self._flow_step(frame, args, kwargs, opts)
@@ -1066,7 +1077,7 @@ class AgentFunction(Generic[R]):
             id=_core.ulid(),
             status="completed",
             output=output,
-            usage=_subtree_usage(frame.trace, call.frame.span),
+            usage=_engine.subtree_usage(frame.trace, call.frame.span),
             trace=frame.trace,
             messages=list(call.messages),
         )
@@ -1092,7 +1103,7 @@ class AgentFunction(Generic[R]):
             id=_core.ulid(),
             status="completed",
             output=output,
-            usage=_subtree_usage(call.frame.trace, call.frame.span),
+            usage=_engine.subtree_usage(call.frame.trace, call.frame.span),
             trace=call.frame.trace,
             messages=list(call.messages),
         )
@@ -1135,17 +1146,6 @@ def _push_budget(meter: Any):
 def _pop_budget(token: Any) -> None:
     if token is not None:
         BUDGETS.reset(token)
-
-
-def _subtree_usage(trace, root) -> Any:
-    ids = {root.span_id}
-    total = None
-    for span in trace.spans:
-        if span.parent_span_id in ids:
-            ids.add(span.span_id)
-        if span.span_id in ids and span.kind == "llm" and span.usage is not None:
-            total = span.usage if total is None else total + span.usage
-    return total
 
 
 # ---------------------------------------------------------------------------
@@ -1229,7 +1229,7 @@ def _settle_standalone_ok(call: _Call, output: Any) -> Run:
         id=run.run_id,
         status="completed",
         output=output,
-        usage=_subtree_usage(run.trace, root),
+        usage=_engine.subtree_usage(run.trace, root),
         trace=run.trace,
         messages=list(call.messages),
     )

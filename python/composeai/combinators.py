@@ -1,22 +1,34 @@
-"""`map()` and `MapResult` (COMP-22 … COMP-27)."""
+"""Composition: `pipe`/`>>`, `aggregate`, `map`/`amap` (COMP-1 … COMP-27).
+
+Composites run as spans of the current run when something is active (a flow
+or any span: adoption), and as independent `pipe`/`aggregate` runs otherwise.
+Their stages journal as usual; the composites themselves have no journal
+entry.
+"""
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextvars import copy_context
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-from . import _codec, _engine
+from . import _codec, _core, _engine
 from ._engine import FRAME, Frame
-from .errors import ConfigError
+from ._stages import build_validator, stage_name, stage_types
+from .errors import CompositionTypeError, ConfigError, SerializationError
 from .flow import Task
 
-__all__ = ["MapResult", "map"]
+__all__ = ["Aggregate", "MapResult", "Pipeline", "Stage", "aggregate", "amap", "map", "pipe"]
 
 T = TypeVar("T")
+In_contra = TypeVar("In_contra", contravariant=True)
+Out_co = TypeVar("Out_co", covariant=True)
+_PIn = TypeVar("_PIn")
+_POut = TypeVar("_POut")
 
 
 @dataclass
@@ -30,17 +42,6 @@ class MapResult(Generic[T]):
 
 
 _codec.register_serializable(MapResult)
-
-
-def stage_name(stage: Any) -> str:
-    """COMP-2: a stage's display name."""
-    name = getattr(stage, "name", None)
-    if isinstance(name, str) and name:
-        return name
-    dunder = getattr(stage, "__name__", None)
-    if isinstance(dunder, str):
-        return dunder
-    return repr(stage)
 
 
 def _check_map_args(fn_label: str, on_error: str, max_workers: int | None) -> None:
@@ -129,6 +130,8 @@ def map(
     """Applies `fn` to every item concurrently; results in input order. In a
     flow, item `i` of the k-th map journals under scope `map#k[i]`."""
     _check_map_args("map", on_error, max_workers)
+    validator = build_validator(fn)
+    _engine.check_sync_facade()
     items = list(items)
     if not items:
         return []
@@ -152,7 +155,9 @@ def map(
         item_frame = Frame(run, item_scope, span, item_fence, trace)
         token = FRAME.set(item_frame)
         try:
-            outcomes[index] = _run_item(fn, name, index, items[index], item_frame, timeout_per_item)
+            outcomes[index] = _run_item(
+                fn, name, index, items[index], item_frame, timeout_per_item, validator
+            )
         except _engine._Revoked:
             failures[index] = None
         except (KeyboardInterrupt, SystemExit):
@@ -174,7 +179,62 @@ def map(
             item_fence.revoke()
         _engine.fail_span(run, span, exc)
         raise
-    first = next((f for f in failures if f is not None), None)
+    return _collect(run, span, on_error, outcomes, failures)
+
+
+def _run_item(
+    fn: Callable[[Any], Any],
+    name: str,
+    index: int,
+    item: Any,
+    frame: Frame,
+    timeout: float | None,
+    validator: Callable[[Any, str], Any] | None,
+) -> Any:
+    """One item: validated at its boundary, then an agent or composite in
+    its own span, anything else inside a `<fn>[<i>]` task span (COMP-24)."""
+    if validator is not None:
+        item = validator(item, f"map item {index}")
+    label = f"{name}[{index}]"
+    if _is_agent(fn) or isinstance(fn, _Composite):
+        if timeout is None:
+            return _call_stage_sync(fn, item)
+        fence = _engine.child_fence(frame) or frame.fence
+        return _engine.run_on_thread(
+            lambda: _call_stage_sync(fn, item),
+            Frame(frame.run, frame.scope, frame.span, fence, frame.trace),
+            timeout,
+            lambda: _engine.task_timeout_error("@task", label, timeout, False),
+            f"composeai-map-{label}",
+        )
+    # A task mapped directly journals a value only the map collects.
+    defer = isinstance(fn, Task)
+
+    def execute(inner: Frame) -> Any:
+        if timeout is None:
+            token = FRAME.set(
+                Frame(inner.run, inner.scope, inner.span, inner.fence, inner.trace, defer)
+            )
+            try:
+                return _call_plain_sync(fn, item)
+            finally:
+                FRAME.reset(token)
+        fence = _engine.child_fence(inner) or inner.fence
+        thread_frame = Frame(inner.run, inner.scope, inner.span, fence, inner.trace, defer)
+        return _engine.run_on_thread(
+            lambda: _call_plain_sync(fn, item),
+            thread_frame,
+            timeout,
+            lambda: _engine.task_timeout_error("@task", label, timeout, False),
+            f"composeai-map-{label}",
+        )
+
+    return _engine.unjournaled_call(frame, "task", label, execute, item)
+
+
+def _collect(run: Any, span: Any, on_error: str, outcomes: list, failures: list) -> list:
+    """Settles a map: results in input order, or the first failure by index
+    (COMP-25); pauses and other BaseExceptions are never collected."""
     if on_error == "collect":
         fatal = next((f for f in failures if f is not None and not isinstance(f, Exception)), None)
         if fatal is not None:
@@ -190,6 +250,7 @@ def map(
                 )
         _engine.close_span(run, span, results)
         return results
+    first = next((f for f in failures if f is not None), None)
     if first is not None:
         _engine.fail_span(run, span, first)
         raise first
@@ -197,38 +258,567 @@ def map(
     return outcomes
 
 
-def _run_item(
+async def amap(
+    fn: Callable[[Any], Any],
+    items: Iterable[Any],
+    *,
+    max_workers: int | None = None,
+    timeout_per_item: float | None = None,
+    on_error: str = "raise",
+) -> list:
+    """Async twin of `map`, on the caller's loop (COMP-27)."""
+    import asyncio
+
+    _check_map_args("amap", on_error, max_workers)
+    validator = build_validator(fn)
+    items = list(items)
+    if not items:
+        return []
+    frame = FRAME.get()
+    run = frame.run if frame is not None else None
+    name = stage_name(fn)
+    span, trace = _engine.open_child(frame, "aggregate", f"map({name})")
+    scope = frame.scope if frame is not None else ""
+    fence = frame.fence if frame is not None else None
+    map_key = run.attempt.next_key(scope, "map", fence) if run is not None else None
+    count = len(items)
+    limit = asyncio.Semaphore(count if max_workers is None else min(max_workers, count))
+
+    async def one(index: int) -> Any:
+        async with limit:
+            item_scope = f"{map_key}[{index}]" if map_key is not None else scope
+            item_fence = _engine.child_fence(frame) if run is not None else None
+            FRAME.set(Frame(run, item_scope, span, item_fence, trace))
+            return await _arun_item(fn, name, index, items[index], timeout_per_item, validator)
+
+    results = await asyncio.gather(*(one(i) for i in range(count)), return_exceptions=True)
+    if run is not None:
+        run.attempt.sync()
+    outcomes: list[Any] = [None] * count
+    failures: list[BaseException | None] = [None] * count
+    for i, result in enumerate(results):
+        if isinstance(result, _engine._Revoked):
+            continue
+        if isinstance(result, BaseException):
+            failures[i] = result
+        else:
+            outcomes[i] = result
+    return _collect(run, span, on_error, outcomes, failures)
+
+
+async def _arun_item(
     fn: Callable[[Any], Any],
     name: str,
     index: int,
     item: Any,
-    frame: Frame,
     timeout: float | None,
+    validator: Callable[[Any, str], Any] | None,
 ) -> Any:
-    """One item inside its `<fn>[<i>]` task span (COMP-24)."""
+    import asyncio
+
+    if validator is not None:
+        item = validator(item, f"map item {index}")
     label = f"{name}[{index}]"
-    # A task mapped directly journals a value only the map collects.
+
+    def timed_out(cooperative: bool) -> BaseException:
+        return _engine.task_timeout_error("@task", label, timeout, cooperative)
+
+    if _is_agent(fn) or isinstance(fn, _Composite):
+        if timeout is None:
+            return await _call_stage_async(fn, item)
+        try:
+            return await asyncio.wait_for(_call_stage_async(fn, item), timeout)
+        except asyncio.TimeoutError:
+            raise timed_out(True) from None
     defer = isinstance(fn, Task)
 
-    def execute(inner: Frame) -> Any:
-        if timeout is None:
-            if not defer:
-                return fn(item)
-            token = FRAME.set(
-                Frame(inner.run, inner.scope, inner.span, inner.fence, inner.trace, True)
+    async def execute(inner: Frame) -> Any:
+        FRAME.set(Frame(inner.run, inner.scope, inner.span, inner.fence, inner.trace, defer))
+        if isinstance(fn, Task):
+            body = fn.arun(item)
+        elif _is_coroutine_function(fn):
+            body = fn(item)
+        else:
+            fence = _engine.child_fence(inner) or inner.fence
+            thread_frame = Frame(inner.run, inner.scope, inner.span, fence, inner.trace)
+            return await _engine.run_on_thread_async(
+                lambda: _call_plain_sync(fn, item),
+                thread_frame,
+                timeout,
+                lambda: timed_out(False),
+                f"composeai-map-{label}",
             )
-            try:
-                return fn(item)
-            finally:
-                FRAME.reset(token)
-        fence = _engine.child_fence(inner) or inner.fence
-        thread_frame = Frame(inner.run, inner.scope, inner.span, fence, inner.trace, defer)
-        return _engine.run_on_thread(
-            lambda: fn(item),
-            thread_frame,
-            timeout,
-            lambda: _engine.task_timeout_error("@task", label, timeout, False),
-            f"composeai-map-{label}",
+        if timeout is None:
+            return await body
+        try:
+            return await asyncio.wait_for(body, timeout)
+        except asyncio.TimeoutError:
+            raise timed_out(True) from None
+
+    return await _engine.aunjournaled_call(FRAME.get(), "task", label, execute, item)
+
+
+# ---------------------------------------------------------------------------
+# Stages
+
+
+class Stage(Protocol[In_contra, Out_co]):
+    """Anything callable with one positional argument (COMP-42)."""
+
+    def __call__(self, x: In_contra, /) -> Out_co: ...
+
+
+def _is_agent(stage: Any) -> bool:
+    agentfn = sys.modules.get("composeai.agentfn")
+    return agentfn is not None and isinstance(stage, agentfn.AgentFunction)
+
+
+def _call_stage_sync(stage: Any, x: Any) -> Any:
+    """COMP-15: an agent is called (journaled in a flow), a composite nests,
+    anything else runs in a `task` span named after it."""
+    if _is_agent(stage):
+        return stage(x)
+    if isinstance(stage, _Composite):
+        return stage._nested_sync(x)
+    name = stage_name(stage)
+    return _engine.unjournaled_call(
+        FRAME.get(), "task", name, lambda _inner: _call_plain_sync(stage, x), x
+    )
+
+
+def _call_plain_sync(stage: Any, x: Any) -> Any:
+    if _is_coroutine_function(stage):
+        from . import _runtime
+
+        return _runtime.run_sync(lambda: stage(x))
+    result = stage(x)
+    if inspect_iscoroutine(result):
+        from . import _runtime
+
+        return _runtime.run_sync(lambda: result)
+    return result
+
+
+async def _call_stage_async(stage: Any, x: Any) -> Any:
+    if _is_agent(stage):
+        return (await stage.arun(x)).output
+    if isinstance(stage, _Composite):
+        return await stage._nested_async(x)
+    if isinstance(stage, Task):
+        return await _engine.aunjournaled_call(
+            FRAME.get(), "task", stage_name(stage), lambda _inner: stage.arun(x), x
         )
 
-    return _engine.unjournaled_call(frame, "task", label, execute, item)
+    async def execute(inner: Frame) -> Any:
+        if _is_coroutine_function(stage):
+            return await stage(x)
+        frame = Frame(inner.run, inner.scope, inner.span, _engine.child_fence(inner), inner.trace)
+        result = await _engine.run_on_thread_async(
+            lambda: stage(x), frame, None, lambda: RuntimeError("unreachable"), "composeai-stage"
+        )
+        if inspect_iscoroutine(result):
+            return await result
+        return result
+
+    return await _engine.aunjournaled_call(FRAME.get(), "task", stage_name(stage), execute, x)
+
+
+def _is_coroutine_function(fn: Any) -> bool:
+    import inspect
+
+    if inspect.iscoroutinefunction(fn):
+        return True
+    # An object whose __call__ is a coroutine function.
+    call = type(fn).__dict__.get("__call__")
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def inspect_iscoroutine(value: Any) -> bool:
+    import inspect
+
+    return inspect.iscoroutine(value)
+
+
+# ---------------------------------------------------------------------------
+# Pipelines and aggregates
+
+
+class _Composite:
+    """What `Pipeline` and `Aggregate` share: running as a nested span or as
+    an independent run, sync and async, and `>>`."""
+
+    kind: str = ""
+    name: str = ""
+    input_type: Any = Any
+    output_type: Any = Any
+
+    # -- subclasses --------------------------------------------------------
+
+    def _execute_sync(self, x: Any) -> Any:
+        raise NotImplementedError
+
+    async def _execute_async(self, x: Any) -> Any:
+        raise NotImplementedError
+
+    # -- composition -------------------------------------------------------
+
+    def __rshift__(self, other: Any) -> Pipeline:
+        return pipe(self, other)
+
+    def __rrshift__(self, other: Any) -> Pipeline:
+        return pipe(other, self)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+    # -- calling (COMP-10 … COMP-13) ------------------------------------------
+
+    def __call__(self, x: Any) -> Any:
+        _engine.check_sync_facade()
+        frame = FRAME.get()
+        if frame is not None and frame.span is not None:
+            return self._nested_sync(x)
+        return self.run(x).output
+
+    def _nested_budget_error(self) -> ConfigError:
+        return ConfigError(
+            f"{self.kind} {self.name!r}: budget= is not supported on a nested arun()/astream() "
+            "call (the enclosing run's budget governs); set it on the outer run"
+        )
+
+    def _open_nested(self, x: Any) -> Frame:
+        frame = FRAME.get()
+        span = _engine.open_span(frame.span, frame.trace, self.kind, self.name)
+        if _engine._capture():
+            span.input = x
+        return Frame(frame.run, frame.scope, span, frame.fence, frame.trace)
+
+    def _nested_sync(self, x: Any) -> Any:
+        inner = self._open_nested(x)
+        token = FRAME.set(inner)
+        try:
+            output = self._execute_sync(x)
+        except BaseException as exc:
+            _engine.fail_span(inner.run, inner.span, exc)
+            raise
+        finally:
+            FRAME.reset(token)
+        _engine.close_span(inner.run, inner.span, output)
+        return output
+
+    async def _nested_async(self, x: Any, spans: list | None = None) -> Any:
+        inner = self._open_nested(x)
+        if spans is not None:
+            spans.append(inner.span)
+        token = FRAME.set(inner)
+        try:
+            output = await self._execute_async(x)
+        except BaseException as exc:
+            _engine.fail_span(inner.run, inner.span, exc)
+            raise
+        finally:
+            FRAME.reset(token)
+        _engine.close_span(inner.run, inner.span, output)
+        return output
+
+    def _start(self, budget: Any):
+        attempt = _engine.get_store().start_run(self.kind, self.name, None, None, None)
+        run = _engine.RunState(attempt, self.name)
+        root = _engine.open_span(None, run.trace, self.kind, self.name)
+        meter = _engine.budget_meter(budget, self.kind, self.name)
+        return run, root, meter
+
+    def _paused_error(self) -> ConfigError:
+        noun = self.kind
+        return ConfigError(
+            f"{noun} {self.name!r} paused on an approval/ask_human interrupt, but a bare "
+            f"{noun}()/aggregate() isn't resumable -- durable pauses need a @flow as the root. "
+            "Wrap this call in a @flow function (so it has a name resume() can look up and a "
+            "fingerprint it can check) and call that instead, e.g.:\n\n"
+            "    @flow\n"
+            "    def run_it(x):\n"
+            f"        return {self.name}(x)\n"
+        )
+
+    def _settle(self, run, root, outcome: tuple, exc: BaseException | None):
+        from .runs import Run
+
+        if exc is not None:
+            if isinstance(exc, _engine._Pause):
+                _engine.mark_failed(root, exc)
+                run.attempt.discard()
+                raise self._paused_error() from None
+            if isinstance(exc, _engine._Cancelled):
+                _engine.fail_span(run, root, exc)
+                run.attempt.settle("cancelled", None, None)
+                _engine.emit_run_finished(root, "cancelled")
+                return Run(
+                    id=run.run_id,
+                    status="cancelled",
+                    output=None,
+                    usage=None,
+                    trace=run.trace,
+                    messages=[],
+                )
+            _engine.fail_span(run, root, exc)
+            _engine.settle_failed(run, exc)
+            _engine.emit_run_finished(root, "failed", exc)
+            raise exc
+        output = outcome
+        try:
+            output_json = _codec.dumps(output)
+        except SerializationError:
+            output_json = None
+        _engine.close_span(run, root, output)
+        run.attempt.settle("completed", output_json, None)
+        _engine.emit_run_finished(root, "completed")
+        return Run(
+            id=run.run_id,
+            status="completed",
+            output=output,
+            usage=_engine.rollup_usage(run.trace),
+            trace=run.trace,
+            messages=[],
+        )
+
+    def run(self, x: Any, budget: Any = None):
+        """An independent top-level run, even inside a flow (COMP-11)."""
+        _engine.check_sync_facade()
+        run, root, meter = self._start(budget)
+        if _engine._capture():
+            root.input = x
+        token = FRAME.set(Frame(run, "", root, None, run.trace))
+        budget_token = _engine.BUDGETS.set((meter,)) if meter is not None else None
+        try:
+            output = self._execute_sync(x)
+        except BaseException as exc:  # noqa: BLE001 -- settled, then re-raised
+            return self._settle(run, root, None, exc)
+        finally:
+            if budget_token is not None:
+                _engine.BUDGETS.reset(budget_token)
+            FRAME.reset(token)
+        return self._settle(run, root, output, None)
+
+    async def arun(self, x: Any, budget: Any = None):
+        """Async twin: adopts an active run, else an independent run (COMP-13)."""
+        from .runs import Run
+
+        frame = FRAME.get()
+        if frame is not None and frame.span is not None:
+            if budget is not None:
+                raise self._nested_budget_error()
+            spans: list = []
+            output = await self._nested_async(x, spans)
+            return Run(
+                id=_core.ulid(),
+                status="completed",
+                output=output,
+                usage=_engine.subtree_usage(frame.trace, spans[0]),
+                trace=frame.trace,
+                messages=[],
+            )
+        run, root, meter = self._start(budget)
+        if _engine._capture():
+            root.input = x
+        token = FRAME.set(Frame(run, "", root, None, run.trace))
+        budget_token = _engine.BUDGETS.set((meter,)) if meter is not None else None
+        try:
+            output = await self._execute_async(x)
+        except BaseException as exc:  # noqa: BLE001 -- settled, then re-raised
+            return self._settle(run, root, None, exc)
+        finally:
+            if budget_token is not None:
+                _engine.BUDGETS.reset(budget_token)
+            FRAME.reset(token)
+        return self._settle(run, root, output, None)
+
+    def stream(self, x: Any, budget: Any = None):
+        from ._streams import RunStream
+
+        return RunStream.start(lambda: self.run(x, budget), cancellable=True)
+
+    def astream(self, x: Any, budget: Any = None):
+        frame = FRAME.get()
+        if budget is not None and frame is not None and frame.span is not None:
+            raise self._nested_budget_error()
+        from ._streams import AsyncRunStream
+
+        return AsyncRunStream.start(lambda: self.arun(x, budget))
+
+
+class Pipeline(_Composite, Generic[_PIn, _POut]):
+    """Stages run one after another (COMP-6, COMP-16)."""
+
+    kind = "pipe"
+
+    def __init__(self, stages: Sequence[Any]):
+        self.stages = tuple(stages)
+        self.name = "pipe(" + " → ".join(stage_name(s) for s in self.stages) + ")"
+        self.input_type = stage_types(self.stages[0])[0]
+        self.output_type = stage_types(self.stages[-1])[1]
+        self._validators = [build_validator(s) for s in self.stages]
+
+    def _boundaries(self):
+        for i, (stage, validator) in enumerate(zip(self.stages, self._validators)):
+            yield stage, validator, "pipeline input" if i == 0 else "stage handoff"
+
+    def _execute_sync(self, x: Any) -> Any:
+        for stage, validator, boundary in self._boundaries():
+            if validator is not None:
+                x = validator(x, boundary)
+            x = _call_stage_sync(stage, x)
+        return x
+
+    async def _execute_async(self, x: Any) -> Any:
+        for stage, validator, boundary in self._boundaries():
+            if validator is not None:
+                x = validator(x, boundary)
+            x = await _call_stage_async(stage, x)
+        return x
+
+
+class Aggregate(_Composite, Generic[_PIn]):
+    """Branches run concurrently on the same input (COMP-20, COMP-21)."""
+
+    kind = "aggregate"
+    output_type = dict
+
+    def __init__(self, branches: dict[str, Any], timeout_per_branch: float | None):
+        self.branches = dict(branches)
+        self.timeout_per_branch = timeout_per_branch
+        self.name = "aggregate(" + ", ".join(self.branches) + ")"
+        from ._stages import aggregate_input_type
+
+        self.input_type = aggregate_input_type([stage_types(b)[0] for b in self.branches.values()])
+        self._validators = {k: build_validator(b) for k, b in self.branches.items()}
+
+    def _branch_frames(self) -> tuple[Frame, list[str]]:
+        frame = FRAME.get()
+        keys = list(self.branches)
+        if frame.run is None:
+            return frame, [frame.scope] * len(keys)
+        base = frame.run.attempt.next_key(frame.scope, "aggregate", frame.fence)
+        return frame, [f"{base}/{k}" for k in keys]
+
+    def _timeout_error(self, key: str, cooperative: bool):
+        return _engine.task_timeout_error(
+            "aggregate branch", key, self.timeout_per_branch, cooperative
+        )
+
+    def _run_branch_sync(self, frame: Frame, scope: str, key: str, x: Any) -> Any:
+        validator = self._validators[key]
+        if validator is not None:
+            x = validator(x, f"aggregate branch {key!r}")
+        branch = self.branches[key]
+        fence = _engine.child_fence(frame) if frame.run is not None else frame.fence
+        branch_frame = Frame(frame.run, scope, frame.span, fence, frame.trace)
+        if self.timeout_per_branch is None:
+            token = FRAME.set(branch_frame)
+            try:
+                return _call_stage_sync(branch, x)
+            finally:
+                FRAME.reset(token)
+        return _engine.run_on_thread(
+            lambda: _call_stage_sync(branch, x),
+            branch_frame,
+            self.timeout_per_branch,
+            lambda: self._timeout_error(key, False),
+            f"composeai-branch-{key}",
+        )
+
+    def _execute_sync(self, x: Any) -> Any:
+        frame, scopes = self._branch_frames()
+        keys = list(self.branches)
+        results: list[Any] = [None] * len(keys)
+        failures: list[BaseException | None] = [None] * len(keys)
+
+        def work(i: int) -> None:
+            try:
+                results[i] = self._run_branch_sync(frame, scopes[i], keys[i], x)
+            except _engine._Revoked:
+                pass
+            except BaseException as exc:  # noqa: BLE001 -- raised in declaration order
+                failures[i] = exc
+
+        threads = []
+        for i in range(1, len(keys)):
+            ctx = copy_context()
+            t = threading.Thread(
+                target=ctx.run, args=(work, i), name="composeai-branch", daemon=True
+            )
+            t.start()
+            threads.append(t)
+        work(0)
+        for t in threads:
+            t.join()
+        first = next((f for f in failures if f is not None), None)
+        if first is not None:
+            raise first
+        return dict(zip(keys, results))
+
+    async def _run_branch_async(self, frame: Frame, scope: str, key: str, x: Any) -> Any:
+        import asyncio
+
+        validator = self._validators[key]
+        if validator is not None:
+            x = validator(x, f"aggregate branch {key!r}")
+        branch = self.branches[key]
+        fence = _engine.child_fence(frame) if frame.run is not None else frame.fence
+        token = FRAME.set(Frame(frame.run, scope, frame.span, fence, frame.trace))
+        try:
+            if self.timeout_per_branch is None:
+                return await _call_stage_async(branch, x)
+            try:
+                return await asyncio.wait_for(_call_stage_async(branch, x), self.timeout_per_branch)
+            except asyncio.TimeoutError:
+                raise self._timeout_error(key, True) from None
+        finally:
+            FRAME.reset(token)
+
+    async def _execute_async(self, x: Any) -> Any:
+        import asyncio
+
+        frame, scopes = self._branch_frames()
+        keys = list(self.branches)
+        outcomes = await asyncio.gather(
+            *(self._run_branch_async(frame, scopes[i], k, x) for i, k in enumerate(keys)),
+            return_exceptions=True,
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return dict(zip(keys, outcomes))
+
+
+def _flatten(stages: Sequence[Any]) -> list[Any]:
+    flat: list[Any] = []
+    for stage in stages:
+        if isinstance(stage, Pipeline):
+            flat.extend(stage.stages)
+        else:
+            flat.append(stage)
+    return flat
+
+
+def pipe(*stages: Any) -> Pipeline:
+    """Chains stages, checking adjacent types before anything runs (COMP-3)."""
+    from ._stages import check_pipe
+
+    flat = _flatten(stages)
+    check_pipe(flat)
+    return Pipeline(flat)
+
+
+def aggregate(*, timeout_per_branch: float | None = None, **branches: Any) -> Aggregate:
+    """Runs every branch on the same input concurrently; returns
+    `{name: output}` in declaration order (COMP-20)."""
+    if not branches:
+        raise CompositionTypeError("aggregate() requires at least 1 branch, got 0")
+    if timeout_per_branch is not None and (
+        isinstance(timeout_per_branch, bool) or not isinstance(timeout_per_branch, (int, float))
+    ):
+        raise ConfigError(
+            "aggregate(): timeout_per_branch must be a number of seconds, got "
+            f"{type(timeout_per_branch)!r}"
+        )
+    return Aggregate(branches, timeout_per_branch)

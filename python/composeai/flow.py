@@ -52,6 +52,7 @@ class Task(Generic[R]):
         return functools.partial(self, obj)
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
+        _engine.check_sync_facade()
         frame = FRAME.get()
         if frame is not None and frame.run is not None:
             return _engine.journaled_step(frame, "task", self.name, self._execute, args, kwargs)
@@ -221,6 +222,7 @@ class Flow(Generic[R]):
         return f"<Flow {self.name!r}>"
 
     def __call__(self, *args: Any, budget: Any = None, **kwargs: Any) -> R:
+        _engine.check_sync_facade()
         frame = FRAME.get()
         if frame is not None and frame.run is not None:
             if budget is not None:
@@ -307,6 +309,7 @@ class Flow(Generic[R]):
 
     def run(self, *args: Any, budget: Any = None, **kwargs: Any):
         """Starts a new top-level durable run, even inside another flow."""
+        _engine.check_sync_facade()
         run, meter = self._start(args, kwargs, budget)
         return self._drive(run, args, kwargs, meter)
 
@@ -350,7 +353,7 @@ class Flow(Generic[R]):
         output = await _engine.ajournaled_step(frame, "flow", self.name, execute, args, kwargs)
         usage = None
         if spans:
-            usage = _subtree_usage(frame.trace, spans[0])
+            usage = _engine.subtree_usage(frame.trace, spans[0])
         return Run(
             id=_core.ulid(),
             status="completed",
@@ -359,17 +362,6 @@ class Flow(Generic[R]):
             trace=frame.trace,
             messages=[],
         )
-
-
-def _subtree_usage(trace, root) -> Any:
-    ids = {root.span_id}
-    total = None
-    for span in trace.spans:
-        if span.parent_span_id in ids:
-            ids.add(span.span_id)
-        if span.span_id in ids and span.kind == "llm" and span.usage is not None:
-            total = span.usage if total is None else total + span.usage
-    return total
 
 
 @overload
@@ -572,6 +564,7 @@ def resume(
     context_manager: Any = None,
 ):
     """Continues a durable run in this or any process (FLOW-40 … FLOW-43)."""
+    _engine.check_sync_facade()
     flow_obj, resolved, done = _prepare_resume(
         run_id, answers, allow_code_change, (approver, tool_interceptor, context_manager)
     )

@@ -277,6 +277,11 @@ impl PyAttempt {
         Ok(rows.into_iter().map(interrupt_tuple).collect())
     }
 
+    /// Ends the attempt by deleting the run and everything stored for it.
+    fn discard(&self, py: Python<'_>) -> PyResult<()> {
+        py.allow_threads(|| self.inner.discard()).py_err()
+    }
+
     /// Ends the attempt: status, output or error, pending interrupts, lease
     /// released, queued spans written, in one transaction.
     #[pyo3(signature = (status, output_json=None, error_json=None, pending=vec![], agent_states=vec![]))]

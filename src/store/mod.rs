@@ -174,6 +174,10 @@ pub trait Store: Send + Sync {
 
     fn get_run(&self, run_id: &str) -> CoreResult<Option<RunRow>>;
 
+    /// Deletes a run and everything stored for it (journal, spans of its
+    /// trace, pending interrupts, agent state), in one transaction.
+    fn delete_run(&self, rid: i64) -> CoreResult<()>;
+
     /// Stores an agent snapshot durably (last write wins).
     fn save_agent_state(&self, rid: i64, state: &AgentStateRow) -> CoreResult<()>;
 

@@ -749,6 +749,27 @@ impl Store for SqliteStore {
         })
     }
 
+    fn delete_run(&self, rid: i64) -> CoreResult<()> {
+        let mut w = self.writer.lock();
+        let ops = self.take_queue();
+        let path = self.path.clone();
+        self.inner.apply(&mut w, ops, |tx| {
+            tx.execute_batch(&format!(
+                "DELETE FROM spans WHERE rid = {rid} OR tid = (SELECT t.tid FROM runs r \
+                 JOIN traces t ON t.trace_id = r.trace_id WHERE r.rid = {rid}); \
+                 DELETE FROM traces WHERE trace_id = (SELECT trace_id FROM runs WHERE rid = {rid}); \
+                 DELETE FROM journal WHERE rid = {rid}; \
+                 DELETE FROM pending_interrupts WHERE rid = {rid}; \
+                 DELETE FROM agent_state WHERE rid = {rid}; \
+                 DELETE FROM runs WHERE rid = {rid};"
+            ))
+            .at(&path)
+        })?;
+        // Trace ids cached by the writer may name the deleted trace.
+        w.traces.clear();
+        Ok(())
+    }
+
     fn save_agent_state(&self, rid: i64, state: &AgentStateRow) -> CoreResult<()> {
         let mut w = self.writer.lock();
         let ops = self.take_queue();
