@@ -159,6 +159,8 @@ def collect(args: argparse.Namespace) -> list[dict[str, Any]]:
     w2 = workload("w2_resume.py", args.n_w2, 1)
     w3 = workload("w3_map.py", args.n_w3, r)
     w3_one = workload("w3_map.py", args.n_w3, r, extra=("--max-workers", "1"))
+    w3_async = workload("w3_amap.py", args.n_w3, r)
+    facade = workload("facade.py", args.n_w1, r)
     w4 = workload("w4_runs.py", args.n_w4, r)
     w5 = workload("w5_agent.py", args.n_w5, r)
     w6 = workload("w6_state.py", args.n_w6, 1)
@@ -316,6 +318,39 @@ def collect(args: argparse.Namespace) -> list[dict[str, Any]]:
             "W3 / floor",
             None,
             w3_one,
+        ),
+        row(
+            "W3-amap",
+            f"amap item (async @task) in an async flow, N={w3_async['n']}",
+            w3_async["us_per_item"],
+            "us/item",
+            "<= 70",
+            w3_async["us_per_item"] / f_norm,
+            "W3-amap / floor",
+            w3_async["us_per_item"] <= 70,
+            w3_async,
+        ),
+        row(
+            "W3-amap",
+            f"amap item (sync @task) in an async flow, N={w3_async['n']}",
+            w3_async["us_per_item_sync_task"],
+            "us/item",
+            "<= 70",
+            w3_async["us_per_item_sync_task"] / f_norm,
+            "W3-amap / floor",
+            w3_async["us_per_item_sync_task"] <= 70,
+            None,
+        ),
+        row(
+            "facade",
+            "sync call of an async-bodied task in a flow",
+            facade["us_per_call_async_body"],
+            "us/call",
+            "",
+            facade["us_per_call_async_body"] / facade["us_per_call_sync_body"],
+            "async body / sync body",
+            None,
+            facade,
         ),
         row(
             "W4",

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from contextvars import ContextVar, copy_context
 from typing import Any
 
-from . import _codec, _core
+from . import _codec, _core, _threads
 from . import events as _events
 from .errors import ConfigError, SerializationError, TaskTimeoutError
 from .tracing import ErrorInfo, Span, Trace, _capture_content
@@ -400,8 +400,7 @@ def run_on_thread(
         finally:
             finished.set()
 
-    thread = threading.Thread(target=ctx.run, args=(target,), name=thread_name, daemon=True)
-    thread.start()
+    _threads.spawn(lambda: ctx.run(target), thread_name)
     try:
         if not finished.wait(timeout):
             if frame.fence is not None:
@@ -906,7 +905,7 @@ async def run_on_thread_async(
         except RuntimeError:
             pass  # the loop is gone; nobody is waiting
 
-    threading.Thread(target=ctx.run, args=(target,), name=thread_name, daemon=True).start()
+    _threads.spawn(lambda: ctx.run(target), thread_name)
     try:
         if timeout is None:
             ok, value = await future

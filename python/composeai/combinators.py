@@ -258,6 +258,13 @@ def _collect(run: Any, span: Any, on_error: str, outcomes: list, failures: list)
     return outcomes
 
 
+def _runs_on_loop(fn: Any) -> bool:
+    """Whether items of `fn` are awaited on the loop (no thread each)."""
+    if isinstance(fn, Task):
+        return fn._is_async
+    return _is_agent(fn) or isinstance(fn, _Composite) or _is_coroutine_function(fn)
+
+
 async def amap(
     fn: Callable[[Any], Any],
     items: Iterable[Any],
@@ -274,6 +281,10 @@ async def amap(
     items = list(items)
     if not items:
         return []
+    if not _runs_on_loop(fn):
+        # Sync bodies each need a thread anyway: run the whole fan-out as the
+        # sync `map` on one thread off the loop (same keys, spans, contract).
+        return await _map_off_loop(fn, items, max_workers, timeout_per_item, on_error)
     frame = FRAME.get()
     run = frame.run if frame is not None else None
     name = stage_name(fn)
@@ -282,10 +293,10 @@ async def amap(
     fence = frame.fence if frame is not None else None
     map_key = run.attempt.next_key(scope, "map", fence) if run is not None else None
     count = len(items)
-    limit = asyncio.Semaphore(count if max_workers is None else min(max_workers, count))
+    gate = asyncio.Semaphore(count if max_workers is None else min(max_workers, count))
 
     async def one(index: int) -> Any:
-        async with limit:
+        async with gate:
             item_scope = f"{map_key}[{index}]" if map_key is not None else scope
             item_fence = _engine.child_fence(frame) if run is not None else None
             FRAME.set(Frame(run, item_scope, span, item_fence, trace))
@@ -304,6 +315,23 @@ async def amap(
         else:
             outcomes[i] = result
     return _collect(run, span, on_error, outcomes, failures)
+
+
+async def _map_off_loop(
+    fn: Any, items: list, max_workers: int | None, timeout: float | None, on_error: str
+) -> list:
+    frame = FRAME.get()
+    if frame is not None:
+        frame = Frame(frame.run, frame.scope, frame.span, _engine.child_fence(frame), frame.trace)
+    return await _engine.run_on_thread_async(
+        lambda: map(
+            fn, items, max_workers=max_workers, timeout_per_item=timeout, on_error=on_error
+        ),
+        frame,
+        None,
+        lambda: RuntimeError("unreachable"),
+        "composeai-amap",
+    )
 
 
 async def _arun_item(
