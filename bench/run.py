@@ -68,6 +68,8 @@ def base_env(sync: str = "normal") -> dict[str, str]:
     env = dict(os.environ)
     env.pop("COMPOSE_DIR", None)  # each workload makes its own
     env.pop("COMPOSE_TRACE_CONTENT", None)
+    # Measure imports as an installed package runs them: from bytecode.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if sync == "full":
         env["COMPOSE_SYNC"] = "full"
     else:

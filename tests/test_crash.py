@@ -69,7 +69,7 @@ MOD = 1_000_003
 _TASKS = """\
 import time
 
-from composeai import anow, approve, arandom, flow, map, now, random, task
+from composeai import amap, anow, approve, arandom, flow, map, now, random, task
 
 N_STEPS = 30
 N_ITEMS = 5
@@ -129,7 +129,7 @@ async def crashy(seed: int) -> dict:
     acc = seed
     for i in range(N_STEPS):
         acc = (await step.arun(i, acc))["v"]
-    squares = [r["v"] for r in map(square, [(k, acc + k) for k in range(N_ITEMS)])]
+    squares = [r["v"] for r in await amap(square, [(k, acc + k) for k in range(N_ITEMS)])]
     t = await anow()
     x = await arandom()
     s = await stamp.arun(x, t)

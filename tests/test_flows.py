@@ -477,16 +477,28 @@ def test_flow22_outside_a_flow_now_and_random_are_plain():
 
 
 def test_flow24_async_twins_share_counters():
-    @compose.flow
-    async def f() -> list:
-        a = compose.now()
-        b = await compose.anow()
-        c = await compose.arandom()
-        d = compose.random()
-        return [a, b, c, d]
+    """A body converted from sync to async replays the other's now/random records."""
 
-    run = asyncio.run(f.arun())
-    assert set(journal_of(run.id)) == {"now#1", "now#2", "random#1", "random#2"}
+    @compose.flow(name="clock")
+    def sync_body() -> list:
+        values = [compose.now(), compose.random(), compose.now()]
+        compose.approve("go")
+        return values
+
+    first = sync_body.run()
+    journal = journal_of(first.id)
+    assert set(journal) == {"now#1", "random#1", "now#2"}
+
+    @compose.flow(name="clock", replace=True)
+    async def async_body() -> list:
+        values = [await compose.anow(), await compose.arandom(), await compose.anow()]
+        compose.approve("go")
+        return values
+
+    done = asyncio.run(compose.aresume(first.id, answers={"go": True}, allow_code_change=True))
+    from composeai import _codec
+
+    assert done.output == [_codec.loads(journal[k]) for k in ("now#1", "random#1", "now#2")]
 
 
 # --- Nested flows -------------------------------------------------------------

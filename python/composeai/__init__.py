@@ -6,12 +6,21 @@ loaded on first access.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .combinators import MapResult, aggregate, amap, map, pipe
 from .flow import anow, arandom, aresume, flow, now, random, resume, task
 from .hitl import approve, ask_human
 from .runs import Budget, Run
+
+if TYPE_CHECKING:  # the lazily loaded names of `_LAZY`, for type checkers (PKG-4)
+    from ._approval import ApprovalReply
+    from ._codec import register_module_types, register_serializable
+    from ._interrupt import Interrupt
+    from .agentfn import agent, prompt
+    from .interception import BeforeTool, ToolInterceptor
+    from .models.prices import ModelPrice, register_price
+    from .tools import tool
 
 __version__ = "0.12.0"
 

@@ -464,12 +464,37 @@ def encode_step(key: str, value: Any) -> str:
 # Journaled steps
 
 
+# The event loop awaiting the current engine work, while it is async-driven
+# (an `arun`, an async body); `None` under a sync driver.
+ASYNC_DRIVER: ContextVar[Any] = ContextVar("composeai.async_driver", default=None)
+
+
 def check_sync_facade() -> None:
-    """ASYNC-6: a sync facade call on the loop thread that drives the engine
-    would deadlock; it raises instead."""
+    """ASYNC-6: a sync facade call made on the thread of the loop that drives
+    the engine would block or deadlock that loop; it raises instead. A sync
+    call from a plain coroutine (a notebook cell) is fine (ASYNC-1)."""
     runtime = sys.modules.get("composeai._runtime")
     if runtime is not None and runtime.on_loop_thread():
         raise RuntimeError(runtime.REENTRY)
+    driver = ASYNC_DRIVER.get()
+    if driver is not None:
+        asyncio = sys.modules.get("asyncio")
+        if asyncio is not None and asyncio._get_running_loop() is driver:
+            from ._runtime import REENTRY
+
+            raise RuntimeError(REENTRY)
+
+
+def driven_by_running_loop():
+    """Marks the current context as async-driven by the running loop;
+    returns the token to reset."""
+    import asyncio
+
+    return ASYNC_DRIVER.set(asyncio.get_running_loop())
+
+
+def driven_synchronously():
+    return ASYNC_DRIVER.set(None)
 
 
 def _streams_loaded() -> bool:
@@ -739,6 +764,7 @@ def drive_sync(run: RunState, body: Callable[[], Any], root: Span) -> Any:
     unchanged after the row is marked failed (FLOW-12)."""
     frame = Frame(run, "", root, None, run.trace)
     token = FRAME.set(frame)
+    driver = driven_synchronously()
     try:
         output = body()
     except _Pause as pause:
@@ -751,6 +777,7 @@ def drive_sync(run: RunState, body: Callable[[], Any], root: Span) -> Any:
         emit_run_finished(root, "failed", exc)
         raise
     finally:
+        ASYNC_DRIVER.reset(driver)
         FRAME.reset(token)
     return settle_completed(run, root, output)
 
@@ -805,6 +832,7 @@ async def drive_async(run: RunState, body: Callable[[], Any], root: Span) -> Any
     """The async twin of `drive_sync`: the body is awaited on the caller's loop."""
     frame = Frame(run, "", root, None, run.trace)
     token = FRAME.set(frame)
+    driver = driven_by_running_loop()
     try:
         output = await body()
     except _Pause as pause:
@@ -817,6 +845,7 @@ async def drive_async(run: RunState, body: Callable[[], Any], root: Span) -> Any
         emit_run_finished(root, "failed", exc)
         raise
     finally:
+        ASYNC_DRIVER.reset(driver)
         FRAME.reset(token)
     return settle_completed(run, root, output)
 

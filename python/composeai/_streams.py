@@ -36,7 +36,13 @@ __all__ = [
     "use_cancel_token",
 ]
 
-R = TypeVar("R")
+if TYPE_CHECKING:
+    import typing_extensions
+
+    # Bare `RunStream` / `AsyncRunStream` mean `[Any]` (COMP-46).
+    R = typing_extensions.TypeVar("R", default=Any)
+else:
+    R = TypeVar("R")
 
 
 class CancelToken:

@@ -14,7 +14,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Generator
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from . import _codec, _core, _engine
 from ._engine import BUDGETS, FRAME, Frame, RunState
@@ -34,7 +34,34 @@ from .runs import Run
 
 __all__ = ["AgentFunction", "agent", "prompt"]
 
-R = TypeVar("R")
+if TYPE_CHECKING:
+    from collections.abc import Coroutine
+    from typing import Protocol
+
+    import typing_extensions
+
+    from ._streams import AsyncRunStream, RunStream
+    from .combinators import Pipeline, Stage
+    from .runs import Budget
+
+    # Bare `AgentFunction` means `AgentFunction[..., Any]` (COMP-46).
+    P = typing_extensions.ParamSpec("P", default=...)
+    R = typing_extensions.TypeVar("R", default=Any)
+    _X = TypeVar("_X")
+    _Y = TypeVar("_Y")
+    _Z = TypeVar("_Z")
+    _W = TypeVar("_W")
+
+    class _AgentDecorator(Protocol):
+        """Static type of `agent(...)` with options."""
+
+        @overload
+        def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> AgentFunction[P, R]: ...
+        @overload
+        def __call__(self, fn: Callable[P, R], /) -> AgentFunction[P, R]: ...
+else:
+    P = ParamSpec("P")
+    R = TypeVar("R")
 
 _AGENTS: dict[str, AgentFunction] = {}
 
@@ -861,6 +888,14 @@ def _restore(call: _Call) -> bool:
 
 
 def _agent_loop_sync(call: _Call, args: tuple, kwargs: dict) -> Any:
+    driver = _engine.driven_synchronously()
+    try:
+        return _agent_loop_sync_body(call, args, kwargs)
+    finally:
+        _engine.ASYNC_DRIVER.reset(driver)
+
+
+def _agent_loop_sync_body(call: _Call, args: tuple, kwargs: dict) -> Any:
     call.resolve_model()
     if not _restore(call):
         agent = call.agent
@@ -879,6 +914,14 @@ def _agent_loop_sync(call: _Call, args: tuple, kwargs: dict) -> Any:
 
 
 async def _agent_loop_async(call: _Call, args: tuple, kwargs: dict) -> Any:
+    driver = _engine.driven_by_running_loop()
+    try:
+        return await _agent_loop_async_body(call, args, kwargs)
+    finally:
+        _engine.ASYNC_DRIVER.reset(driver)
+
+
+async def _agent_loop_async_body(call: _Call, args: tuple, kwargs: dict) -> Any:
     call.resolve_model()
     if not _restore(call):
         agent = call.agent
@@ -904,7 +947,7 @@ def _overrides(budget, system, model, approver, tool_interceptor, context_manage
     }
 
 
-class AgentFunction(Generic[R]):
+class AgentFunction(Generic[P, R]):
     """An LLM loop behind a typed function (AGENT-1)."""
 
     def __init__(self, fn: Callable[..., Any], **options: Any):
@@ -936,18 +979,35 @@ class AgentFunction(Generic[R]):
     def __repr__(self) -> str:
         return f"<AgentFunction {self.name!r}>"
 
-    def __rshift__(self, other: Any):
+    # `>>` type-checks only for agents callable with one positional argument (COMP-43).
+    def __rshift__(self: Stage[_X, _Y], other: Stage[_Y, _Z]) -> Pipeline[_X, _Z]:
         from .combinators import pipe
 
         return pipe(self, other)
 
-    def __rrshift__(self, other: Any):
+    def __rrshift__(self: Stage[_X, _Y], other: Stage[_W, _X]) -> Pipeline[_W, _Y]:
         from .combinators import pipe
 
         return pipe(other, self)
 
     # -- routing (AGENT-50) ------------------------------------------------
 
+    # Direct calls are checked against the body's parameters (COMP-40); a call passing an
+    # override keyword (AGENT-48) matches one of the looser variants instead.
+    @overload
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+    @overload
+    def __call__(self, *args: Any, budget: Budget | None, **kwargs: Any) -> R: ...
+    @overload
+    def __call__(self, *args: Any, system: str | None, **kwargs: Any) -> R: ...
+    @overload
+    def __call__(self, *args: Any, model: Any, **kwargs: Any) -> R: ...
+    @overload
+    def __call__(self, *args: Any, approver: Any, **kwargs: Any) -> R: ...
+    @overload
+    def __call__(self, *args: Any, tool_interceptor: Any, **kwargs: Any) -> R: ...
+    @overload
+    def __call__(self, *args: Any, context_manager: Any, **kwargs: Any) -> R: ...
     def __call__(
         self,
         *args: Any,
@@ -990,12 +1050,12 @@ class AgentFunction(Generic[R]):
         opts = _overrides(budget, system, model, approver, tool_interceptor, context_manager)
         return await self._run_async(args, kwargs, opts)
 
-    def stream(self, *args: Any, **kwargs: Any):
+    def stream(self, *args: Any, **kwargs: Any) -> RunStream[R]:
         from ._streams import RunStream
 
         return RunStream.start(lambda: self.run(*args, **kwargs), cancellable=True)
 
-    def astream(self, *args: Any, **kwargs: Any):
+    def astream(self, *args: Any, **kwargs: Any) -> AsyncRunStream[R]:
         from ._streams import AsyncRunStream
 
         return AsyncRunStream.start(lambda: self.arun(*args, **kwargs))
@@ -1332,6 +1392,30 @@ def resume_standalone(
 # @agent
 
 
+@overload
+def agent(fn: Callable[P, Coroutine[Any, Any, R]], /) -> AgentFunction[P, R]: ...
+@overload
+def agent(fn: Callable[P, R], /) -> AgentFunction[P, R]: ...
+@overload
+def agent(
+    *,
+    model: Any = None,
+    tools: Any = (),
+    temperature: float | None = None,
+    max_tokens: int = 16000,
+    max_turns: int | None = 10,
+    retries: int = 0,
+    max_repairs: int = 0,
+    timeout: float | None = None,
+    prompt_cache: bool = True,
+    thinking: bool | None = None,
+    effort: str | None = None,
+    thinking_budget: int | None = None,
+    fallback: Any = None,
+    cache: bool = False,
+    name: str | None = None,
+    replace: bool = False,
+) -> _AgentDecorator: ...
 def agent(
     fn: Callable[..., Any] | None = None,
     /,

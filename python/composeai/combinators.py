@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import copy_context
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
 from . import _codec, _core, _engine
 from ._engine import FRAME, Frame
@@ -24,11 +24,39 @@ from .flow import Task
 
 __all__ = ["Aggregate", "MapResult", "Pipeline", "Stage", "aggregate", "amap", "map", "pipe"]
 
-T = TypeVar("T")
 In_contra = TypeVar("In_contra", contravariant=True)
 Out_co = TypeVar("Out_co", covariant=True)
-_PIn = TypeVar("_PIn")
-_POut = TypeVar("_POut")
+if TYPE_CHECKING:
+    from collections.abc import Awaitable
+    from typing import Literal
+
+    import typing_extensions
+
+    from ._streams import AsyncRunStream, RunStream
+    from .runs import Budget, Run
+
+    # Bare `MapResult`, `Pipeline`, `Aggregate` mean `[Any]` / `[Any, Any]` (COMP-46).
+    T = typing_extensions.TypeVar("T", default=Any)
+    _PIn = typing_extensions.TypeVar("_PIn", default=Any)
+    _POut = typing_extensions.TypeVar("_POut", default=Any)
+    _AggIn = typing_extensions.TypeVar("_AggIn", default=Any)
+    # Stage types of `pipe()`'s overloads, `>>` and `map()`.
+    _A = TypeVar("_A")
+    _B = TypeVar("_B")
+    _C = TypeVar("_C")
+    _D = TypeVar("_D")
+    _E = TypeVar("_E")
+    _F = TypeVar("_F")
+    _G = TypeVar("_G")
+    _H = TypeVar("_H")
+    _I = TypeVar("_I")
+    _J = TypeVar("_J")
+    _W = TypeVar("_W")
+    _Z = TypeVar("_Z")
+else:
+    T = TypeVar("T")
+    _PIn = TypeVar("_PIn")
+    _POut = TypeVar("_POut")
 
 
 @dataclass
@@ -119,6 +147,42 @@ class _Fanout:
         self.done.wait()
 
 
+@overload
+def map(
+    fn: Callable[[_A], Awaitable[_B]],
+    items: Sequence[_A],
+    *,
+    max_workers: int | None = None,
+    timeout_per_item: float | None = None,
+    on_error: Literal["raise"] = "raise",
+) -> list[_B]: ...
+@overload
+def map(
+    fn: Callable[[_A], Awaitable[_B]],
+    items: Sequence[_A],
+    *,
+    max_workers: int | None = None,
+    timeout_per_item: float | None = None,
+    on_error: Literal["collect"],
+) -> list[MapResult[_B]]: ...
+@overload
+def map(
+    fn: Callable[[_A], _B],
+    items: Sequence[_A],
+    *,
+    max_workers: int | None = None,
+    timeout_per_item: float | None = None,
+    on_error: Literal["raise"] = "raise",
+) -> list[_B]: ...
+@overload
+def map(
+    fn: Callable[[_A], _B],
+    items: Sequence[_A],
+    *,
+    max_workers: int | None = None,
+    timeout_per_item: float | None = None,
+    on_error: Literal["collect"],
+) -> list[MapResult[_B]]: ...
 def map(
     fn: Callable[[Any], Any],
     items: Iterable[Any],
@@ -196,16 +260,20 @@ def _run_item(
     if validator is not None:
         item = validator(item, f"map item {index}")
     label = f"{name}[{index}]"
+
+    def timed_out(cooperative: bool) -> BaseException:
+        return _engine.task_timeout_error("@task", label, timeout, cooperative)
+
     if _is_agent(fn) or isinstance(fn, _Composite):
         if timeout is None:
             return _call_stage_sync(fn, item)
         fence = _engine.child_fence(frame) or frame.fence
-        return _engine.run_on_thread(
-            lambda: _call_stage_sync(fn, item),
+        return _bounded_sync(
+            fn,
+            item,
             Frame(frame.run, frame.scope, frame.span, fence, frame.trace),
             timeout,
-            lambda: _engine.task_timeout_error("@task", label, timeout, False),
-            f"composeai-map-{label}",
+            timed_out,
         )
     # A task mapped directly journals a value only the map collects.
     defer = isinstance(fn, Task)
@@ -221,11 +289,25 @@ def _run_item(
                 FRAME.reset(token)
         fence = _engine.child_fence(inner) or inner.fence
         thread_frame = Frame(inner.run, inner.scope, inner.span, fence, inner.trace, defer)
+        if _runs_on_loop(fn):
+            import asyncio
+
+            from . import _runtime
+
+            async def bounded() -> Any:
+                FRAME.set(thread_frame)
+                body = fn.arun(item) if isinstance(fn, Task) else fn(item)
+                try:
+                    return await asyncio.wait_for(body, timeout)
+                except asyncio.TimeoutError:
+                    raise timed_out(True) from None
+
+            return _runtime.run_sync(bounded)
         return _engine.run_on_thread(
             lambda: _call_plain_sync(fn, item),
             thread_frame,
             timeout,
-            lambda: _engine.task_timeout_error("@task", label, timeout, False),
+            lambda: timed_out(False),
             f"composeai-map-{label}",
         )
 
@@ -265,6 +347,42 @@ def _runs_on_loop(fn: Any) -> bool:
     return _is_agent(fn) or isinstance(fn, _Composite) or _is_coroutine_function(fn)
 
 
+@overload
+async def amap(
+    fn: Callable[[_A], Awaitable[_B]],
+    items: Sequence[_A],
+    *,
+    max_workers: int | None = None,
+    timeout_per_item: float | None = None,
+    on_error: Literal["raise"] = "raise",
+) -> list[_B]: ...
+@overload
+async def amap(
+    fn: Callable[[_A], Awaitable[_B]],
+    items: Sequence[_A],
+    *,
+    max_workers: int | None = None,
+    timeout_per_item: float | None = None,
+    on_error: Literal["collect"],
+) -> list[MapResult[_B]]: ...
+@overload
+async def amap(
+    fn: Callable[[_A], _B],
+    items: Sequence[_A],
+    *,
+    max_workers: int | None = None,
+    timeout_per_item: float | None = None,
+    on_error: Literal["raise"] = "raise",
+) -> list[_B]: ...
+@overload
+async def amap(
+    fn: Callable[[_A], _B],
+    items: Sequence[_A],
+    *,
+    max_workers: int | None = None,
+    timeout_per_item: float | None = None,
+    on_error: Literal["collect"],
+) -> list[MapResult[_B]]: ...
 async def amap(
     fn: Callable[[Any], Any],
     items: Iterable[Any],
@@ -449,6 +567,51 @@ async def _call_stage_async(stage: Any, x: Any) -> Any:
         return result
 
     return await _engine.aunjournaled_call(FRAME.get(), "task", stage_name(stage), execute, x)
+
+
+def _bounded_sync(
+    stage: Any, x: Any, frame: Frame, timeout: float, error: Callable[[bool], BaseException]
+) -> Any:
+    """A stage under a timeout from sync code: an async body is cancelled
+    cooperatively on the background loop, a sync one is abandoned on its
+    thread (ASYNC-11, FLOW-61)."""
+    if _runs_on_loop(stage):
+        import asyncio
+
+        from . import _runtime
+
+        async def bounded() -> Any:
+            token = FRAME.set(frame)
+            try:
+                return await asyncio.wait_for(_call_stage_async(stage, x), timeout)
+            except asyncio.TimeoutError:
+                raise error(True) from None
+            finally:
+                FRAME.reset(token)
+
+        return _runtime.run_sync(bounded)
+    return _engine.run_on_thread(
+        lambda: _call_stage_sync(stage, x), frame, timeout, lambda: error(False), "composeai-stage"
+    )
+
+
+async def _bounded_async(
+    stage: Any, x: Any, frame: Frame, timeout: float, error: Callable[[bool], BaseException]
+) -> Any:
+    """The async twin of `_bounded_sync`."""
+    if _runs_on_loop(stage):
+        import asyncio
+
+        token = FRAME.set(frame)
+        try:
+            return await asyncio.wait_for(_call_stage_async(stage, x), timeout)
+        except asyncio.TimeoutError:
+            raise error(True) from None
+        finally:
+            FRAME.reset(token)
+    return await _engine.run_on_thread_async(
+        lambda: _call_stage_sync(stage, x), frame, timeout, lambda: error(False), "composeai-stage"
+    )
 
 
 def _is_coroutine_function(fn: Any) -> bool:
@@ -679,6 +842,16 @@ class Pipeline(_Composite, Generic[_PIn, _POut]):
 
     kind = "pipe"
 
+    if TYPE_CHECKING:
+
+        def __call__(self, x: _PIn) -> _POut: ...
+        def run(self, x: _PIn, budget: Budget | None = None) -> Run[_POut]: ...
+        async def arun(self, x: _PIn, budget: Budget | None = None) -> Run[_POut]: ...
+        def stream(self, x: _PIn, budget: Budget | None = None) -> RunStream[_POut]: ...
+        def astream(self, x: _PIn, budget: Budget | None = None) -> AsyncRunStream[_POut]: ...
+        def __rshift__(self, other: Stage[_POut, _Z]) -> Pipeline[_PIn, _Z]: ...
+        def __rrshift__(self, other: Stage[_W, _PIn]) -> Pipeline[_W, _POut]: ...
+
     def __init__(self, stages: Sequence[Any]):
         self.stages = tuple(stages)
         self.name = "pipe(" + " → ".join(stage_name(s) for s in self.stages) + ")"
@@ -710,6 +883,18 @@ class Aggregate(_Composite, Generic[_PIn]):
 
     kind = "aggregate"
     output_type = dict
+
+    if TYPE_CHECKING:
+
+        def __call__(self, x: _PIn) -> dict[str, Any]: ...
+        def run(self, x: _PIn, budget: Budget | None = None) -> Run[dict[str, Any]]: ...
+        async def arun(self, x: _PIn, budget: Budget | None = None) -> Run[dict[str, Any]]: ...
+        def stream(self, x: _PIn, budget: Budget | None = None) -> RunStream[dict[str, Any]]: ...
+        def astream(
+            self, x: _PIn, budget: Budget | None = None
+        ) -> AsyncRunStream[dict[str, Any]]: ...
+        def __rshift__(self, other: Stage[dict[str, Any], _Z]) -> Pipeline[_PIn, _Z]: ...
+        def __rrshift__(self, other: Stage[_W, _PIn]) -> Pipeline[_W, dict[str, Any]]: ...
 
     def __init__(self, branches: dict[str, Any], timeout_per_branch: float | None):
         self.branches = dict(branches)
@@ -746,12 +931,12 @@ class Aggregate(_Composite, Generic[_PIn]):
                 return _call_stage_sync(branch, x)
             finally:
                 FRAME.reset(token)
-        return _engine.run_on_thread(
-            lambda: _call_stage_sync(branch, x),
+        return _bounded_sync(
+            branch,
+            x,
             branch_frame,
             self.timeout_per_branch,
-            lambda: self._timeout_error(key, False),
-            f"composeai-branch-{key}",
+            lambda cooperative: self._timeout_error(key, cooperative),
         )
 
     def _execute_sync(self, x: Any) -> Any:
@@ -785,21 +970,23 @@ class Aggregate(_Composite, Generic[_PIn]):
         return dict(zip(keys, results))
 
     async def _run_branch_async(self, frame: Frame, scope: str, key: str, x: Any) -> Any:
-        import asyncio
-
         validator = self._validators[key]
         if validator is not None:
             x = validator(x, f"aggregate branch {key!r}")
         branch = self.branches[key]
         fence = _engine.child_fence(frame) if frame.run is not None else frame.fence
-        token = FRAME.set(Frame(frame.run, scope, frame.span, fence, frame.trace))
+        branch_frame = Frame(frame.run, scope, frame.span, fence, frame.trace)
+        if self.timeout_per_branch is not None:
+            return await _bounded_async(
+                branch,
+                x,
+                branch_frame,
+                self.timeout_per_branch,
+                lambda cooperative: self._timeout_error(key, cooperative),
+            )
+        token = FRAME.set(branch_frame)
         try:
-            if self.timeout_per_branch is None:
-                return await _call_stage_async(branch, x)
-            try:
-                return await asyncio.wait_for(_call_stage_async(branch, x), self.timeout_per_branch)
-            except asyncio.TimeoutError:
-                raise self._timeout_error(key, True) from None
+            return await _call_stage_async(branch, x)
         finally:
             FRAME.reset(token)
 
@@ -828,6 +1015,74 @@ def _flatten(stages: Sequence[Any]) -> list[Any]:
     return flat
 
 
+# Two through nine stages; longer chains use `>>` (COMP-42: no fallback overload).
+@overload
+def pipe(s1: Stage[_A, _B], s2: Stage[_B, _C], /) -> Pipeline[_A, _C]: ...
+@overload
+def pipe(s1: Stage[_A, _B], s2: Stage[_B, _C], s3: Stage[_C, _D], /) -> Pipeline[_A, _D]: ...
+@overload
+def pipe(
+    s1: Stage[_A, _B],
+    s2: Stage[_B, _C],
+    s3: Stage[_C, _D],
+    s4: Stage[_D, _E],
+    /,
+) -> Pipeline[_A, _E]: ...
+@overload
+def pipe(
+    s1: Stage[_A, _B],
+    s2: Stage[_B, _C],
+    s3: Stage[_C, _D],
+    s4: Stage[_D, _E],
+    s5: Stage[_E, _F],
+    /,
+) -> Pipeline[_A, _F]: ...
+@overload
+def pipe(
+    s1: Stage[_A, _B],
+    s2: Stage[_B, _C],
+    s3: Stage[_C, _D],
+    s4: Stage[_D, _E],
+    s5: Stage[_E, _F],
+    s6: Stage[_F, _G],
+    /,
+) -> Pipeline[_A, _G]: ...
+@overload
+def pipe(
+    s1: Stage[_A, _B],
+    s2: Stage[_B, _C],
+    s3: Stage[_C, _D],
+    s4: Stage[_D, _E],
+    s5: Stage[_E, _F],
+    s6: Stage[_F, _G],
+    s7: Stage[_G, _H],
+    /,
+) -> Pipeline[_A, _H]: ...
+@overload
+def pipe(
+    s1: Stage[_A, _B],
+    s2: Stage[_B, _C],
+    s3: Stage[_C, _D],
+    s4: Stage[_D, _E],
+    s5: Stage[_E, _F],
+    s6: Stage[_F, _G],
+    s7: Stage[_G, _H],
+    s8: Stage[_H, _I],
+    /,
+) -> Pipeline[_A, _I]: ...
+@overload
+def pipe(
+    s1: Stage[_A, _B],
+    s2: Stage[_B, _C],
+    s3: Stage[_C, _D],
+    s4: Stage[_D, _E],
+    s5: Stage[_E, _F],
+    s6: Stage[_F, _G],
+    s7: Stage[_G, _H],
+    s8: Stage[_H, _I],
+    s9: Stage[_I, _J],
+    /,
+) -> Pipeline[_A, _J]: ...
 def pipe(*stages: Any) -> Pipeline:
     """Chains stages, checking adjacent types before anything runs (COMP-3)."""
     from ._stages import check_pipe
@@ -837,7 +1092,11 @@ def pipe(*stages: Any) -> Pipeline:
     return Pipeline(flat)
 
 
-def aggregate(*, timeout_per_branch: float | None = None, **branches: Any) -> Aggregate:
+def aggregate(
+    *,
+    timeout_per_branch: float | None = None,
+    **branches: Stage[_AggIn, Any] | Callable[[Any], Any],
+) -> Aggregate[_AggIn]:
     """Runs every branch on the same input concurrently; returns
     `{name: output}` in declaration order (COMP-20)."""
     if not branches:

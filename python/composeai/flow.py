@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from . import _codec, _engine
 from ._engine import FRAME, Frame
@@ -12,7 +12,21 @@ from .errors import ConfigError, ResumeMismatchError, SerializationError
 
 __all__ = ["Flow", "Task", "anow", "arandom", "aresume", "flow", "now", "random", "resume", "task"]
 
-R = TypeVar("R")
+if TYPE_CHECKING:
+    from collections.abc import Coroutine
+    from typing import Protocol
+
+    import typing_extensions
+
+    from ._streams import RunStream
+    from .runs import Budget, Run
+
+    # Bare `Task` / `Flow` mean `[..., Any]` (COMP-46).
+    P = typing_extensions.ParamSpec("P", default=...)
+    R = typing_extensions.TypeVar("R", default=Any)
+else:
+    P = ParamSpec("P")
+    R = TypeVar("R")
 
 _TASKS: dict[str, Task] = {}
 _FLOWS: dict[str, Flow] = {}
@@ -32,7 +46,7 @@ def _args_payload(args: tuple, kwargs: dict) -> dict:
 # @task
 
 
-class Task(Generic[R]):
+class Task(Generic[P, R]):
     """A journaled unit of work (FLOW-1 … FLOW-7)."""
 
     def __init__(self, fn: Callable[..., Any], *, retries: int, timeout: float | None, name: str):
@@ -51,7 +65,7 @@ class Task(Generic[R]):
             return self
         return functools.partial(self, obj)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> R:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         _engine.check_sync_facade()
         frame = FRAME.get()
         if frame is not None and frame.run is not None:
@@ -137,7 +151,7 @@ class Task(Generic[R]):
                     raise
                 attempt += 1
 
-    async def arun(self, *args: Any, **kwargs: Any) -> R:
+    async def arun(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Async twin of calling the task, on the caller's loop (FLOW-7)."""
         frame = FRAME.get()
         if frame is not None and frame.run is not None:
@@ -159,8 +173,29 @@ def _register(registry: dict, obj: Any, replace: bool, message: str) -> None:
     registry[obj.name] = obj
 
 
+if TYPE_CHECKING:
+
+    class _TaskDecorator(Protocol):
+        """Static type of `task(...)` with options."""
+
+        @overload
+        def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
+        @overload
+        def __call__(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+    class _FlowDecorator(Protocol):
+        """Static type of `flow(...)` with options."""
+
+        @overload
+        def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Flow[P, R]: ...
+        @overload
+        def __call__(self, fn: Callable[P, R], /) -> Flow[P, R]: ...
+
+
 @overload
-def task(fn: Callable[..., R], /) -> Task[R]: ...
+def task(fn: Callable[P, Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
+@overload
+def task(fn: Callable[P, R], /) -> Task[P, R]: ...
 @overload
 def task(
     *,
@@ -168,7 +203,7 @@ def task(
     timeout: float | None = None,
     name: str | None = None,
     replace: bool = False,
-) -> Callable[[Callable[..., R]], Task[R]]: ...
+) -> _TaskDecorator: ...
 def task(fn=None, /, *, retries=0, timeout=None, name=None, replace=False):
     """Declares a journaled task, bare or with keyword options (FLOW-1)."""
 
@@ -208,7 +243,7 @@ def _fingerprint(fn: Callable) -> str:
     return hashlib.sha256(source.encode("utf-8")).hexdigest()
 
 
-class Flow(Generic[R]):
+class Flow(Generic[P, R]):
     """A durable run (FLOW-8 … FLOW-12)."""
 
     def __init__(self, fn: Callable[..., Any], *, name: str):
@@ -221,6 +256,11 @@ class Flow(Generic[R]):
     def __repr__(self) -> str:
         return f"<Flow {self.name!r}>"
 
+    # Direct calls are checked against the body's parameters; `budget=` is accepted on top.
+    @overload
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+    @overload
+    def __call__(self, *args: Any, budget: Budget | None, **kwargs: Any) -> R: ...
     def __call__(self, *args: Any, budget: Any = None, **kwargs: Any) -> R:
         _engine.check_sync_facade()
         frame = FRAME.get()
@@ -307,19 +347,19 @@ class Flow(Generic[R]):
         outcome = await _engine.drive_async(run, body, root)
         return _engine.make_run_result(run, outcome)
 
-    def run(self, *args: Any, budget: Any = None, **kwargs: Any):
+    def run(self, *args: Any, budget: Any = None, **kwargs: Any) -> Run[R]:
         """Starts a new top-level durable run, even inside another flow."""
         _engine.check_sync_facade()
         run, meter = self._start(args, kwargs, budget)
         return self._drive(run, args, kwargs, meter)
 
-    def stream(self, *args: Any, budget: Any = None, **kwargs: Any):
+    def stream(self, *args: Any, budget: Any = None, **kwargs: Any) -> RunStream[R]:
         """Runs `.run()` on a background thread with a fresh event bus (FLOW-10)."""
         from ._streams import RunStream
 
         return RunStream.start(lambda: self.run(*args, budget=budget, **kwargs), cancellable=True)
 
-    async def arun(self, *args: Any, budget: Any = None, **kwargs: Any):
+    async def arun(self, *args: Any, budget: Any = None, **kwargs: Any) -> Run[R]:
         """Async twin of `run`; nested (one step) when a flow is active (FLOW-50)."""
         frame = FRAME.get()
         if frame is not None and frame.run is not None:
@@ -365,11 +405,11 @@ class Flow(Generic[R]):
 
 
 @overload
-def flow(fn: Callable[..., R], /) -> Flow[R]: ...
+def flow(fn: Callable[P, Coroutine[Any, Any, R]], /) -> Flow[P, R]: ...
 @overload
-def flow(
-    *, name: str | None = None, replace: bool = False
-) -> Callable[[Callable[..., R]], Flow[R]]: ...
+def flow(fn: Callable[P, R], /) -> Flow[P, R]: ...
+@overload
+def flow(*, name: str | None = None, replace: bool = False) -> _FlowDecorator: ...
 def flow(fn=None, /, *, name=None, replace=False):
     """Declares a durable flow, bare or with keyword options (FLOW-8)."""
 
@@ -415,11 +455,13 @@ def _draw() -> float:
 
 def now():
     """The current UTC time, journaled once per call inside a flow (FLOW-22)."""
+    _engine.check_sync_facade()
     return _engine.journaled_value("now", _utc_now)
 
 
 def random() -> float:
     """A float in [0, 1), journaled once per call inside a flow (FLOW-23)."""
+    _engine.check_sync_facade()
     return _engine.journaled_value("random", _draw)
 
 
@@ -562,7 +604,7 @@ def resume(
     approver: Any = None,
     tool_interceptor: Any = None,
     context_manager: Any = None,
-):
+) -> Run[Any]:
     """Continues a durable run in this or any process (FLOW-40 … FLOW-43)."""
     _engine.check_sync_facade()
     flow_obj, resolved, done = _prepare_resume(
@@ -589,7 +631,7 @@ async def aresume(
     approver: Any = None,
     tool_interceptor: Any = None,
     context_manager: Any = None,
-):
+) -> Run[Any]:
     """Async twin of `resume`, on the caller's loop."""
     flow_obj, resolved, done = _prepare_resume(
         run_id, answers, allow_code_change, (approver, tool_interceptor, context_manager)

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from .errors import ConfigError
 
 __all__ = ["Budget", "Run", "reset_default"]
 
-R = TypeVar("R")
+if TYPE_CHECKING:
+    import typing_extensions
+
+    # Loaded lazily by `__getattr__` below; re-exported for type checkers.
+    from ._streams import AsyncRunStream as AsyncRunStream  # noqa: PLC0414
+    from ._streams import RunStream as RunStream  # noqa: PLC0414
+
+    R = typing_extensions.TypeVar("R", default=Any)  # bare `Run` means `Run[Any]` (COMP-46)
+else:
+    R = TypeVar("R")
 
 
 class _LazyUsage:

@@ -1,0 +1,224 @@
+"""Type stubs for `composeai._core`, the Rust extension (src/py/*.rs)."""
+
+from collections.abc import Sequence
+from typing import Any, Literal, TypeAlias, final
+
+__all__ = [
+    "Attempt",
+    "BudgetMeter",
+    "Fence",
+    "Store",
+    "query_runs",
+    "register_errors",
+    "render_mermaid",
+    "render_tree",
+    "resolve_run",
+    "take_span_write_error",
+    "trace_status",
+    "trace_view",
+    "ulid",
+]
+
+# `(input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens, reasoning_tokens,
+# cost_usd, cost_complete)`.
+_UsageTuple: TypeAlias = tuple[int, int, int, int, int, float | None, bool]
+
+# A span record (spans.rs): `(span_id, parent_span_id, kind, name, started_at, ended_at, status,
+# replayed, step_key, attributes_json, usage, error_json, input_json, output_json)`.
+_SpanRecord: TypeAlias = tuple[
+    str,
+    str | None,
+    str,
+    str,
+    float,
+    float | None,
+    str,
+    bool,
+    str | None,
+    str | None,
+    _UsageTuple | None,
+    str | None,
+    str | None,
+    str | None,
+]
+
+# A span to render (trace.rs): `(span_id, parent_span_id, kind, name, started_at, ended_at,
+# status, replayed, error_type, error_message, usage)`.
+_RenderSpan: TypeAlias = tuple[
+    str,
+    str | None,
+    str,
+    str,
+    float,
+    float | None,
+    str,
+    bool,
+    str | None,
+    str | None,
+    _UsageTuple | None,
+]
+
+# A pending interrupt: `(interrupt_id, kind, question, payload_json)`.
+_PendingTuple: TypeAlias = tuple[str, str, str | None, str | None]
+
+# An agent snapshot: `(scope_key, messages_json, partial_results_json, turn)`.
+_AgentStateTuple: TypeAlias = tuple[str, str, str | None, int]
+
+# A `runs` row as a dict: `run_id`, `kind`, `name`, `status` (str); `created_at`, `updated_at`
+# (float); `trace_id`, `fingerprint`, `args_json`, `output_json`, `error_json`, `budget_json`
+# (str | None). `query_runs` rows add `tokens` (int), `cost_usd` (float | None) and
+# `cost_complete` (bool).
+_RunRow: TypeAlias = dict[str, Any]
+
+@final
+class Fence:
+    """Made by `Attempt.root_fence()` / `Fence.child()`; no public constructor."""
+
+    def child(self) -> Fence: ...
+    def revoke(self) -> None: ...
+    @property
+    def revoked(self) -> bool: ...
+
+@final
+class Attempt:
+    """Made by `Store.start_run()` / `Store.resume()`; no public constructor."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def trace_id(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def fingerprint(self) -> str | None: ...
+    @property
+    def args_json(self) -> str | None: ...
+    @property
+    def budget_json(self) -> str | None: ...
+    @property
+    def output_json(self) -> str | None: ...
+    def root_fence(self) -> Fence: ...
+    def reserve(self, scope: str, name: str, fence: Fence | None = None) -> tuple[str, str | None]:
+        """Allocates the next key for `name` in `scope`; returns `(key, value_json or None)`."""
+    def next_key(self, scope: str, name: str, fence: Fence | None = None) -> str: ...
+    def lookup(self, key: str, fence: Fence | None = None) -> str | None: ...
+    def commit(
+        self,
+        key: str,
+        value_json: str,
+        span: _SpanRecord | None = None,
+        fence: Fence | None = None,
+    ) -> str:
+        """Journals `value_json` under `key` durably; returns the stored value (first write
+        wins)."""
+    def commit_deferred(
+        self,
+        key: str,
+        value_json: str,
+        span: _SpanRecord | None = None,
+        fence: Fence | None = None,
+    ) -> str:
+        """Like `commit`, durable soon rather than before returning (see `sync`)."""
+    def sync(self) -> None: ...
+    def replayed(
+        self,
+        span_id: str,
+        parent_span_id: str | None,
+        kind: str,
+        name: str,
+        at: float,
+        step_key: str,
+        with_output: bool,
+    ) -> None: ...
+    def save_agent_state(self, state: _AgentStateTuple, fence: Fence | None = None) -> None: ...
+    def load_agent_state(self, scope_key: str) -> tuple[str, str | None, int] | None: ...
+    def prior_llm_usage(self, step_key: str | None = None) -> tuple[int, float]: ...
+    def span(self, span: _SpanRecord) -> None: ...
+    def set_budget(self, budget_json: str) -> None: ...
+    def record_answers(self, answers: Sequence[tuple[str, str]]) -> None: ...
+    def pending(self) -> list[_PendingTuple]: ...
+    def discard(self) -> None: ...
+    def settle(
+        self,
+        status: str,
+        output_json: str | None = None,
+        error_json: str | None = None,
+        pending: Sequence[_PendingTuple] = ...,
+        agent_states: Sequence[_AgentStateTuple] = ...,
+    ) -> None: ...
+
+@final
+class Store:
+    def __init__(self, path: str) -> None: ...
+    @property
+    def path(self) -> str: ...
+    def start_run(
+        self,
+        kind: str,
+        name: str,
+        fingerprint: str | None = None,
+        args_json: str | None = None,
+        budget_json: str | None = None,
+        run_id: str | None = None,
+        trace_id: str | None = None,
+    ) -> Attempt: ...
+    def resume(self, run_id: str) -> Attempt: ...
+    def get_run(self, run_id: str) -> _RunRow | None: ...
+    def pending(self, run_id: str) -> list[_PendingTuple]: ...
+    def journal(self, run_id: str) -> list[tuple[str, str]]: ...
+    def queue_span(self, trace_id: str, span: _SpanRecord) -> None: ...
+    def flush(self) -> None: ...
+
+@final
+class BudgetMeter:
+    def __init__(
+        self,
+        usd: float | None,
+        tokens: int | None,
+        usd_text: str,
+        tokens_text: str,
+        span_kind: str,
+        span_name: str,
+        baseline_tokens: int = 0,
+        baseline_usd: float = 0.0,
+    ) -> None: ...
+    def charge(self, tokens: int, usd: float | None = None) -> str | None:
+        """Adds a model call's usage; returns the exceeded message, or `None`."""
+    @property
+    def spent(self) -> tuple[int, float]: ...
+
+def ulid() -> str: ...
+def take_span_write_error() -> str | None: ...
+def register_errors(
+    config: type[BaseException],
+    serialization: type[BaseException],
+    revoked: type[BaseException],
+) -> None: ...
+def render_tree(trace_id: str, spans: Sequence[_RenderSpan], color: bool) -> str: ...
+def render_mermaid(spans: Sequence[_RenderSpan]) -> str: ...
+def trace_status(
+    spans: Sequence[_RenderSpan],
+) -> Literal["error", "cancelled", "paused", "running", "ok"]: ...
+def query_runs(
+    db_path: str,
+    status: str | None = None,
+    kind: str | None = None,
+    since: float | None = None,
+    limit: int = 10,
+) -> list[_RunRow] | None: ...
+def resolve_run(
+    db_path: str, run_id: str | None = None
+) -> tuple[Literal["no_store", "not_found", "ambiguous", "found"], Any]:
+    """`("no_store" | "not_found", None)`, `("ambiguous", [ids])` or `("found", run dict)`."""
+
+def trace_view(
+    db_path: str,
+    run_id: str | None = None,
+    fmt: str = "tree",
+    color: bool = False,
+) -> tuple[Literal["no_store", "not_found", "ambiguous", "found"], Any]:
+    """Like `resolve_run`; the `"found"` value is `{run_id, status, trace_id, text, pending}`."""
