@@ -97,10 +97,19 @@ def main() -> None:
         assert r.status == "paused", r
         fresh_ids.append(r.id)
 
-    t0 = time.perf_counter()
-    resumed = compose.resume(first.id, answers={"go": True})
-    resume_s = time.perf_counter() - t0
-    assert resumed.status == "completed" and resumed.output == n, resumed
+    # In-process resumes: the first pays one-time costs (lazy imports of the
+    # resume path); the figure is the best of `repeat` (steady state).
+    in_process = [first.id]
+    for _ in range(repeat - 1):
+        in_process.append(bench_w2_flow.gated.run(n).id)
+    timings = []
+    for run_id in in_process:
+        t0 = time.perf_counter()
+        resumed = compose.resume(run_id, answers={"go": True})
+        timings.append(time.perf_counter() - t0)
+        assert resumed.status == "completed" and resumed.output == n, resumed
+    resume_s = min(timings)
+    first_resume_s = timings[0]
 
     env = dict(os.environ)
     walls, splits = [], []
@@ -125,6 +134,7 @@ def main() -> None:
             "n": n,
             "us_per_replayed_step": round(resume_s / n * 1e6, 2),
             "resume_ms_in_process": round(resume_s * 1e3, 2),
+            "first_resume_ms_in_process": round(first_resume_s * 1e3, 2),
             "first_run_ms": round(first_run_s * 1e3, 2),
             "fresh_process_ms": med(walls),
             "fresh_process_ms_min": round(min(walls), 2),

@@ -351,10 +351,10 @@ _ADAPTERS: dict[tuple[Any, bool], Any] = {}
 def _compile(t: Any) -> _Check | None:
     """A strict check of values against ``t`` (raising pydantic ``ValidationError``), ``None``
     when validation is skipped, or ``_Unbuildable``."""
-    from pydantic.errors import PydanticUndefinedAnnotation
-
     if t is Any or t is _EMPTY or _is_unresolved(t):
         return None
+    from pydantic.errors import PydanticUndefinedAnnotation
+
     if t is None:
         t = _NONE_TYPE
     if _is_plain_class(t) and getattr(t, "_is_protocol", False):

@@ -88,7 +88,9 @@ class _Fanout:
     thread hand-offs. No bounded shared pool sits under the items (ASYNC-7).
     """
 
-    TICK = 0.001
+    # Long enough that a commit or a checkpoint does not look like a blocked
+    # item, short enough that blocked items fan out within milliseconds.
+    TICK = 0.005
 
     def __init__(self, count: int, limit: int, run_item: Callable[[int], None]):
         self.pending = deque(range(count))
