@@ -557,4 +557,87 @@ mod tests {
         a.sync().unwrap();
         assert_eq!(store.journal(a.run.rid).unwrap().len(), 500);
     }
+
+    fn span_count(path: &str) -> i64 {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        conn.query_row("SELECT count(*) FROM spans", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn queued_spans_reach_the_store_without_a_commit() {
+        let dir = tempdir::Dir::new();
+        let path = dir.path("runs.db");
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+        let a = Attempt::start(store.clone(), new_run("f")).unwrap();
+        a.queue_span(span("x#1", "1"));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while span_count(&path) == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(span_count(&path), 1);
+    }
+
+    #[test]
+    fn discard_deletes_the_run_and_everything_it_stored() {
+        let dir = tempdir::Dir::new();
+        let path = dir.path("runs.db");
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+        let a = Attempt::start(store.clone(), new_run("p")).unwrap();
+        a.commit("t#1", "1", Some(span("t#1", "1")), None).unwrap();
+        a.save_agent_state(
+            &AgentStateRow {
+                scope_key: String::new(),
+                messages_json: "[]".into(),
+                partial_results_json: None,
+                turn: 1,
+            },
+            None,
+        )
+        .unwrap();
+        let run_id = a.run.run_id.clone();
+        a.discard().unwrap();
+        assert!(store.get_run(&run_id).unwrap().is_none());
+        assert_eq!(span_count(&path), 0);
+        assert!(store.journal(a.run.rid).unwrap().is_empty());
+        assert!(store.load_agent_state(a.run.rid, "").unwrap().is_none());
+    }
+
+    #[test]
+    fn prior_llm_usage_sums_the_run_or_one_steps_agent_spans() {
+        use crate::store::UsageRow;
+        let (_d, store) = temp_store();
+        let a = Attempt::start(store.clone(), new_run("f")).unwrap();
+        let agent = |key: &str| SpanRow {
+            span_id: crate::ids::new_ulid(),
+            kind: "agent".into(),
+            name: "writer".into(),
+            status: "ok".into(),
+            step_key: Some(key.into()),
+            ..Default::default()
+        };
+        let llm = |parent: &SpanRow, tokens: i64, usd: f64| SpanRow {
+            span_id: crate::ids::new_ulid(),
+            parent_span_id: Some(parent.span_id.clone()),
+            kind: "llm".into(),
+            name: "m".into(),
+            status: "ok".into(),
+            usage: Some(UsageRow {
+                input_tokens: tokens,
+                output_tokens: 0,
+                cost_usd: Some(usd),
+                cost_complete: true,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let (w1, w2) = (agent("writer#1"), agent("writer#2"));
+        a.queue_span(llm(&w1, 10, 0.5));
+        a.queue_span(llm(&w2, 7, 0.25));
+        a.queue_span(w1);
+        a.queue_span(w2);
+        assert_eq!(a.prior_llm_usage(None).unwrap(), (17, 0.75));
+        assert_eq!(a.prior_llm_usage(Some("writer#2")).unwrap(), (7, 0.25));
+        assert_eq!(a.prior_llm_usage(Some("writer#9")).unwrap(), (0, 0.0));
+    }
 }

@@ -132,6 +132,10 @@ impl Slot {
 /// large write.
 const BACKGROUND_BATCH: usize = 256;
 
+/// How long a finished span may wait in the queue before the background
+/// writer commits it on its own.
+const SPAN_LATENCY: std::time::Duration = std::time::Duration::from_millis(50);
+
 #[derive(Default)]
 struct Queue {
     ops: Vec<Op>,
@@ -221,9 +225,6 @@ impl SqliteStore {
         let mut q = self.queue.lock();
         q.ops.push(op);
         q.urgent |= urgent;
-        if !(q.urgent || q.ops.len() >= BACKGROUND_BATCH) {
-            return;
-        }
         if !q.background_started {
             q.background_started = true;
             let inner = Arc::clone(&self.inner);
@@ -237,7 +238,9 @@ impl SqliteStore {
                 return;
             }
         }
-        self.wake.notify_one();
+        if q.urgent || q.ops.len() >= BACKGROUND_BATCH {
+            self.wake.notify_one();
+        }
     }
 }
 
@@ -246,8 +249,17 @@ impl Inner {
         loop {
             {
                 let mut q = self.queue.lock();
-                while !(q.shutdown || q.urgent || q.ops.len() >= BACKGROUND_BATCH) {
-                    self.wake.wait(&mut q);
+                loop {
+                    if q.shutdown || q.urgent || q.ops.len() >= BACKGROUND_BATCH {
+                        break;
+                    }
+                    if q.ops.is_empty() {
+                        self.wake.wait(&mut q);
+                    } else if self.wake.wait_for(&mut q, SPAN_LATENCY).timed_out() {
+                        // Finished spans reach the store within this delay
+                        // even when nothing else commits (OBS-5).
+                        break;
+                    }
                 }
                 if q.shutdown && q.ops.is_empty() {
                     return;
