@@ -390,6 +390,76 @@ def collect(args: argparse.Namespace) -> list[dict[str, Any]]:
     ]
 
 
+def obs_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """OBS-CLI (obs_cli.py): whole `compose` processes against a large store
+    (built once by obs_store.py and cached; see README)."""
+    argv = [
+        sys.executable,
+        os.path.join(BENCH_DIR, "obs_cli.py"),
+        "--runs",
+        str(args.obs_runs),
+        "--spans",
+        str(args.obs_spans),
+        "--repeat",
+        str(max(5, args.repeat)),
+    ]
+    t0 = time.perf_counter()
+    rec = run_json(argv, base_env())
+    log(f"obs_cli.py {time.perf_counter() - t0:.1f}s")
+    build = rec["store_build_s"]
+    store = f"{rec['store_runs']:,} runs / {rec['store_spans']:,} spans, {rec['store_mb']:.0f} MB"
+    out = [
+        row(
+            "OBS-store",
+            f"build {store}" + (" (cached)" if rec["store_cached"] else ""),
+            build,
+            "s",
+            "< 120",
+            build / 120,
+            "value / target",
+            build < 120,
+            rec,
+        ),
+        row("OBS-CLI", "python -c pass", rec["python_ms"], "ms", "", None, "", None, None),
+        row(
+            "OBS-CLI",
+            "import composeai.cli (in-process)",
+            rec["import_cli_ms"],
+            "ms",
+            "",
+            None,
+            "",
+            None,
+            None,
+        ),
+    ]
+    for name, d in rec["commands"].items():
+        value = rec[f"{name}_ms"]
+        target = d["target_ms"]
+        command = " ".join(d["argv"][:2] + ["<id>"] if name == "trace_id" else d["argv"])
+        if d.get("error"):
+            metric = f"{command} -- FAILED (exit {d['rc']}): {d['error'][:70]}"
+        else:
+            cold = rec.get(f"{name}_cold_ms")
+            metric = f"{command}, whole process (main() {rec[f'{name}_main_ms']:.1f} ms" + (
+                f"; cold cache {cold:.0f} ms)" if cold is not None else ")"
+            )
+        out.append(
+            row(
+                "OBS-CLI",
+                metric,
+                value,
+                "ms",
+                f"< {target}",
+                None if value is None else value / target,
+                "value / target",
+                value is not None and value < target,
+                None,
+            )
+        )
+    return out
+
+
 def fmt(value: Any) -> str:
     if value is None:
         return ""
@@ -443,12 +513,18 @@ def main() -> None:
     p.add_argument("--n-w4", type=int, default=200)
     p.add_argument("--n-w5", type=int, default=500)
     p.add_argument("--n-w6", type=int, default=2000)
+    p.add_argument("--obs", action="store_true", help="also OBS-CLI: the CLI against a large store")
+    p.add_argument("--obs-only", action="store_true", help="only the OBS-CLI rows")
+    p.add_argument("--obs-runs", type=int, default=10_000)
+    p.add_argument("--obs-spans", type=int, default=1_000_000)
     args = p.parse_args()
     t0 = time.perf_counter()
     load_before = os.getloadavg()[0]
     if load_before > 0.8:
         log(f"warning: load average {load_before:.2f} before starting -- numbers will be noisy")
-    rows = collect(args)
+    rows = [] if args.obs_only else collect(args)
+    if args.obs or args.obs_only:
+        rows += obs_rows(args)
     log(
         f"total {time.perf_counter() - t0:.1f}s; load average {load_before:.2f} before, "
         f"{os.getloadavg()[0]:.2f} after"

@@ -80,7 +80,9 @@ CREATE TABLE spans(
     output_json TEXT
 );
 CREATE INDEX spans_by_trace ON spans(tid);
-CREATE INDEX llm_spans_by_start ON spans(started_at) WHERE kind = 'llm';
+-- Covers `compose costs`: it reads only these columns of llm spans.
+CREATE INDEX llm_spans_by_start ON spans(started_at, rid, input_tokens, output_tokens,
+    cost_usd, cost_complete, name, attributes_json) WHERE kind = 'llm';
 CREATE TABLE pending_interrupts(
     rid INTEGER NOT NULL,
     interrupt_id TEXT NOT NULL,
