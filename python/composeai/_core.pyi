@@ -8,11 +8,15 @@ __all__ = [
     "BudgetMeter",
     "Fence",
     "Store",
+    "diff_view",
+    "export_view",
+    "llm_costs",
     "query_runs",
     "register_errors",
     "render_mermaid",
     "render_tree",
     "resolve_run",
+    "search_runs",
     "take_span_write_error",
     "trace_status",
     "trace_view",
@@ -222,3 +226,25 @@ def trace_view(
     color: bool = False,
 ) -> tuple[Literal["no_store", "not_found", "ambiguous", "found"], Any]:
     """Like `resolve_run`; the `"found"` value is `{run_id, status, trace_id, text, pending}`."""
+
+def search_runs(
+    db_path: str,
+    query: str,
+    status: str | None = None,
+    kind: str | None = None,
+    since: float | None = None,
+    limit: int = 10,
+) -> tuple[Literal["no_store", "ok", "unavailable", "bad_query"], Any]: ...
+
+# `(key, calls, tokens, cost_usd, incomplete)`.
+_CostTuple: TypeAlias = tuple[str, int, int, float | None, bool]
+
+def llm_costs(
+    db_path: str, by: Literal["model", "name", "day"] = "model", since: float | None = None
+) -> tuple[list[_CostTuple], _CostTuple] | None: ...
+def diff_view(
+    db_path: str, run_id: str
+) -> tuple[Literal["no_store", "not_found", "ambiguous", "found"], Any]: ...
+def export_view(
+    db_path: str, run_id: str
+) -> tuple[Literal["no_store", "not_found", "ambiguous", "found"], Any]: ...

@@ -1,14 +1,22 @@
 """The `compose` command line: inspect the local run store (OBS-30 … OBS-37).
 
-Kept light on purpose: it imports only the standard library, the compiled
-core and `composeai.errors`, so `compose runs` starts fast. The core does the
-database work (`query_runs`, `resolve_run`, `trace_view`); this module parses
-arguments and formats what needs Python semantics (`repr`, `format`).
+Kept light on purpose: besides the standard library it needs only the
+compiled core and `composeai.errors` (plus `composeai._codec` for `--import`,
+and the message types for `export`), so `compose runs` starts fast. The core
+does the database work (`query_runs`, `search_runs`, `trace_view`,
+`diff_view`, `llm_costs`, `export_view`); this module parses arguments and
+formats what needs Python semantics (`repr`, `format`, `json.dumps`).
+
+Stored values are never decoded except by `export`, which must rebuild
+`Message` objects: it decodes through the type registry only (OBS-61), so a
+type tag naming an unregistered class (`os:system`, ...) is refused, never
+imported. Everything else reads stored JSON as plain JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import json
 import os
@@ -16,12 +24,20 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .messages import Usage
 
 from . import _core
 from .errors import ComposeError
 
 __all__ = ["main"]
 
+# 0.11.0's choices omitted `cancelled`, so cancelled rows could not be
+# selected (a defect the spec asks us to fix).
 _STATUSES = ("completed", "failed", "paused", "running", "cancelled")
 _KINDS = ("agent", "flow", "pipe", "aggregate")
 
@@ -73,12 +89,11 @@ def _import_modules(modules: list[str]) -> None:
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
+    from ._codec import register_module_types
+
     for name in modules:
         try:
-            module = importlib.import_module(name)
-            register = getattr(sys.modules.get("composeai"), "register_module_types", None)
-            if register is not None:
-                register(module)
+            register_module_types(importlib.import_module(name))
         except KeyboardInterrupt:
             raise
         except BaseException as e:  # noqa: BLE001 -- any failure is reported (OBS-37)
@@ -102,11 +117,27 @@ def _cost(cost_usd: float | None, complete: bool) -> str:
     return f"{'' if complete else '≥'}${cost_usd:.4f}"
 
 
+_FTS_MISSING = (
+    "compose: full-text search unavailable (FTS5 not compiled into this sqlite3 build) "
+    "-- ignoring -q"
+)
+
+
 def _cmd_runs(args: argparse.Namespace) -> int:
     limit = _parse_limit(args.limit, args.parser)
     since = _parse_since(args.since) if args.since is not None else None
     _import_modules(args.imports)
-    rows = _core.query_runs(_db_path(), args.status, args.kind, since, limit) or []
+    if args.query is None:
+        rows = _core.query_runs(_db_path(), args.status, args.kind, since, limit) or []
+    else:
+        outcome, value = _core.search_runs(
+            _db_path(), args.query, args.status, args.kind, since, limit
+        )
+        if outcome == "bad_query":
+            raise ComposeError(f"invalid -q/--query syntax '{args.query}': {value}")
+        if outcome == "unavailable":
+            print(_FTS_MISSING, file=sys.stderr)
+        rows = value or []
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -126,9 +157,8 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _not_found(run_id: str) -> int:
-    print(f"compose: no run found with id '{run_id}'", file=sys.stderr)
-    return 1
+def _not_found(run_id: str) -> ComposeError:
+    return ComposeError(f"no run found with id '{run_id}'")
 
 
 def _ambiguous(prefix: str, ids: list[str]) -> ComposeError:
@@ -180,11 +210,10 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     outcome, value = _core.trace_view(_db_path(), run_id, args.format, _color())
     if outcome in ("no_store", "not_found"):
         if run_id is None:
-            print("compose: no runs found", file=sys.stderr)
-            return 1
-        return _not_found(run_id)
+            raise ComposeError("no runs found")
+        raise _not_found(run_id)
     if outcome == "ambiguous":
-        raise _ambiguous(run_id, value)
+        raise _ambiguous(args.run_id, value)
     print(value["text"])
     if value["status"] == "paused":
         print(_paused_banner(value["run_id"], value["pending"]))
@@ -194,6 +223,359 @@ def _cmd_trace(args: argparse.Namespace) -> int:
 def _cmd_path(args: argparse.Namespace) -> int:
     print(str(_state_dir()))
     return 0
+
+
+# -- diff (OBS-33) --------------------------------------------------------------
+
+_GLYPHS = {
+    "flow": "▶",
+    "task": "•",
+    "agent": "◆",
+    "llm": "▸",
+    "tool": "⚙",
+    "pause": "⏸",
+    "pipe": "→",
+    "aggregate": "⇉",
+}
+
+
+class _Span:
+    """A stored span as `diff` needs it."""
+
+    __slots__ = (
+        "cost",
+        "end",
+        "kind",
+        "name",
+        "output_json",
+        "parent",
+        "span_id",
+        "start",
+        "tokens",
+    )
+
+    def __init__(self, row: tuple) -> None:
+        self.span_id, self.parent, self.kind, self.name, self.start, self.end = row[:6]
+        usage, self.output_json = row[6], row[7]
+        if usage is None:
+            self.tokens, self.cost = 0, None
+        else:
+            self.tokens, self.cost = usage[0] + usage[1], usage[5]
+
+    @property
+    def duration_ms(self) -> float:
+        return 0.0 if self.end is None else (self.end - self.start) * 1000.0
+
+
+def _add_cost(acc: float | None, cost: float | None) -> float | None:
+    """The cost part of `Usage.__add__`."""
+    if acc is None and cost is None:
+        return None
+    return (acc or 0) + (cost or 0)
+
+
+def _sum_usage(spans: list[_Span]) -> tuple[int, float | None]:
+    """Tokens (input + output) and cost of `spans` summed like `Usage()` + ...
+
+    (a span without usage adds nothing).
+    """
+    tokens, cost = 0, None
+    for s in spans:
+        tokens += s.tokens
+        cost = _add_cost(cost, s.cost)
+    return tokens, cost
+
+
+class _Tree:
+    """The structure `Trace` gives a list of spans: roots (no parent, or a
+    parent not in the trace) and children, both in list order, walked
+    depth-first once so that every subtree is a slice of the walk."""
+
+    def __init__(self, spans: list[_Span]) -> None:
+        self.spans = spans
+        ids = {s.span_id for s in spans}
+        self.roots = [s for s in spans if s.parent is None or s.parent not in ids]
+        children: dict[str, list[_Span]] = {}
+        for s in spans:
+            if s.parent is not None and s.parent in ids:
+                children.setdefault(s.parent, []).append(s)
+        # Pre-order walk (each span once, so a corrupt cycle cannot loop) with
+        # each span's path: `"<kind>:<name>#<i>"` from the root down, `i`
+        # counting same-kind-and-name siblings (roots are siblings).
+        self.walk: list[_Span] = []
+        self.paths: dict[tuple[str, ...], _Span] = {}
+        self._pos: dict[int, int] = {}
+        self._size: list[int] = []
+        parents: list[int] = []
+        seen: set[int] = set()
+        root_counts: dict[tuple[str, str], int] = {}
+        # Indices are counted in sibling order, when the siblings are pushed.
+        stack = [(r, -1, self._child_path((), r, root_counts)) for r in self.roots]
+        stack.reverse()
+        while stack:
+            s, parent, path = stack.pop()
+            if id(s) in seen:
+                continue
+            seen.add(id(s))
+            pos = len(self.walk)
+            self._pos[id(s)] = pos
+            self.walk.append(s)
+            self._size.append(1)
+            parents.append(parent)
+            self.paths.setdefault(path, s)
+            counts: dict[tuple[str, str], int] = {}
+            kids = [
+                (k, pos, self._child_path(path, k, counts))
+                for k in children.get(s.span_id, ())
+                if id(k) not in seen
+            ]
+            stack.extend(reversed(kids))
+        for pos in range(len(self.walk) - 1, -1, -1):
+            if parents[pos] >= 0:
+                self._size[parents[pos]] += self._size[pos]
+
+    @staticmethod
+    def _child_path(prefix: tuple[str, ...], s: _Span, counts: dict) -> tuple[str, ...]:
+        i = counts.get((s.kind, s.name), 0)
+        counts[(s.kind, s.name)] = i + 1
+        return (*prefix, f"{s.kind}:{s.name}#{i}")
+
+    def usage(self, span: _Span) -> tuple[int, float | None]:
+        """Own usage for `llm` spans, the subtree's rollup otherwise (summed in
+        pre-order, like `Trace.rollup_usage`)."""
+        if span.kind == "llm":
+            return _sum_usage([span])
+        pos = self._pos[id(span)]
+        return _sum_usage(self.walk[pos : pos + self._size[pos]])
+
+
+def _signed_cost(a: float | None, b: float | None) -> str:
+    if a is None and b is None:
+        return "n/a"
+    d = (b or 0) - (a or 0)
+    return f"{'+' if d >= 0 else ''}${d:.4f}"
+
+
+def _output_hash(output_json: str | None) -> str:
+    """SHA-256 of `json.dumps(encoded output, sort_keys=True, default=str)`;
+    the encoded output is the stored JSON tree, never decoded into types."""
+    tree: object = None
+    if output_json is not None:
+        try:
+            tree = json.loads(output_json)
+        except ValueError:
+            tree = output_json
+    text = json.dumps(tree, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _load_run(loader: Callable[[str, str], tuple[str, Any]], run_id: str) -> dict:
+    """Resolves `run_id` (OBS-30) through a core `*_view` function. Without a
+    store: `no runs found` (the caller may report it as not found)."""
+    outcome, value = loader(_db_path(), run_id)
+    if outcome == "no_store":
+        raise _NoStore("no runs found")
+    if outcome == "not_found":
+        raise _not_found(run_id)
+    if outcome == "ambiguous":
+        raise _ambiguous(run_id, value)
+    return value
+
+
+class _NoStore(ComposeError):
+    """There is no `runs.db` yet."""
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    _import_modules(args.imports)
+    a = _load_run(_core.diff_view, args.run_a)
+    b = _load_run(_core.diff_view, args.run_b)
+    ta = _Tree([_Span(row) for row in a["spans"]])
+    tb = _Tree([_Span(row) for row in b["spans"]])
+    tok_a, cost_a = _sum_usage(ta.spans)
+    tok_b, cost_b = _sum_usage(tb.spans)
+    dur_a = sum(r.duration_ms for r in ta.roots)
+    dur_b = sum(r.duration_ms for r in tb.roots)
+    lines = [
+        f"diff {a['run_id'][:12]} -> {b['run_id'][:12]}",
+        f"  Δcost: {_signed_cost(cost_a, cost_b)}",
+        f"  Δtokens: {tok_b - tok_a:+d}",
+        f"  Δduration: {dur_b - dur_a:+.0f}ms",
+        "",
+    ]
+    pa, pb = ta.paths, tb.paths
+    for path in sorted(pa.keys() | pb.keys()):
+        indent = "  " * (len(path) - 1)
+        sa, sb = pa.get(path), pb.get(path)
+        s = sa if sa is not None else sb
+        assert s is not None
+        label = f"{_GLYPHS.get(s.kind, '·')} {s.name}"
+        if sa is None:
+            lines.append(f"{indent}+ {label}")
+        elif sb is None:
+            lines.append(f"{indent}- {label}")
+        else:
+            ua, ub = ta.usage(sa), tb.usage(sb)
+            line = (
+                f"{indent}  {label}  Δcost={_signed_cost(ua[1], ub[1])} "
+                f"Δtokens={ub[0] - ua[0]:+d} Δdur={sb.duration_ms - sa.duration_ms:+.0f}ms"
+            )
+            if _output_hash(sa.output_json) != _output_hash(sb.output_json):
+                line += "  (output changed)"
+            lines.append(line)
+    print("\n".join(lines))
+    return 0
+
+
+# -- costs (OBS-34) -------------------------------------------------------------
+
+
+def _bucket_cost(cost: float | None, incomplete: bool) -> str:
+    if cost is None:
+        return "-"
+    return f"{'≥' if incomplete else ''}${cost:.4f}"
+
+
+def _cmd_costs(args: argparse.Namespace) -> int:
+    since = _parse_since(args.since) if args.since is not None else None
+    found = _core.llm_costs(_db_path(), args.by, since)
+    lines = [f"costs by {args.by}"]
+    if not found or not found[0]:
+        lines.append("no llm spans found")
+    else:
+        buckets, total = found
+        for key, calls, tokens, cost, incomplete in [*buckets, total]:
+            lines.append(
+                f"  {key:<24} calls={calls:<6} tokens={tokens:<10} "
+                f"cost={_bucket_cost(cost, incomplete)}"
+            )
+    print("\n".join(lines))
+    return 0
+
+
+# -- export (OBS-35) ------------------------------------------------------------
+
+_CONTENT_OFF_WARNING = (
+    "compose: warning -- {k} of {n} exported entries came from spans persisted with content "
+    "capture disabled (COMPOSE_TRACE_CONTENT=0): their cassette entries have no "
+    "system/messages (system=None, messages=[]) and can only ever replay-match on that "
+    "equally-empty message_hash -- re-capture this run with COMPOSE_TRACE_CONTENT unset/1 for "
+    "a realistic cassette"
+)
+
+
+def _model_attribute(attributes_json: str | None) -> str | None:
+    """The `model` attribute from the stored attributes JSON (plain JSON)."""
+    if attributes_json is None:
+        return None
+    try:
+        attrs = json.loads(attributes_json)
+    except ValueError:
+        return None
+    if isinstance(attrs, dict) and attrs.get("$kind") == "dict":
+        attrs = attrs.get("value")
+    if not isinstance(attrs, dict):
+        return None
+    model = attrs.get("model")
+    return model if isinstance(model, str) else None
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    _import_modules(args.imports)
+    try:
+        found = _load_run(_core.export_view, args.run_id)
+    except _NoStore:
+        raise _not_found(args.run_id) from None
+    # Deferred: pydantic and the message types are needed only here. The
+    # message types register themselves for decoding at import (AGENT-65).
+    from . import _codec
+    from .messages import Message, StopReason, ToolCallPart
+    from .models.base import ModelResponse
+    from .testing import compute_message_hash
+
+    def unexpected(span_id: str, what: str, value: object) -> ComposeError:
+        return ComposeError(
+            f"llm span {span_id} of run {found['run_id']} has an unexpected stored {what} "
+            f"({type(value).__name__}) -- cannot export it"
+        )
+
+    entries = []
+    without_content = 0
+    for span_id, name, attributes_json, input_json, output_json, usage in found["spans"]:
+        model = _model_attribute(attributes_json) or name
+        system: str | None = None
+        messages: list[Message] = []
+        if input_json is None:
+            without_content += 1
+        else:
+            request = _codec.loads(input_json)
+            if not isinstance(request, dict):
+                raise unexpected(span_id, "input", request)
+            stored_system, stored_messages = request.get("system"), request.get("messages")
+            if not (stored_system is None or isinstance(stored_system, str)) or not (
+                isinstance(stored_messages, list)
+                and all(isinstance(m, Message) for m in stored_messages)
+            ):
+                raise unexpected(span_id, "input", request)
+            system, messages = stored_system, stored_messages
+        message = None if output_json is None else _codec.loads(output_json)
+        if message is None:
+            message = Message(role="assistant", parts=[])
+        elif not isinstance(message, Message):
+            raise unexpected(span_id, "output", message)
+        stop = (
+            StopReason.TOOL_USE
+            if any(isinstance(p, ToolCallPart) for p in message.parts)
+            else StopReason.END_TURN
+        )
+        response = ModelResponse(
+            message=message,
+            stop_reason=stop,
+            raw_stop_reason=stop.value,
+            usage=_usage(usage),
+            model_id=model,
+            parsed=None,
+        )
+        entries.append(
+            {
+                "full_hash": None,
+                "message_hash": compute_message_hash(system, messages),
+                "request": {
+                    "model": model,
+                    "system": system,
+                    "messages": [m.model_dump(mode="json") for m in messages],
+                },
+                "response": _codec.encode(response),
+            }
+        )
+    text = json.dumps({"version": 2, "entries": entries}, indent=2)
+    path = Path(args.cassette)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise ComposeError(f"cannot write cassette {args.cassette}: {e}") from None
+    print(f"wrote {len(entries)} entries to {args.cassette}")
+    if without_content:
+        print(_CONTENT_OFF_WARNING.format(k=without_content, n=len(entries)), file=sys.stderr)
+    return 0
+
+
+def _usage(t: tuple | None) -> Usage:
+    """A span's usage columns as `Usage` (`Usage()` when it has none)."""
+    from .messages import Usage
+
+    if t is None:
+        return Usage()
+    return Usage(
+        input_tokens=t[0],
+        output_tokens=t[1],
+        cache_read_tokens=t[2],
+        cache_creation_tokens=t[3],
+        reasoning_tokens=t[4],
+        cost_usd=t[5],
+        cost_complete=t[6],
+    )
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -219,6 +601,9 @@ def _build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--status", choices=_STATUSES)
     runs.add_argument("--kind", choices=_KINDS)
     runs.add_argument("--since", metavar="X", help="<N>d, <N>h or YYYY-MM-DD")
+    runs.add_argument(
+        "-q", "--query", metavar="Q", help="full-text search of span names and payloads (FTS5)"
+    )
     add_import(runs)
     runs.set_defaults(func=_cmd_runs, parser=runs)
 
@@ -228,6 +613,23 @@ def _build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--format", choices=("tree", "mermaid"), default="tree")
     add_import(trace)
     trace.set_defaults(func=_cmd_trace, parser=trace)
+
+    diff = sub.add_parser("diff", help="compare the span trees of two runs")
+    diff.add_argument("run_a", metavar="RUN_A", help="run id or unique prefix")
+    diff.add_argument("run_b", metavar="RUN_B", help="run id or unique prefix")
+    add_import(diff)
+    diff.set_defaults(func=_cmd_diff, parser=diff)
+
+    costs = sub.add_parser("costs", help="model calls, tokens and cost by model, name or day")
+    costs.add_argument("--by", choices=("model", "name", "day"), default="model")
+    costs.add_argument("--since", metavar="X", help="<N>d, <N>h or YYYY-MM-DD")
+    costs.set_defaults(func=_cmd_costs, parser=costs)
+
+    export = sub.add_parser("export", help="write a run's model calls as a replay cassette")
+    export.add_argument("run_id", metavar="RUN_ID", help="run id or unique prefix")
+    export.add_argument("--cassette", required=True, metavar="PATH", help="file to write")
+    add_import(export)
+    export.set_defaults(func=_cmd_export, parser=export)
 
     path = sub.add_parser("path", help="print the state directory")
     path.set_defaults(func=_cmd_path, parser=path)

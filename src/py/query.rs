@@ -1,4 +1,4 @@
-//! Read-only queries for the `compose` CLI (OBS-30 … OBS-32).
+//! Queries for the `compose` CLI (OBS-30 … OBS-35).
 //!
 //! Each function takes the database path and never creates a store: a
 //! missing file is reported as the outcome `"no_store"` (or `None`).
@@ -7,7 +7,9 @@
 
 use super::store::run_row_dict;
 use crate::error::{CoreError, CoreResult};
-use crate::store::query::{self, Resolved, RunFilter, RunSummary};
+use crate::store::query::{
+    self, CostBucket, CostsBy, Resolved, RunFilter, RunSummary, SearchError, StoredSpan,
+};
 use crate::store::sqlite::open_connection;
 use crate::store::{InterruptRow, RunRow};
 use pyo3::prelude::*;
@@ -15,6 +17,7 @@ use pyo3::types::{PyDict, PyType};
 use rusqlite::Connection;
 
 type PendingTuple = (String, String, Option<String>, Option<String>);
+type UsageTuple = (i64, i64, i64, i64, i64, Option<f64>, bool);
 
 fn to_py_err(py: Python<'_>, e: CoreError) -> PyErr {
     let class = match e {
@@ -218,9 +221,250 @@ fn trace_view(
     Ok(("found".into(), d.into_any().unbind()))
 }
 
+/// The outcome of a search and its rows (or the query error).
+type Searched = (&'static str, Result<Vec<RunSummary>, String>);
+
+/// `compose runs -q` (OBS-31): brings the derived full-text index up to date,
+/// then lists the runs owning a span whose name or payload matches the FTS5
+/// query `query`, with the filters of `query_runs`. Returns
+/// `(outcome, value)`: `("no_store", None)`, `("ok", rows)`,
+/// `("unavailable", rows)` (FTS5 missing: `rows` are unfiltered by the
+/// query) or `("bad_query", sqlite_message)`.
+#[pyfunction]
+#[pyo3(signature = (db_path, query, status=None, kind=None, since=None, limit=10))]
+fn search_runs(
+    py: Python<'_>,
+    db_path: &str,
+    query: &str,
+    status: Option<String>,
+    kind: Option<String>,
+    since: Option<f64>,
+    limit: i64,
+) -> PyResult<(String, PyObject)> {
+    let filter = RunFilter {
+        status,
+        kind,
+        since,
+        limit,
+    };
+    let found = py
+        .allow_threads(|| -> CoreResult<Option<Searched>> {
+            let Some(conn) = open_existing(db_path)? else {
+                return Ok(None);
+            };
+            Ok(Some(match query::search_runs(&conn, &filter, query) {
+                Ok(rows) => ("ok", Ok(rows)),
+                Err(SearchError::Unavailable) => (
+                    "unavailable",
+                    Ok(query::list_runs(&conn, &filter).map_err(sql(db_path))?),
+                ),
+                Err(SearchError::Syntax(msg)) => ("bad_query", Err(msg)),
+                Err(SearchError::Sql(e)) => return Err(sql(db_path)(e)),
+            }))
+        })
+        .map_err(|e| to_py_err(py, e))?;
+    Ok(match found {
+        None => ("no_store".into(), py.None()),
+        Some((outcome, Ok(rows))) => {
+            let rows = rows
+                .iter()
+                .map(|s| summary_dict(py, s))
+                .collect::<PyResult<Vec<_>>>()?;
+            (outcome.into(), rows.into_pyobject(py)?.into_any().unbind())
+        }
+        Some((outcome, Err(msg))) => (outcome.into(), msg.into_pyobject(py)?.into_any().unbind()),
+    })
+}
+
+type CostTuple = (String, i64, i64, Option<f64>, bool);
+
+fn cost_tuple(b: CostBucket) -> CostTuple {
+    (b.key, b.calls, b.tokens, b.cost_usd, b.incomplete)
+}
+
+/// `compose costs` (OBS-34): the `llm` spans (started at or after `since`)
+/// bucketed `by` `"model"`, `"name"` or `"day"`. Returns `None` without a
+/// store, else `(buckets sorted by key, total)`, each a tuple
+/// `(key, calls, tokens, cost_usd | None, incomplete)`.
+#[pyfunction]
+#[pyo3(signature = (db_path, by="model", since=None))]
+fn llm_costs(
+    py: Python<'_>,
+    db_path: &str,
+    by: &str,
+    since: Option<f64>,
+) -> PyResult<Option<(Vec<CostTuple>, CostTuple)>> {
+    let by = match by {
+        "model" => CostsBy::Model,
+        "name" => CostsBy::Name,
+        "day" => CostsBy::Day,
+        other => {
+            return Err(super::errors::value_error(format!(
+                "unknown costs bucket {other:?} (expected 'model', 'name' or 'day')"
+            )))
+        }
+    };
+    let found = py
+        .allow_threads(|| -> CoreResult<_> {
+            let Some(conn) = open_existing(db_path)? else {
+                return Ok(None);
+            };
+            query::llm_costs(&conn, by, since)
+                .map(Some)
+                .map_err(sql(db_path))
+        })
+        .map_err(|e| to_py_err(py, e))?;
+    Ok(found.map(|(buckets, total)| {
+        (
+            buckets.into_iter().map(cost_tuple).collect(),
+            cost_tuple(total),
+        )
+    }))
+}
+
+fn usage_tuple(s: &StoredSpan) -> Option<UsageTuple> {
+    s.span.usage.as_ref().map(|u| {
+        (
+            u.input_tokens,
+            u.output_tokens,
+            u.cache_read_tokens,
+            u.cache_creation_tokens,
+            u.reasoning_tokens,
+            u.cost_usd,
+            u.cost_complete,
+        )
+    })
+}
+
+/// Resolves `run_id` (OBS-30) and loads spans for it with `load`, returning
+/// `(outcome, value)` like `resolve_run`; for `"found"` the value is
+/// `{"run_id", "trace_id", "spans"}`.
+fn run_spans<'py, T: IntoPyObject<'py>>(
+    py: Python<'py>,
+    db_path: &str,
+    run_id: &str,
+    load: impl Fn(&Connection, &RunRow) -> rusqlite::Result<Vec<StoredSpan>> + Send + Sync,
+    convert: impl Fn(StoredSpan) -> T,
+) -> PyResult<(String, PyObject)> {
+    let found = py
+        .allow_threads(
+            || -> CoreResult<Result<(RunRow, Vec<StoredSpan>), Lookup>> {
+                let (conn, run) = match lookup(db_path, Some(run_id))? {
+                    Lookup::Found(found) => *found,
+                    other => return Ok(Err(other)),
+                };
+                let spans = load(&conn, &run).map_err(sql(db_path))?;
+                Ok(Ok((run, spans)))
+            },
+        )
+        .map_err(|e| to_py_err(py, e))?;
+    let (run, spans) = match found {
+        Err(Lookup::NoStore) => return Ok(("no_store".into(), py.None())),
+        Err(Lookup::Ambiguous(ids)) => {
+            return Ok((
+                "ambiguous".into(),
+                ids.into_pyobject(py)?.into_any().unbind(),
+            ))
+        }
+        Err(_) => return Ok(("not_found".into(), py.None())),
+        Ok(found) => found,
+    };
+    let d = PyDict::new(py);
+    d.set_item("run_id", &run.run_id)?;
+    d.set_item("trace_id", &run.trace_id)?;
+    let items = pyo3::types::PyList::empty(py);
+    for s in spans {
+        items.append(convert(s))?;
+    }
+    d.set_item("spans", items)?;
+    Ok(("found".into(), d.into_any().unbind()))
+}
+
+type DiffSpan = (
+    String,
+    Option<String>,
+    String,
+    String,
+    f64,
+    Option<f64>,
+    Option<UsageTuple>,
+    Option<String>,
+);
+
+/// The data side of `compose diff` for one run (OBS-33): resolves `run_id`
+/// and returns `(outcome, value)` like `resolve_run`; for `"found"` the
+/// value is `{"run_id", "trace_id", "spans"}` with every span of the run's
+/// trace, ordered by `started_at` then span id, as `(span_id,
+/// parent_span_id, kind, name, started_at, ended_at, usage | None,
+/// output_json | None)`.
+#[pyfunction]
+fn diff_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(String, PyObject)> {
+    run_spans(
+        py,
+        db_path,
+        run_id,
+        |conn, run| match run.trace_id.as_deref() {
+            Some(t) => query::trace_spans_with_payloads(conn, t),
+            None => Ok(Vec::new()),
+        },
+        |s| -> DiffSpan {
+            let usage = usage_tuple(&s);
+            (
+                s.span.span_id,
+                s.span.parent_span_id,
+                s.span.kind,
+                s.span.name,
+                s.span.started_at,
+                s.span.ended_at,
+                usage,
+                s.output_json,
+            )
+        },
+    )
+}
+
+type ExportSpan = (
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<UsageTuple>,
+);
+
+/// The data side of `compose export` (OBS-35): resolves `run_id` and returns
+/// `(outcome, value)` like `resolve_run`; for `"found"` the value is
+/// `{"run_id", "trace_id", "spans"}` with the run's `llm` spans, ordered by
+/// `started_at` then span id, as `(span_id, name, attributes_json,
+/// input_json, output_json, usage | None)`.
+#[pyfunction]
+fn export_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(String, PyObject)> {
+    run_spans(
+        py,
+        db_path,
+        run_id,
+        query::run_llm_spans,
+        |s| -> ExportSpan {
+            let usage = usage_tuple(&s);
+            (
+                s.span.span_id,
+                s.span.name,
+                s.attributes_json,
+                s.input_json,
+                s.output_json,
+                usage,
+            )
+        },
+    )
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(query_runs, m)?)?;
     m.add_function(wrap_pyfunction!(resolve_run, m)?)?;
     m.add_function(wrap_pyfunction!(trace_view, m)?)?;
+    m.add_function(wrap_pyfunction!(search_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(llm_costs, m)?)?;
+    m.add_function(wrap_pyfunction!(diff_view, m)?)?;
+    m.add_function(wrap_pyfunction!(export_view, m)?)?;
     Ok(())
 }
