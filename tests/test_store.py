@@ -4,6 +4,7 @@ import json
 import os
 import sqlite3
 import stat
+import time
 
 import pytest
 
@@ -251,3 +252,46 @@ def test_obs70_trace_content_off_keeps_journal_but_not_payloads(isolated_state, 
     assert db.execute(
         "SELECT count(*) FROM spans WHERE input_json IS NOT NULL OR output_json IS NOT NULL OR flags & 2"
     ).fetchone() == (0,)
+
+
+def test_obs5_spans_are_visible_while_the_run_is_in_progress(isolated_state, capsys):
+    """A finished step's span is in the store while its run is still running,
+    so `compose trace` can watch it."""
+    import threading
+
+    from composeai.cli import main
+
+    release = threading.Event()
+
+    @compose.task
+    def first() -> int:
+        return 1
+
+    @compose.task
+    def blocked() -> int:
+        release.wait(10)
+        return 2
+
+    @compose.flow
+    def watched() -> int:
+        return compose.map(lambda x: x, [first()])[0] + blocked()
+
+    outcome = {}
+    worker = threading.Thread(target=lambda: outcome.setdefault("run", watched.run()))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        text = ""
+        while time.monotonic() < deadline:
+            capsys.readouterr()
+            if main(["trace", "--last"]) == 0:
+                text = capsys.readouterr().out
+                if "• first" in text and "<lambda>[0]" in text:
+                    break
+            time.sleep(0.02)
+        assert "• first" in text and "<lambda>[0]" in text, text
+        assert "blocked" not in text
+    finally:
+        release.set()
+        worker.join(10)
+    assert outcome["run"].output == 3
