@@ -767,15 +767,8 @@ def drive_sync(run: RunState, body: Callable[[], Any], root: Span) -> Any:
     driver = driven_synchronously()
     try:
         output = body()
-    except _Pause as pause:
-        return settle_paused(run, root, pause)
-    except _Cancelled as exc:
-        return settle_cancelled(run, root, exc)
-    except BaseException as exc:
-        fail_span(run, root, exc)
-        settle_failed(run, exc)
-        emit_run_finished(root, "failed", exc)
-        raise
+    except BaseException as exc:  # noqa: BLE001 -- settled, re-raised unless a pause/cancel
+        return settle_interrupted(run, root, exc)
     finally:
         ASYNC_DRIVER.reset(driver)
         FRAME.reset(token)
@@ -798,25 +791,52 @@ def settle_paused(run: RunState, root: Span, pause: _Pause):
     return ("paused", None, pause)
 
 
-def settle_cancelled(run: RunState, root: Span, exc: _Cancelled):
-    """A flow whose stream was cancelled: the row is failed with message
-    "cancelled" (resumable, like ASYNC-10); the caller gets a cancelled Run."""
+def settle_cancelled(run: RunState, root: Span, exc: _Cancelled, row_status: str = "failed"):
+    """A run whose stream was cancelled; the caller gets a cancelled Run. A
+    flow's row is failed with message "cancelled" (resumable, like
+    ASYNC-10); agents and composites mark theirs `cancelled` (AGENT-93)."""
     fail_span(run, root, exc)
-    run.attempt.settle(
-        "failed", None, _codec.dumps({"type": "CancelledError", "message": "cancelled"})
-    )
+    if row_status == "failed":
+        error = _codec.dumps({"type": "CancelledError", "message": "cancelled"})
+        run.attempt.settle("failed", None, error)
+    else:
+        run.attempt.settle(row_status, None, None)
     _check_span_writes()
     emit_run_finished(root, "cancelled")
     return ("cancelled", None, None)
 
 
-def settle_completed(run: RunState, root: Span, output: Any):
+def settle_error(run: RunState, root: Span, exc: BaseException) -> None:
+    """A run that failed: span, row and `run_finished` (FLOW-12)."""
+    fail_span(run, root, exc)
+    settle_failed(run, exc)
+    emit_run_finished(root, "failed", exc)
+
+
+def settle_interrupted(
+    run: RunState, root: Span, exc: BaseException, cancelled_status: str = "failed"
+):
+    """Settles a run whose body raised: a pause or a cancellation becomes the
+    outcome `(status, None, pause)`; anything else fails the run and is
+    re-raised unchanged."""
+    if isinstance(exc, _Pause):
+        return settle_paused(run, root, exc)
+    if isinstance(exc, _Cancelled):
+        return settle_cancelled(run, root, exc, cancelled_status)
+    settle_error(run, root, exc)
+    raise exc
+
+
+def settle_completed(run: RunState, root: Span, output: Any, lenient: bool = False):
+    """A run whose body returned. An unencodable output fails a flow
+    (FLOW-12); agents and composites store it as NULL instead (AGENT-52)."""
     try:
         output_json = _codec.dumps(output)
     except SerializationError as exc:
-        fail_span(run, root, exc)
-        settle_failed(run, exc)
-        raise
+        if not lenient:
+            settle_error(run, root, exc)
+            raise
+        output_json = None
     root.ended_at = time.time()
     root.status = "ok"
     persist_span(run, root, output_json)
@@ -835,22 +855,17 @@ async def drive_async(run: RunState, body: Callable[[], Any], root: Span) -> Any
     driver = driven_by_running_loop()
     try:
         output = await body()
-    except _Pause as pause:
-        return settle_paused(run, root, pause)
-    except _Cancelled as exc:
-        return settle_cancelled(run, root, exc)
-    except BaseException as exc:
-        fail_span(run, root, exc)
-        settle_failed(run, exc)
-        emit_run_finished(root, "failed", exc)
-        raise
+    except BaseException as exc:  # noqa: BLE001 -- settled, re-raised unless a pause/cancel
+        return settle_interrupted(run, root, exc)
     finally:
         ASYNC_DRIVER.reset(driver)
         FRAME.reset(token)
     return settle_completed(run, root, output)
 
 
-def make_run_result(run: RunState, outcome) -> Any:
+def make_run_result(run: RunState, outcome, usage: Any = None, messages: Any = None) -> Any:
+    """The `Run` of a settled top-level run; `usage`/`messages` default to
+    the attempt's llm rollup and an empty conversation."""
     from .runs import Run
 
     status, output, pause = outcome
@@ -872,9 +887,9 @@ def make_run_result(run: RunState, outcome) -> Any:
         id=run.run_id,
         status="completed",
         output=output,
-        usage=rollup_usage(run.trace),
+        usage=rollup_usage(run.trace) if usage is None else usage,
         trace=run.trace,
-        messages=[],
+        messages=[] if messages is None else messages,
         pending=None,
     )
 

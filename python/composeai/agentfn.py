@@ -26,7 +26,6 @@ from .errors import (
     MaxTurnsExceededError,
     ModelRefusalError,
     ProviderError,
-    SerializationError,
 )
 from .messages import Message, StopReason, ToolCallPart, ToolResultPart, Usage
 from .models.base import ModelRequest
@@ -1276,55 +1275,17 @@ async def _standalone_async(
 
 
 def _settle_standalone_ok(call: _Call, output: Any) -> Run:
-    run = call.run
-    root = call.frame.span
-    try:
-        output_json = _codec.dumps(output)
-    except SerializationError:
-        output_json = None
-    _engine.close_span(run, root, output)
-    run.attempt.settle("completed", output_json, None)
-    _engine.emit_run_finished(root, "completed")
-    return Run(
-        id=run.run_id,
-        status="completed",
-        output=output,
-        usage=_engine.subtree_usage(run.trace, root),
-        trace=run.trace,
-        messages=list(call.messages),
+    run, root = call.run, call.frame.span
+    outcome = _engine.settle_completed(run, root, output, lenient=True)
+    return _engine.make_run_result(
+        run, outcome, _engine.subtree_usage(run.trace, root), list(call.messages)
     )
 
 
 def _settle_standalone_error(call: _Call, exc: BaseException) -> Run:
     run = call.run
-    root = call.frame.span
-    if isinstance(exc, _engine._Pause):
-        _, _, pause = _engine.settle_paused(run, root, exc)
-        return Run(
-            id=run.run_id,
-            status="paused",
-            output=None,
-            usage=None,
-            trace=run.trace,
-            messages=[],
-            pending=pause.interrupt(),
-        )
-    if isinstance(exc, _engine._Cancelled):
-        _engine.fail_span(run, root, exc)
-        run.attempt.settle("cancelled", None, None)
-        _engine.emit_run_finished(root, "cancelled")
-        return Run(
-            id=run.run_id,
-            status="cancelled",
-            output=None,
-            usage=None,
-            trace=run.trace,
-            messages=[],
-        )
-    _engine.fail_span(run, root, exc)
-    _engine.settle_failed(run, exc)
-    _engine.emit_run_finished(root, "failed", exc)
-    raise exc
+    outcome = _engine.settle_interrupted(run, call.frame.span, exc, cancelled_status="cancelled")
+    return _engine.make_run_result(run, outcome)
 
 
 def resume_standalone(

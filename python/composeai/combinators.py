@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 from . import _codec, _core, _engine
 from ._engine import FRAME, Frame
 from ._stages import build_validator, stage_name, stage_types
-from .errors import CompositionTypeError, ConfigError, SerializationError
+from .errors import CompositionTypeError, ConfigError
 from .flow import Task
 
 __all__ = ["Aggregate", "MapResult", "Pipeline", "Stage", "aggregate", "amap", "map", "pipe"]
@@ -733,46 +733,16 @@ class _Composite:
             f"        return {self.name}(x)\n"
         )
 
-    def _settle(self, run, root, outcome: tuple, exc: BaseException | None):
-        from .runs import Run
-
+    def _settle(self, run, root, output: Any, exc: BaseException | None):
+        if isinstance(exc, _engine._Pause):
+            _engine.mark_failed(root, exc)
+            run.attempt.discard()
+            raise self._paused_error() from None
         if exc is not None:
-            if isinstance(exc, _engine._Pause):
-                _engine.mark_failed(root, exc)
-                run.attempt.discard()
-                raise self._paused_error() from None
-            if isinstance(exc, _engine._Cancelled):
-                _engine.fail_span(run, root, exc)
-                run.attempt.settle("cancelled", None, None)
-                _engine.emit_run_finished(root, "cancelled")
-                return Run(
-                    id=run.run_id,
-                    status="cancelled",
-                    output=None,
-                    usage=None,
-                    trace=run.trace,
-                    messages=[],
-                )
-            _engine.fail_span(run, root, exc)
-            _engine.settle_failed(run, exc)
-            _engine.emit_run_finished(root, "failed", exc)
-            raise exc
-        output = outcome
-        try:
-            output_json = _codec.dumps(output)
-        except SerializationError:
-            output_json = None
-        _engine.close_span(run, root, output)
-        run.attempt.settle("completed", output_json, None)
-        _engine.emit_run_finished(root, "completed")
-        return Run(
-            id=run.run_id,
-            status="completed",
-            output=output,
-            usage=_engine.rollup_usage(run.trace),
-            trace=run.trace,
-            messages=[],
-        )
+            outcome = _engine.settle_interrupted(run, root, exc, cancelled_status="cancelled")
+        else:
+            outcome = _engine.settle_completed(run, root, output, lenient=True)
+        return _engine.make_run_result(run, outcome)
 
     def run(self, x: Any, budget: Any = None):
         """An independent top-level run, even inside a flow (COMP-11)."""
