@@ -1311,28 +1311,10 @@ def resume_standalone(
             f"agent {row['name']!r} is not registered in this process -- import the module that "
             "defines it (so its @agent decoration runs) before calling resume()"
         )
-    from .flow import _resolve_answers
+    from .flow import begin_resume, resolve_pending_answers
 
-    resolved = []
-    if answers:
-        pending_ids = [p[0] for p in _engine.get_store().pending(run_id)]
-        resolved = _resolve_answers(answers, pending_ids)
-    attempt = _engine.get_store().resume(run_id)
-    try:
-        if budget is not None:
-            attempt.set_budget(_engine.budget_json(budget))
-        if resolved:
-            attempt.record_answers(resolved)
-        payload = _codec.loads(attempt.args_json) if attempt.args_json else {}
-        effective = budget
-        if effective is None and attempt.budget_json:
-            effective = _engine.budget_from_json(attempt.budget_json)
-        meter = None
-        if effective is not None:
-            meter = _engine.budget_meter(effective, "agent", agent.name, attempt.prior_llm_usage())
-    except BaseException as exc:
-        attempt.settle("failed", None, _engine.error_json(exc))
-        raise
+    resolved = resolve_pending_answers(run_id, answers)
+    run, payload, meter = begin_resume(run_id, resolved, budget, "agent", agent.name)
     opts = _overrides(
         budget,
         payload.get("system"),
@@ -1343,7 +1325,6 @@ def resume_standalone(
     )
     args = tuple(payload.get("args", ()))
     kwargs = dict(payload.get("kwargs", {}))
-    run = _engine.RunState(attempt, agent.name)
     if asynchronous:
         return _standalone_async(agent, args, kwargs, opts, run, meter)
     return _standalone_sync(agent, args, kwargs, opts, run, meter)

@@ -562,16 +562,21 @@ def _prepare_resume(
             "(fingerprint mismatch) -- pass allow_code_change=True to resume anyway (the journal "
             "may no longer match the new code's call sequence)"
         )
-    resolved: list[tuple[str, str]] = []
-    if answers:
-        pending_ids = [p[0] for p in store.pending(run_id)]
-        resolved = _resolve_answers(answers, pending_ids)
-    return flow_obj, resolved, None
+    return flow_obj, resolve_pending_answers(run_id, answers), None
 
 
-def _begin_resume(flow_obj: Flow, run_id: str, resolved, budget):
-    """Takes the lease, applies the budget override and answers, and decodes
-    the original arguments (FLOW-42)."""
+def resolve_pending_answers(run_id: str, answers: dict[str, Any] | None) -> list:
+    """FLOW-43 against the run's pending interrupts; nothing is written."""
+    if not answers:
+        return []
+    pending_ids = [p[0] for p in _engine.get_store().pending(run_id)]
+    return _resolve_answers(answers, pending_ids)
+
+
+def begin_resume(run_id: str, resolved: list, budget: Any, span_kind: str, name: str):
+    """Takes the lease, applies the budget override and the answers, decodes
+    the stored arguments, and builds the budget meter seeded with earlier
+    attempts' spend (FLOW-42, BUDGET-7/8). Returns `(run, payload, meter)`."""
     attempt = _engine.get_store().resume(run_id)
     try:
         if budget is not None:
@@ -579,20 +584,21 @@ def _begin_resume(flow_obj: Flow, run_id: str, resolved, budget):
         if resolved:
             attempt.record_answers(resolved)
         payload = _codec.loads(attempt.args_json) if attempt.args_json else {}
-        args = tuple(payload.get("args", ()))
-        kwargs = dict(payload.get("kwargs", {}))
         effective = budget
         if effective is None and attempt.budget_json:
             effective = _engine.budget_from_json(attempt.budget_json)
         meter = None
         if effective is not None:
-            meter = _engine.budget_meter(
-                effective, "flow", flow_obj.name, attempt.prior_llm_usage()
-            )
+            meter = _engine.budget_meter(effective, span_kind, name, attempt.prior_llm_usage())
     except BaseException as exc:
         attempt.settle("failed", None, _engine.error_json(exc))
         raise
-    return _engine.RunState(attempt, flow_obj.name), args, kwargs, meter
+    return _engine.RunState(attempt, name), payload, meter
+
+
+def _begin_resume(flow_obj: Flow, run_id: str, resolved, budget):
+    run, payload, meter = begin_resume(run_id, resolved, budget, "flow", flow_obj.name)
+    return run, tuple(payload.get("args", ())), dict(payload.get("kwargs", {})), meter
 
 
 def resume(
