@@ -640,4 +640,23 @@ mod tests {
         assert_eq!(a.prior_llm_usage(Some("writer#2")).unwrap(), (7, 0.25));
         assert_eq!(a.prior_llm_usage(Some("writer#9")).unwrap(), (0, 0.0));
     }
+
+    #[test]
+    fn a_failed_span_write_is_recorded_once_for_a_warning() {
+        let dir = tempdir::Dir::new();
+        let path = dir.path("runs.db");
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+        let a = Attempt::start(store.clone(), new_run("f")).unwrap();
+        crate::store::sqlite::take_span_write_error();
+        // Another connection drops the table the span goes to.
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .execute_batch("DROP TABLE spans")
+            .unwrap();
+        a.queue_span(span("t#1", "1"));
+        assert!(store.flush().is_err());
+        let recorded = crate::store::sqlite::take_span_write_error();
+        assert!(recorded.is_some_and(|m| m.contains("spans")));
+        assert!(crate::store::sqlite::take_span_write_error().is_none());
+    }
 }

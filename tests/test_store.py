@@ -9,7 +9,7 @@ import time
 import pytest
 
 import composeai as compose
-from composeai import _core
+from composeai import _core, _engine
 from composeai.errors import ConfigError
 
 LEGACY_SCHEMA = """
@@ -295,3 +295,26 @@ def test_obs5_spans_are_visible_while_the_run_is_in_progress(isolated_state, cap
         release.set()
         worker.join(10)
     assert outcome["run"].output == 3
+
+
+def test_obs5_span_persistence_failures_warn_once_and_never_raise(monkeypatch):
+    """The core records a failed span write; the engine turns it into one
+    RuntimeWarning per process and the run itself is unaffected."""
+    import warnings
+
+    failures = iter(["composeai store 'x': disk I/O error", "again"])
+    monkeypatch.setattr(_engine, "_warned_span_write", False)
+    monkeypatch.setattr(_engine._core, "take_span_write_error", lambda: next(failures, None))
+
+    @compose.flow
+    def f() -> int:
+        return 1
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert f.run().output == 1
+        assert f.run().output == 1
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert messages == [
+        "composeai could not persist trace spans: composeai store 'x': disk I/O error"
+    ]
