@@ -25,19 +25,33 @@ pub fn register_errors(
     Ok(())
 }
 
-fn raise(cell: &GILOnceCell<Py<PyType>>, msg: String) -> PyErr {
-    Python::with_gil(|py| match cell.get(py) {
-        Some(cls) => PyErr::from_type(cls.bind(py).clone(), msg),
-        None => PyRuntimeError::new_err(msg),
+/// The class registered in `cell`, else `composeai.errors.<name>` (so
+/// modules that never load the engine, like the CLI, get the same classes).
+fn raise(cell: &GILOnceCell<Py<PyType>>, name: &str, msg: String) -> PyErr {
+    Python::with_gil(|py| {
+        if let Some(cls) = cell.get(py) {
+            return PyErr::from_type(cls.bind(py).clone(), msg);
+        }
+        let imported = py
+            .import("composeai.errors")
+            .and_then(|m| m.getattr(name))
+            .and_then(|c| c.downcast_into::<PyType>().map_err(PyErr::from));
+        match imported {
+            Ok(cls) => {
+                let _ = cell.set(py, cls.clone().unbind());
+                PyErr::from_type(cls, msg)
+            }
+            Err(_) => PyRuntimeError::new_err(msg),
+        }
     })
 }
 
 pub fn to_py(e: CoreError) -> PyErr {
     match e {
-        CoreError::Config(m) => raise(&CONFIG_ERROR, m),
-        CoreError::Serialization(m) => raise(&SERIALIZATION_ERROR, m),
-        CoreError::Revoked(m) => raise(&REVOKED_SIGNAL, m),
-        CoreError::Store(m) => raise(&CONFIG_ERROR, m),
+        CoreError::Config(m) => raise(&CONFIG_ERROR, "ConfigError", m),
+        CoreError::Serialization(m) => raise(&SERIALIZATION_ERROR, "SerializationError", m),
+        CoreError::Revoked(m) => raise(&REVOKED_SIGNAL, "ComposeError", m),
+        CoreError::Store(m) => raise(&CONFIG_ERROR, "ConfigError", m),
     }
 }
 

@@ -32,7 +32,15 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(new_ulid, m)?)?;
     m.add_function(wrap_pyfunction!(take_span_write_error, m)?)?;
     m.add_function(wrap_pyfunction!(errors::register_errors, m)?)?;
-    trace::register(m)?;
-    query::register(m)?;
+    m.add_function(wrap_pyfunction!(trace::render_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::render_mermaid, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::trace_status, m)?)?;
+    m.add_function(wrap_pyfunction!(query::query_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(query::resolve_run, m)?)?;
+    m.add_function(wrap_pyfunction!(query::trace_view, m)?)?;
+    m.add_function(wrap_pyfunction!(query::search_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(query::llm_costs, m)?)?;
+    m.add_function(wrap_pyfunction!(query::diff_view, m)?)?;
+    m.add_function(wrap_pyfunction!(query::export_view, m)?)?;
     Ok(())
 }

@@ -5,7 +5,9 @@
 //! Errors raise `composeai.errors.ConfigError`/`SerializationError`
 //! directly, so the CLI does not depend on `register_errors` having run.
 
-use super::store::run_row_dict;
+use super::errors::to_py;
+use super::spans::UsageTuple;
+use super::store::{run_row_dict, PendingTuple};
 use crate::error::{CoreError, CoreResult};
 use crate::store::query::{
     self, CostBucket, CostsBy, Resolved, RunFilter, RunSummary, SearchError, StoredSpan,
@@ -13,26 +15,8 @@ use crate::store::query::{
 use crate::store::sqlite::open_connection;
 use crate::store::{InterruptRow, RunRow};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyType};
+use pyo3::types::PyDict;
 use rusqlite::Connection;
-
-type PendingTuple = (String, String, Option<String>, Option<String>);
-type UsageTuple = (i64, i64, i64, i64, i64, Option<f64>, bool);
-
-fn to_py_err(py: Python<'_>, e: CoreError) -> PyErr {
-    let class = match e {
-        CoreError::Serialization(_) => "SerializationError",
-        _ => "ConfigError",
-    };
-    let cls = py
-        .import("composeai.errors")
-        .and_then(|m| m.getattr(class))
-        .and_then(|c| c.downcast_into::<PyType>().map_err(PyErr::from));
-    match cls {
-        Ok(cls) => PyErr::from_type(cls, e.to_string()),
-        Err(err) => err,
-    }
-}
 
 fn sql(path: &str) -> impl Fn(rusqlite::Error) -> CoreError + '_ {
     move |e| CoreError::Store(format!("composeai store '{path}': {e}"))
@@ -58,7 +42,7 @@ fn summary_dict<'py>(py: Python<'py>, s: &RunSummary) -> PyResult<Bound<'py, PyD
 /// `cost_complete`, newest first; `None` when there is no store.
 #[pyfunction]
 #[pyo3(signature = (db_path, status=None, kind=None, since=None, limit=10))]
-fn query_runs<'py>(
+pub fn query_runs<'py>(
     py: Python<'py>,
     db_path: &str,
     status: Option<String>,
@@ -81,7 +65,7 @@ fn query_runs<'py>(
                 .map(Some)
                 .map_err(sql(db_path))
         })
-        .map_err(|e| to_py_err(py, e))?;
+        .map_err(to_py)?;
     match rows {
         None => Ok(None),
         Some(rows) => rows
@@ -123,14 +107,14 @@ fn lookup(path: &str, run_id: Option<&str>) -> CoreResult<Lookup> {
 /// `("found", run_dict)`.
 #[pyfunction]
 #[pyo3(signature = (db_path, run_id=None))]
-fn resolve_run(
+pub fn resolve_run(
     py: Python<'_>,
     db_path: &str,
     run_id: Option<&str>,
 ) -> PyResult<(String, PyObject)> {
     let found = py
         .allow_threads(|| lookup(db_path, run_id))
-        .map_err(|e| to_py_err(py, e))?;
+        .map_err(to_py)?;
     Ok(match found {
         Lookup::NoStore => ("no_store".into(), py.None()),
         Lookup::NotFound => ("not_found".into(), py.None()),
@@ -159,7 +143,7 @@ struct TraceView {
 /// trace_id, text, pending: [(id, kind, question, payload_json)]}`.
 #[pyfunction]
 #[pyo3(signature = (db_path, run_id=None, fmt="tree", color=false))]
-fn trace_view(
+pub fn trace_view(
     py: Python<'_>,
     db_path: &str,
     run_id: Option<&str>,
@@ -195,7 +179,7 @@ fn trace_view(
             };
             Ok(Ok(TraceView { run, text, pending }))
         })
-        .map_err(|e| to_py_err(py, e))?;
+        .map_err(to_py)?;
     let v = match view {
         Err(Lookup::NoStore) => return Ok(("no_store".into(), py.None())),
         Err(Lookup::Ambiguous(ids)) => {
@@ -232,7 +216,7 @@ type Searched = (&'static str, Result<Vec<RunSummary>, String>);
 /// query) or `("bad_query", sqlite_message)`.
 #[pyfunction]
 #[pyo3(signature = (db_path, query, status=None, kind=None, since=None, limit=10))]
-fn search_runs(
+pub fn search_runs(
     py: Python<'_>,
     db_path: &str,
     query: &str,
@@ -262,7 +246,7 @@ fn search_runs(
                 Err(SearchError::Sql(e)) => return Err(sql(db_path)(e)),
             }))
         })
-        .map_err(|e| to_py_err(py, e))?;
+        .map_err(to_py)?;
     Ok(match found {
         None => ("no_store".into(), py.None()),
         Some((outcome, Ok(rows))) => {
@@ -288,7 +272,7 @@ fn cost_tuple(b: CostBucket) -> CostTuple {
 /// `(key, calls, tokens, cost_usd | None, incomplete)`.
 #[pyfunction]
 #[pyo3(signature = (db_path, by="model", since=None))]
-fn llm_costs(
+pub fn llm_costs(
     py: Python<'_>,
     db_path: &str,
     by: &str,
@@ -313,7 +297,7 @@ fn llm_costs(
                 .map(Some)
                 .map_err(sql(db_path))
         })
-        .map_err(|e| to_py_err(py, e))?;
+        .map_err(to_py)?;
     Ok(found.map(|(buckets, total)| {
         (
             buckets.into_iter().map(cost_tuple).collect(),
@@ -357,7 +341,7 @@ fn run_spans<'py, T: IntoPyObject<'py>>(
                 Ok(Ok((run, spans)))
             },
         )
-        .map_err(|e| to_py_err(py, e))?;
+        .map_err(to_py)?;
     let (run, spans) = match found {
         Err(Lookup::NoStore) => return Ok(("no_store".into(), py.None())),
         Err(Lookup::Ambiguous(ids)) => {
@@ -398,7 +382,7 @@ type DiffSpan = (
 /// parent_span_id, kind, name, started_at, ended_at, usage | None,
 /// output_json | None)`.
 #[pyfunction]
-fn diff_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(String, PyObject)> {
+pub fn diff_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(String, PyObject)> {
     run_spans(
         py,
         db_path,
@@ -438,7 +422,7 @@ type ExportSpan = (
 /// `started_at` then span id, as `(span_id, name, attributes_json,
 /// input_json, output_json, usage | None)`.
 #[pyfunction]
-fn export_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(String, PyObject)> {
+pub fn export_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(String, PyObject)> {
     run_spans(
         py,
         db_path,
@@ -456,15 +440,4 @@ fn export_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(String,
             )
         },
     )
-}
-
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(query_runs, m)?)?;
-    m.add_function(wrap_pyfunction!(resolve_run, m)?)?;
-    m.add_function(wrap_pyfunction!(trace_view, m)?)?;
-    m.add_function(wrap_pyfunction!(search_runs, m)?)?;
-    m.add_function(wrap_pyfunction!(llm_costs, m)?)?;
-    m.add_function(wrap_pyfunction!(diff_view, m)?)?;
-    m.add_function(wrap_pyfunction!(export_view, m)?)?;
-    Ok(())
 }

@@ -14,7 +14,7 @@ use pyo3::types::PyTuple;
 
 pub const SPAN_FIELDS: usize = 14;
 
-type UsageTuple = (i64, i64, i64, i64, i64, Option<f64>, bool);
+pub type UsageTuple = (i64, i64, i64, i64, i64, Option<f64>, bool);
 
 pub fn usage_from_tuple(t: UsageTuple) -> UsageRow {
     UsageRow {

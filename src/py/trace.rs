@@ -46,7 +46,7 @@ fn spans_from_py(spans: &[Bound<'_, PyAny>]) -> PyResult<Vec<RenderSpan>> {
 
 /// The tree view of a trace (OBS-20 … OBS-24), no trailing newline.
 #[pyfunction]
-fn render_tree(
+pub fn render_tree(
     py: Python<'_>,
     trace_id: &str,
     spans: Vec<Bound<'_, PyAny>>,
@@ -59,21 +59,14 @@ fn render_tree(
 
 /// The Mermaid flowchart of a trace (OBS-25), no trailing newline.
 #[pyfunction]
-fn render_mermaid(py: Python<'_>, spans: Vec<Bound<'_, PyAny>>) -> PyResult<String> {
+pub fn render_mermaid(py: Python<'_>, spans: Vec<Bound<'_, PyAny>>) -> PyResult<String> {
     let spans = spans_from_py(&spans)?;
     Ok(py.allow_threads(move || trace::render_mermaid(&spans)))
 }
 
 /// The trace status of OBS-16.
 #[pyfunction]
-fn trace_status(spans: Vec<Bound<'_, PyAny>>) -> PyResult<&'static str> {
+pub fn trace_status(spans: Vec<Bound<'_, PyAny>>) -> PyResult<&'static str> {
     let spans = spans_from_py(&spans)?;
     Ok(trace::trace_status(&spans))
-}
-
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(render_tree, m)?)?;
-    m.add_function(wrap_pyfunction!(render_mermaid, m)?)?;
-    m.add_function(wrap_pyfunction!(trace_status, m)?)?;
-    Ok(())
 }
