@@ -205,15 +205,6 @@ def emit_run_finished(root: Span, status: str, exc: BaseException | None = None)
     )
 
 
-def current_frame() -> Frame | None:
-    return FRAME.get()
-
-
-def active_run() -> RunState | None:
-    frame = FRAME.get()
-    return frame.run if frame is not None else None
-
-
 # ---------------------------------------------------------------------------
 # Spans
 
