@@ -6,7 +6,7 @@ use crate::journal::{Fence, Journal};
 use crate::store::sqlite::now;
 use crate::store::sqlite::Slot;
 use crate::store::{
-    AgentStateRow, InterruptRow, NewRun, RunRow, Settlement, SpanRecord, SpanRow, Store,
+    AgentStateRow, InterruptRow, NewRun, PriorSpend, RunRow, Settlement, SpanRecord, SpanRow, Store,
 };
 use parking_lot::Mutex;
 use std::collections::HashSet;
@@ -98,6 +98,10 @@ pub struct Attempt {
     root_fence: Fence,
     /// Journal writes committed in the background, not yet confirmed.
     deferred: Mutex<Vec<Arc<Slot>>>,
+    /// The run's first attempt: there is no earlier spend to read.
+    first: bool,
+    /// Earlier attempts' spend, read on first need.
+    prior: Mutex<Option<Arc<PriorSpend>>>,
 }
 
 impl Attempt {
@@ -105,7 +109,7 @@ impl Attempt {
     pub fn start(store: Arc<dyn Store>, new: NewRun) -> CoreResult<Attempt> {
         claim_in_process(&new.run_id)?;
         match store.create_run(&new, owner_id(), now() + LEASE_SECONDS) {
-            Ok(run) => Ok(Attempt::new(store, run, Journal::default())),
+            Ok(run) => Ok(Attempt::new(store, run, Journal::default(), true)),
             Err(e) => {
                 active_runs().lock().remove(&new.run_id);
                 Err(e)
@@ -117,7 +121,7 @@ impl Attempt {
     pub fn resume(store: Arc<dyn Store>, run_id: &str) -> CoreResult<Attempt> {
         claim_in_process(run_id)?;
         match store.acquire(run_id, owner_id(), now() + LEASE_SECONDS, &lease_is_live) {
-            Ok((run, entries)) => Ok(Attempt::new(store, run, Journal::new(entries))),
+            Ok((run, entries)) => Ok(Attempt::new(store, run, Journal::new(entries), false)),
             Err(e) => {
                 active_runs().lock().remove(run_id);
                 Err(e)
@@ -125,7 +129,7 @@ impl Attempt {
         }
     }
 
-    fn new(store: Arc<dyn Store>, run: RunRow, journal: Journal) -> Attempt {
+    fn new(store: Arc<dyn Store>, run: RunRow, journal: Journal, first: bool) -> Attempt {
         Attempt {
             store,
             run,
@@ -133,6 +137,8 @@ impl Attempt {
             closed: AtomicBool::new(false),
             root_fence: Fence::root(),
             deferred: Mutex::new(Vec::new()),
+            first,
+            prior: Mutex::new(None),
         }
     }
 
@@ -328,7 +334,26 @@ impl Attempt {
     /// Spend of earlier attempts (all of them, or one step's), the baseline
     /// of a budget re-applied on resume (BUDGET-7).
     pub fn prior_llm_usage(&self, step_key: Option<&str>) -> CoreResult<(i64, f64)> {
-        self.store.prior_llm_usage(self.run.rid, step_key)
+        if self.first {
+            return Ok((0, 0.0));
+        }
+        let spend = {
+            let mut cached = self.prior.lock();
+            match &*cached {
+                Some(spend) => spend.clone(),
+                None => {
+                    // Read once per attempt: every budgeted step of a long
+                    // run asks, and each answer needs the whole run.
+                    let spend = Arc::new(self.store.prior_llm_usage(self.run.rid)?);
+                    *cached = Some(spend.clone());
+                    spend
+                }
+            }
+        };
+        Ok(match step_key {
+            None => spend.total,
+            Some(key) => spend.by_step.get(key).copied().unwrap_or((0, 0.0)),
+        })
     }
 
     pub fn set_budget(&self, budget_json: &str) -> CoreResult<()> {
@@ -636,9 +661,20 @@ mod tests {
         a.queue_span(llm(&w2, 7, 0.25));
         a.queue_span(w1);
         a.queue_span(w2);
-        assert_eq!(a.prior_llm_usage(None).unwrap(), (17, 0.75));
-        assert_eq!(a.prior_llm_usage(Some("writer#2")).unwrap(), (7, 0.25));
-        assert_eq!(a.prior_llm_usage(Some("writer#9")).unwrap(), (0, 0.0));
+        assert_eq!(
+            a.prior_llm_usage(None).unwrap(),
+            (0, 0.0),
+            "a first attempt has no past"
+        );
+        a.settle(Settlement {
+            status: "paused".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        let b = Attempt::resume(store.clone(), &a.run.run_id).unwrap();
+        assert_eq!(b.prior_llm_usage(None).unwrap(), (17, 0.75));
+        assert_eq!(b.prior_llm_usage(Some("writer#2")).unwrap(), (7, 0.25));
+        assert_eq!(b.prior_llm_usage(Some("writer#9")).unwrap(), (0, 0.0));
     }
 
     #[test]

@@ -886,15 +886,22 @@ def make_run_result(run: RunState, outcome, usage: Any = None, messages: Any = N
 
 
 def subtree_usage(trace: Trace, root: Span):
-    """Usage of the `llm` spans under `root` (spans are in start order, so a
-    parent always precedes its children), or `None` when there are none."""
+    """Usage of the `llm` spans under `root`, or `None` when there are none.
+    Spans are in start order, so the subtree follows `root`: only spans
+    opened since `root` are visited (no quadratic work in run length)."""
+    spans = trace.spans
+    start = len(spans) - 1
+    while start >= 0 and spans[start] is not root:
+        start -= 1
     ids = {root.span_id}
     total = None
-    for span in trace.spans:
+    for span in spans[start + 1 :] if start >= 0 else spans:
         if span.parent_span_id in ids:
             ids.add(span.span_id)
-        if span.span_id in ids and span.kind == "llm" and span.usage is not None:
-            total = span.usage if total is None else total + span.usage
+            if span.kind == "llm" and span.usage is not None:
+                total = span.usage if total is None else total + span.usage
+    if root.kind == "llm" and root.usage is not None:
+        total = root.usage if total is None else total + root.usage
     return total
 
 

@@ -103,6 +103,14 @@ pub struct AgentStateRow {
     pub turn: i64,
 }
 
+/// Spend of a run's earlier attempts: `(tokens, usd)` in all, and under
+/// each journaled agent step (BUDGET-7).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PriorSpend {
+    pub total: (i64, f64),
+    pub by_step: std::collections::HashMap<String, (i64, f64)>,
+}
+
 /// How a run attempt ends.
 #[derive(Debug, Clone, Default)]
 pub struct Settlement {
@@ -183,9 +191,9 @@ pub trait Store: Send + Sync {
 
     fn load_agent_state(&self, rid: i64, scope_key: &str) -> CoreResult<Option<AgentStateRow>>;
 
-    /// Tokens (input + output) and USD of the run's persisted `llm` spans;
-    /// with `step_key`, only those under agent spans journaled under it.
-    fn prior_llm_usage(&self, rid: i64, step_key: Option<&str>) -> CoreResult<(i64, f64)>;
+    /// Tokens (input + output) and USD of the run's persisted `llm` spans, in
+    /// all and per step key of the agent spans above them, in one pass.
+    fn prior_llm_usage(&self, rid: i64) -> CoreResult<PriorSpend>;
 
     fn pending(&self, rid: i64) -> CoreResult<Vec<InterruptRow>>;
 

@@ -9,7 +9,8 @@
 
 use super::migrate;
 use super::{
-    AgentStateRow, InterruptRow, LeaseCheck, NewRun, RunRow, Settlement, SpanRecord, Store,
+    AgentStateRow, InterruptRow, LeaseCheck, NewRun, PriorSpend, RunRow, Settlement, SpanRecord,
+    Store,
 };
 use crate::error::{AtPath, CoreError, CoreResult};
 use crate::ids::{encode_id, StoredId};
@@ -816,9 +817,9 @@ impl Store for SqliteStore {
             .at(&self.path)
     }
 
-    fn prior_llm_usage(&self, rid: i64, step_key: Option<&str>) -> CoreResult<(i64, f64)> {
+    fn prior_llm_usage(&self, rid: i64) -> CoreResult<PriorSpend> {
         let mut w = self.writer.lock();
-        self.drain(&mut w)?;
+        self.inner.drain(&mut w)?;
         let path = self.path.clone();
         let conn = &w.conn;
         let tid: Option<i64> = conn
@@ -830,16 +831,8 @@ impl Store for SqliteStore {
             .optional()
             .at(&path)?;
         let Some(tid) = tid else {
-            return Ok((0, 0.0));
+            return Ok(PriorSpend::default());
         };
-        // Walk the run's spans of its trace: llm usage, optionally only below
-        // agent spans journaled under `step_key`.
-        let mut st = conn
-            .prepare_cached(
-                "SELECT span_id, parent, kind, step_key, input_tokens, output_tokens, cost_usd \
-                 FROM spans WHERE tid = ?1 AND rid = ?2",
-            )
-            .at(&path)?;
         struct Row {
             id: Option<String>,
             parent: Option<String>,
@@ -848,6 +841,12 @@ impl Store for SqliteStore {
             tokens: i64,
             usd: f64,
         }
+        let mut st = conn
+            .prepare_cached(
+                "SELECT span_id, parent, kind, step_key, input_tokens, output_tokens, cost_usd \
+                 FROM spans WHERE tid = ?1 AND rid = ?2",
+            )
+            .at(&path)?;
         let rows: Vec<Row> = st
             .query_map(params![tid, rid], |r| {
                 Ok(Row {
@@ -862,35 +861,30 @@ impl Store for SqliteStore {
             })
             .and_then(|it| it.collect())
             .at(&path)?;
-        let Some(key) = step_key else {
-            return Ok(rows
-                .iter()
-                .filter(|r| r.kind == "llm")
-                .fold((0, 0.0), |(t, u), r| (t + r.tokens, u + r.usd)));
-        };
-        let parents: HashMap<&str, Option<&str>> = rows
+        let by_id: HashMap<&str, &Row> = rows
             .iter()
-            .filter_map(|r| r.id.as_deref().map(|id| (id, r.parent.as_deref())))
+            .filter_map(|r| r.id.as_deref().map(|id| (id, r)))
             .collect();
-        let roots: std::collections::HashSet<&str> = rows
-            .iter()
-            .filter(|r| r.kind == "agent" && r.step_key.as_deref() == Some(key))
-            .filter_map(|r| r.id.as_deref())
-            .collect();
-        let mut total = (0, 0.0);
+        let mut spend = PriorSpend::default();
         for r in rows.iter().filter(|r| r.kind == "llm") {
+            spend.total = (spend.total.0 + r.tokens, spend.total.1 + r.usd);
+            // Credit every journaled agent step above the call; bounded by
+            // the number of spans, so a corrupt cycle cannot loop.
             let mut cursor = r.parent.as_deref();
-            // Bounded by the number of spans, so a corrupt cycle cannot loop.
             for _ in 0..rows.len() {
-                let Some(id) = cursor else { break };
-                if roots.contains(id) {
-                    total = (total.0 + r.tokens, total.1 + r.usd);
+                let Some(parent) = cursor.and_then(|id| by_id.get(id)) else {
                     break;
+                };
+                if parent.kind == "agent" {
+                    if let Some(key) = &parent.step_key {
+                        let e = spend.by_step.entry(key.clone()).or_insert((0, 0.0));
+                        *e = (e.0 + r.tokens, e.1 + r.usd);
+                    }
                 }
-                cursor = parents.get(id).copied().flatten();
+                cursor = parent.parent.as_deref();
             }
         }
-        Ok(total)
+        Ok(spend)
     }
 
     fn get_run(&self, run_id: &str) -> CoreResult<Option<RunRow>> {
