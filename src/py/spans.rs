@@ -28,14 +28,24 @@ pub fn usage_from_tuple(t: UsageTuple) -> UsageRow {
     }
 }
 
-pub fn span_from_py(obj: &Bound<'_, PyAny>) -> PyResult<SpanRow> {
+/// `obj` as a tuple of exactly `n` fields, else a `ValueError` naming `what`.
+pub fn fields<'a, 'py>(
+    obj: &'a Bound<'py, PyAny>,
+    n: usize,
+    what: &str,
+) -> PyResult<&'a Bound<'py, PyTuple>> {
     let t = obj.downcast::<PyTuple>()?;
-    if t.len() != SPAN_FIELDS {
+    if t.len() != n {
         return Err(value_error(format!(
-            "span record must have {SPAN_FIELDS} fields, got {}",
+            "{what} must have {n} fields, got {}",
             t.len()
         )));
     }
+    Ok(t)
+}
+
+pub fn span_from_py(obj: &Bound<'_, PyAny>) -> PyResult<SpanRow> {
+    let t = fields(obj, SPAN_FIELDS, "span record")?;
     let usage: Option<UsageTuple> = t.get_item(10)?.extract()?;
     Ok(SpanRow {
         span_id: t.get_item(0)?.extract()?,

@@ -6,24 +6,14 @@
 //! `(input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens,
 //! reasoning_tokens, cost_usd, cost_complete)`.
 
-use super::errors::value_error;
-use super::spans::usage_from_tuple;
+use super::spans::{fields, usage_from_tuple, UsageTuple};
 use crate::trace::{self, RenderSpan};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
 
 const RENDER_FIELDS: usize = 11;
 
-type UsageTuple = (i64, i64, i64, i64, i64, Option<f64>, bool);
-
 fn render_span_from_py(obj: &Bound<'_, PyAny>) -> PyResult<RenderSpan> {
-    let t = obj.downcast::<PyTuple>()?;
-    if t.len() != RENDER_FIELDS {
-        return Err(value_error(format!(
-            "render span must have {RENDER_FIELDS} fields, got {}",
-            t.len()
-        )));
-    }
+    let t = fields(obj, RENDER_FIELDS, "render span")?;
     let usage: Option<UsageTuple> = t.get_item(10)?.extract()?;
     Ok(RenderSpan {
         span_id: t.get_item(0)?.extract()?,
