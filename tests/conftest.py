@@ -3,6 +3,9 @@ import sys
 
 import pytest
 
+# The record/replay fixture, re-exported here the way a user's conftest does (TEST-30).
+from composeai.testing import cassette  # noqa: F401
+
 sys.path.insert(0, os.path.dirname(__file__))
 
 

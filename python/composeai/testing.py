@@ -5,26 +5,34 @@ Nothing here needs a provider SDK.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import re
 import sys
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from composeai import _core
-from composeai.errors import ComposeError
+from composeai.errors import ComposeError, ConfigError
 from composeai.messages import Message, StopReason, TextPart, ThinkingPart, ToolCallPart, Usage
 from composeai.models.base import ModelRequest, ModelResponse, RawStreamEvent
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterator, Sequence
+    from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
 __all__ = [
     "CachingModel",
     "FakeModel",
+    "RecordingModel",
+    "ReplayModel",
+    "cassette",  # noqa: F822 -- provided lazily by the module __getattr__
     "compute_full_hash",
     "compute_message_hash",
+    "record_cassette",
+    "replay_cassette",
     "reset_registries",
 ]
 
@@ -228,6 +236,245 @@ class FakeModel:
 
 def _unrecognized(item: Any) -> ComposeError:
     return ComposeError(f"FakeModel: unrecognized script item {item!r}")
+
+
+# --------------------------------------------------------------------------- cassettes (TEST-20 …)
+
+CASSETTE_VERSION = 2
+
+_NESTED_CASSETTE = (
+    "record_cassette()/replay_cassette() cannot be nested -- registry.resolve() is already "
+    "intercepted by another active cassette context. Nesting isn't supported: a plain "
+    "save/restore of registry.resolve means whichever context exits last would clobber the "
+    "other's interception. Close the outer cassette context first, or record/replay "
+    "everything through one shared context instead."
+)
+
+# Whether a cassette context currently intercepts ``registry.resolve`` (TEST-25).
+_cassette_lock = threading.Lock()
+_cassette_active = False
+
+
+def _cassette_entry(request: ModelRequest, response: ModelResponse) -> dict[str, Any]:
+    """One cassette entry (TEST-21): both hashes, the request's conversation, the response."""
+    from composeai import _codec
+
+    return {
+        "full_hash": compute_full_hash(request),
+        "message_hash": compute_message_hash(request.system, request.messages),
+        "request": {
+            "model": request.model,
+            "system": request.system,
+            "messages": [m.model_dump(mode="json") for m in request.messages],
+        },
+        "response": _codec.encode(response),
+    }
+
+
+class RecordingModel:
+    """Passes every call through to ``inner`` and appends one cassette entry per completed
+    call to ``entries`` (TEST-20). Stream methods exist only where ``inner`` has them; a
+    stream is recorded from its ``response_done`` event."""
+
+    def __init__(self, inner: Any, entries: list[dict[str, Any]]) -> None:
+        self.inner = inner
+        self.entries = entries
+        model_id = getattr(inner, "model_id", None)
+        if model_id:
+            self.model_id = model_id
+        if getattr(inner, "stream", None) is not None:
+            self.stream = self._stream
+        if getattr(inner, "acomplete", None) is not None:
+            self.acomplete = self._acomplete
+        if getattr(inner, "astream", None) is not None:
+            self.astream = self._astream
+
+    def __repr__(self) -> str:
+        return f"RecordingModel({self.inner!r})"
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        response = self.inner.complete(request)
+        self.entries.append(_cassette_entry(request, response))
+        return response
+
+    async def _acomplete(self, request: ModelRequest) -> ModelResponse:
+        response = await self.inner.acomplete(request)
+        self.entries.append(_cassette_entry(request, response))
+        return response
+
+    def _stream(self, request: ModelRequest) -> Iterator[RawStreamEvent]:
+        for event in self.inner.stream(request):
+            if event.kind == "response_done" and event.response is not None:
+                self.entries.append(_cassette_entry(request, event.response))
+            yield event
+
+    async def _astream(self, request: ModelRequest) -> AsyncIterator[RawStreamEvent]:
+        async for event in self.inner.astream(request):
+            if event.kind == "response_done" and event.response is not None:
+                self.entries.append(_cassette_entry(request, event.response))
+            yield event
+
+
+class ReplayModel:
+    """Answers requests from recorded cassette entries, each used at most once (TEST-24):
+    the first unused entry whose ``full_hash`` matches, else the first unused whose
+    ``message_hash`` matches (exported cassettes carry no full hash)."""
+
+    def __init__(self, entries: Sequence[dict[str, Any]]) -> None:
+        self.entries = list(entries)
+        self._used = [False] * len(self.entries)
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"ReplayModel(<{self._used.count(False)} of {len(self.entries)} entries unused>)"
+
+    def _take(self, request: ModelRequest) -> dict[str, Any]:
+        full = compute_full_hash(request)
+        message = compute_message_hash(request.system, request.messages)
+        with self._lock:
+            for field, wanted in (("full_hash", full), ("message_hash", message)):
+                for i, entry in enumerate(self.entries):
+                    if not self._used[i] and entry.get(field) == wanted:
+                        self._used[i] = True
+                        return entry
+        raise ComposeError(
+            f"no cassette entry matches this request (model='{request.model}', "
+            f"full_hash='{full}', message_hash='{message}') -- re-record the cassette "
+            "(e.g. COMPOSE_RECORD=1) if the request legitimately changed"
+        )
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        from composeai import _codec
+
+        entry = self._take(request)
+        response = _codec.decode(entry.get("response"))
+        if not isinstance(response, ModelResponse):
+            raise ComposeError(
+                f"cassette entry for message_hash '{entry.get('message_hash')}' holds "
+                f"{type(response).__name__}, not a ModelResponse -- re-record the cassette"
+            )
+        return response
+
+    async def acomplete(self, request: ModelRequest) -> ModelResponse:
+        return self.complete(request)
+
+    def stream(self, request: ModelRequest) -> Iterator[RawStreamEvent]:
+        return iter(_synthesize_events(self.complete(request)))
+
+    def astream(self, request: ModelRequest) -> AsyncIterator[RawStreamEvent]:
+        return _aiter(_synthesize_events(self.complete(request)))
+
+
+@contextlib.contextmanager
+def _intercept_resolve(make: Callable[[Any], Any]) -> Iterator[None]:
+    """Swaps ``registry.resolve`` for ``make(original)`` for the block (PROV-3), refusing a
+    second active cassette context before anything is touched (TEST-25)."""
+    global _cassette_active
+    from composeai.models import registry
+
+    with _cassette_lock:
+        if _cassette_active:
+            raise ConfigError(_NESTED_CASSETTE)
+        _cassette_active = True
+    original = registry.resolve
+    try:
+        registry.resolve = make(original)
+        yield
+    finally:
+        registry.resolve = original
+        with _cassette_lock:
+            _cassette_active = False
+
+
+@contextlib.contextmanager
+def record_cassette(path: str | os.PathLike[str]) -> Iterator[list[dict[str, Any]]]:
+    """Record every model call made in the block to the cassette at ``path`` (TEST-20).
+
+    The file is written when the block exits, also when it raised, in full regardless of
+    ``COMPOSE_TRACE_CONTENT``. Yields the list of entries recorded so far.
+    """
+    entries: list[dict[str, Any]] = []
+
+    def make(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def resolve(model: Any) -> Any:
+            return RecordingModel(original(model), entries)
+
+        return resolve
+
+    with _intercept_resolve(make):
+        try:
+            yield entries
+        finally:
+            target = Path(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            text = json.dumps({"version": CASSETTE_VERSION, "entries": list(entries)}, indent=2)
+            target.write_text(text, encoding="utf-8")
+
+
+def _read_cassette(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read cassette {path}: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"cassette {path} is not valid JSON: {exc}") from None
+    version = data.get("version") if isinstance(data, dict) else None
+    if version != CASSETTE_VERSION:
+        raise ConfigError(
+            f"cassette {path} is version {version!r}, expected {CASSETTE_VERSION} -- re-record "
+            "it (e.g. `COMPOSE_RECORD=1` against the real provider, or `compose export` again "
+            "from a persisted run) to pick up the current hash format"
+        )
+    entries = data.get("entries")
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ConfigError(f"cassette {path} has no list of entries under 'entries'")
+    return entries
+
+
+@contextlib.contextmanager
+def replay_cassette(path: str | os.PathLike[str]) -> Iterator[ReplayModel]:
+    """Answer every model call in the block from the cassette at ``path`` (TEST-23): every
+    model resolves to one shared ``ReplayModel``; no adapter or SDK is constructed."""
+    with _cassette_lock:
+        if _cassette_active:
+            raise ConfigError(_NESTED_CASSETTE)
+    model = ReplayModel(_read_cassette(path))
+    with _intercept_resolve(lambda _original: lambda _model: model):
+        yield model
+
+
+def _use_cassette(path: str | os.PathLike[str]) -> contextlib.AbstractContextManager[Any]:
+    """TEST-30: ``COMPOSE_RECORD=1`` records (overwriting); else an existing file replays;
+    else the block runs live, untouched."""
+    if os.environ.get("COMPOSE_RECORD") == "1":
+        return record_cassette(path)
+    if Path(path).exists():
+        return replay_cassette(path)
+    return contextlib.nullcontext()
+
+
+def _make_cassette_fixture() -> Any:
+    import pytest
+
+    @pytest.fixture
+    def cassette() -> Iterator[Callable[[str | os.PathLike[str]], Any]]:
+        """Yields ``use(path)``: a context manager that records, replays or passes through
+        model calls per ``COMPOSE_RECORD`` and whether ``path`` exists (TEST-30)."""
+        yield _use_cassette
+
+    return cassette
+
+
+def __getattr__(name: str) -> Any:
+    # ``cassette`` imports pytest only when a test suite asks for it (TEST-30), so
+    # ``import composeai.testing`` stays cheap in programs that never use it.
+    if name == "cassette":
+        import importlib.util
+
+        fixture = _make_cassette_fixture() if importlib.util.find_spec("pytest") else None
+        globals()["cassette"] = fixture
+        return fixture
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------- registries (TEST-50)
