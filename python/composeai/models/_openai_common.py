@@ -54,11 +54,32 @@ def get(obj: Any, key: str) -> Any:
 # -- strict flag (PROV-17) ---------------------------------------------------
 
 _UNSUPPORTED = frozenset(
-    "minLength maxLength pattern minimum maximum exclusiveMinimum exclusiveMaximum multipleOf "
-    "patternProperties unevaluatedProperties propertyNames minProperties maxProperties "
-    "unevaluatedItems contains minContains maxContains minItems maxItems uniqueItems".split()
+    [
+        "minLength",
+        "maxLength",
+        "pattern",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "patternProperties",
+        "unevaluatedProperties",
+        "propertyNames",
+        "minProperties",
+        "maxProperties",
+        "unevaluatedItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "minItems",
+        "maxItems",
+        "uniqueItems",
+    ]
 )
-_FORMATS = frozenset("date-time time date duration email hostname ipv4 ipv6 uuid".split())
+_FORMATS = frozenset(
+    ["date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"]
+)
 # Keywords whose value is a map of names to subschemas, or a subschema / list of them.
 _NAMED_SUBSCHEMAS = ("properties", "$defs", "definitions", "dependentSchemas")
 _SUBSCHEMAS = ("items", "additionalItems", "not", "if", "then", "else")

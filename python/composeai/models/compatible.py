@@ -163,7 +163,7 @@ def request_kwargs(request: ModelRequest, model_id: str, mode: str) -> dict[str,
 # -- response -----------------------------------------------------------------
 
 
-_FENCE = re.compile(r"^```[A-Za-z0-9_+.-]*[ \t]*\n?(.*?)\n?```$", re.S)
+_FENCE = re.compile(r"^```[A-Za-z0-9_+.-]*[ \t]*\n?(.*?)\n?```$", re.DOTALL)
 
 
 def _strip_fence(text: str) -> str | None:
