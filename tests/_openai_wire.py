@@ -26,7 +26,7 @@ from typing import Any
 class Recorded:
     method: str
     path: str
-    headers: dict[str, str]
+    headers: dict[str, str]  # names lower-cased
     body: Any
 
 
@@ -69,7 +69,9 @@ class WireServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
         self.thread.start()
 
     @property
@@ -106,7 +108,12 @@ class WireServer:
             body = raw.decode(errors="replace")
         with self._lock:
             self.requests.append(
-                Recorded(handler.command, handler.path, dict(handler.headers.items()), body)
+                Recorded(
+                    handler.command,
+                    handler.path,
+                    {k.lower(): v for k, v in handler.headers.items()},
+                    body,
+                )
             )
         reply = self._next_reply()
         if reply.delay and self.release.wait(reply.delay):
