@@ -58,6 +58,9 @@ class WireServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # One segment per reply, sent at once: no Nagle / delayed-ACK stalls.
+            disable_nagle_algorithm = True
+            wbufsize = -1
 
             def log_message(self, *args: Any) -> None:
                 pass

@@ -504,15 +504,21 @@ def test_prov18_failed_response_messages(error, message):
 
 
 def test_prov18_failed_and_incomplete_over_the_wire(model, server):
-    failed = wire.response([], status="failed", error={"code": "rate_limit_exceeded", "message": "slow down"})
+    failed = wire.response(
+        [], status="failed", error={"code": "rate_limit_exceeded", "message": "slow down"}
+    )
     incomplete = wire.response(
         [wire.message_item("partial")], status="incomplete", incomplete="max_output_tokens"
     )
     server.queue(wire.Reply(body=failed), wire.sse(failed), wire.Reply(body=incomplete))
     server.queue(wire.sse(incomplete))
-    with pytest.raises(ProviderError, match="^OpenAI response failed: rate_limit_exceeded: slow down$"):
+    with pytest.raises(
+        ProviderError, match="^OpenAI response failed: rate_limit_exceeded: slow down$"
+    ):
         model.complete(req())
-    with pytest.raises(ProviderError, match="^OpenAI response failed: rate_limit_exceeded: slow down$"):
+    with pytest.raises(
+        ProviderError, match="^OpenAI response failed: rate_limit_exceeded: slow down$"
+    ):
         list(model.stream(req()))
     r = model.complete(req())
     assert r.stop_reason is StopReason.MAX_TOKENS
