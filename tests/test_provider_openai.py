@@ -773,6 +773,17 @@ def test_prov8_stream_events_and_final_response_equal_complete(model, server):
     assert server.bodies()[1]["stream"] is True
 
 
+def test_prov8_structured_output_stream_equals_complete(model, server):
+    final = text_reply('{"a": 4, "b": 5}')
+    server.queue(wire.Reply(body=final), wire.sse(final))
+    request = req(output_schema=ADD_SCHEMA)
+    done = model.complete(request)
+    events = list(model.stream(request))
+    assert done.parsed == {"a": 4, "b": 5}
+    assert events[-1].response == done
+    assert server.bodies()[1]["text"] == oai.text_format(ADD_SCHEMA)
+
+
 def test_prov8_async_stream_equals_complete(model, server):
     final = text_reply("streamed async")
     server.queue(wire.Reply(body=final), wire.sse(final))
