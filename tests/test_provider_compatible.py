@@ -643,7 +643,7 @@ def test_prov21_successive_event_loops_send_each_request_once(model, server):
     assert len(server.requests) == 2
 
 
-def test_sdk_drift_unknown_keywords_go_through_extra_body(model):
+def test_prov21_sdk_drift_unknown_keywords_go_through_extra_body(model):
     calls = []
 
     class Completions:

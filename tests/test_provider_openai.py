@@ -929,7 +929,7 @@ def test_prov15_successive_event_loops_send_each_request_once(model, server):
 # -- SDK drift: extra_body ---------------------------------------------------------
 
 
-def test_sdk_drift_unknown_keywords_go_through_extra_body(model):
+def test_prov15_sdk_drift_unknown_keywords_go_through_extra_body(model):
     class Responses:
         def __init__(self):
             self.calls = []
@@ -957,7 +957,7 @@ def test_sdk_drift_unknown_keywords_go_through_extra_body(model):
     assert call["extra_body"] == {"temperature": 0.7, "reasoning": {"effort": "low"}}
 
 
-def test_sdk_drift_fit_kwargs_pure():
+def test_prov15_sdk_drift_fit_kwargs_pure():
     def narrow(*, a, extra_body=None):
         return a
 
@@ -1042,7 +1042,7 @@ def test_prov19_cross_process_resume_never_rebills(tmp_path, server):
     os.environ.get("COMPOSE_LIVE_TESTS") != "1" or not os.environ.get("OPENAI_API_KEY"),
     reason="live test: set COMPOSE_LIVE_TESTS=1 and OPENAI_API_KEY",
 )
-def test_live_openai_smoke():
+def test_prov15_live_smoke():
     m = OpenAIModel(os.environ.get("COMPOSE_LIVE_OPENAI_MODEL", "gpt-5.4-nano"))
     r = m.complete(req("Reply with the single word: pong", max_tokens=200))
     assert r.stop_reason is StopReason.END_TURN and "pong" in r.message.text.lower()
