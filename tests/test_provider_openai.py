@@ -827,6 +827,18 @@ def test_prov18_stream_ending_early_is_a_provider_error(model, server):
         asyncio.run(drain())
 
 
+def test_prov18_stream_error_event_is_a_provider_error(model, server):
+    events = wire.response_events(text_reply("partial"))[:3]
+    error = {"type": "error", "sequence_number": 3, "code": "server_error", "message": "overloaded"}
+    server.queue(wire.Reply(events=[*events, ("error", error)]))
+    with pytest.raises(ProviderError) as ei:
+        list(model.stream(req()))
+    # Older SDKs (1.x) drop stream-level error events; the stream then just ends early.
+    assert str(ei.value) in ("OpenAI response failed: server_error: overloaded", oai.STREAM_CUT)
+    if int(openai.__version__.split(".")[0]) >= 2:
+        assert str(ei.value) == "OpenAI response failed: server_error: overloaded"
+
+
 def test_prov18_dropped_connection_mid_stream_is_a_provider_error(model, server):
     final = text_reply("cut short")
     server.queue(wire.sse(final, cut_after=4), wire.sse(final, cut_after=4))

@@ -349,6 +349,9 @@ class StreamMapper:
             return []
         if kind in _TERMINAL:
             self.response = parse_response(get(event, "response"), self.request, self.model_id)
+        elif kind == "error":
+            # A stream-level error event carries the failure that a failed response would.
+            raise _fail(failure_message(event), self.model_id)
         return []
 
     def done(self) -> RawStreamEvent:
