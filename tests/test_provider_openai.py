@@ -833,7 +833,7 @@ def test_prov18_stream_error_event_is_a_provider_error(model, server):
     server.queue(wire.Reply(events=[*events, ("error", error)]))
     with pytest.raises(ProviderError) as ei:
         list(model.stream(req()))
-    # Older SDKs (1.x) drop stream-level error events; the stream then just ends early.
+    # Some 1.x SDKs (e.g. 1.67) drop stream-level error events; the stream then ends early.
     assert str(ei.value) in ("OpenAI response failed: server_error: overloaded", oai.STREAM_CUT)
     if int(openai.__version__.split(".")[0]) >= 2:
         assert str(ei.value) == "OpenAI response failed: server_error: overloaded"
