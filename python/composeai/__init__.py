@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # the lazily loaded names of `_LAZY`, for type checkers (PKG-
     from ._interrupt import Interrupt
     from .agentfn import agent, prompt
     from .interception import BeforeTool, ToolInterceptor
+    from .models.compatible import openai_compatible
     from .models.prices import ModelPrice, register_price
     from .tools import tool
 
@@ -44,6 +45,7 @@ __all__ = [
     "flow",
     "map",
     "now",
+    "openai_compatible",
     "pipe",
     "prompt",
     "random",
@@ -60,6 +62,7 @@ _LAZY = {
     "BeforeTool": (".interception", "BeforeTool"),
     "ToolInterceptor": (".interception", "ToolInterceptor"),
     "ModelPrice": (".models.prices", "ModelPrice"),
+    "openai_compatible": (".models.compatible", "openai_compatible"),
     "register_price": (".models.prices", "register_price"),
     "agent": (".agentfn", "agent"),
     "prompt": (".agentfn", "prompt"),
