@@ -9,8 +9,9 @@ and records every request it received (path, headers, JSON body). Replies:
   and then drops the connection in the middle of a chunk (a transport failure), while
   `end_after=n` ends the body cleanly after `n` events (a stream that stops early);
 - `SlowReply(seconds, reply)` — waits before answering (for client timeouts);
-- `HangingSse(events)` — sends `events`, then keeps the stream open until the client goes
-  away, recording the disconnect (for cancellation).
+- `HangingSse(events, trickle=event)` — sends `events`, then keeps the stream open (sending
+  `trickle` every 20 ms, if given) until the client goes away, and records the disconnect in
+  `WireServer.disconnected` (for cancellation).
 
 `message(...)` builds a wire message and `stream_events(message)` the event sequence the API
 would stream for it, so one scripted reply serves both `complete()` and `stream()`.
@@ -97,7 +98,9 @@ def stream_events(msg: dict[str, Any], *, chunk: int = 4) -> list[dict[str, Any]
     """The event sequence the Messages API streams for `msg`: usage split the way the API
     splits it (input side in `message_start`, output side in `message_delta`)."""
     full = msg["usage"]
-    start_usage = {k: v for k, v in full.items() if k not in ("output_tokens", "output_tokens_details")}
+    start_usage = {
+        k: v for k, v in full.items() if k not in ("output_tokens", "output_tokens_details")
+    }
     start_usage["output_tokens"] = 1
     delta_usage = {"output_tokens": full["output_tokens"]}
     if "output_tokens_details" in full:
@@ -178,6 +181,7 @@ class SlowReply:
 @dataclass
 class HangingSse:
     events: list[dict[str, Any]]
+    trickle: dict[str, Any] | None = None
     limit: float = 30.0
 
 
@@ -203,6 +207,12 @@ class Received:
     path: str
     headers: dict[str, str]
     body: dict[str, Any]
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # A handler still sleeping or hanging must not hold up the fixture's teardown.
+    block_on_close = False
 
 
 class WireServer:
@@ -236,12 +246,13 @@ class WireServer:
                     reply = reply(body)
                 try:
                     server._answer(self, reply)
-                except (BrokenPipeError, ConnectionResetError):
+                except OSError:  # the client went away (timeouts, cancellation)
                     self.close_connection = True
 
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._http.daemon_threads = True
-        self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
+        self._http = _Server(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(
+            target=self._http.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+        )
 
     @property
     def url(self) -> str:
@@ -333,12 +344,16 @@ class WireServer:
         deadline = time.monotonic() + reply.limit
         sock = h.connection
         while time.monotonic() < deadline:
-            readable, _, _ = select.select([sock], [], [], 0.05)
-            if readable:
-                try:
-                    if sock.recv(1, socket.MSG_PEEK) == b"":
-                        self.disconnected.set()
-                        return
-                except OSError:
-                    self.disconnected.set()
-                    return
+            readable, _, _ = select.select([sock], [], [], 0.02)
+            try:
+                if readable and sock.recv(1, socket.MSG_PEEK) == b"":
+                    break
+                if reply.trickle is not None:
+                    data = sse_bytes(reply.trickle)
+                    h.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                    h.wfile.flush()
+            except OSError:
+                break
+        else:
+            return
+        self.disconnected.set()

@@ -334,7 +334,8 @@ def _plain(obj: Any) -> Any:
         return obj
     dump = getattr(obj, "model_dump", None)
     if dump is not None:
-        return dump()
+        # The SDK builds replies without validation; an off-schema value is ours to judge.
+        return dump(warnings=False)
     raise ProviderError(
         f"Anthropic SDK returned an unexpected value {type(obj)!r}", provider=PROVIDER
     )
