@@ -228,6 +228,12 @@ class WireServer:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
+            def setup(self) -> None:
+                super().setup()
+                # Headers and body go out in separate writes: without this, Nagle's algorithm
+                # and delayed ACKs stall every keep-alive exchange by tens of milliseconds.
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 

@@ -295,6 +295,24 @@ def test_prov13_usage_and_cost_with_ttl_split():
     }
 
 
+def test_prov13_cost_is_compute_cost_exactly():
+    from composeai.models.prices import compute_cost, get_price
+
+    u = w.usage(1234, 567, cache_read=89, cache_creation=1000, ttl=(400, 600))
+    usage = usage_from_wire(u, SONNET)
+    price = get_price("anthropic", SONNET)
+    assert usage.cost_usd == compute_cost(usage, price, 400, 600)
+
+
+def test_prov13_registered_price_applies(monkeypatch):
+    from composeai.models import prices
+
+    monkeypatch.setattr(prices, "_PRICES", dict(prices._PRICES))
+    prices.register_price("anthropic", "claude-custom", prices.ModelPrice(2.0, 4.0, cache_read=1.0))
+    usage = usage_from_wire(w.usage(100, 10, cache_read=50), "claude-custom")
+    assert usage.cost_usd == pytest.approx((100 * 2 + 10 * 4 + 50 * 1) / 1e6)
+
+
 def test_prov13_creation_without_split_counts_as_5m_writes():
     usage = usage_from_wire(w.usage(10, 20, cache_creation=3000), SONNET)
     assert usage.cost_usd == pytest.approx(sonnet_cost(10, 20, 0, 3000, 0))
@@ -818,6 +836,18 @@ def test_prov12_pause_turn_limit(wire):
     assert len(wire.bodies()[-1]["messages"][-1]["content"]) == 5
 
 
+def test_prov12_long_non_streaming_call_is_collected_from_a_stream(wire):
+    # The SDK refuses (before sending) a non-streaming call it expects to exceed its default
+    # timeout; complete() then streams the same request instead of failing.
+    msg = w.message(w.text("long answer"))
+    wire.push(w.reply_for(msg), w.reply_for(msg))
+    model = make(wire)
+    expected = parse_response(msg, SONNET)
+    assert model.complete(req(max_tokens=64000)) == expected
+    assert asyncio.run(model.acomplete(req(max_tokens=64000))) == expected
+    assert len(wire.requests) == 2
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -882,6 +912,11 @@ def test_agent25_stream_cut_short_is_streamed_again(wire, how):
     with pytest.raises(ProviderError) as ei:
         list(model.stream(req()))
     assert ei.value.provider == "anthropic"
+    if how == "cut":  # the transport's own error, wrapped
+        assert str(ei.value).startswith("Anthropic request failed: ")
+        assert ei.value.__cause__ is not None
+    else:
+        assert "ended without a message_stop event" in str(ei.value)
     wire.push(broken, w.reply_for(msg))
 
     @agent(model=model, retries=1)

@@ -29,7 +29,7 @@ from composeai.messages import (
     Usage,
 )
 from composeai.models.base import ModelRequest, ModelResponse, RawStreamEvent
-from composeai.models.prices import compute_cost, get_price
+from composeai.models.prices import ModelPrice, get_price, resolve_price
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -246,24 +246,49 @@ def usage_from_wire(usage: dict[str, Any] | None, model_id: str) -> Usage:
     """``Usage`` of one reply, priced when ``model_id`` has a price (PROV-13)."""
     u = usage or {}
     details = u.get("output_tokens_details") or {}
-    fields = {
-        "input_tokens": u.get("input_tokens") or 0,
-        "output_tokens": u.get("output_tokens") or 0,
-        "cache_read_tokens": u.get("cache_read_input_tokens") or 0,
-        "cache_creation_tokens": u.get("cache_creation_input_tokens") or 0,
-        "reasoning_tokens": details.get("thinking_tokens") or 0,
-    }
+    input_tokens = u.get("input_tokens") or 0
+    output_tokens = u.get("output_tokens") or 0
+    cache_read = u.get("cache_read_input_tokens") or 0
+    cache_creation = u.get("cache_creation_input_tokens") or 0
     price = get_price(PROVIDER, model_id)
     if price is None:
-        return Usage(**fields, cost_usd=None, cost_complete=False)
-    split = u.get("cache_creation")
-    if split:
-        write_5m = split.get("ephemeral_5m_input_tokens") or 0
-        write_1h = split.get("ephemeral_1h_input_tokens") or 0
+        cost, complete = None, False
     else:
-        write_5m, write_1h = fields["cache_creation_tokens"], 0
-    tokens = Usage(**fields)
-    return Usage(**fields, cost_usd=compute_cost(tokens, price, write_5m, write_1h))
+        split = u.get("cache_creation")
+        if split:
+            write_5m = split.get("ephemeral_5m_input_tokens") or 0
+            write_1h = split.get("ephemeral_1h_input_tokens") or 0
+        else:
+            write_5m, write_1h = cache_creation, 0
+        p = _resolved(price)
+        # compute_cost's formula (PROV-30), on a price resolved once rather than per call.
+        cost = (
+            input_tokens * p.input
+            + output_tokens * p.output
+            + cache_read * p.cache_read
+            + write_5m * p.cache_write_5m
+            + write_1h * p.cache_write_1h
+        ) / 1_000_000
+        complete = True
+    return Usage(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cache_read_tokens=cache_read,
+        cache_creation_tokens=cache_creation,
+        reasoning_tokens=details.get("thinking_tokens") or 0,
+        cost_usd=cost,
+        cost_complete=complete,
+    )
+
+
+_RESOLVED: dict[ModelPrice, ModelPrice] = {}
+
+
+def _resolved(price: ModelPrice) -> ModelPrice:
+    resolved = _RESOLVED.get(price)
+    if resolved is None:
+        resolved = _RESOLVED[price] = resolve_price(price)
+    return resolved
 
 
 def _blocks_to_parts(blocks: list[dict[str, Any]], model_id: str) -> list[Any]:
@@ -301,10 +326,11 @@ def parse_response(
     if isinstance(replies, dict):
         replies = [replies]
     parts: list[Any] = []
-    usage = Usage()
+    usage: Usage | None = None
     for reply in replies:
         parts.extend(_blocks_to_parts(reply.get("content") or [], model_id))
-        usage = usage + usage_from_wire(reply.get("usage"), model_id)
+        spent = usage_from_wire(reply.get("usage"), model_id)
+        usage = spent if usage is None else usage + spent
     raw = replies[-1].get("stop_reason") if replies else None
     stop = map_stop_reason(raw)
     message = Message(role="assistant", parts=parts)
@@ -322,7 +348,7 @@ def parse_response(
         message=message,
         stop_reason=stop,
         raw_stop_reason=raw,
-        usage=usage,
+        usage=usage if usage is not None else Usage(),
         model_id=model_id,
         parsed=parsed,
     )
