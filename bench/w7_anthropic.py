@@ -26,9 +26,9 @@ def main() -> None:
     per_round = max(1, n // ROUNDS)
     fresh_store("w7")
 
-    import _anthropic_wire as w
     import anthropic
 
+    import _anthropic_wire as w
     from composeai import agent
     from composeai.messages import Message
     from composeai.models.anthropic import AnthropicModel
