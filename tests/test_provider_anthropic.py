@@ -498,6 +498,16 @@ def test_prov10_construction_needs_no_sdk_and_no_key(monkeypatch):
     assert str(ei.value) == INSTALL
 
 
+def test_prov10_model_protocol_and_bad_model_id():
+    from composeai.models.base import Model
+
+    model = AnthropicModel(SONNET)
+    assert isinstance(model, Model) and callable(model.stream) and callable(model.astream)
+    with pytest.raises(ConfigError) as ei:
+        AnthropicModel("")
+    assert "AnthropicModel needs a non-empty model id string, got ''" in str(ei.value)
+
+
 def test_prov10_missing_key_is_checked_at_first_call(wire, monkeypatch):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     model = AnthropicModel(SONNET, base_url=wire.url)
