@@ -944,6 +944,25 @@ def test_agent25_stream_cut_short_is_streamed_again(wire, how):
     assert [r["type"] for r in llm[0].attributes["retries"]] == ["ProviderError"]
 
 
+def test_agent25_async_stream_cut_short_is_streamed_again(wire):
+    msg = w.message(w.text("async answer"))
+    wire.push(w.SseReply(w.stream_events(msg), cut_after=4), w.reply_for(msg))
+
+    @agent(model=make(wire), retries=1)
+    def aresilient(q: str) -> str:
+        """Answer."""
+        return q
+
+    async def main():
+        stream = aresilient.astream("q")
+        deltas = [e.text async for e in stream if e.kind == "text_delta"]
+        return deltas, await stream.run()
+
+    deltas, run = asyncio.run(main())
+    assert run.output == "async answer" and "".join(deltas).endswith("async answer")
+    assert len(wire.requests) == 2 and all(b["stream"] for b in wire.bodies())
+
+
 def test_prov14_non_json_tool_arguments(wire):
     msg = w.message(w.tool_use("tu_1", "add", {}), stop_reason="tool_use")
     msg["content"][0]["raw_json"] = '{"a": '
