@@ -1089,6 +1089,33 @@ def test_async_client_follows_the_event_loop(wire):
     assert len(wire.requests) == 4
 
 
+def test_event_loops_in_two_threads_share_one_model(wire):
+    import threading
+
+    msg = w.message(w.text("threaded"))
+    wire.push(*[w.reply_for(msg)] * 12)
+    model = make(wire, max_retries=2)
+    results: list[str] = []
+    barrier = threading.Barrier(2)
+
+    async def calls():
+        barrier.wait()
+        for _ in range(3):
+            results.append((await model.acomplete(req())).message.text)
+
+    def worker():
+        for _ in range(2):  # a fresh loop each time, as asyncio.run makes
+            asyncio.run(calls())
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == ["threaded"] * 12
+    assert len(wire.requests) == 12  # each call sent exactly once
+
+
 def test_assigned_async_client_is_used_as_given(wire):
     import anthropic
 

@@ -575,10 +575,9 @@ class AnthropicModel:
         self.timeout = timeout
         self._client = client
         self._async_client: Any = None
-        # The async client this instance built, and (weakly) the event loop it belongs to:
-        # an SDK async client works only on the loop it first ran on.
-        self._own_async: Any = None
-        self._own_async_loop: Any = None
+        # Async clients this instance built -> (weakly) the event loop each was built on: an
+        # SDK async client works only on the loop it first ran on.
+        self._own_async: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         if client is not None:
             self.acomplete = None
@@ -611,15 +610,18 @@ class AnthropicModel:
     def _loop_client(self, sdk: _Sdk) -> Any:
         from asyncio import get_running_loop
 
-        client = self._async_client
-        if client is not None and client is not self._own_async:
-            return client  # assigned from outside: used as given
         loop = get_running_loop()
-        if client is not None and self._own_async_loop() is loop:
-            return client
+        client = self._async_client
+        if client is not None:
+            try:
+                home = self._own_async.get(client)
+            except TypeError:  # not weak-referenceable, so not one of ours
+                return client
+            if home is None or home() is loop:
+                return client  # assigned from outside (used as given), or this loop's own
         client = sdk.module.AsyncAnthropic(**self._client_options())
-        self._async_client = self._own_async = client
-        self._own_async_loop = weakref.ref(loop)
+        self._own_async[client] = weakref.ref(loop)
+        self._async_client = client
         return client
 
     # -- calls -----------------------------------------------------------------
