@@ -444,7 +444,7 @@ def test_prov11_fields_the_sdk_does_not_name_go_through_extra_body(monkeypatch):
     assert len(counted) == 1  # the signature is inspected once, not per call
 
 
-def test_fit_kwargs_leaves_accepting_signatures_alone():
+def test_prov11_fit_kwargs_leaves_accepting_signatures_alone():
     kwargs = {"model": "m", "max_tokens": 1, "messages": [], "temperature": 0.1}
 
     def takes_all(**kw):
@@ -1062,7 +1062,7 @@ def test_agent93_run_stream_cancel_closes_the_provider_stream(wire):
 # --------------------------------------------------------------------------- event loops
 
 
-def test_async_client_follows_the_event_loop(wire):
+def test_prov10_async_client_follows_the_event_loop(wire):
     msg = w.message(w.text("looped"))
     wire.push(w.reply_for(msg), w.reply_for(msg), w.reply_for(msg))
     model = make(wire, max_retries=2)
@@ -1089,7 +1089,7 @@ def test_async_client_follows_the_event_loop(wire):
     assert len(wire.requests) == 4
 
 
-def test_event_loops_in_two_threads_share_one_model(wire):
+def test_prov10_event_loops_in_two_threads_share_one_model(wire):
     import threading
 
     msg = w.message(w.text("threaded"))
@@ -1116,7 +1116,7 @@ def test_event_loops_in_two_threads_share_one_model(wire):
     assert len(wire.requests) == 12  # each call sent exactly once
 
 
-def test_assigned_async_client_is_used_as_given(wire):
+def test_prov10_assigned_async_client_is_used_as_given(wire):
     import anthropic
 
     wire.push(w.reply_for(w.message(w.text("mine"))), w.reply_for(w.message(w.text("mine"))))
@@ -1165,7 +1165,7 @@ def research(topic: str) -> str:
 """
 
 
-def test_seed_research_flow_bills_the_model_once_across_processes(wire, tmp_path):
+def test_prov1_seed_research_flow_bills_the_model_once_across_processes(wire, tmp_path):
     box = _proc.Sandbox(tmp_path)
     box.write_module("research_flow", RESEARCH, helper=False)
     wire.push(w.reply_for(w.message(w.text("A short draft."), usage_=w.usage(400, 60))))
@@ -1214,7 +1214,7 @@ LIVE = os.environ.get("COMPOSE_LIVE_TESTS") == "1" and bool(os.environ.get("ANTH
 
 
 @pytest.mark.skipif(not LIVE, reason="needs COMPOSE_LIVE_TESTS=1 and ANTHROPIC_API_KEY")
-def test_live_smoke():
+def test_prov10_live_smoke():
     model = AnthropicModel(os.environ.get("COMPOSE_LIVE_ANTHROPIC_MODEL", "claude-haiku-4-5"))
     response = model.complete(req(Message.user("Reply with the single word: pong"), max_tokens=20))
     assert "pong" in response.message.text.lower()

@@ -68,7 +68,8 @@ _STREAMING_REQUIRED = "Streaming is required"
 
 
 def request_to_kwargs(request: ModelRequest, model_id: str) -> dict[str, Any]:
-    """The keyword arguments of ``messages.create`` for ``request`` (PROV-11)."""
+    """The keyword arguments of ``messages.create`` for ``request`` (PROV-11). ``model_id``
+    is the adapter's: it names the model on the wire and decides which thinking is echoed."""
     messages = [_message_to_wire(i, m, model_id) for i, m in enumerate(request.messages)]
     kwargs: dict[str, Any] = {
         "model": model_id,
