@@ -1,7 +1,9 @@
 """The research flow from the flows guide: fetch sources, summarize them in
 parallel, let an `editor` agent draft, and publish only after a human
 approves. Offline by default: the editor runs on a scripted FakeModel unless
-an Anthropic key is set and the Anthropic adapter is installed."""
+a provider key is set and its SDK is installed -- ANTHROPIC_API_KEY with
+`pip install 'composeai[anthropic]'`, or OPENAI_API_KEY with
+`pip install 'composeai[openai]'`."""
 
 import importlib.util
 import os
@@ -17,10 +19,10 @@ def _draft_reply(request) -> str:
 
 
 def editor_model():
-    if os.environ.get("ANTHROPIC_API_KEY") and importlib.util.find_spec(
-        "composeai.models.anthropic"
-    ):
+    if os.environ.get("ANTHROPIC_API_KEY") and importlib.util.find_spec("anthropic"):
         return "anthropic/claude-sonnet-5"
+    if os.environ.get("OPENAI_API_KEY") and importlib.util.find_spec("openai"):
+        return "openai/gpt-5.4"
     return FakeModel([_draft_reply] * 8)
 
 
