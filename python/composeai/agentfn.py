@@ -150,6 +150,9 @@ class _Call:
         self.approver = overrides["approver"]
         self.interceptor = overrides["tool_interceptor"]
         self.context_manager = overrides["context_manager"]
+        # A chat's history plus its new user message (CHAT-3): used instead
+        # of the body when no snapshot exists (AGENT-20).
+        self.seed: list[Message] | None = overrides.get("seed")
         self.frame = frame  # the agent span's frame
         self.tool_scope = tool_scope
         self.snapshot_scope: str | None = None
@@ -896,7 +899,11 @@ def _agent_loop_sync(call: _Call, args: tuple, kwargs: dict) -> Any:
 
 def _agent_loop_sync_body(call: _Call, args: tuple, kwargs: dict) -> Any:
     call.resolve_model()
-    if not _restore(call):
+    if _restore(call):
+        pass
+    elif call.seed is not None:
+        call.messages = list(call.seed)
+    else:
         agent = call.agent
         if agent._is_async:
             from . import _runtime
@@ -922,7 +929,11 @@ async def _agent_loop_async(call: _Call, args: tuple, kwargs: dict) -> Any:
 
 async def _agent_loop_async_body(call: _Call, args: tuple, kwargs: dict) -> Any:
     call.resolve_model()
-    if not _restore(call):
+    if _restore(call):
+        pass
+    elif call.seed is not None:
+        call.messages = list(call.seed)
+    else:
         agent = call.agent
         body = agent.fn(*args, **kwargs)
         if inspect.iscoroutine(body):
@@ -1217,6 +1228,8 @@ def _standalone_payload(args: tuple, kwargs: dict, opts: dict) -> str:
         payload["system"] = opts["system"]
     if isinstance(opts["model"], str):
         payload["model"] = opts["model"]
+    if opts.get("seed") is not None:
+        payload["messages"] = opts["seed"]
     return _codec.dumps(payload)
 
 
@@ -1288,6 +1301,13 @@ def _settle_standalone_error(call: _Call, exc: BaseException) -> Run:
     return _engine.make_run_result(run, outcome)
 
 
+def run_seeded(agent: AgentFunction, seed: list[Message], opts: dict) -> Run:
+    """A standalone durable run whose conversation is `seed`; the agent body
+    is not called (CHAT-3)."""
+    _engine.check_sync_facade()
+    return _standalone_sync(agent, (), {}, {**opts, "seed": seed})
+
+
 def resume_standalone(
     row: dict, answers, budget, approver, tool_interceptor, context_manager, asynchronous: bool
 ):
@@ -1323,6 +1343,8 @@ def resume_standalone(
         tool_interceptor,
         context_manager,
     )
+    if payload.get("messages") is not None:
+        opts["seed"] = list(payload["messages"])
     args = tuple(payload.get("args", ()))
     kwargs = dict(payload.get("kwargs", {}))
     if asynchronous:

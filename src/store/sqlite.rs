@@ -901,6 +901,16 @@ impl Store for SqliteStore {
         let w = self.writer.lock();
         read_journal(&w.conn, rid).at(&self.path)
     }
+
+    fn save_chat(&self, chat: &super::chat::ChatRow) -> CoreResult<()> {
+        let path = self.path.clone();
+        self.with_conn(|conn| super::chat::upsert(conn, chat).at(&path))
+    }
+
+    fn load_chat(&self, chat_id: &str) -> CoreResult<Option<super::chat::ChatRow>> {
+        let w = self.writer.lock();
+        super::chat::get(&w.conn, chat_id).at(&self.path)
+    }
 }
 
 fn write_agent_state(
