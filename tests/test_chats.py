@@ -5,9 +5,9 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from _proc import Sandbox
 
 import composeai as compose
+from _proc import Sandbox
 from composeai import _engine
 from composeai.agentfn import agent
 from composeai.chat import Chat, ChatStream, chat, load_chat
@@ -168,7 +168,9 @@ def test_chat4_paused_send_sets_pending_and_keeps_history(isolated_state):
         """Delete a file."""
         return f"deleted {path}"
 
-    @agent(model=FakeModel(["hello", calls(("delete", {"path": "a"}, "c1")), "done"]), tools=[delete])
+    @agent(
+        model=FakeModel(["hello", calls(("delete", {"path": "a"}, "c1")), "done"]), tools=[delete]
+    )
     def helper(x: str) -> str:
         return x
 
@@ -218,7 +220,6 @@ def test_chat5_resume_uses_the_chats_own_callbacks_and_full_ids():
 
         def after(self, call: ToolCallPart, result: ToolResultPart):
             seen.append(("after", result.content))
-            return None
 
     def compact(messages, tokens):
         seen.append(("compact", len(messages)))

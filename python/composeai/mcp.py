@@ -57,7 +57,8 @@ class _Connection:
         )
         self._session: Any = None
         self._stop: asyncio.Event | None = None
-        self._main: asyncio.Future | None = None
+        self._main: Any = None  # the serving task, as a concurrent future
+        self._finished = threading.Event()
         self.closed = False
 
     # -- lifecycle -----------------------------------------------------------
@@ -99,33 +100,29 @@ class _Connection:
                 self._session = session
                 ready.set_result(None)
                 await self._stop.wait()
-        except BaseException as exc:  # noqa: BLE001 -- handed to the opener, or dropped at close
+        except BaseException as exc:  # handed to the opener, or dropped at close
             if not ready.done():
                 ready.set_exception(exc if isinstance(exc, Exception) else RuntimeError(exc))
             if not isinstance(exc, Exception):
                 raise
         finally:
             self._session = None
+            self._finished.set()
 
     def close(self) -> None:
         """Tear the session down and stop the loop thread; never raises."""
-        import concurrent.futures
-
         if self.closed:
             return
         self.closed = True
         loop = self._loop
         try:
-            if self._main is not None and not self._main.done():
-                stop = self._stop
-                if stop is not None:
-                    loop.call_soon_threadsafe(stop.set)
-                try:
-                    self._main.result(5.0)
-                except concurrent.futures.TimeoutError:
-                    self._main.cancel()
-                except BaseException:  # noqa: BLE001, S110 -- teardown errors are not reported
-                    pass
+            main = self._main
+            if main is not None and not self._finished.is_set():
+                if self._session is not None and self._stop is not None:
+                    loop.call_soon_threadsafe(self._stop.set)  # leave the contexts in order
+                else:
+                    main.cancel()  # still connecting
+                self._finished.wait(5.0)
             loop.call_soon_threadsafe(loop.stop)
             if self._thread.is_alive() and self._thread is not threading.current_thread():
                 self._thread.join(5.0)
@@ -270,9 +267,11 @@ def _http_transport(url: str, headers: dict[str, str] | None) -> Any:
 
     @asynccontextmanager
     async def transport():
-        async with create_mcp_http_client(headers=headers) as client:
-            async with modern(url, http_client=client) as streams:
-                yield streams
+        async with (
+            create_mcp_http_client(headers=headers) as client,
+            modern(url, http_client=client) as streams,
+        ):
+            yield streams
 
     return transport
 
@@ -373,4 +372,3 @@ def close_all() -> None:
         _live.clear()
     for conn in conns:
         conn.close()
-
