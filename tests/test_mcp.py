@@ -31,7 +31,10 @@ from composeai.testing import FakeModel, reset_registries
 HERE = Path(__file__).parent
 STDIO_SERVER = str(HERE / "_mcp_stdio_server.py")
 HTTP_SERVER = str(HERE / "_mcp_http_server.py")
-STDIO_LABEL = f"{sys.executable} {STDIO_SERVER}"
+# The servers use the 1.x server API; pointing this at another interpreter lets the client
+# side run under a different SDK line against the same servers.
+SERVER_PYTHON = os.environ.get("COMPOSEAI_TEST_MCP_SERVER_PYTHON") or sys.executable
+STDIO_LABEL = f"{SERVER_PYTHON} {STDIO_SERVER}"
 ALL_STDIO = ["add", "mixed", "only_image", "structured", "broken", "slow", "env_var", "die"]
 ALL_HTTP = ["echo", "delete_file", "header", "nap"]
 
@@ -52,7 +55,7 @@ def free_port() -> int:
 def start_http_server(log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, HTTP_SERVER, str(port), str(log)],
+        [SERVER_PYTHON, HTTP_SERVER, str(port), str(log)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -81,7 +84,7 @@ def http_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def stdio_tools():
     tools = mcp_tools(
-        command=sys.executable, args=[STDIO_SERVER], env={"MCP_TEST_VAR": "from the client"}
+        command=SERVER_PYTHON, args=[STDIO_SERVER], env={"MCP_TEST_VAR": "from the client"}
     )
     return {t.name: t for t in tools}
 
@@ -177,13 +180,13 @@ def test_mcp3_connect_timeout():
 
 def test_mcp3_listing_failure_and_timeout():
     with pytest.raises(MCPToolError) as info:
-        mcp_tools(command=sys.executable, args=[STDIO_SERVER, "--fail-list"])
+        mcp_tools(command=SERVER_PYTHON, args=[STDIO_SERVER, "--fail-list"])
     assert str(info.value).startswith(
         f"Listing tools on MCP server '{STDIO_LABEL} --fail-list' failed: "
     )
     assert "listing is broken" in str(info.value)
     with pytest.raises(MCPToolError) as info:
-        mcp_tools(command=sys.executable, args=[STDIO_SERVER, "--slow-list"], connect_timeout=3)
+        mcp_tools(command=SERVER_PYTHON, args=[STDIO_SERVER, "--slow-list"], connect_timeout=3)
     assert str(info.value) == (
         f"Listing tools on MCP server '{STDIO_LABEL} --slow-list' exceeded timeout=3s"
     )
@@ -194,7 +197,7 @@ def test_mcp3_listing_failure_and_timeout():
 
 def test_mcp4_duplicate_names():
     with pytest.raises(ConfigError) as info:
-        mcp_tools(command=sys.executable, args=[STDIO_SERVER, "--dup"])
+        mcp_tools(command=SERVER_PYTHON, args=[STDIO_SERVER, "--dup"])
     assert str(info.value) == (
         f"MCP server '{STDIO_LABEL} --dup' returned duplicate tool name(s): ['add']"
     )
@@ -280,7 +283,7 @@ def test_mcp7_call_timeout(http_server):
 
 
 def test_mcp7_other_failures():
-    (die,) = mcp_tools(command=sys.executable, args=[STDIO_SERVER], include=["die"], timeout=20)
+    (die,) = mcp_tools(command=SERVER_PYTHON, args=[STDIO_SERVER], include=["die"], timeout=20)
     with pytest.raises(MCPToolError) as info:
         die.execute({})
     assert str(info.value) == "MCP tool 'die' failed: Connection closed"

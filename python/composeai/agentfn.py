@@ -676,8 +676,13 @@ def _invoke_model_sync(call: _Call, request: ModelRequest, span) -> Any:
     from .events import current_bus
 
     model = call.model
-    if current_bus() is not None and _has(model, "stream"):
-        return _consume_stream(call, model.stream(request), span)
+    if current_bus() is not None:
+        if _has(model, "stream"):
+            return _consume_stream(call, model.stream(request), span)
+        if _has(model, "astream"):
+            from . import _runtime
+
+            return _runtime.run_sync(lambda: _aconsume_stream(call, model.astream(request), span))
     if not _has(model, "complete") and _has(model, "acomplete"):
         from . import _runtime
 
@@ -797,27 +802,32 @@ async def _invoke_model_async(call: _Call, request: ModelRequest, span) -> Any:
     model = call.model
     streaming = current_bus() is not None
     if streaming and _has(model, "astream"):
-        response = None
-        events = model.astream(request)
-        try:
-            async for event in events:
-                _check_cancel()
-                if event.kind == "response_done":
-                    response = event.response
-                    break
-                _emit_stream_event(call, event, span)
-        finally:
-            aclose = getattr(events, "aclose", None)
-            if aclose is not None:
-                await aclose()
-        if response is None:
-            raise _stream_missing_done(call)
-        return response
+        return await _aconsume_stream(call, model.astream(request), span)
     if streaming and _has(model, "stream"):
         return await _off_loop(lambda: _consume_stream(call, model.stream(request), span))
     if _has(model, "acomplete"):
         return await model.acomplete(request)
     return await _off_loop(lambda: model.complete(request))
+
+
+async def _aconsume_stream(call: _Call, events, span) -> Any:
+    """The async twin of `_consume_stream`: a cancel seen between events
+    stops here, and the model's stream is closed before anything else runs."""
+    response = None
+    try:
+        async for event in events:
+            _check_cancel()
+            if event.kind == "response_done":
+                response = event.response
+                break
+            _emit_stream_event(call, event, span)
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    if response is None:
+        raise _stream_missing_done(call)
+    return response
 
 
 async def _off_loop(fn: Callable[[], Any]) -> Any:
@@ -991,14 +1001,14 @@ class AgentFunction(Generic[P, R]):
 
     # `>>` type-checks only for agents callable with one positional argument (COMP-43).
     def __rshift__(self: Stage[_X, _Y], other: Stage[_Y, _Z]) -> Pipeline[_X, _Z]:
-        from .combinators import pipe
+        from .combinators import chain
 
-        return pipe(self, other)
+        return chain(self, other)
 
     def __rrshift__(self: Stage[_X, _Y], other: Stage[_W, _X]) -> Pipeline[_W, _Y]:
-        from .combinators import pipe
+        from .combinators import chain
 
-        return pipe(other, self)
+        return chain(other, self)
 
     # -- routing (AGENT-50) ------------------------------------------------
 
