@@ -477,3 +477,44 @@ def test_chat7_chat_started_in_one_process_continues_in_another(tmp_path):
         """
     ).ok()
     assert "belongs to agent 'companion', which is not registered" in third["error"]
+
+
+def test_chat7_chat_saved_by_0_11_0_is_migrated_and_continues(isolated_state):
+    import json
+    import sqlite3
+    from contextlib import closing
+
+    from test_store import LEGACY_SCHEMA
+
+    def message(role: str, text: str) -> dict:
+        value = {"role": role, "parts": [{"type": "text", "text": text}]}
+        return {"$kind": "pydantic", "$type": "composeai.messages:Message", "value": value}
+
+    history = [message("user", "old question"), message("assistant", "old answer")]
+    isolated_state.mkdir(parents=True)
+    with closing(sqlite3.connect(isolated_state / "runs.db")) as db:
+        db.executescript(LEGACY_SCHEMA)
+        db.execute(
+            "INSERT INTO chats VALUES ('01LEGACYCHAT00000000000000', 'old_agent', 'Legacy.', "
+            "'fake/legacy', ?, 1700000000.0, 1700000001.0)",
+            (json.dumps(history),),
+        )
+        db.commit()
+    model = FakeModel(["new answer"])
+
+    @agent(model=model, name="old_agent")
+    def old_agent(x: str) -> str:
+        return x
+
+    c = load_chat("01LEGACYCHAT00000000000000")
+    assert texts(c.messages) == [("user", "old question"), ("assistant", "old answer")]
+    assert c._system == "Legacy." and c._model == "fake/legacy"
+    assert c._created_at == 1700000000.0
+    c._model = model  # the stored model string names no provider here
+    c.send("new question")
+    assert texts(model.requests[0].messages) == [
+        ("user", "old question"),
+        ("assistant", "old answer"),
+        ("user", "new question"),
+    ]
+    assert chat_row(isolated_state, c.id)["created_at"] == 1700000000.0
