@@ -544,3 +544,46 @@ def test_top_level_all_is_exactly_the_spec_list():
     assert compose.__all__ == SPEC_ALL
     for name in SPEC_ALL:
         assert getattr(compose, name) is not None
+
+
+# --------------------------------------------------------------------------- store
+
+
+def test_obs1_in_process_sqlite3_readers_see_every_commit_which_survives_kill_9(tmp_path):
+    """Python's sqlite3 is a second SQLite library in the process: when its connection closes
+    it deletes the WAL the engine writes to. Later commits must still reach the file readers
+    open, and survive a crash."""
+    box = Sandbox(tmp_path)
+    box.write_module(
+        "sqlite_reader",
+        """
+        import os, sqlite3
+        from contextlib import closing
+        from composeai import agent
+        from composeai.testing import FakeModel
+
+        @agent(model=FakeModel(["a", "b", "c"]))
+        def helper(x: str) -> str:
+            return x
+
+        def count():
+            path = os.path.join(os.environ["COMPOSE_DIR"], "runs.db")
+            with closing(sqlite3.connect(path)) as conn:
+                return conn.execute("SELECT count(*) FROM runs").fetchone()[0]
+        """,
+    )
+    result = box.run(
+        """
+        import os, signal, sys
+        import sqlite_reader as m
+        seen = []
+        for _ in range(3):
+            m.helper.run("q")
+            seen.append(m.count())
+        print("RESULT " + __import__("json").dumps({"seen": seen}), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    assert result.data == {"seen": [1, 2, 3]}
+    assert result.returncode == -9
+    assert box.query("SELECT count(*) FROM runs WHERE status = 'completed'") == [(3,)]
