@@ -340,14 +340,14 @@ def test_chat7_load_chat_restores_and_continues(isolated_state):
         return x
 
     c = chat(helper, system="Custom", model="fake/none")
-    c._model = model  # a string model is what gets stored; run against the fake
+    c.model = model  # a string model is what gets stored; run against the fake
     c.send("q1")
     created = chat_row(isolated_state, c.id)["created_at"]
     loaded = load_chat(c.id)
     assert loaded.id == c.id and loaded.messages == c.messages
-    assert loaded._system == "Custom" and loaded._created_at == created
+    assert loaded.system == "Custom" and loaded.created_at == created
     assert loaded._approver is None and loaded._interceptor is None
-    loaded._model = model
+    loaded.model = model
     loaded.send("q2")
     assert texts(model.requests[1].messages)[:2] == [("user", "q1"), ("assistant", "a1")]
     assert model.requests[1].system == "Custom"
@@ -366,7 +366,7 @@ def test_chat7_stored_model_is_the_string_override(isolated_state):
     c = chat(helper, model="chatfake/override")
     c.send("q")
     assert chat_row(isolated_state, c.id)["model"] == "chatfake/override"
-    assert load_chat(c.id)._model == "chatfake/override"
+    assert load_chat(c.id).model == "chatfake/override"
 
 
 def test_chat7_load_chat_errors():
@@ -508,9 +508,9 @@ def test_chat7_chat_saved_by_0_11_0_is_migrated_and_continues(isolated_state):
 
     c = load_chat("01LEGACYCHAT00000000000000")
     assert texts(c.messages) == [("user", "old question"), ("assistant", "old answer")]
-    assert c._system == "Legacy." and c._model == "fake/legacy"
-    assert c._created_at == 1700000000.0
-    c._model = model  # the stored model string names no provider here
+    assert c.system == "Legacy." and c.model == "fake/legacy"
+    assert c.created_at == 1700000000.0
+    c.model = model  # the stored model string names no provider here
     c.send("new question")
     assert texts(model.requests[0].messages) == [
         ("user", "old question"),

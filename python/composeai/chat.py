@@ -27,7 +27,11 @@ __all__ = ["Chat", "ChatStream", "chat", "load_chat"]
 
 class Chat:
     """A conversation with one agent. Made by `chat()` or `load_chat()`,
-    not constructed directly (CHAT-1)."""
+    not constructed directly (CHAT-1).
+
+    `system`, `model` and `created_at` are what the chat stores and
+    `load_chat` restores (CHAT-7).
+    """
 
     def __init__(
         self,
@@ -45,12 +49,12 @@ class Chat:
         self.id = chat_id
         self._agent = agent_fn
         self._messages = list(messages)
-        self._system = system
-        self._model = model
+        self.system = system
+        self.model = model
         self._approver = approver
         self._interceptor = tool_interceptor
         self._context_manager = context_manager
-        self._created_at = created_at
+        self.created_at = created_at
         self._pending: Interrupt | None = None
         self._last_run_id: str | None = None
         self._lock = threading.Lock()
@@ -73,8 +77,8 @@ class Chat:
 
         return _overrides(
             budget,
-            self._system,
-            self._model,
+            self.system,
+            self.model,
             self._approver,
             self._interceptor,
             self._context_manager,
@@ -123,14 +127,14 @@ class Chat:
             if run.status == "completed":
                 self._messages = list(run.messages)
                 self._pending = None
-                model = self._model if isinstance(self._model, str) else None
+                model = self.model if isinstance(self.model, str) else None
                 _engine.get_store().save_chat(
                     self.id,
                     self._agent.name,
-                    self._system,
+                    self.system,
                     model,
                     _codec.dumps(self._messages),
-                    self._created_at,
+                    self.created_at,
                 )
             elif run.status == "paused":
                 self._pending = run.pending

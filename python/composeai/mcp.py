@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import json
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +34,10 @@ _atexit_registered = False
 
 def _leaf(exc: BaseException) -> BaseException:
     """The first real error inside the SDK's (possibly nested) exception groups."""
-    while isinstance(getattr(exc, "exceptions", None), (list, tuple)) and exc.exceptions:
-        exc = exc.exceptions[0]
+    inner = getattr(exc, "exceptions", None)
+    while isinstance(inner, (list, tuple)) and inner:
+        exc = inner[0]
+        inner = getattr(exc, "exceptions", None)
     return exc
 
 
@@ -226,8 +229,7 @@ def _select(
     """MCP-4: the server's tools to offer, in server order, each with its
     approval flag."""
     names = [t.name for t in listed]
-    seen: set[str] = set()
-    dups = sorted({n for n in names if n in seen or seen.add(n)})
+    dups = sorted(n for n, k in Counter(names).items() if k > 1)
     if dups:
         raise ConfigError(f"MCP server '{label}' returned duplicate tool name(s): {dups}")
     if include is not None:
@@ -243,7 +245,7 @@ def _select(
             continue
         if t.name in exclude:
             continue
-        chosen.append((t, requires_approval if gated is None else t.name in gated))
+        chosen.append((t, bool(requires_approval) if gated is None else t.name in gated))
     return chosen
 
 

@@ -85,13 +85,14 @@ class Trace:
     def __repr__(self) -> str:
         return f"Trace(trace_id={self.trace_id!r}, spans=<{len(self.spans)} spans>)"
 
-    # Equal by content, so a trace sent between processes compares equal.
+    # Equal by content, so a trace sent between processes compares equal;
+    # mutable, so unhashable.
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Trace):
             return NotImplemented
         return self.trace_id == other.trace_id and self.spans == other.spans
 
-    __hash__ = None  # type: ignore[assignment] -- mutable, compared by content
+    __hash__ = None  # type: ignore[assignment]
 
     def add(self, span: Span) -> None:
         self.spans.append(span)
