@@ -899,6 +899,17 @@ def _restore(call: _Call) -> bool:
     return True
 
 
+def _restore_or_seed(call: _Call) -> bool:
+    """AGENT-20: the conversation from a snapshot, else from a chat's seed;
+    False when the body must provide it."""
+    if _restore(call):
+        return True
+    if call.seed is not None:
+        call.messages = list(call.seed)
+        return True
+    return False
+
+
 def _agent_loop_sync(call: _Call, args: tuple, kwargs: dict) -> Any:
     driver = _engine.driven_synchronously()
     try:
@@ -909,11 +920,7 @@ def _agent_loop_sync(call: _Call, args: tuple, kwargs: dict) -> Any:
 
 def _agent_loop_sync_body(call: _Call, args: tuple, kwargs: dict) -> Any:
     call.resolve_model()
-    if _restore(call):
-        pass
-    elif call.seed is not None:
-        call.messages = list(call.seed)
-    else:
+    if not _restore_or_seed(call):
         agent = call.agent
         if agent._is_async:
             from . import _runtime
@@ -939,11 +946,7 @@ async def _agent_loop_async(call: _Call, args: tuple, kwargs: dict) -> Any:
 
 async def _agent_loop_async_body(call: _Call, args: tuple, kwargs: dict) -> Any:
     call.resolve_model()
-    if _restore(call):
-        pass
-    elif call.seed is not None:
-        call.messages = list(call.seed)
-    else:
+    if not _restore_or_seed(call):
         agent = call.agent
         body = agent.fn(*args, **kwargs)
         if inspect.iscoroutine(body):

@@ -163,6 +163,7 @@ struct Writer {
     conn: Connection,
     traces: HashMap<String, i64>,
     full_sync: bool,
+    wal_path: std::path::PathBuf,
     /// The WAL file existed at the last check.
     wal_seen: bool,
 }
@@ -219,6 +220,7 @@ impl SqliteStore {
                     conn,
                     traces: HashMap::new(),
                     full_sync,
+                    wal_path: format!("{path}-wal").into(),
                     wal_seen: false,
                 }),
                 queue: Mutex::new(Queue::default()),
@@ -263,8 +265,7 @@ impl Inner {
     /// file everyone reads.
     fn lock_writer(&self) -> parking_lot::MutexGuard<'_, Writer> {
         let mut w = self.writer.lock();
-        let wal_exists = std::path::Path::new(&format!("{}-wal", self.path)).exists();
-        if wal_exists {
+        if w.wal_path.exists() {
             w.wal_seen = true;
         } else if w.wal_seen {
             w.wal_seen = false;
