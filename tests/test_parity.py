@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 import pytest
+from typing_extensions import TypedDict
 
 import composeai as compose
 from _proc import Sandbox
@@ -493,6 +494,25 @@ def test_comp31_unbuildable_input_type_fails_at_construction():
     assert str(info.value).startswith(prefix)
     with pytest.raises(ConfigError):
         compose.map(takes_box, [])
+
+
+class _Record(TypedDict):
+    item: _Opaque
+
+
+def test_comp31_typeddict_with_an_unschemable_field_fails_at_construction():
+    def takes_record(x: _Record) -> str:
+        return "x"
+
+    with pytest.raises(ConfigError, match="stage 'takes_record' declares input type _Record"):
+        compose.pipe(lambda x: x, takes_record)
+
+
+def test_comp30_plain_unschemable_class_still_validates_by_isinstance():
+    def takes_opaque(x: _Opaque) -> str:
+        return "ok"
+
+    assert compose.pipe(lambda x: x, takes_opaque)(_Opaque()) == "ok"
 
 
 # --------------------------------------------------------------------------- exports
