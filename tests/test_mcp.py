@@ -404,3 +404,27 @@ def test_mcp9_atexit_closes_connections_at_interpreter_exit(tmp_path, http_serve
 def test_mcp_exports():
     assert compose.mcp_tools is mcp_tools
     assert os.path.basename(mcpmod.__file__) == "mcp.py"
+
+
+def test_mcp9_close_all_ends_a_call_in_flight_with_the_closed_error(monkeypatch, http_server):
+    url, _ = http_server
+    monkeypatch.setattr(mcpmod, "_live", [])
+    (nap,) = mcp_tools(url=url, include=["nap"], timeout=60)
+    outcome: dict = {}
+
+    def call() -> None:
+        try:
+            nap.execute({"seconds": 60})
+        except MCPToolError as exc:
+            outcome["error"] = str(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    deadline = time.monotonic() + TIMEOUT
+    conn = mcpmod._live[0]
+    while not conn._inflight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    close_all()
+    caller.join(TIMEOUT)
+    assert not caller.is_alive()
+    assert outcome["error"].startswith(f"MCP server '{url}' is closed")

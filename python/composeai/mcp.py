@@ -62,6 +62,7 @@ class _Connection:
         self._stop: asyncio.Event | None = None
         self._main: Any = None  # the serving task, as a concurrent future
         self._finished = threading.Event()
+        self._inflight: set[Any] = set()  # calls waiting for an answer
         self.closed = False
 
     # -- lifecycle -----------------------------------------------------------
@@ -119,6 +120,8 @@ class _Connection:
         self.closed = True
         loop = self._loop
         try:
+            for call in list(self._inflight):
+                call.cancel()  # its caller reports the server closed
             main = self._main
             if main is not None and not self._finished.is_set():
                 if self._session is not None and self._stop is not None:
@@ -144,11 +147,16 @@ class _Connection:
         if self.closed or session is None:
             raise _ClosedError()
         future = asyncio.run_coroutine_threadsafe(make_coro(session), self._loop)
+        self._inflight.add(future)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise TimeoutError from None
+        except concurrent.futures.CancelledError:
+            raise _ClosedError() from None
+        finally:
+            self._inflight.discard(future)
 
 
 class _ClosedError(Exception):
