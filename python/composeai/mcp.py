@@ -266,21 +266,17 @@ def _stdio_transport(command: str, args: Sequence[str], env: dict[str, str] | No
 
 
 def _http_transport(url: str, headers: dict[str, str] | None) -> Any:
-    from mcp.client import streamable_http
-
-    modern = getattr(streamable_http, "streamable_http_client", None)
-    if modern is None:  # older 1.x releases
-        return lambda: streamable_http.streamablehttp_client(url, headers=headers)
     from contextlib import asynccontextmanager
 
-    from mcp.shared._httpx_utils import create_mcp_http_client
+    import httpx
+    from mcp.client.streamable_http import streamable_http_client
 
     @asynccontextmanager
     async def transport():
-        async with (
-            create_mcp_http_client(headers=headers) as client,
-            modern(url, http_client=client) as streams,
-        ):
+        # The SDK's recommended timeouts: a server may hold a response stream
+        # open for minutes.
+        client = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30.0, read=300.0))
+        async with client, streamable_http_client(url, http_client=client) as streams:
             yield streams
 
     return transport
