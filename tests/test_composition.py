@@ -271,10 +271,12 @@ def test_comp5_flattening_either_associativity():
     assert left.stages == right.stages == (a, b, c)
     # a plain callable on the left of a pipeline is flattened too (__rrshift__)
     assert (z >> (a >> c)).stages == (z, a, c)
-    # pipeline >> pipeline and pipe() of pipelines flatten
+    # pipeline >> pipeline flattens; pipe() keeps a pipeline as one nested stage (COMP-1)
     assert ((a >> c) >> (b >> z)).stages == (a, c, b, z)
-    assert compose.pipe(a >> c, b >> z).stages == (a, c, b, z)
-    assert compose.pipe(compose.pipe(z, a), c).stages == (z, a, c)
+    first, second = a >> c, b >> z
+    assert compose.pipe(first, second).stages == (first, second)
+    inner = compose.pipe(z, a)
+    assert compose.pipe(inner, c).stages == (inner, c)
     assert left.name == f"pipe(comp5_flat_a{ARROW}comp5_flat_b{ARROW}c)"
 
 

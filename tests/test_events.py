@@ -149,13 +149,14 @@ def test_subscription_close_mid_stream_wakes_a_blocked_consumer():
     assert sub.closed and not bus.closed
 
 
-def test_close_drops_queued_events_and_unsubscribes():
+def test_agent81_close_keeps_delivered_events_and_unsubscribes():
     bus = EventBus()
     sub, other = bus.subscribe(), bus.subscribe()
     bus.emit(Event("text_delta", text="a"))
     sub.close()
     bus.emit(Event("text_delta", text="b"))
     bus.close()
+    assert [ev.text for ev in sub] == ["a"]
     assert list(sub) == []
     assert [ev.text for ev in other] == ["a", "b"]
 
@@ -245,7 +246,8 @@ def test_async_subscription_close_mid_stream_and_context_manager():
 
         async with bus.asubscribe() as sub2:
             bus.emit(Event("text_delta", text="c"))
-        assert sub2.closed and [ev async for ev in sub2] == []
+        bus.emit(Event("text_delta", text="d"))
+        assert sub2.closed and [ev.text async for ev in sub2] == ["c"]
 
     asyncio.run(asyncio.wait_for(main(), WAIT))
 

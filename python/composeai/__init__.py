@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# `chat` is bound after its submodule loads (an import of the submodule
+# would otherwise rebind the package attribute to the module); the module
+# needs nothing that is not loaded already.
+from .chat import Chat, chat, load_chat
 from .combinators import MapResult, aggregate, amap, map, pipe
 from .flow import anow, arandom, aresume, flow, now, random, resume, task
 from .hitl import approve, ask_human
@@ -19,6 +23,7 @@ if TYPE_CHECKING:  # the lazily loaded names of `_LAZY`, for type checkers (PKG-
     from ._interrupt import Interrupt
     from .agentfn import agent, prompt
     from .interception import BeforeTool, ToolInterceptor
+    from .mcp import mcp_tools
     from .models.compatible import openai_compatible
     from .models.prices import ModelPrice, register_price
     from .tools import tool
@@ -29,6 +34,7 @@ __all__ = [
     "ApprovalReply",
     "BeforeTool",
     "Budget",
+    "Chat",
     "Interrupt",
     "MapResult",
     "ModelPrice",
@@ -42,8 +48,11 @@ __all__ = [
     "arandom",
     "aresume",
     "ask_human",
+    "chat",
     "flow",
+    "load_chat",
     "map",
+    "mcp_tools",
     "now",
     "openai_compatible",
     "pipe",
@@ -67,6 +76,7 @@ _LAZY = {
     "agent": (".agentfn", "agent"),
     "prompt": (".agentfn", "prompt"),
     "tool": (".tools", "tool"),
+    "mcp_tools": (".mcp", "mcp_tools"),
     "Interrupt": ("._interrupt", "Interrupt"),
     "register_serializable": ("._codec", "register_serializable"),
     "register_module_types": ("._codec", "register_module_types"),

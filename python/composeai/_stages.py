@@ -369,6 +369,10 @@ def _compile(t: Any) -> _Check | None:
     except PydanticUndefinedAnnotation:
         return None
     except Exception as first:  # noqa: BLE001 -- pydantic can't schema it: isinstance semantics
+        if _is_dataclass_class(t) or _is_typeddict(t):
+            # These carry their own pydantic config: the arbitrary-types fallback
+            # does not apply to their fields, so there is no validator (COMP-31).
+            raise _Unbuildable(_schema_error_text(first)) from None
         try:
             adapter = _adapter(t, arbitrary=True)
         except Exception:  # noqa: BLE001
@@ -391,6 +395,10 @@ def _compile(t: Any) -> _Check | None:
 
 def _is_dataclass_class(t: Any) -> bool:
     return _is_plain_class(t) and dataclasses.is_dataclass(t)
+
+
+def _is_typeddict(t: Any) -> bool:
+    return _is_plain_class(t) and typing.is_typeddict(t)
 
 
 class _Incomplete(Exception):

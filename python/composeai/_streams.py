@@ -147,7 +147,11 @@ class RunStream(Generic[R]):
             with use_bus(self._bus), use_cancel_token(self._token):
                 result = call()
         except BaseException as exc:  # noqa: BLE001 -- handed to the consumer, re-raised there
-            self._error = exc
+            cancelled = _cancelled_run(exc) if self._cancellable else None
+            if cancelled is None:
+                self._error = exc
+            else:
+                self._result = cancelled
         else:
             self._result = result
         finally:
@@ -197,6 +201,28 @@ class RunStream(Generic[R]):
     def close(self) -> None:
         """Stop receiving events (idempotent, any thread); the run continues."""
         self._sub.close()
+
+
+def _cancelled_run(exc: BaseException) -> Run | None:
+    """The `Run` a cancelled call returns when the engine's cancel signal
+    reached the stream itself: a stream nested in a flow step has no run row
+    to settle, and the signal must never reach user code (AGENT-93, ERR-5)."""
+    from . import _engine
+
+    if not isinstance(exc, _engine._Cancelled):
+        return None
+    from . import _core
+    from .runs import Run
+
+    frame = _engine.FRAME.get()
+    return Run(
+        id=_core.ulid(),
+        status="cancelled",
+        output=None,
+        usage=None,
+        trace=frame.trace if frame is not None else None,
+        messages=[],
+    )
 
 
 # Tasks started by `AsyncRunStream`: asyncio keeps only weak references.

@@ -3,9 +3,9 @@
 Every sync stage that must leave the calling thread (a timeout, an async
 caller, a parallel branch) gets a thread of its own at once: there is no
 bound and no queueing (ASYNC-7), so a body that blocks or calls back into
-the engine can never starve another. A thread whose body returned waits a
-few seconds for the next body instead of exiting, which saves creating a
-thread per call.
+the engine can never starve another. A thread whose body returned waits
+briefly for the next body instead of exiting: reused while work keeps
+coming, gone within a second once it stops.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-IDLE_SECONDS = 5.0
+IDLE_SECONDS = 0.5
 
 _lock = threading.Lock()
 _idle: list[_Worker] = []

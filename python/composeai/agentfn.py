@@ -150,6 +150,9 @@ class _Call:
         self.approver = overrides["approver"]
         self.interceptor = overrides["tool_interceptor"]
         self.context_manager = overrides["context_manager"]
+        # A chat's history plus its new user message (CHAT-3): used instead
+        # of the body when no snapshot exists (AGENT-20).
+        self.seed: list[Message] | None = overrides.get("seed")
         self.frame = frame  # the agent span's frame
         self.tool_scope = tool_scope
         self.snapshot_scope: str | None = None
@@ -673,8 +676,13 @@ def _invoke_model_sync(call: _Call, request: ModelRequest, span) -> Any:
     from .events import current_bus
 
     model = call.model
-    if current_bus() is not None and _has(model, "stream"):
-        return _consume_stream(call, model.stream(request), span)
+    if current_bus() is not None:
+        if _has(model, "stream"):
+            return _consume_stream(call, model.stream(request), span)
+        if _has(model, "astream"):
+            from . import _runtime
+
+            return _runtime.run_sync(lambda: _aconsume_stream(call, model.astream(request), span))
     if not _has(model, "complete") and _has(model, "acomplete"):
         from . import _runtime
 
@@ -794,27 +802,32 @@ async def _invoke_model_async(call: _Call, request: ModelRequest, span) -> Any:
     model = call.model
     streaming = current_bus() is not None
     if streaming and _has(model, "astream"):
-        response = None
-        events = model.astream(request)
-        try:
-            async for event in events:
-                _check_cancel()
-                if event.kind == "response_done":
-                    response = event.response
-                    break
-                _emit_stream_event(call, event, span)
-        finally:
-            aclose = getattr(events, "aclose", None)
-            if aclose is not None:
-                await aclose()
-        if response is None:
-            raise _stream_missing_done(call)
-        return response
+        return await _aconsume_stream(call, model.astream(request), span)
     if streaming and _has(model, "stream"):
         return await _off_loop(lambda: _consume_stream(call, model.stream(request), span))
     if _has(model, "acomplete"):
         return await model.acomplete(request)
     return await _off_loop(lambda: model.complete(request))
+
+
+async def _aconsume_stream(call: _Call, events, span) -> Any:
+    """The async twin of `_consume_stream`: a cancel seen between events
+    stops here, and the model's stream is closed before anything else runs."""
+    response = None
+    try:
+        async for event in events:
+            _check_cancel()
+            if event.kind == "response_done":
+                response = event.response
+                break
+            _emit_stream_event(call, event, span)
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    if response is None:
+        raise _stream_missing_done(call)
+    return response
 
 
 async def _off_loop(fn: Callable[[], Any]) -> Any:
@@ -886,6 +899,17 @@ def _restore(call: _Call) -> bool:
     return True
 
 
+def _restore_or_seed(call: _Call) -> bool:
+    """AGENT-20: the conversation from a snapshot, else from a chat's seed;
+    False when the body must provide it."""
+    if _restore(call):
+        return True
+    if call.seed is not None:
+        call.messages = list(call.seed)
+        return True
+    return False
+
+
 def _agent_loop_sync(call: _Call, args: tuple, kwargs: dict) -> Any:
     driver = _engine.driven_synchronously()
     try:
@@ -896,7 +920,7 @@ def _agent_loop_sync(call: _Call, args: tuple, kwargs: dict) -> Any:
 
 def _agent_loop_sync_body(call: _Call, args: tuple, kwargs: dict) -> Any:
     call.resolve_model()
-    if not _restore(call):
+    if not _restore_or_seed(call):
         agent = call.agent
         if agent._is_async:
             from . import _runtime
@@ -922,7 +946,7 @@ async def _agent_loop_async(call: _Call, args: tuple, kwargs: dict) -> Any:
 
 async def _agent_loop_async_body(call: _Call, args: tuple, kwargs: dict) -> Any:
     call.resolve_model()
-    if not _restore(call):
+    if not _restore_or_seed(call):
         agent = call.agent
         body = agent.fn(*args, **kwargs)
         if inspect.iscoroutine(body):
@@ -980,14 +1004,14 @@ class AgentFunction(Generic[P, R]):
 
     # `>>` type-checks only for agents callable with one positional argument (COMP-43).
     def __rshift__(self: Stage[_X, _Y], other: Stage[_Y, _Z]) -> Pipeline[_X, _Z]:
-        from .combinators import pipe
+        from .combinators import chain
 
-        return pipe(self, other)
+        return chain(self, other)
 
     def __rrshift__(self: Stage[_X, _Y], other: Stage[_W, _X]) -> Pipeline[_W, _Y]:
-        from .combinators import pipe
+        from .combinators import chain
 
-        return pipe(other, self)
+        return chain(other, self)
 
     # -- routing (AGENT-50) ------------------------------------------------
 
@@ -1217,6 +1241,8 @@ def _standalone_payload(args: tuple, kwargs: dict, opts: dict) -> str:
         payload["system"] = opts["system"]
     if isinstance(opts["model"], str):
         payload["model"] = opts["model"]
+    if opts.get("seed") is not None:
+        payload["messages"] = opts["seed"]
     return _codec.dumps(payload)
 
 
@@ -1288,6 +1314,13 @@ def _settle_standalone_error(call: _Call, exc: BaseException) -> Run:
     return _engine.make_run_result(run, outcome)
 
 
+def run_seeded(agent: AgentFunction, seed: list[Message], opts: dict) -> Run:
+    """A standalone durable run whose conversation is `seed`; the agent body
+    is not called (CHAT-3)."""
+    _engine.check_sync_facade()
+    return _standalone_sync(agent, (), {}, {**opts, "seed": seed})
+
+
 def resume_standalone(
     row: dict, answers, budget, approver, tool_interceptor, context_manager, asynchronous: bool
 ):
@@ -1323,6 +1356,8 @@ def resume_standalone(
         tool_interceptor,
         context_manager,
     )
+    if payload.get("messages") is not None:
+        opts["seed"] = list(payload["messages"])
     args = tuple(payload.get("args", ()))
     kwargs = dict(payload.get("kwargs", {}))
     if asynchronous:

@@ -656,10 +656,10 @@ class _Composite:
     # -- composition -------------------------------------------------------
 
     def __rshift__(self, other: Any) -> Pipeline:
-        return pipe(self, other)
+        return chain(self, other)
 
     def __rrshift__(self, other: Any) -> Pipeline:
-        return pipe(other, self)
+        return chain(other, self)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
@@ -868,7 +868,7 @@ class Aggregate(_Composite, Generic[_PIn]):
         def __rshift__(self, other: Stage[dict[str, Any], _Z]) -> Pipeline[_PIn, _Z]: ...
         def __rrshift__(self, other: Stage[_W, _PIn]) -> Pipeline[_W, dict[str, Any]]: ...
 
-    def __init__(self, branches: dict[str, Any], timeout_per_branch: float | None):
+    def __init__(self, branches: dict[str, Any], timeout_per_branch: float | None = None):
         self.branches = dict(branches)
         self.timeout_per_branch = timeout_per_branch
         self.name = "aggregate(" + ", ".join(self.branches) + ")"
@@ -1056,10 +1056,20 @@ def pipe(
     /,
 ) -> Pipeline[_A, _J]: ...
 def pipe(*stages: Any) -> Pipeline:
-    """Chains stages, checking adjacent types before anything runs (COMP-3)."""
+    """Chains stages, checking adjacent types before anything runs (COMP-3).
+    A `Pipeline` stage stays one nested stage (COMP-1)."""
     from ._stages import check_pipe
 
-    flat = _flatten(stages)
+    check_pipe(stages)
+    return Pipeline(stages)
+
+
+def chain(left: Any, right: Any) -> Pipeline:
+    """`left >> right`: `pipe(left, right)` with `Pipeline` operands
+    flattened, so `a >> b >> c` is one 3-stage pipeline (COMP-5)."""
+    from ._stages import check_pipe
+
+    flat = _flatten((left, right))
     check_pipe(flat)
     return Pipeline(flat)
 

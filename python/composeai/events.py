@@ -137,8 +137,9 @@ class EventBus:
 class Subscription:
     """A blocking iterator over a bus's events (AGENT-81).
 
-    Iteration stops after the bus is closed and the queue drained, or at once
-    after `close()`. Iterating again after that returns immediately.
+    Iteration stops once the queue is drained after the bus closed or after
+    `close()`: closing stops new deliveries but keeps what was already
+    delivered. Iterating again after that returns immediately.
     """
 
     __slots__ = ("_bus", "_closed", "_cond", "_ended", "_queue", "_waiting")
@@ -162,11 +163,9 @@ class Subscription:
     def __next__(self) -> Event:
         with self._cond:
             while True:
-                if self._closed:
-                    raise StopIteration
                 if self._queue:
                     return self._queue.popleft()
-                if self._ended:
+                if self._ended or self._closed:
                     raise StopIteration
                 self._waiting += 1
                 try:
@@ -175,13 +174,12 @@ class Subscription:
                     self._waiting -= 1
 
     def close(self) -> None:
-        """Unsubscribe (idempotent, any thread). Queued events are dropped and
-        a consumer blocked in iteration stops."""
+        """Unsubscribe (idempotent, any thread). Events already delivered are
+        still yielded; a consumer blocked in iteration stops."""
         with self._cond:
             if self._closed:
                 return
             self._closed = True
-            self._queue.clear()
             self._bus._detach_locked(self)
             if self._waiting:
                 self._cond.notify_all()
@@ -249,11 +247,9 @@ class AsyncSubscription:
         lock = self._bus._lock
         while True:
             with lock:
-                if self._closed:
-                    raise StopAsyncIteration
                 if self._queue:
                     return self._queue.popleft()
-                if self._ended:
+                if self._ended or self._closed:
                     raise StopAsyncIteration
                 waiter = self._loop.create_future()
                 self._waiters.append(waiter)
@@ -265,13 +261,12 @@ class AsyncSubscription:
                         self._waiters.remove(waiter)
 
     def close(self) -> None:
-        """Unsubscribe (idempotent, any thread). Queued events are dropped and
-        a consumer waiting in `async for` stops."""
+        """Unsubscribe (idempotent, any thread). Events already delivered are
+        still yielded; a consumer waiting in `async for` stops."""
         with self._bus._lock:
             if self._closed:
                 return
             self._closed = True
-            self._queue.clear()
             self._bus._detach_locked(self)
             self._wake_locked()
 

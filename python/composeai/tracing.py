@@ -34,10 +34,19 @@ def _capture_content() -> bool:
     return os.environ.get("COMPOSE_TRACE_CONTENT") != "0"
 
 
+def _new_span_id() -> str:
+    from . import _core
+
+    return _core.ulid()
+
+
 @dataclass(kw_only=True, slots=True)
 class Span:
+    """One timed operation of a trace (OBS-10); `span_id` defaults to a
+    fresh ULID."""
+
     trace_id: str
-    span_id: str
+    span_id: str = field(default_factory=_new_span_id)
     parent_span_id: str | None = None
     kind: str
     name: str
@@ -75,6 +84,15 @@ class Trace:
 
     def __repr__(self) -> str:
         return f"Trace(trace_id={self.trace_id!r}, spans=<{len(self.spans)} spans>)"
+
+    # Equal by content, so a trace sent between processes compares equal;
+    # mutable, so unhashable.
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Trace):
+            return NotImplemented
+        return self.trace_id == other.trace_id and self.spans == other.spans
+
+    __hash__ = None  # type: ignore[assignment]
 
     def add(self, span: Span) -> None:
         self.spans.append(span)

@@ -4,6 +4,7 @@ use super::attempt::PyAttempt;
 use super::errors::IntoPy;
 use super::spans::span_from_py;
 use crate::run::Attempt;
+use crate::store::chat::ChatRow;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{InterruptRow, NewRun, RunRow, SpanRecord, Store};
 use pyo3::prelude::*;
@@ -137,6 +138,55 @@ impl PyStore {
             output_in_journal: false,
         });
         Ok(())
+    }
+
+    /// Upserts a chat row (CHAT-4): `updated_at` is now, the first
+    /// `created_at` is kept.
+    #[pyo3(signature = (chat_id, agent_name, system, model, messages_json, created_at))]
+    #[allow(clippy::too_many_arguments)]
+    fn save_chat(
+        &self,
+        py: Python<'_>,
+        chat_id: String,
+        agent_name: String,
+        system: Option<String>,
+        model: Option<String>,
+        messages_json: String,
+        created_at: f64,
+    ) -> PyResult<()> {
+        let row = ChatRow {
+            chat_id,
+            agent_name,
+            system,
+            model,
+            messages_json,
+            created_at,
+            updated_at: 0.0,
+        };
+        py.allow_threads(|| self.inner.save_chat(&row)).py_err()
+    }
+
+    /// The chat row as a dict, or `None` (CHAT-7).
+    fn load_chat<'py>(
+        &self,
+        py: Python<'py>,
+        chat_id: &str,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(c) = py
+            .allow_threads(|| self.inner.load_chat(chat_id))
+            .py_err()?
+        else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("chat_id", c.chat_id)?;
+        d.set_item("agent_name", c.agent_name)?;
+        d.set_item("system", c.system)?;
+        d.set_item("model", c.model)?;
+        d.set_item("messages_json", c.messages_json)?;
+        d.set_item("created_at", c.created_at)?;
+        d.set_item("updated_at", c.updated_at)?;
+        Ok(Some(d))
     }
 
     fn flush(&self, py: Python<'_>) -> PyResult<()> {

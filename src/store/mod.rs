@@ -4,6 +4,7 @@
 //! implementation today. A server-backed implementation (for workers on
 //! several machines) can be added behind the same trait.
 
+pub mod chat;
 mod migrate;
 pub mod query;
 pub mod sqlite;
@@ -199,4 +200,9 @@ pub trait Store: Send + Sync {
 
     /// The journal of a run, as stored.
     fn journal(&self, rid: i64) -> CoreResult<Vec<(String, String)>>;
+
+    /// Upserts a chat row (CHAT-4); `updated_at` is set to now.
+    fn save_chat(&self, chat: &chat::ChatRow) -> CoreResult<()>;
+
+    fn load_chat(&self, chat_id: &str) -> CoreResult<Option<chat::ChatRow>>;
 }

@@ -162,6 +162,10 @@ enum Op {
 struct Writer {
     conn: Connection,
     traces: HashMap<String, i64>,
+    full_sync: bool,
+    wal_path: std::path::PathBuf,
+    /// The WAL file existed at the last check.
+    wal_seen: bool,
 }
 
 /// The store's state, shared with its background writer thread.
@@ -215,6 +219,9 @@ impl SqliteStore {
                 writer: Mutex::new(Writer {
                     conn,
                     traces: HashMap::new(),
+                    full_sync,
+                    wal_path: format!("{path}-wal").into(),
+                    wal_seen: false,
                 }),
                 queue: Mutex::new(Queue::default()),
                 wake: Condvar::new(),
@@ -248,6 +255,35 @@ impl SqliteStore {
 }
 
 impl Inner {
+    /// The connection, checked for a WAL file deleted under it. Another
+    /// SQLite library in this process (Python's `sqlite3`, reading the store)
+    /// shares the file's POSIX locks, so when its last connection closes it
+    /// believes it is alone: it checkpoints and deletes the WAL our
+    /// connection still writes to, and later commits would land in the
+    /// unlinked file, unseen by new readers and lost in a crash. Reopening
+    /// (after the checkpoint, so nothing is lost) puts commits back in the
+    /// file everyone reads.
+    fn lock_writer(&self) -> parking_lot::MutexGuard<'_, Writer> {
+        let mut w = self.writer.lock();
+        if w.wal_path.exists() {
+            w.wal_seen = true;
+        } else if w.wal_seen {
+            w.wal_seen = false;
+            if let Ok(placeholder) = Connection::open_in_memory() {
+                // Closed first, as the last connection of this library, so
+                // it checkpoints whatever it wrote since the deletion.
+                drop(std::mem::replace(&mut w.conn, placeholder));
+                // Failing to reopen leaves the placeholder: every later
+                // write then fails instead of going astray.
+                if let Ok(conn) = open_connection(&self.path, w.full_sync) {
+                    w.conn = conn;
+                }
+                w.traces.clear();
+            }
+        }
+        w
+    }
+
     fn background_writer(&self) {
         loop {
             {
@@ -270,7 +306,7 @@ impl Inner {
             }
             // Take the batch only while holding the connection, so that a
             // `flush` that got the connection first has seen every op.
-            let mut w = self.writer.lock();
+            let mut w = self.lock_writer();
             let ops = self.take_queue();
             if !ops.is_empty() {
                 // Failures reach waiting callers through their slots.
@@ -287,7 +323,7 @@ impl Inner {
 
     /// Runs `f` with the connection, after writing anything queued.
     pub fn with_conn<T>(&self, f: impl FnOnce(&mut Connection) -> CoreResult<T>) -> CoreResult<T> {
-        let mut w = self.writer.lock();
+        let mut w = self.lock_writer();
         self.drain(&mut w)?;
         f(&mut w.conn)
     }
@@ -308,7 +344,7 @@ impl Inner {
         extra: impl FnOnce(&rusqlite::Transaction<'_>) -> CoreResult<()>,
     ) -> CoreResult<()> {
         let path = self.path.clone();
-        let Writer { conn, traces } = w;
+        let Writer { conn, traces, .. } = w;
         let mut results: Vec<(Arc<Slot>, Option<String>)> = Vec::new();
         let outcome = (|| -> CoreResult<()> {
             let tx = conn
@@ -538,7 +574,7 @@ impl Store for SqliteStore {
     }
 
     fn create_run(&self, new: &NewRun, owner: &str, lease_until: f64) -> CoreResult<RunRow> {
-        let mut w = self.writer.lock();
+        let mut w = self.lock_writer();
         let ops = self.take_queue();
         let t = now();
         let mut rid = 0;
@@ -590,7 +626,7 @@ impl Store for SqliteStore {
         lease_until: f64,
         live: LeaseCheck<'_>,
     ) -> CoreResult<(RunRow, Vec<(String, String)>)> {
-        let mut w = self.writer.lock();
+        let mut w = self.lock_writer();
         self.drain(&mut w)?;
         let path = self.path.clone();
         let tx = w
@@ -646,7 +682,7 @@ impl Store for SqliteStore {
                 q.ops.push(Op::Span(Box::new(s)));
             }
         }
-        let mut w = self.writer.lock();
+        let mut w = self.lock_writer();
         if let Some(done) = slot.0.lock().take() {
             return done;
         }
@@ -686,12 +722,12 @@ impl Store for SqliteStore {
     }
 
     fn flush(&self) -> CoreResult<()> {
-        let mut w = self.writer.lock();
+        let mut w = self.lock_writer();
         self.drain(&mut w)
     }
 
     fn settle(&self, rid: i64, owner: &str, s: &Settlement) -> CoreResult<()> {
-        let mut w = self.writer.lock();
+        let mut w = self.lock_writer();
         let ops = self.take_queue();
         let path = self.path.clone();
         self.apply(&mut w, ops, |tx| {
@@ -748,7 +784,7 @@ impl Store for SqliteStore {
     }
 
     fn record_answers(&self, rid: i64, answers: &[(String, String)]) -> CoreResult<()> {
-        let mut w = self.writer.lock();
+        let mut w = self.lock_writer();
         let ops = self.take_queue();
         let path = self.path.clone();
         self.apply(&mut w, ops, |tx| {
@@ -765,7 +801,7 @@ impl Store for SqliteStore {
     }
 
     fn delete_run(&self, rid: i64) -> CoreResult<()> {
-        let mut w = self.writer.lock();
+        let mut w = self.lock_writer();
         let ops = self.take_queue();
         let path = self.path.clone();
         self.inner.apply(&mut w, ops, |tx| {
@@ -786,7 +822,7 @@ impl Store for SqliteStore {
     }
 
     fn save_agent_state(&self, rid: i64, state: &AgentStateRow) -> CoreResult<()> {
-        let mut w = self.writer.lock();
+        let mut w = self.lock_writer();
         let ops = self.take_queue();
         let path = self.path.clone();
         self.apply(&mut w, ops, |tx| {
@@ -797,7 +833,7 @@ impl Store for SqliteStore {
     }
 
     fn load_agent_state(&self, rid: i64, scope_key: &str) -> CoreResult<Option<AgentStateRow>> {
-        let w = self.writer.lock();
+        let w = self.lock_writer();
         w.conn
             .prepare_cached(
                 "SELECT messages_json, partial_results_json, turn FROM agent_state \
@@ -818,7 +854,7 @@ impl Store for SqliteStore {
     }
 
     fn prior_llm_usage(&self, rid: i64) -> CoreResult<PriorSpend> {
-        let mut w = self.writer.lock();
+        let mut w = self.lock_writer();
         self.inner.drain(&mut w)?;
         let path = self.path.clone();
         let conn = &w.conn;
@@ -888,18 +924,28 @@ impl Store for SqliteStore {
     }
 
     fn get_run(&self, run_id: &str) -> CoreResult<Option<RunRow>> {
-        let w = self.writer.lock();
+        let w = self.lock_writer();
         Inner::run_row(&w.conn, run_id).at(&self.path)
     }
 
     fn pending(&self, rid: i64) -> CoreResult<Vec<InterruptRow>> {
-        let w = self.writer.lock();
+        let w = self.lock_writer();
         read_pending(&w.conn, rid).at(&self.path)
     }
 
     fn journal(&self, rid: i64) -> CoreResult<Vec<(String, String)>> {
-        let w = self.writer.lock();
+        let w = self.lock_writer();
         read_journal(&w.conn, rid).at(&self.path)
+    }
+
+    fn save_chat(&self, chat: &super::chat::ChatRow) -> CoreResult<()> {
+        let path = self.path.clone();
+        self.with_conn(|conn| super::chat::upsert(conn, chat).at(&path))
+    }
+
+    fn load_chat(&self, chat_id: &str) -> CoreResult<Option<super::chat::ChatRow>> {
+        let w = self.lock_writer();
+        super::chat::get(&w.conn, chat_id).at(&self.path)
     }
 }
 

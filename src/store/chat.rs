@@ -1,0 +1,101 @@
+//! Chat rows (CHAT-4, CHAT-7): one persistent conversation per chat id.
+//!
+//! A row is written only after a completed send; `created_at` is the chat's
+//! own (kept on every later upsert), `updated_at` is stamped here.
+
+use super::sqlite::now;
+use rusqlite::{params, Connection, OptionalExtension};
+
+/// A `chats` row.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatRow {
+    pub chat_id: String,
+    pub agent_name: String,
+    pub system: Option<String>,
+    pub model: Option<String>,
+    pub messages_json: String,
+    pub created_at: f64,
+    pub updated_at: f64,
+}
+
+/// Inserts or replaces the chat's row; the first `created_at` stays.
+pub fn upsert(conn: &Connection, chat: &ChatRow) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO chats(chat_id, agent_name, system, model, messages_json, created_at, \
+         updated_at) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+         ON CONFLICT(chat_id) DO UPDATE SET agent_name = excluded.agent_name, \
+         system = excluded.system, model = excluded.model, \
+         messages_json = excluded.messages_json, updated_at = excluded.updated_at",
+    )?
+    .execute(params![
+        chat.chat_id,
+        chat.agent_name,
+        chat.system,
+        chat.model,
+        chat.messages_json,
+        chat.created_at,
+        now(),
+    ])
+    .map(|_| ())
+}
+
+pub fn get(conn: &Connection, chat_id: &str) -> rusqlite::Result<Option<ChatRow>> {
+    conn.prepare_cached(
+        "SELECT chat_id, agent_name, system, model, messages_json, created_at, updated_at \
+         FROM chats WHERE chat_id = ?1",
+    )?
+    .query_row([chat_id], |r| {
+        Ok(ChatRow {
+            chat_id: r.get(0)?,
+            agent_name: r.get::<_, Option<String>>(1)?.unwrap_or_default(),
+            system: r.get(2)?,
+            model: r.get(3)?,
+            messages_json: r
+                .get::<_, Option<String>>(4)?
+                .unwrap_or_else(|| "[]".into()),
+            created_at: r.get::<_, Option<f64>>(5)?.unwrap_or(0.0),
+            updated_at: r.get::<_, Option<f64>>(6)?.unwrap_or(0.0),
+        })
+    })
+    .optional()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::sqlite::SqliteStore;
+    use crate::store::Store;
+
+    #[test]
+    fn upsert_keeps_created_at_and_replaces_the_rest() {
+        let dir = std::env::temp_dir().join(format!("composeai-chat-{}", crate::ids::new_ulid()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("runs.db").to_string_lossy().into_owned();
+        let store = SqliteStore::open(&path).unwrap();
+        assert_eq!(store.load_chat("nope").unwrap(), None);
+        let mut row = ChatRow {
+            chat_id: "c1".into(),
+            agent_name: "helper".into(),
+            system: Some("be brief".into()),
+            model: None,
+            messages_json: "[1]".into(),
+            created_at: 10.0,
+            updated_at: 0.0,
+        };
+        store.save_chat(&row).unwrap();
+        let first = store.load_chat("c1").unwrap().unwrap();
+        assert_eq!(first.messages_json, "[1]");
+        assert!(first.updated_at >= first.created_at);
+        row.messages_json = "[1,2]".into();
+        row.created_at = 99.0;
+        row.model = Some("fake/m".into());
+        store.save_chat(&row).unwrap();
+        let second = store.load_chat("c1").unwrap().unwrap();
+        assert_eq!(second.created_at, 10.0);
+        assert_eq!(second.messages_json, "[1,2]");
+        assert_eq!(second.model.as_deref(), Some("fake/m"));
+        assert_eq!(second.system.as_deref(), Some("be brief"));
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
