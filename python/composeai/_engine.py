@@ -57,7 +57,12 @@ class _Revoked(BaseException):
     It unwinds an abandoned thread silently."""
 
 
-_core.register_errors(ConfigError, SerializationError, _Revoked)
+class _RunCancelled(BaseException):
+    """Internal signal: a cancel request for the run reached this attempt
+    (EXT-10). Code may clean up in `finally` but must not swallow it."""
+
+
+_core.register_errors(ConfigError, SerializationError, _Revoked, _RunCancelled)
 
 # ---------------------------------------------------------------------------
 # The store
@@ -118,10 +123,13 @@ def _check_span_writes() -> None:
 class RunState:
     """One attempt of a durable run as the Python side sees it."""
 
-    __slots__ = ("attempt", "kind", "name", "run_id", "trace", "trace_id")
+    __slots__ = ("attempt", "kind", "name", "park", "run_id", "trace", "trace_id")
 
-    def __init__(self, attempt, name: str):
+    def __init__(self, attempt, name: str, park: bool = False):
         self.attempt = attempt
+        # Durable waits park the run (settle it paused) instead of blocking
+        # this process (`wait=False`, the worker).
+        self.park = park
         self.kind = attempt.kind
         self.run_id = attempt.run_id
         self.trace_id = attempt.trace_id
@@ -251,7 +259,10 @@ def mark_failed(span: Span, exc: BaseException) -> None:
     span.ended_at = time.time()
     if isinstance(exc, _Pause):
         span.status = "paused"
-    elif isinstance(exc, (_Revoked, _Cancelled)) or type(exc).__name__ == "CancelledError":
+    elif (
+        isinstance(exc, (_Revoked, _Cancelled, _RunCancelled))
+        or type(exc).__name__ == "CancelledError"
+    ):
         span.status = "cancelled"
     else:
         span.status = "error"
@@ -814,6 +825,8 @@ def settle_interrupted(
         return settle_paused(run, root, exc)
     if isinstance(exc, _Cancelled):
         return settle_cancelled(run, root, exc, cancelled_status)
+    if isinstance(exc, _RunCancelled):
+        return settle_cancelled(run, root, exc, "cancelled")
     settle_error(run, root, exc)
     raise exc
 

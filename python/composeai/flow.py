@@ -6,7 +6,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
-from . import _codec, _engine
+from . import _codec, _core, _engine
 from ._engine import FRAME, Frame
 from .errors import ConfigError, ResumeMismatchError, SerializationError
 
@@ -283,13 +283,14 @@ class Flow(Generic[P, R]):
             "run's budget governs); set it on the outer run"
         )
 
-    def _start(self, args: tuple, kwargs: dict, budget: Any):
+    def _start(self, args: tuple, kwargs: dict, budget: Any, wait: bool = True):
         args_json = _codec.dumps(_args_payload(args, kwargs))
         budget_json = _engine.budget_json(budget)
         attempt = _engine.get_store().start_run(
             "flow", self.name, self.fingerprint, args_json, budget_json
         )
-        return _engine.RunState(attempt, self.name), _engine.budget_meter(budget, "flow", self.name)
+        run = _engine.RunState(attempt, self.name, not wait)
+        return run, _engine.budget_meter(budget, "flow", self.name)
 
     def _root(self, run, args: tuple, kwargs: dict):
         root = _engine.open_span(None, run.trace, "flow", self.name)
@@ -298,6 +299,7 @@ class Flow(Generic[P, R]):
         return root
 
     def _drive(self, run, args: tuple, kwargs: dict, meter=None):
+        _core.set_module(run.attempt, self.fn.__module__)
         root = self._root(run, args, kwargs)
         token = _engine.BUDGETS.set((meter,)) if meter is not None else None
         try:
@@ -318,6 +320,7 @@ class Flow(Generic[P, R]):
         return _engine.make_run_result(run, outcome)
 
     async def _adrive(self, run, args: tuple, kwargs: dict, meter=None):
+        _core.set_module(run.attempt, self.fn.__module__)
         root = self._root(run, args, kwargs)
         token = _engine.BUDGETS.set((meter,)) if meter is not None else None
         try:
@@ -347,10 +350,11 @@ class Flow(Generic[P, R]):
         outcome = await _engine.drive_async(run, body, root)
         return _engine.make_run_result(run, outcome)
 
-    def run(self, *args: Any, budget: Any = None, **kwargs: Any) -> Run[R]:
-        """Starts a new top-level durable run, even inside another flow."""
+    def run(self, *args: Any, budget: Any = None, wait: bool = True, **kwargs: Any) -> Run[R]:
+        """Starts a new top-level durable run, even inside another flow.
+        `wait=False`: durable waits park the run instead of blocking (EXT-1)."""
         _engine.check_sync_facade()
-        run, meter = self._start(args, kwargs, budget)
+        run, meter = self._start(args, kwargs, budget, wait)
         return self._drive(run, args, kwargs, meter)
 
     def stream(self, *args: Any, budget: Any = None, **kwargs: Any) -> RunStream[R]:
@@ -359,14 +363,16 @@ class Flow(Generic[P, R]):
 
         return RunStream.start(lambda: self.run(*args, budget=budget, **kwargs), cancellable=True)
 
-    async def arun(self, *args: Any, budget: Any = None, **kwargs: Any) -> Run[R]:
+    async def arun(
+        self, *args: Any, budget: Any = None, wait: bool = True, **kwargs: Any
+    ) -> Run[R]:
         """Async twin of `run`; nested (one step) when a flow is active (FLOW-50)."""
         frame = FRAME.get()
         if frame is not None and frame.run is not None:
             if budget is not None:
                 raise ConfigError(self._nested_budget_message())
             return await self._anested(frame, args, kwargs)
-        run, meter = self._start(args, kwargs, budget)
+        run, meter = self._start(args, kwargs, budget, wait)
         return await self._adrive(run, args, kwargs, meter)
 
     async def _anested(self, frame: Frame, args: tuple, kwargs: dict):
@@ -444,6 +450,8 @@ def reset_registries() -> None:
 def _utc_now():
     from datetime import datetime, timezone
 
+    if _core.clock_is_fake():
+        return datetime.fromtimestamp(_core.clock_now(), timezone.utc)
     return datetime.now(timezone.utc)
 
 
@@ -532,6 +540,8 @@ def _prepare_resume(
         return None, None, row
     if any(c is not None for c in callbacks):
         raise ConfigError(_CALLBACKS_ON_FLOW)
+    if row["status"] == "cancelled" and row["kind"] == "flow":
+        raise ConfigError(f"run '{run_id}' was cancelled")
     flow_obj = _FLOWS.get(row["name"])
     if flow_obj is None or row["kind"] != "flow":
         raise ConfigError(
@@ -596,8 +606,9 @@ def begin_resume(run_id: str, resolved: list, budget: Any, span_kind: str, name:
     return _engine.RunState(attempt, name), payload, meter
 
 
-def _begin_resume(flow_obj: Flow, run_id: str, resolved, budget):
+def _begin_resume(flow_obj: Flow, run_id: str, resolved, budget, wait: bool = True):
     run, payload, meter = begin_resume(run_id, resolved, budget, "flow", flow_obj.name)
+    run.park = not wait
     return run, tuple(payload.get("args", ())), dict(payload.get("kwargs", {})), meter
 
 
@@ -610,6 +621,7 @@ def resume(
     approver: Any = None,
     tool_interceptor: Any = None,
     context_manager: Any = None,
+    wait: bool = True,
 ) -> Run[Any]:
     """Continues a durable run in this or any process (FLOW-40 … FLOW-43)."""
     _engine.check_sync_facade()
@@ -624,7 +636,7 @@ def resume(
         )
     if done is not None:
         return done
-    run, args, kwargs, meter = _begin_resume(flow_obj, run_id, resolved, budget)
+    run, args, kwargs, meter = _begin_resume(flow_obj, run_id, resolved, budget, wait)
     return flow_obj._drive(run, args, kwargs, meter)
 
 
@@ -637,6 +649,7 @@ async def aresume(
     approver: Any = None,
     tool_interceptor: Any = None,
     context_manager: Any = None,
+    wait: bool = True,
 ) -> Run[Any]:
     """Async twin of `resume`, on the caller's loop."""
     flow_obj, resolved, done = _prepare_resume(
@@ -650,5 +663,5 @@ async def aresume(
         )
     if done is not None:
         return done
-    run, args, kwargs, meter = _begin_resume(flow_obj, run_id, resolved, budget)
+    run, args, kwargs, meter = _begin_resume(flow_obj, run_id, resolved, budget, wait)
     return await flow_obj._adrive(run, args, kwargs, meter)

@@ -120,6 +120,8 @@ pub struct Settlement {
     pub pending: Vec<InterruptRow>,
     /// Agent snapshots written with the settlement (a pause mid-batch).
     pub agent_states: Vec<AgentStateRow>,
+    /// What a parked run waits for (a timer or a signal).
+    pub wait: Option<crate::durable::WaitRow>,
 }
 
 /// Decides whether a lease held by `owner` until `until` is still live.
@@ -199,4 +201,11 @@ pub trait Store: Send + Sync {
 
     /// The journal of a run, as stored.
     fn journal(&self, rid: i64) -> CoreResult<Vec<(String, String)>>;
+
+    /// Runs `f` on the store's connection after writing everything queued
+    /// (the durable primitives' own queries).
+    fn exec(
+        &self,
+        f: &mut dyn FnMut(&mut rusqlite::Connection) -> CoreResult<()>,
+    ) -> CoreResult<()>;
 }

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 4;
 
 pub fn now() -> f64 {
     SystemTime::now()
@@ -441,7 +441,7 @@ fn create_private_file(path: &str) -> CoreResult<()> {
     Ok(())
 }
 
-fn insert_journal(
+pub(crate) fn insert_journal(
     tx: &rusqlite::Transaction<'_>,
     rid: i64,
     key: &str,
@@ -621,6 +621,7 @@ impl Store for SqliteStore {
             params![owner, lease_until, row.rid],
         )
         .at(&path)?;
+        crate::durable::store::on_acquire(&tx, row.rid).at(&path)?;
         let journal = read_journal(&tx, row.rid).at(&path)?;
         tx.commit().at(&path)?;
         Ok((row, journal))
@@ -715,6 +716,7 @@ impl Store for SqliteStore {
             for a in &s.agent_states {
                 write_agent_state(tx, rid, a, t).at(&path)?;
             }
+            crate::durable::store::on_settle(tx, rid, &s.status, s.wait.as_ref()).at(&path)?;
             for p in &s.pending {
                 tx.prepare_cached(
                     "INSERT OR REPLACE INTO pending_interrupts(rid, interrupt_id, kind, question, \
@@ -776,7 +778,8 @@ impl Store for SqliteStore {
                  DELETE FROM journal WHERE rid = {rid}; \
                  DELETE FROM pending_interrupts WHERE rid = {rid}; \
                  DELETE FROM agent_state WHERE rid = {rid}; \
-                 DELETE FROM runs WHERE rid = {rid};"
+                 DELETE FROM runs WHERE rid = {rid}; {}",
+                crate::durable::schema::delete_sql(rid)
             ))
             .at(&path)
         })?;
@@ -900,6 +903,13 @@ impl Store for SqliteStore {
     fn journal(&self, rid: i64) -> CoreResult<Vec<(String, String)>> {
         let w = self.writer.lock();
         read_journal(&w.conn, rid).at(&self.path)
+    }
+
+    fn exec(
+        &self,
+        f: &mut dyn FnMut(&mut rusqlite::Connection) -> CoreResult<()>,
+    ) -> CoreResult<()> {
+        self.with_conn(f)
     }
 }
 

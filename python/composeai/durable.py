@@ -1,0 +1,317 @@
+"""Durable flow primitives (EXT-1 … EXT-12): time, signals, cancellation,
+run handles and the worker's entry point.
+
+A wait is a journaled step. The core decides it from the journal and the
+store's timers/signals/cancel-request tables: ready, block in place (the
+default), or park (the run settles `paused` with a `timer`/`signal`
+interrupt, for `wait=False` and the worker). This module calls the core and
+converts values.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any
+
+from . import _codec, _core, _engine
+from ._engine import FRAME, Frame, _Pause
+from .errors import ConfigError, SerializationError
+
+if TYPE_CHECKING:
+    from .runs import Run
+
+__all__ = [
+    "RunHandle",
+    "acancel",
+    "areceive",
+    "asignal",
+    "asleep",
+    "cancel",
+    "get_run",
+    "receive",
+    "receive_all",
+    "signal",
+    "sleep",
+    "wake_due",
+]
+
+
+def _seconds(value: Any, what: str) -> float:
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise TypeError(
+        f"{what} must be a timedelta or a number of seconds, got {type(value).__name__}"
+    )
+
+
+def _iso(t: float) -> str:
+    return _core.clock_iso(t)
+
+
+# ---------------------------------------------------------------------------
+# Waits
+
+
+def _mode(frame: Frame, is_async: bool) -> str:
+    if frame.run.park:
+        return "park"
+    return "poll" if is_async else "block"
+
+
+def _settled(frame: Frame, wait: Any, outcome: tuple) -> Any:
+    """Traces a decided wait and returns its value, or raises the pause."""
+    kind, value_json, number, park = outcome
+    run = frame.run
+    now = time.time()
+    if kind == "park":
+        interrupt_id, interrupt_kind, payload_json = park
+        payload = _codec.loads(payload_json) if payload_json is not None else None
+        span = _engine.open_span(frame.span, frame.trace, "pause", wait.key)
+        span.attributes["step_key"] = wait.key
+        span.ended_at = span.started_at
+        span.status = "paused"
+        if payload is not None and _engine._capture():
+            span.input = payload
+        _engine.persist_span(run, span)
+        raise _Pause(interrupt_id, interrupt_kind, None, payload)
+    value = _codec.loads(value_json) if value_json is not None else None
+    if wait.journaled and number is None:
+        # Satisfied in an earlier attempt: a replayed step.
+        span_id = _core.ulid()
+        run.attempt.replayed(span_id, frame.span.span_id, "pause", wait.key, now, wait.key, False)
+        return value
+    span = _engine.open_span(frame.span, frame.trace, "pause", wait.key)
+    span.attributes["step_key"] = wait.key
+    if number is not None:
+        # The span covers the whole wait, also across a park.
+        span.started_at = min(number, now)
+    span.ended_at = now
+    span.status = "ok"
+    if value is not None and _engine._capture():
+        span.output = value
+    _engine.persist_span(run, span)
+    return value
+
+
+def _decide(frame: Frame, wait: Any) -> Any:
+    return _settled(frame, wait, wait.resolve(_mode(frame, False)))
+
+
+async def _adecide(frame: Frame, wait: Any) -> Any:
+    import asyncio
+
+    mode = _mode(frame, True)
+    while True:
+        outcome = wait.resolve(mode)
+        if outcome[0] != "block":
+            return _settled(frame, wait, outcome)
+        await asyncio.sleep(outcome[2])
+
+
+def _in_flow() -> Frame | None:
+    frame = FRAME.get()
+    if frame is None or frame.run is None:
+        return None
+    return frame
+
+
+def sleep(duration: timedelta | float) -> None:
+    """EXT-1: a durable timer inside a flow (journaled `sleep#<n>` = wake
+    time); outside a flow, `time.sleep`."""
+    seconds = _seconds(duration, "sleep() duration")
+    frame = _in_flow()
+    if frame is None:
+        time.sleep(max(0.0, seconds))
+        return
+    _engine.check_sync_facade()
+    wait = _core.begin_sleep(frame.run.attempt, frame.scope, seconds, frame.fence)
+    _decide(frame, wait)
+
+
+async def asleep(duration: timedelta | float) -> None:
+    """Async twin of `sleep` (same keys)."""
+    seconds = _seconds(duration, "asleep() duration")
+    frame = _in_flow()
+    if frame is None:
+        import asyncio
+
+        await asyncio.sleep(max(0.0, seconds))
+        return
+    wait = _core.begin_sleep(frame.run.attempt, frame.scope, seconds, frame.fence)
+    await _adecide(frame, wait)
+
+
+def _check_name(name: Any, what: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{what}: the signal name must be a non-empty string, got {name!r}")
+
+
+def _begin_receive(frame: Frame, name: str, timeout: Any, default: Any, what: str):
+    _check_name(name, what)
+    seconds = None if timeout is None else _seconds(timeout, f"{what} timeout")
+    try:
+        default_json = _codec.dumps(default)
+    except SerializationError as exc:
+        raise SerializationError(f"{what} default: {exc}") from None
+    return _core.begin_receive(
+        frame.run.attempt, frame.scope, name, seconds, default_json, frame.fence
+    )
+
+
+def receive(name: str, *, timeout: timedelta | float | None = None, default: Any = None) -> Any:
+    """EXT-4: the next signal of `name` sent to this run (in send order,
+    journaled as `receive:<name>#<n>`); waits for it. After `timeout`
+    without one, `default`."""
+    frame = _in_flow()
+    if frame is None:
+        raise ConfigError("receive() must be called inside a flow")
+    _engine.check_sync_facade()
+    return _decide(frame, _begin_receive(frame, name, timeout, default, "receive()"))
+
+
+async def areceive(
+    name: str, *, timeout: timedelta | float | None = None, default: Any = None
+) -> Any:
+    """Async twin of `receive` (same keys)."""
+    frame = _in_flow()
+    if frame is None:
+        raise ConfigError("areceive() must be called inside a flow")
+    return await _adecide(frame, _begin_receive(frame, name, timeout, default, "areceive()"))
+
+
+def receive_all(name: str) -> list:
+    """EXT-4: every delivered, unconsumed signal of `name`, without waiting;
+    consumed and journaled."""
+    frame = _in_flow()
+    if frame is None:
+        raise ConfigError("receive_all() must be called inside a flow")
+    _check_name(name, "receive_all()")
+    return _codec.loads(_core.receive_all(frame.run.attempt, frame.scope, name, frame.fence))
+
+
+# ---------------------------------------------------------------------------
+# Signals and cancellation
+
+
+def _encode_signal(name: str, value: Any) -> str:
+    _check_name(name, "signal()")
+    try:
+        return _codec.dumps(value)
+    except SerializationError as exc:
+        raise SerializationError(f"signal {name!r} value: {exc}") from None
+
+
+def signal(run_id: str, name: str, value: Any = None, *, resume: bool = False) -> Run | None:
+    """EXT-3: delivers `value` under `name` to a run that has not finished
+    (buffered until the body asks). With `resume=True`, a run parked on
+    that name is continued here and its `Run` returned."""
+    value_json = _encode_signal(name, value)
+    store = _engine.get_store()
+    _core.send_signal(store, run_id, name, value_json)
+    if resume and _parked_on(store, run_id, name):
+        from .flow import resume as _resume
+
+        return _resume(run_id, wait=False)
+    return None
+
+
+async def asignal(run_id: str, name: str, value: Any = None, *, resume: bool = False) -> Run | None:
+    """Async twin of `signal`."""
+    value_json = _encode_signal(name, value)
+    store = _engine.get_store()
+    _core.send_signal(store, run_id, name, value_json)
+    if resume and _parked_on(store, run_id, name):
+        from .flow import aresume
+
+        return await aresume(run_id, wait=False)
+    return None
+
+
+def _parked_on(store: Any, run_id: str, name: str) -> bool:
+    wait = _core.parked_wait(store, run_id)
+    return wait is not None and wait[2] == name
+
+
+def cancel(run_id: str, reason: str | None = None) -> None:
+    """EXT-10: cancels a run: a parked one at once, an executing one at its
+    next durable boundary (in whatever process executes it)."""
+    if reason is not None and not isinstance(reason, str):
+        raise ConfigError(f"cancel(): reason must be a string, got {type(reason).__name__}")
+    _core.request_cancel(_engine.get_store(), run_id, reason)
+
+
+async def acancel(run_id: str, reason: str | None = None) -> None:
+    """Async twin of `cancel`."""
+    cancel(run_id, reason)
+
+
+# ---------------------------------------------------------------------------
+# The worker's pass
+
+
+def _flow_for(name: str):
+    from .flow import _FLOWS
+
+    return _FLOWS.get(name)
+
+
+_warned_missing: set[str] = set()
+
+
+def missing_flow_message(run_id: str, name: str, module: str | None) -> str:
+    where = f"import module {module!r}" if module else "import the module that defines it"
+    return (
+        f"run {run_id}: flow {name!r} is not registered in this process -- {where} "
+        "(compose worker --import MODULE); the run is skipped"
+    )
+
+
+def continue_run(run_id: str) -> Run:
+    """Continues one due run through the ordinary resume path, parking on
+    its next wait."""
+    from .flow import resume
+
+    return resume(run_id, wait=False)
+
+
+def wake_due(now: datetime | None = None) -> list[Run]:
+    """EXT-2: continues in this process every registered run that is due at
+    `now` (default: the engine clock): parked runs whose timer passed or
+    whose awaited signal arrived, and `running` runs whose lease holder is
+    dead. A run whose body raises is failed (as `resume` does), warned
+    about, and the others still continue."""
+    at = None if now is None else _timestamp(now)
+    done: list[Run] = []
+    for run_id, kind, name, _reason, module in _core.due_runs(_engine.get_store(), at):
+        if kind != "flow":
+            continue
+        if _flow_for(name) is None:
+            if run_id not in _warned_missing:
+                _warned_missing.add(run_id)
+                warnings.warn(missing_flow_message(run_id, name, module), RuntimeWarning, 2)
+            continue
+        try:
+            done.append(continue_run(run_id))
+        except Exception as exc:  # noqa: BLE001 -- the run is failed; carry on with the rest
+            warnings.warn(
+                f"run {run_id} ({name}) failed: {type(exc).__name__}: {exc}", RuntimeWarning, 2
+            )
+    return done
+
+
+def _timestamp(value: datetime) -> float:
+    if not isinstance(value, datetime):
+        raise TypeError(f"now must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None:
+        raise ConfigError("now must be an aware datetime (e.g. datetime.now(timezone.utc))")
+    return value.timestamp()
+
+
+def _wake_text(wake_at: float | None) -> str:
+    if wake_at is None:
+        return "-"
+    return datetime.fromtimestamp(wake_at, timezone.utc).isoformat()

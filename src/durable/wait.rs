@@ -1,0 +1,396 @@
+//! The wait decision of an attempt: sleep, receive, receive_all.
+
+use super::store::{
+    cancel_request, insert_timer, signal_at, signals_after, take_timer,
+};
+use super::{clock, WaitRow, POLL};
+use crate::error::{AtPath, CoreError, CoreResult};
+use crate::journal::Fence;
+use crate::run::Attempt;
+use crate::store::InterruptRow;
+use rusqlite::{Connection, TransactionBehavior};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// How a driver waits when the answer is not there yet.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Mode {
+    /// Sleep in place (GIL released) and decide again: the sync driver.
+    Block,
+    /// Return `Outcome::Block` at once; the caller awaits and asks again
+    /// (the async driver).
+    Poll,
+    /// Settle `paused` (`wait=False`, the worker).
+    Park,
+}
+
+#[derive(Debug, PartialEq)]
+pub enum Outcome {
+    /// The wait is over. `value`: the journaled value of a receive;
+    /// `since`: wall time the wait began, when this attempt is the first to
+    /// see it satisfied.
+    Ready {
+        value: Option<String>,
+        since: Option<f64>,
+    },
+    /// Decide again after at most this many seconds.
+    Block { seconds: f64 },
+    /// Raise the pause: the attempt will settle `paused` on this interrupt.
+    Park { interrupt: InterruptRow },
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    Sleep {
+        wake_at: f64,
+    },
+    Receive {
+        name: String,
+        deadline: Option<f64>,
+        default_json: String,
+    },
+}
+
+/// One reached wait: its journal key and what satisfies it.
+#[derive(Clone)]
+pub struct WaitSpec {
+    pub key: String,
+    kind: Kind,
+    /// The journal already held the key when it was reached.
+    pub journaled: bool,
+    /// A receive's journaled value (it needs no decision).
+    done: Option<String>,
+    fence: Option<Fence>,
+}
+
+impl WaitSpec {
+    pub fn wake_at(&self) -> Option<f64> {
+        match &self.kind {
+            Kind::Sleep { wake_at } => Some(*wake_at),
+            Kind::Receive { deadline, .. } => *deadline,
+        }
+    }
+}
+
+/// `[<seq or null>,<value_json>]`, the journal record of a receive.
+fn split_record(key: &str, text: &str) -> CoreResult<(Option<i64>, String)> {
+    let bad = || CoreError::Serialization(format!("journal value of '{key}' is not a receive record"));
+    let inner = text
+        .strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+        .ok_or_else(bad)?;
+    let (seq, value) = inner.split_once(',').ok_or_else(bad)?;
+    let seq = match seq {
+        "null" => None,
+        s => Some(s.parse::<i64>().map_err(|_| bad())?),
+    };
+    Ok((seq, value.to_string()))
+}
+
+fn wake_time(key: &str, text: &str) -> CoreResult<f64> {
+    clock::parse_iso(text).ok_or_else(|| {
+        CoreError::Serialization(format!("journal value of '{key}' is not a wake time: {text}"))
+    })
+}
+
+fn json_str(s: &str) -> String {
+    serde_json::Value::String(s.to_string()).to_string()
+}
+
+impl Attempt {
+    /// Runs `f` on the store's connection.
+    fn durable_conn<T>(&self, f: impl FnOnce(&mut Connection) -> CoreResult<T>) -> CoreResult<T> {
+        let mut f = Some(f);
+        let mut out = None;
+        self.store().exec(&mut |c| {
+            if let Some(f) = f.take() {
+                out = Some(f(c)?);
+            }
+            Ok(())
+        })?;
+        out.ok_or_else(|| CoreError::Store("the store did not run a query".into()))
+    }
+
+    /// Journals `value` under `key` and applies `extra` in the same
+    /// transaction (first write wins); returns the stored value.
+    fn commit_with(
+        &self,
+        key: &str,
+        value: &str,
+        fence: Option<&Fence>,
+        extra: impl FnOnce(&Connection) -> rusqlite::Result<()>,
+    ) -> CoreResult<Arc<str>> {
+        self.check(fence)?;
+        if let Some(v) = self.journal_get(key) {
+            return Ok(v);
+        }
+        let rid = self.run.rid;
+        let path = self.store().path().to_string();
+        let winner = self.durable_conn(|c| {
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .at(&path)?;
+            let winner = crate::store::sqlite::insert_journal(&tx, rid, key, value).at(&path)?;
+            extra(&tx).at(&path)?;
+            tx.commit().at(&path)?;
+            Ok(winner)
+        })?;
+        Ok(self.journal_record(key, Arc::from(winner.as_deref().unwrap_or(value))))
+    }
+
+    /// EXT-10: fails with `Cancelled` when a cancel request for the run is
+    /// stored. Unforced, it looks at most once per `POLL` (step boundaries).
+    pub fn check_cancel(&self, force: bool) -> CoreResult<()> {
+        {
+            let mut last = self.durable.last_cancel_check.lock();
+            if !force && last.is_some_and(|t| t.elapsed() < POLL) {
+                return Ok(());
+            }
+            *last = Some(Instant::now());
+        }
+        let rid = self.run.rid;
+        let path = self.store().path().to_string();
+        match self.durable_conn(|c| cancel_request(c, rid).at(&path))? {
+            Some(reason) => Err(CoreError::Cancelled(reason.unwrap_or_default())),
+            None => Ok(()),
+        }
+    }
+
+    /// EXT-1: reaches `sleep#<n>`, journaling its wake time (and a timer)
+    /// on first reach.
+    pub fn begin_sleep(
+        &self,
+        scope: &str,
+        seconds: f64,
+        fence: Option<&Fence>,
+    ) -> CoreResult<WaitSpec> {
+        let (key, hit) = self.reserve(scope, "sleep", fence)?;
+        let journaled = hit.is_some();
+        let wake_at = match hit {
+            Some(v) => wake_time(&key, &v)?,
+            None => {
+                let wake = clock::now() + seconds.max(0.0);
+                let value = json_str(&clock::iso(wake));
+                let rid = self.run.rid;
+                let stored = self.commit_with(&key, &value, fence, |tx| {
+                    if seconds > 0.0 {
+                        insert_timer(tx, rid, &key, Some(wake))
+                    } else {
+                        Ok(())
+                    }
+                })?;
+                wake_time(&key, &stored)?
+            }
+        };
+        Ok(WaitSpec {
+            key,
+            kind: Kind::Sleep { wake_at },
+            journaled,
+            done: None,
+            fence: fence.cloned(),
+        })
+    }
+
+    /// EXT-4: reaches `receive:<name>#<n>`; with a timeout its deadline is
+    /// journaled (under `<key>:deadline`) on first reach.
+    pub fn begin_receive(
+        &self,
+        scope: &str,
+        name: &str,
+        timeout: Option<f64>,
+        default_json: String,
+        fence: Option<&Fence>,
+    ) -> CoreResult<WaitSpec> {
+        let (key, hit) = self.reserve(scope, &format!("receive:{name}"), fence)?;
+        let mut spec = WaitSpec {
+            key: key.clone(),
+            kind: Kind::Receive {
+                name: name.to_string(),
+                deadline: None,
+                default_json,
+            },
+            journaled: hit.is_some(),
+            done: None,
+            fence: fence.cloned(),
+        };
+        if let Some(v) = hit {
+            let (seq, value) = split_record(&key, &v)?;
+            if let Some(seq) = seq {
+                self.durable.cursors.lock().insert(name.to_string(), seq);
+            }
+            spec.done = Some(value);
+            return Ok(spec);
+        }
+        if let Some(t) = timeout {
+            let dkey = format!("{key}:deadline");
+            let deadline = match self.lookup(&dkey, fence)? {
+                Some(v) => wake_time(&dkey, &v)?,
+                None => {
+                    let wake = clock::now() + t.max(0.0);
+                    let rid = self.run.rid;
+                    let stored =
+                        self.commit_with(&dkey, &json_str(&clock::iso(wake)), fence, |tx| {
+                            insert_timer(tx, rid, &key, Some(wake))
+                        })?;
+                    wake_time(&dkey, &stored)?
+                }
+            };
+            if let Kind::Receive { deadline: d, .. } = &mut spec.kind {
+                *d = Some(deadline);
+            }
+        }
+        Ok(spec)
+    }
+
+    /// EXT-4: every delivered, unconsumed signal of `name`, consumed and
+    /// journaled as one list; returns the list's JSON.
+    pub fn receive_all(&self, scope: &str, name: &str, fence: Option<&Fence>) -> CoreResult<String> {
+        self.check_cancel(true)?;
+        let (key, hit) = self.reserve(scope, &format!("receive_all:{name}"), fence)?;
+        let text = match hit {
+            Some(v) => v,
+            None => {
+                let after = self.cursor(name);
+                let rid = self.run.rid;
+                let path = self.store().path().to_string();
+                let found =
+                    self.durable_conn(|c| signals_after(c, rid, name, after).at(&path))?;
+                let last = found
+                    .last()
+                    .map_or_else(|| "null".to_string(), |(s, _)| s.to_string());
+                let values: Vec<&str> = found.iter().map(|(_, v)| v.as_str()).collect();
+                let record = format!("[{last},[{}]]", values.join(","));
+                self.commit_with(&key, &record, fence, |_| Ok(()))?
+            }
+        };
+        let (seq, list) = split_record(&key, &text)?;
+        if let Some(seq) = seq {
+            self.durable.cursors.lock().insert(name.to_string(), seq);
+        }
+        Ok(list)
+    }
+
+    fn cursor(&self, name: &str) -> i64 {
+        self.durable.cursors.lock().get(name).copied().unwrap_or(0)
+    }
+
+    /// The value if the wait is satisfied now (journaling a receive's).
+    fn decide(&self, spec: &WaitSpec) -> CoreResult<Option<Option<String>>> {
+        match &spec.kind {
+            // Within a microsecond: wake times are journaled at that precision.
+            Kind::Sleep { wake_at } => Ok((clock::now() >= wake_at - 1e-6).then_some(None)),
+            Kind::Receive {
+                name,
+                deadline,
+                default_json,
+            } => {
+                let seq = self.cursor(name) + 1;
+                let rid = self.run.rid;
+                let path = self.store().path().to_string();
+                let found = self.durable_conn(|c| signal_at(c, rid, name, seq).at(&path))?;
+                let record = match found {
+                    Some(v) => format!("[{seq},{v}]"),
+                    None if deadline.is_some_and(|d| clock::now() >= d - 1e-6) => {
+                        format!("[null,{default_json}]")
+                    }
+                    None => return Ok(None),
+                };
+                let stored = self.commit_with(&spec.key, &record, spec.fence.as_ref(), |_| Ok(()))?;
+                let (consumed, value) = split_record(&spec.key, &stored)?;
+                if let Some(s) = consumed {
+                    self.durable.cursors.lock().insert(name.clone(), s);
+                }
+                Ok(Some(Some(value)))
+            }
+        }
+    }
+
+    fn park_on(&self, spec: &WaitSpec) -> (InterruptRow, WaitRow) {
+        let module = self.durable.module.lock().clone();
+        match &spec.kind {
+            Kind::Sleep { wake_at } => (
+                InterruptRow {
+                    interrupt_id: format!("timer:{}", spec.key),
+                    kind: "timer".into(),
+                    question: None,
+                    payload_json: Some(format!(
+                        "{{\"wake_at\": {}}}",
+                        json_str(&clock::iso(*wake_at))
+                    )),
+                },
+                WaitRow {
+                    step_key: spec.key.clone(),
+                    wake_at: Some(*wake_at),
+                    module,
+                    ..Default::default()
+                },
+            ),
+            Kind::Receive { name, deadline, .. } => {
+                let n = spec.key.rsplit('#').next().unwrap_or("1");
+                (
+                    InterruptRow {
+                        interrupt_id: format!("signal:{name}#{n}"),
+                        kind: "signal".into(),
+                        question: None,
+                        payload_json: Some(format!("{{\"name\": {}}}", json_str(name))),
+                    },
+                    WaitRow {
+                        step_key: spec.key.clone(),
+                        wake_at: *deadline,
+                        signal_name: Some(name.clone()),
+                        signal_seq: Some(self.cursor(name) + 1),
+                        module,
+                        ..Default::default()
+                    },
+                )
+            }
+        }
+    }
+
+    /// Answers a reached wait: ready, block (sleeping here in `Mode::Block`
+    /// until the deadline, a signal or a cancel request), or park.
+    pub fn resolve(&self, spec: &WaitSpec, mode: Mode) -> CoreResult<Outcome> {
+        if let Some(value) = &spec.done {
+            return Ok(Outcome::Ready {
+                value: Some(value.clone()),
+                since: None,
+            });
+        }
+        let rid = self.run.rid;
+        let path = self.store().path().to_string();
+        let mut marked = false;
+        loop {
+            self.check(spec.fence.as_ref())?;
+            self.check_cancel(true)?;
+            if let Some(value) = self.decide(spec)? {
+                let since = self.durable_conn(|c| take_timer(c, rid, &spec.key).at(&path))?;
+                return Ok(Outcome::Ready { value, since });
+            }
+            if !marked {
+                // Records when the wait began (for its span) and, with a
+                // deadline, the timer.
+                let wake = spec.wake_at();
+                self.durable_conn(|c| insert_timer(c, rid, &spec.key, wake).at(&path))?;
+                marked = true;
+            }
+            match mode {
+                Mode::Park => {
+                    let (interrupt, row) = self.park_on(spec);
+                    *self.durable.parked.lock() = Some(row);
+                    return Ok(Outcome::Park { interrupt });
+                }
+                Mode::Poll => {
+                    let left = spec
+                        .wake_at()
+                        .map_or(POLL.as_secs_f64(), |d| (d - clock::now()).max(0.0));
+                    return Ok(Outcome::Block {
+                        seconds: left.min(POLL.as_secs_f64()),
+                    });
+                }
+                Mode::Block => {
+                    clock::nap(spec.wake_at(), POLL);
+                }
+            }
+        }
+    }
+}
