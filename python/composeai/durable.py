@@ -106,6 +106,8 @@ async def _adecide(frame: Frame, wait: Any) -> Any:
 
     mode = _mode(frame, True)
     while True:
+        if _engine._streams_loaded():
+            _engine._check_cancel()  # AsyncRunStream.cancel()
         outcome = wait.resolve(mode)
         if outcome[0] != "block":
             return _settled(frame, wait, outcome)
@@ -315,3 +317,160 @@ def _wake_text(wake_at: float | None) -> str:
     if wake_at is None:
         return "-"
     return datetime.fromtimestamp(wake_at, timezone.utc).isoformat()
+
+
+# ---------------------------------------------------------------------------
+# Run handles (EXT-11)
+
+# How often `RunHandle.result()` reads the store while it waits on a run
+# executing elsewhere.
+_RESULT_POLL = 0.02
+
+
+class RunHandle:
+    """A durable run addressed by id, from any process."""
+
+    def __init__(self, run_id: str) -> None:
+        self.id = run_id
+        # Set when this process executes the run (`Flow.start`).
+        self._done: Any = None
+        self._outcome: tuple | None = None
+
+    def __repr__(self) -> str:
+        return f"<RunHandle {self.id}>"
+
+    def _row(self) -> dict:
+        row = _engine.get_store().get_run(self.id)
+        if row is None:
+            raise ConfigError(f"no run found with run_id {self.id!r}")
+        return row
+
+    @property
+    def status(self) -> str:
+        """The run's status, read from the store."""
+        return self._row()["status"]
+
+    @property
+    def pending(self) -> Any:
+        """The run's first pending interrupt (`Interrupt`), or `None`."""
+        rows = _engine.get_store().pending(self.id)
+        if not rows:
+            return None
+        return _interrupt(rows[0])
+
+    def signal(self, name: str, value: Any = None) -> None:
+        signal(self.id, name, value)
+
+    def cancel(self, reason: str | None = None) -> None:
+        cancel(self.id, reason)
+
+    def resume(self, answers: dict[str, Any] | None = None, **kw: Any) -> Run:
+        from .flow import resume
+
+        return resume(self.id, answers, **kw)
+
+    def result(self, timeout: float | None = None) -> Run:
+        """Waits until the run completes, fails (re-raised), is cancelled, or
+        parks on a human interrupt; `TimeoutError` after `timeout` seconds."""
+        end = None if timeout is None else time.monotonic() + timeout
+        if self._done is not None:
+            if not self._done.wait(timeout):
+                raise TimeoutError(f"run {self.id} did not finish within {timeout}s")
+            ok, value = self._outcome
+            if not ok:
+                raise value
+            if value.status != "paused" or value.pending.kind not in ("timer", "signal"):
+                return value
+        while True:
+            run = self._settled()
+            if run is not None:
+                return run
+            if end is not None and time.monotonic() >= end:
+                raise TimeoutError(f"run {self.id} did not finish within {timeout}s")
+            time.sleep(_RESULT_POLL)
+
+    def _settled(self) -> Run | None:
+        from .runs import Run
+        from .tracing import Trace
+
+        row = self._row()
+        status = row["status"]
+        trace = Trace(trace_id=row["trace_id"] or "")
+        if status == "completed":
+            out = row["output_json"]
+            return Run(
+                id=self.id,
+                status="completed",
+                output=_codec.loads(out) if out is not None else None,
+                trace=trace,
+            )
+        if status == "cancelled":
+            return Run(id=self.id, status="cancelled", output=None, trace=trace)
+        if status == "failed":
+            raise _stored_error(self.id, row["error_json"])
+        if status == "paused":
+            rows = _engine.get_store().pending(self.id)
+            human = [p for p in rows if p[1] not in ("timer", "signal")]
+            if human:
+                return Run(
+                    id=self.id,
+                    status="paused",
+                    output=None,
+                    trace=trace,
+                    pending=_interrupt(human[0]),
+                )
+        return None
+
+
+def _interrupt(row: tuple) -> Any:
+    from .hitl import Interrupt
+
+    interrupt_id, kind, question, payload_json = row
+    payload = _codec.loads(payload_json) if payload_json is not None else None
+    return Interrupt(id=interrupt_id, kind=kind, question=question, payload=payload)
+
+
+def _stored_error(run_id: str, error_json: str | None) -> BaseException:
+    """The error of a run that failed in another process: the same
+    composeai error class when there is one, else a `ComposeError`."""
+    from . import errors
+
+    data = _codec.loads(error_json) if error_json else {}
+    name = data.get("type", "Exception")
+    message = data.get("message", "")
+    cls = getattr(errors, name, None)
+    if isinstance(cls, type) and issubclass(cls, errors.ComposeError):
+        return cls(message)
+    return errors.ComposeError(f"run {run_id} failed: {name}: {message}")
+
+
+def get_run(run_id: str) -> RunHandle:
+    """EXT-11: a handle on an existing run (any process)."""
+    handle = RunHandle(run_id)
+    handle._row()
+    return handle
+
+
+def start_in_background(flow_obj: Any, args: tuple, kwargs: dict, budget: Any, wait: bool):
+    """`Flow.start`: the run row is created durably here, then the run
+    executes on a background thread of this process."""
+    import contextvars
+    import threading
+
+    run, meter = flow_obj._start(args, kwargs, budget, wait)
+    handle = RunHandle(run.run_id)
+    handle._done = threading.Event()
+
+    def target() -> None:
+        try:
+            handle._outcome = (True, flow_obj._drive(run, args, kwargs, meter))
+        except BaseException as exc:  # noqa: BLE001 -- handed to result()
+            handle._outcome = (False, exc)
+        finally:
+            handle._done.set()
+
+    context = contextvars.Context()
+    threading.Thread(
+        target=lambda: context.run(target), name=f"composeai-run-{run.run_id}", daemon=True
+    ).start()
+    return handle

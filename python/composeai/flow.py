@@ -357,6 +357,14 @@ class Flow(Generic[P, R]):
         run, meter = self._start(args, kwargs, budget, wait)
         return self._drive(run, args, kwargs, meter)
 
+    def start(self, *args: Any, budget: Any = None, wait: bool = True, **kwargs: Any):
+        """EXT-11: creates the run durably, executes it on a background thread
+        of this process and returns its `RunHandle` at once."""
+        _engine.check_sync_facade()
+        from .durable import start_in_background
+
+        return start_in_background(self, args, kwargs, budget, wait)
+
     def stream(self, *args: Any, budget: Any = None, **kwargs: Any) -> RunStream[R]:
         """Runs `.run()` on a background thread with a fresh event bus (FLOW-10)."""
         from ._streams import RunStream

@@ -355,9 +355,7 @@ class FakeClock:
         elif isinstance(delta, (int, float)) and not isinstance(delta, bool):
             seconds = float(delta)
         else:
-            raise TypeError(
-                f"advance() takes seconds or a timedelta, got {type(delta).__name__}"
-            )
+            raise TypeError(f"advance() takes seconds or a timedelta, got {type(delta).__name__}")
         if seconds < 0:
             raise ValueError(f"advance() cannot move the clock backwards ({seconds}s)")
         _core.clock_advance(seconds)
