@@ -394,3 +394,192 @@ impl Attempt {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::durable::{due_runs, request_cancel, send_signal, CancelOutcome};
+    use crate::run::owner_id;
+    use crate::store::sqlite::SqliteStore;
+    use crate::store::{NewRun, Settlement, Store};
+
+    struct Tmp(std::path::PathBuf);
+    impl Drop for Tmp {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn store() -> (Tmp, Arc<dyn Store>, String) {
+        let dir = std::env::temp_dir().join(format!("composeai-durable-{}", crate::ids::new_ulid()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("runs.db").to_string_lossy().into_owned();
+        let s: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+        (Tmp(dir), s, path)
+    }
+
+    fn start(store: &Arc<dyn Store>) -> Attempt {
+        Attempt::start(
+            store.clone(),
+            NewRun {
+                run_id: crate::ids::new_ulid(),
+                trace_id: crate::ids::new_ulid(),
+                kind: "flow".into(),
+                name: "f".into(),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    }
+
+    fn paused(a: &Attempt, interrupt: InterruptRow) {
+        a.settle(Settlement {
+            status: "paused".into(),
+            pending: vec![interrupt],
+            ..Default::default()
+        })
+        .unwrap();
+    }
+
+    fn conn(path: &str) -> Connection {
+        Connection::open(path).unwrap()
+    }
+
+    fn due(path: &str, now: f64) -> Vec<(String, &'static str)> {
+        due_runs(&conn(path), now, 100, &crate::run::lease_is_live)
+            .unwrap()
+            .into_iter()
+            .map(|d| (d.run_id, d.reason))
+            .collect()
+    }
+
+    #[test]
+    fn a_parked_sleep_is_due_after_its_wake_time_and_ready_on_resume() {
+        let (_d, s, path) = store();
+        let a = start(&s);
+        let id = a.run.run_id.clone();
+        let spec = a.begin_sleep("", 0.3, None).unwrap();
+        assert_eq!(spec.key, "sleep#1");
+        assert!(!spec.journaled);
+        let wake = spec.wake_at().unwrap();
+        assert!(matches!(a.resolve(&spec, Mode::Poll).unwrap(), Outcome::Block { .. }));
+        let Outcome::Park { interrupt } = a.resolve(&spec, Mode::Park).unwrap() else {
+            panic!("expected a park")
+        };
+        assert_eq!(interrupt.interrupt_id, "timer:sleep#1");
+        assert_eq!(interrupt.kind, "timer");
+        paused(&a, interrupt);
+        assert!(due(&path, wake - 0.1).is_empty());
+        assert_eq!(due(&path, wake + 0.01), vec![(id.clone(), "timer")]);
+
+        std::thread::sleep(std::time::Duration::from_secs_f64(0.35));
+        let b = Attempt::resume(s.clone(), &id).unwrap();
+        assert!(due(&path, wake + 1.0).is_empty(), "a resumed run is no longer parked");
+        let again = b.begin_sleep("", 0.3, None).unwrap();
+        assert!(again.journaled);
+        assert_eq!(again.wake_at(), Some(wake));
+        let Outcome::Ready { value, since } = b.resolve(&again, Mode::Block).unwrap() else {
+            panic!("expected ready")
+        };
+        assert_eq!(value, None);
+        assert!(since.is_some(), "the first attempt past the wait traces its duration");
+        let Outcome::Ready { since, .. } = b.resolve(&again, Mode::Block).unwrap() else {
+            panic!("expected ready")
+        };
+        assert_eq!(since, None, "the timer row is gone once satisfied");
+    }
+
+    #[test]
+    fn signals_are_buffered_and_consumed_in_send_order_also_on_replay() {
+        let (_d, s, path) = store();
+        let a = start(&s);
+        let id = a.run.run_id.clone();
+        for v in ["1", "2", "3"] {
+            send_signal(&mut conn(&path), &path, &id, "x", v).unwrap();
+        }
+        let first = a.begin_receive("", "x", None, "null".into(), None).unwrap();
+        assert_eq!(first.key, "receive:x#1");
+        let ready = |a: &Attempt, spec: &WaitSpec| match a.resolve(spec, Mode::Park).unwrap() {
+            Outcome::Ready { value, .. } => value.unwrap(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(ready(&a, &first), "1");
+        assert_eq!(a.receive_all("", "x", None).unwrap(), "[2,3]");
+        let next = a.begin_receive("", "x", None, "null".into(), None).unwrap();
+        let Outcome::Park { interrupt } = a.resolve(&next, Mode::Park).unwrap() else {
+            panic!("nothing left to receive")
+        };
+        assert_eq!(interrupt.interrupt_id, "signal:x#2");
+        paused(&a, interrupt);
+        assert!(due(&path, 0.0).is_empty());
+        send_signal(&mut conn(&path), &path, &id, "x", "\"four\"").unwrap();
+        assert_eq!(due(&path, 0.0), vec![(id.clone(), "signal")]);
+
+        let b = Attempt::resume(s.clone(), &id).unwrap();
+        let r1 = b.begin_receive("", "x", None, "null".into(), None).unwrap();
+        assert!(r1.journaled);
+        assert_eq!(ready(&b, &r1), "1");
+        assert_eq!(b.receive_all("", "x", None).unwrap(), "[2,3]");
+        let r2 = b.begin_receive("", "x", None, "null".into(), None).unwrap();
+        assert_eq!(ready(&b, &r2), "\"four\"");
+    }
+
+    #[test]
+    fn a_receive_timeout_journals_the_default() {
+        let (_d, s, _path) = store();
+        let a = start(&s);
+        let spec = a
+            .begin_receive("", "y", Some(0.05), "\"dflt\"".into(), None)
+            .unwrap();
+        let Outcome::Ready { value, .. } = a.resolve(&spec, Mode::Block).unwrap() else {
+            panic!("expected the default")
+        };
+        assert_eq!(value.as_deref(), Some("\"dflt\""));
+        let journal = s.journal(a.run.rid).unwrap();
+        assert!(journal.contains(&("receive:y#1".into(), "[null,\"dflt\"]".into())));
+        assert!(journal.iter().any(|(k, _)| k == "receive:y#1:deadline"));
+    }
+
+    #[test]
+    fn dead_lease_holders_are_recovered_and_live_ones_left_alone() {
+        let (_d, s, path) = store();
+        let a = start(&s);
+        let id = a.run.run_id.clone();
+        assert!(due(&path, 0.0).is_empty(), "this process holds the lease");
+        conn(&path)
+            .execute(
+                "UPDATE runs SET lease_owner = ?1 WHERE run_id = ?2",
+                rusqlite::params![format!("{}:4000000000:1", owner_id().split(':').next().unwrap()), id],
+            )
+            .unwrap();
+        assert_eq!(due(&path, 0.0), vec![(id, "recovered")]);
+    }
+
+    #[test]
+    fn cancel_is_immediate_for_a_parked_run_and_observed_by_a_running_one() {
+        let (_d, s, path) = store();
+        let live = |_: &str, _: f64| true;
+        let a = start(&s);
+        assert_eq!(
+            request_cancel(&mut conn(&path), &path, &a.run.run_id, Some("why"), &live).unwrap(),
+            CancelOutcome::Requested
+        );
+        let spec = a.begin_sleep("", 60.0, None);
+        assert!(matches!(spec, Err(CoreError::Cancelled(r)) if r == "why"));
+
+        let b = start(&s);
+        let spec = b.begin_sleep("", 60.0, None).unwrap();
+        let Outcome::Park { interrupt } = b.resolve(&spec, Mode::Park).unwrap() else {
+            panic!()
+        };
+        paused(&b, interrupt);
+        assert_eq!(
+            request_cancel(&mut conn(&path), &path, &b.run.run_id, None, &live).unwrap(),
+            CancelOutcome::Cancelled
+        );
+        assert_eq!(s.get_run(&b.run.run_id).unwrap().unwrap().status, "cancelled");
+        assert!(s.pending(b.run.rid).unwrap().is_empty());
+        let err = send_signal(&mut conn(&path), &path, &b.run.run_id, "x", "1").unwrap_err();
+        assert!(err.to_string().contains("is cancelled"), "{err}");
+    }
+}
