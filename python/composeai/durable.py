@@ -81,8 +81,24 @@ def _settled(frame: Frame, wait: Any, outcome: tuple) -> Any:
     value = _codec.loads(value_json) if value_json is not None else None
     if wait.journaled and number is None:
         # Satisfied in an earlier attempt: a replayed step.
-        span_id = _core.ulid()
-        run.attempt.replayed(span_id, frame.span.span_id, "pause", wait.key, now, wait.key, False)
+        from .tracing import Span
+
+        span = Span(
+            trace_id=frame.span.trace_id,
+            span_id=_core.ulid(),
+            parent_span_id=frame.span.span_id,
+            kind="pause",
+            name=wait.key,
+            started_at=now,
+            ended_at=now,
+            status="ok",
+            attributes={"step_key": wait.key},
+            replayed=True,
+        )
+        frame.trace.spans.append(span)
+        run.attempt.replayed(
+            span.span_id, frame.span.span_id, "pause", wait.key, now, wait.key, False
+        )
         return value
     span = _engine.open_span(frame.span, frame.trace, "pause", wait.key)
     span.attributes["step_key"] = wait.key
