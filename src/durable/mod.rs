@@ -25,6 +25,10 @@ use std::time::Instant;
 /// boundaries, and how often a blocked wait polls the store.
 pub const POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// Wake times are journaled to the microsecond: a time within this of a
+/// deadline has reached it.
+pub const EPSILON: f64 = 1e-6;
+
 /// What a parked run waits for, stored with its `paused` settlement.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WaitRow {

@@ -40,6 +40,7 @@ CREATE INDEX IF NOT EXISTS waits_by_wake ON waits(wake_at) WHERE wake_at IS NOT 
 CREATE INDEX IF NOT EXISTS waits_on_signals ON waits(rid)
     WHERE signal_name IS NOT NULL OR after_sid IS NOT NULL;
 CREATE INDEX IF NOT EXISTS runs_running ON runs(rid) WHERE status = 'running';
+CREATE INDEX IF NOT EXISTS runs_leased ON runs(rid) WHERE lease_owner IS NOT NULL;
 "#;
 
 pub fn apply(conn: &Connection, path: &str) -> CoreResult<()> {

@@ -43,11 +43,16 @@ pub fn on_settle(
     Ok(())
 }
 
-/// Called when an attempt takes the lease: the run is no longer parked.
+/// Called when an attempt takes the lease: the run is no longer parked,
+/// and its replay decides its durable waits afresh.
 pub fn on_acquire(tx: &Connection, rid: i64) -> rusqlite::Result<()> {
     tx.prepare_cached("DELETE FROM waits WHERE rid = ?1")?
-        .execute([rid])
-        .map(|_| ())
+        .execute([rid])?;
+    tx.prepare_cached(
+        "DELETE FROM pending_interrupts WHERE rid = ?1 AND kind IN ('timer', 'signal')",
+    )?
+    .execute([rid])
+    .map(|_| ())
 }
 
 pub fn insert_timer(
@@ -239,13 +244,17 @@ pub struct DueRun {
 }
 
 /// EXT-2: parked runs whose timer passed or whose awaited signal arrived,
-/// then `running` runs whose lease holder is dead; at most `limit`.
+/// then runs an attempt was executing whose lease holder is dead (a
+/// resumed run keeps its `paused` status while it executes); at most
+/// `limit`.
 pub fn due_runs(
     conn: &Connection,
     now: f64,
     limit: usize,
     live: crate::store::LeaseCheck<'_>,
 ) -> rusqlite::Result<Vec<DueRun>> {
+    // Wake times are journaled to the microsecond.
+    let now = now + super::EPSILON;
     let mut out: Vec<DueRun> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     let cap = limit as i64;
@@ -285,8 +294,10 @@ pub fn due_runs(
         }
     }
     let mut st = conn.prepare_cached(
-        "SELECT run_id, kind, name, lease_owner, lease_until FROM runs WHERE status = 'running' \
-         ORDER BY rid",
+        "SELECT run_id, kind, name, lease_owner, lease_until FROM runs \
+         WHERE lease_owner IS NOT NULL AND status IN ('running', 'paused') \
+         UNION ALL SELECT run_id, kind, name, lease_owner, lease_until FROM runs \
+         WHERE status = 'running' AND lease_owner IS NULL",
     )?;
     let mut rows = st.query([])?;
     while let Some(r) = rows.next()? {
@@ -315,7 +326,7 @@ pub fn due_runs(
 /// The earliest wake time of a parked run after `after`.
 pub fn next_wake(conn: &Connection, after: f64) -> rusqlite::Result<Option<f64>> {
     conn.prepare_cached("SELECT MIN(wake_at) FROM waits WHERE wake_at > ?1")?
-        .query_row([after], |r| r.get(0))
+        .query_row([after + super::EPSILON], |r| r.get(0))
 }
 
 /// What a parked run waits for.

@@ -3,7 +3,7 @@
 use super::store::{
     cancel_request, insert_timer, signal_at, signals_after, take_timer,
 };
-use super::{clock, WaitRow, POLL};
+use super::{clock, WaitRow, EPSILON, POLL};
 use crate::error::{AtPath, CoreError, CoreResult};
 use crate::journal::Fence;
 use crate::run::Attempt;
@@ -278,7 +278,7 @@ impl Attempt {
     fn decide(&self, spec: &WaitSpec) -> CoreResult<Option<Option<String>>> {
         match &spec.kind {
             // Within a microsecond: wake times are journaled at that precision.
-            Kind::Sleep { wake_at } => Ok((clock::now() >= wake_at - 1e-6).then_some(None)),
+            Kind::Sleep { wake_at } => Ok((clock::now() >= wake_at - EPSILON).then_some(None)),
             Kind::Receive {
                 name,
                 deadline,
@@ -290,7 +290,7 @@ impl Attempt {
                 let found = self.durable_conn(|c| signal_at(c, rid, name, seq).at(&path))?;
                 let record = match found {
                     Some(v) => format!("[{seq},{v}]"),
-                    None if deadline.is_some_and(|d| clock::now() >= d - 1e-6) => {
+                    None if deadline.is_some_and(|d| clock::now() >= d - EPSILON) => {
                         format!("[null,{default_json}]")
                     }
                     None => return Ok(None),

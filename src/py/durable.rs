@@ -289,15 +289,16 @@ pub fn wait_for_work(
     .py_err()
 }
 
-/// Gives up this process's leases of `running` runs (a worker stopping
-/// mid-run), so that any process may continue them at once.
+/// Gives up this process's leases (a worker stopping mid-run), so that any
+/// process may continue those runs at once: each is left `running` with no
+/// lease holder, which `due_runs` recovers.
 #[pyfunction]
 pub fn release_leases(py: Python<'_>, store: &PyStore) -> PyResult<usize> {
     py.allow_threads(|| {
         with_store(store, |c, p| {
             c.execute(
-                "UPDATE runs SET lease_owner = NULL, lease_until = NULL \
-                 WHERE lease_owner = ?1 AND status = 'running'",
+                "UPDATE runs SET status = 'running', lease_owner = NULL, lease_until = NULL \
+                 WHERE lease_owner = ?1",
                 [owner_id()],
             )
             .at(p)
