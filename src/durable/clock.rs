@@ -50,6 +50,11 @@ pub fn advance(seconds: f64) -> bool {
     true
 }
 
+/// Changes whenever a wait of this process may be able to proceed.
+pub fn epoch() -> u64 {
+    CLOCK.lock().epoch
+}
+
 /// Wakes every wait of this process to look again.
 pub fn poke() {
     CLOCK.lock().epoch += 1;

@@ -52,7 +52,8 @@ pub struct AttemptState {
     module: Mutex<Option<String>>,
     /// The wait this attempt parks on, written by its settlement.
     parked: Mutex<Option<WaitRow>>,
-    last_cancel_check: Mutex<Option<Instant>>,
+    /// When cancel requests were last read, and the clock epoch then.
+    last_cancel_check: Mutex<Option<(Instant, u64)>>,
 }
 
 impl AttemptState {

@@ -139,14 +139,16 @@ impl Attempt {
     }
 
     /// EXT-10: fails with `Cancelled` when a cancel request for the run is
-    /// stored. Unforced, it looks at most once per `POLL` (step boundaries).
+    /// stored. Unforced (at step boundaries) it reads the store at most once
+    /// per `POLL`, unless this process recorded a request since.
     pub fn check_cancel(&self, force: bool) -> CoreResult<()> {
         {
+            let epoch = clock::epoch();
             let mut last = self.durable.last_cancel_check.lock();
-            if !force && last.is_some_and(|t| t.elapsed() < POLL) {
+            if !force && last.is_some_and(|(t, e)| e == epoch && t.elapsed() < POLL) {
                 return Ok(());
             }
-            *last = Some(Instant::now());
+            *last = Some((Instant::now(), epoch));
         }
         let rid = self.run.rid;
         let path = self.store().path().to_string();
