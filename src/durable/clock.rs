@@ -20,10 +20,7 @@ static TICK: Condvar = Condvar::new();
 
 /// Engine time in seconds since the epoch (UTC).
 pub fn now() -> f64 {
-    CLOCK
-        .lock()
-        .fake
-        .unwrap_or_else(crate::store::sqlite::now)
+    CLOCK.lock().fake.unwrap_or_else(crate::store::sqlite::now)
 }
 
 pub fn is_fake() -> bool {
@@ -144,7 +141,15 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
     let mp = (5 * doy + 2) / 153;
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (if m <= 2 { yoe + era * 400 + 1 } else { yoe + era * 400 }, m, d)
+    (
+        if m <= 2 {
+            yoe + era * 400 + 1
+        } else {
+            yoe + era * 400
+        },
+        m,
+        d,
+    )
 }
 
 #[cfg(test)]
@@ -160,7 +165,10 @@ mod tests {
             assert_eq!(parse_iso(&iso(t)), Some((t * 1e6).round() / 1e6));
         }
         assert_eq!(parse_iso("2026-12-01T09:00:00Z"), Some(1_796_115_600.0));
-        assert_eq!(parse_iso("\"2026-12-01T09:00:00.5+00:00\""), Some(1_796_115_600.5));
+        assert_eq!(
+            parse_iso("\"2026-12-01T09:00:00.5+00:00\""),
+            Some(1_796_115_600.5)
+        );
         assert_eq!(parse_iso("2026-12-01 09:00"), None);
         assert_eq!(parse_iso("2026-12-01T09:00:00+02:00"), None);
     }

@@ -1,8 +1,6 @@
 //! The wait decision of an attempt: sleep, receive, receive_all.
 
-use super::store::{
-    cancel_request, insert_timer, signal_at, signals_after, take_timer,
-};
+use super::store::{cancel_request, insert_timer, signal_at, signals_after, take_timer};
 use super::{clock, WaitRow, EPSILON, POLL};
 use crate::error::{AtPath, CoreError, CoreResult};
 use crate::journal::Fence;
@@ -74,7 +72,8 @@ impl WaitSpec {
 
 /// `[<seq or null>,<value_json>]`, the journal record of a receive.
 fn split_record(key: &str, text: &str) -> CoreResult<(Option<i64>, String)> {
-    let bad = || CoreError::Serialization(format!("journal value of '{key}' is not a receive record"));
+    let bad =
+        || CoreError::Serialization(format!("journal value of '{key}' is not a receive record"));
     let inner = text
         .strip_prefix('[')
         .and_then(|t| t.strip_suffix(']'))
@@ -89,7 +88,9 @@ fn split_record(key: &str, text: &str) -> CoreResult<(Option<i64>, String)> {
 
 fn wake_time(key: &str, text: &str) -> CoreResult<f64> {
     clock::parse_iso(text).ok_or_else(|| {
-        CoreError::Serialization(format!("journal value of '{key}' is not a wake time: {text}"))
+        CoreError::Serialization(format!(
+            "journal value of '{key}' is not a wake time: {text}"
+        ))
     })
 }
 
@@ -246,7 +247,12 @@ impl Attempt {
 
     /// EXT-4: every delivered, unconsumed signal of `name`, consumed and
     /// journaled as one list; returns the list's JSON.
-    pub fn receive_all(&self, scope: &str, name: &str, fence: Option<&Fence>) -> CoreResult<String> {
+    pub fn receive_all(
+        &self,
+        scope: &str,
+        name: &str,
+        fence: Option<&Fence>,
+    ) -> CoreResult<String> {
         self.check_cancel(true)?;
         let (key, hit) = self.reserve(scope, &format!("receive_all:{name}"), fence)?;
         let text = match hit {
@@ -255,8 +261,7 @@ impl Attempt {
                 let after = self.cursor(name);
                 let rid = self.run.rid;
                 let path = self.store().path().to_string();
-                let found =
-                    self.durable_conn(|c| signals_after(c, rid, name, after).at(&path))?;
+                let found = self.durable_conn(|c| signals_after(c, rid, name, after).at(&path))?;
                 let last = found
                     .last()
                     .map_or_else(|| "null".to_string(), |(s, _)| s.to_string());
@@ -297,7 +302,8 @@ impl Attempt {
                     }
                     None => return Ok(None),
                 };
-                let stored = self.commit_with(&spec.key, &record, spec.fence.as_ref(), |_| Ok(()))?;
+                let stored =
+                    self.commit_with(&spec.key, &record, spec.fence.as_ref(), |_| Ok(()))?;
                 let (consumed, value) = split_record(&spec.key, &stored)?;
                 if let Some(s) = consumed {
                     self.durable.cursors.lock().insert(name.clone(), s);
@@ -413,7 +419,8 @@ mod tests {
     }
 
     fn store() -> (Tmp, Arc<dyn Store>, String) {
-        let dir = std::env::temp_dir().join(format!("composeai-durable-{}", crate::ids::new_ulid()));
+        let dir =
+            std::env::temp_dir().join(format!("composeai-durable-{}", crate::ids::new_ulid()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("runs.db").to_string_lossy().into_owned();
         let s: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
@@ -464,7 +471,10 @@ mod tests {
         assert_eq!(spec.key, "sleep#1");
         assert!(!spec.journaled);
         let wake = spec.wake_at().unwrap();
-        assert!(matches!(a.resolve(&spec, Mode::Poll).unwrap(), Outcome::Block { .. }));
+        assert!(matches!(
+            a.resolve(&spec, Mode::Poll).unwrap(),
+            Outcome::Block { .. }
+        ));
         let Outcome::Park { interrupt } = a.resolve(&spec, Mode::Park).unwrap() else {
             panic!("expected a park")
         };
@@ -476,7 +486,10 @@ mod tests {
 
         std::thread::sleep(std::time::Duration::from_secs_f64(0.35));
         let b = Attempt::resume(s.clone(), &id).unwrap();
-        assert!(due(&path, wake + 1.0).is_empty(), "a resumed run is no longer parked");
+        assert!(
+            due(&path, wake + 1.0).is_empty(),
+            "a resumed run is no longer parked"
+        );
         let again = b.begin_sleep("", 0.3, None).unwrap();
         assert!(again.journaled);
         assert_eq!(again.wake_at(), Some(wake));
@@ -484,7 +497,10 @@ mod tests {
             panic!("expected ready")
         };
         assert_eq!(value, None);
-        assert!(since.is_some(), "the first attempt past the wait traces its duration");
+        assert!(
+            since.is_some(),
+            "the first attempt past the wait traces its duration"
+        );
         let Outcome::Ready { since, .. } = b.resolve(&again, Mode::Block).unwrap() else {
             panic!("expected ready")
         };
@@ -551,7 +567,10 @@ mod tests {
         conn(&path)
             .execute(
                 "UPDATE runs SET lease_owner = ?1 WHERE run_id = ?2",
-                rusqlite::params![format!("{}:4000000000:1", owner_id().split(':').next().unwrap()), id],
+                rusqlite::params![
+                    format!("{}:4000000000:1", owner_id().split(':').next().unwrap()),
+                    id
+                ],
             )
             .unwrap();
         assert_eq!(due(&path, 0.0), vec![(id, "recovered")]);
@@ -579,7 +598,10 @@ mod tests {
             request_cancel(&mut conn(&path), &path, &b.run.run_id, None, &live).unwrap(),
             CancelOutcome::Cancelled
         );
-        assert_eq!(s.get_run(&b.run.run_id).unwrap().unwrap().status, "cancelled");
+        assert_eq!(
+            s.get_run(&b.run.run_id).unwrap().unwrap().status,
+            "cancelled"
+        );
         assert!(s.pending(b.run.rid).unwrap().is_empty());
         let err = send_signal(&mut conn(&path), &path, &b.run.run_id, "x", "1").unwrap_err();
         assert!(err.to_string().contains("is cancelled"), "{err}");

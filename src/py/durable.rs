@@ -30,7 +30,9 @@ fn mode(name: &str) -> PyResult<Mode> {
         "block" => Ok(Mode::Block),
         "poll" => Ok(Mode::Poll),
         "park" => Ok(Mode::Park),
-        other => Err(super::errors::value_error(format!("unknown wait mode {other:?}"))),
+        other => Err(super::errors::value_error(format!(
+            "unknown wait mode {other:?}"
+        ))),
     }
 }
 
@@ -61,7 +63,11 @@ impl PyWait {
                 "park",
                 None,
                 None,
-                Some((interrupt.interrupt_id, interrupt.kind, interrupt.payload_json)),
+                Some((
+                    interrupt.interrupt_id,
+                    interrupt.kind,
+                    interrupt.payload_json,
+                )),
             ),
         })
     }
@@ -150,7 +156,9 @@ pub fn send_signal(
     value_json: &str,
 ) -> PyResult<i64> {
     py.allow_threads(|| {
-        with_store(store, |c, p| durable::send_signal(c, p, run_id, name, value_json))
+        with_store(store, |c, p| {
+            durable::send_signal(c, p, run_id, name, value_json)
+        })
     })
     .py_err()
 }
@@ -192,7 +200,9 @@ pub fn due_runs(
     let at = now.unwrap_or_else(clock::now);
     let rows = py
         .allow_threads(|| {
-            with_store(store, |c, p| durable::due_runs(c, at, limit, &lease_is_live).at(p))
+            with_store(store, |c, p| {
+                durable::due_runs(c, at, limit, &lease_is_live).at(p)
+            })
         })
         .py_err()?;
     Ok(rows
