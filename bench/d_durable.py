@@ -66,7 +66,7 @@ def three(x: int) -> int:
 
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 class Env:
@@ -183,7 +183,7 @@ def d2(code_dir: str, n: int) -> dict:
         wait_for(lambda: _blocked(db), what="the run to block")
         durable.signal(run_id, "ping", k)
         sent = time.time()
-        wait_for(lambda: journal_count("stamp#") > k, what="the run to continue")
+        wait_for(lambda k=k: journal_count("stamp#") > k, what="the run to continue")
         stamp = float(
             db.execute(
                 "SELECT value_json FROM journal WHERE step_key = ?", (f"stamp#{k + 1}",)
@@ -220,7 +220,8 @@ def d3(code_dir: str, n: int) -> dict:
         dbench.dormant.run(wait=False)
     proc = env.worker("--concurrency", "8")
     time.sleep(3.0)  # imports, a first pass over the store, then idle
-    status = open(f"/proc/{proc.pid}/status").read()
+    with open(f"/proc/{proc.pid}/status") as f:
+        status = f.read()
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     rss_mb = int(fields["VmRSS"].split()[0]) / 1024
     threads = int(fields["Threads"])
