@@ -93,6 +93,7 @@ def test_seed002_agent_run_parked_in_a_continued_by_a_worker_in_b_approved_from_
             capture_output=True,
             text=True,
             timeout=60,
+            check=False,
         )
         assert sent.returncode == 0, sent.stderr
         _proc.wait_until(lambda: box.run_row(run_id)["status"] == "completed", what="the worker")

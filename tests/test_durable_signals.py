@@ -169,6 +169,7 @@ def test_ext3_a_signal_from_another_process_wakes_a_blocked_run(tmp_path):
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
     )
     assert sent.returncode == 0, sent.stderr
     assert f"signal 'go' sent to run {run_id}" in sent.stdout
@@ -179,6 +180,7 @@ def test_ext3_a_signal_from_another_process_wakes_a_blocked_run(tmp_path):
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
     )
     assert bad.returncode == 1 and bad.stderr.startswith("compose: --json value is not valid")
     late = subprocess.run(
@@ -187,5 +189,6 @@ def test_ext3_a_signal_from_another_process_wakes_a_blocked_run(tmp_path):
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
     )
     assert late.returncode == 1 and "is completed" in late.stderr
