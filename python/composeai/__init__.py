@@ -86,6 +86,7 @@ _LAZY.update(
             "wake_due",
             "get_run",
             "RunHandle",
+            "TaskFailed",
         )
     }
 )

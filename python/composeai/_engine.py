@@ -123,10 +123,22 @@ def _check_span_writes() -> None:
 class RunState:
     """One attempt of a durable run as the Python side sees it."""
 
-    __slots__ = ("attempt", "kind", "name", "park", "run_id", "trace", "trace_id")
+    __slots__ = (
+        "attempt",
+        "journal_failures",
+        "kind",
+        "name",
+        "park",
+        "run_id",
+        "trace",
+        "trace_id",
+    )
 
     def __init__(self, attempt, name: str, park: bool = False):
         self.attempt = attempt
+        # `@flow(journal_failures=True)`: a failed step is journaled and
+        # raised as `TaskFailed` (EXT-7).
+        self.journal_failures = False
         # Durable waits park the run (settle it paused) instead of blocking
         # this process (`wait=False`, the worker).
         self.park = park
@@ -600,6 +612,30 @@ def finish_step(step: StepStart, value: Any) -> Any:
     return result
 
 
+FAILED = "$failed"
+
+
+def replayed_value(frame: Frame, step: StepStart) -> Any:
+    """A journal hit: its value, or the journaled failure raised again (EXT-7)."""
+    hit = step.hit
+    if frame.run.journal_failures and isinstance(hit, dict) and list(hit) == [FAILED]:
+        from .durable import TaskFailed
+
+        failure = hit[FAILED]
+        raise TaskFailed(step.key, failure.get("type", ""), failure.get("message", ""))
+    return hit
+
+
+def raise_journaled_failure(step: StepStart, exc: Exception) -> None:
+    """Journals a step's failure under its key and raises `TaskFailed`
+    (original as `__cause__`)."""
+    from .durable import TaskFailed
+
+    record = {FAILED: {"type": type(exc).__name__, "message": str(exc)}}
+    step.frame.run.attempt.commit(step.key, _codec.dumps(record), None, step.frame.fence)
+    raise TaskFailed(step.key, type(exc).__name__, str(exc)) from exc
+
+
 def journaled_step(
     frame: Frame, kind: str, name: str, execute: Callable[..., Any], args: tuple, kwargs: dict
 ) -> Any:
@@ -607,7 +643,7 @@ def journaled_step(
     `execute(inner_frame, args, kwargs)` then commit."""
     step = begin_step(frame, kind, name)
     if step.inner is None:
-        return step.hit
+        return replayed_value(frame, step)
     if _capture():
         step.span.input = {"args": list(args), "kwargs": kwargs}
     token = FRAME.set(step.inner)
@@ -615,6 +651,8 @@ def journaled_step(
         value = execute(step.inner, args, kwargs)
     except BaseException as exc:
         fail_span(frame.run, step.span, exc)
+        if frame.run.journal_failures and isinstance(exc, Exception):
+            raise_journaled_failure(step, exc)
         raise
     finally:
         FRAME.reset(token)
@@ -627,7 +665,7 @@ async def ajournaled_step(
     """The async twin of `journaled_step`: `execute` returns an awaitable."""
     step = begin_step(frame, kind, name)
     if step.inner is None:
-        return step.hit
+        return replayed_value(frame, step)
     if _capture():
         step.span.input = {"args": list(args), "kwargs": kwargs}
     token = FRAME.set(step.inner)
@@ -635,6 +673,8 @@ async def ajournaled_step(
         value = await execute(step.inner, args, kwargs)
     except BaseException as exc:
         fail_span(frame.run, step.span, exc)
+        if frame.run.journal_failures and isinstance(exc, Exception):
+            raise_journaled_failure(step, exc)
         raise
     finally:
         FRAME.reset(token)

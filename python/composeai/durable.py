@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from . import _codec, _core, _engine
 from ._engine import FRAME, Frame, _Pause
-from .errors import ConfigError, SerializationError
+from .errors import ComposeError, ConfigError, SerializationError
 
 if TYPE_CHECKING:
     from .runs import Run
 
 __all__ = [
     "RunHandle",
+    "TaskFailed",
     "acancel",
     "areceive",
     "asignal",
@@ -36,6 +37,17 @@ __all__ = [
     "sleep",
     "wake_due",
 ]
+
+
+class TaskFailed(ComposeError):
+    """EXT-7: a step of a `@flow(journal_failures=True)` failed after its
+    retries; journaled, so a replay raises the same failure again."""
+
+    def __init__(self, step_key: str, error_type: str, message: str) -> None:
+        super().__init__(f"step '{step_key}' failed: {error_type}: {message}")
+        self.step_key = step_key
+        self.error_type = error_type
+        self.message = message
 
 
 def _seconds(value: Any, what: str) -> float:

@@ -246,10 +246,11 @@ def _fingerprint(fn: Callable) -> str:
 class Flow(Generic[P, R]):
     """A durable run (FLOW-8 … FLOW-12)."""
 
-    def __init__(self, fn: Callable[..., Any], *, name: str):
+    def __init__(self, fn: Callable[..., Any], *, name: str, journal_failures: bool = False):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = name
+        self.journal_failures = journal_failures
         self.fingerprint = _fingerprint(fn)
         self._is_async = _is_coroutine_function(fn)
 
@@ -300,6 +301,7 @@ class Flow(Generic[P, R]):
 
     def _drive(self, run, args: tuple, kwargs: dict, meter=None):
         _core.set_module(run.attempt, self.fn.__module__)
+        run.journal_failures = self.journal_failures
         root = self._root(run, args, kwargs)
         token = _engine.BUDGETS.set((meter,)) if meter is not None else None
         try:
@@ -321,6 +323,7 @@ class Flow(Generic[P, R]):
 
     async def _adrive(self, run, args: tuple, kwargs: dict, meter=None):
         _core.set_module(run.attempt, self.fn.__module__)
+        run.journal_failures = self.journal_failures
         root = self._root(run, args, kwargs)
         token = _engine.BUDGETS.set((meter,)) if meter is not None else None
         try:
@@ -423,13 +426,16 @@ def flow(fn: Callable[P, Coroutine[Any, Any, R]], /) -> Flow[P, R]: ...
 @overload
 def flow(fn: Callable[P, R], /) -> Flow[P, R]: ...
 @overload
-def flow(*, name: str | None = None, replace: bool = False) -> _FlowDecorator: ...
-def flow(fn=None, /, *, name=None, replace=False):
-    """Declares a durable flow, bare or with keyword options (FLOW-8)."""
+def flow(
+    *, name: str | None = None, replace: bool = False, journal_failures: bool = False
+) -> _FlowDecorator: ...
+def flow(fn=None, /, *, name=None, replace=False, journal_failures=False):
+    """Declares a durable flow, bare or with keyword options (FLOW-8).
+    `journal_failures=True`: failed steps raise a journaled `TaskFailed` (EXT-7)."""
 
     def decorate(f: Callable[..., Any]) -> Flow:
         flow_name = name or f.__name__
-        obj = Flow(f, name=flow_name)
+        obj = Flow(f, name=flow_name, journal_failures=bool(journal_failures))
         _register(
             _FLOWS,
             obj,
