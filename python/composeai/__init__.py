@@ -87,6 +87,9 @@ _LAZY.update(
             "get_run",
             "RunHandle",
             "TaskFailed",
+            "start",
+            "gather",
+            "StepHandle",
         )
     }
 )

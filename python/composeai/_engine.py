@@ -130,6 +130,7 @@ class RunState:
         "name",
         "park",
         "run_id",
+        "started",
         "trace",
         "trace_id",
     )
@@ -139,6 +140,9 @@ class RunState:
         # `@flow(journal_failures=True)`: a failed step is journaled and
         # raised as `TaskFailed` (EXT-7).
         self.journal_failures = False
+        # `StepHandle`s of `start()`ed steps; the run settles only after
+        # every one of them has (EXT-6).
+        self.started = None
         # Durable waits park the run (settle it paused) instead of blocking
         # this process (`wait=False`, the worker).
         self.park = park
@@ -809,12 +813,22 @@ def drive_sync(run: RunState, body: Callable[[], Any], root: Span) -> Any:
     driver = driven_synchronously()
     try:
         output = body()
+        if run.started:
+            join_started(run)
     except BaseException as exc:  # noqa: BLE001 -- settled, re-raised unless a pause/cancel
         return settle_interrupted(run, root, exc)
     finally:
         ASYNC_DRIVER.reset(driver)
         FRAME.reset(token)
     return settle_completed(run, root, output)
+
+
+def join_started(run: RunState) -> None:
+    """Structured concurrency (EXT-6): waits for every started step; the
+    first failure nobody asked for fails the run."""
+    from .durable import join_handles
+
+    join_handles(run.started)
 
 
 def settle_paused(run: RunState, root: Span, pause: _Pause):
@@ -899,6 +913,10 @@ async def drive_async(run: RunState, body: Callable[[], Any], root: Span) -> Any
     driver = driven_by_running_loop()
     try:
         output = await body()
+        if run.started:
+            from .durable import ajoin_handles
+
+            await ajoin_handles(run.started)
     except BaseException as exc:  # noqa: BLE001 -- settled, re-raised unless a pause/cancel
         return settle_interrupted(run, root, exc)
     finally:

@@ -12,29 +12,36 @@ from __future__ import annotations
 
 import time
 import warnings
+from concurrent.futures import Future
+from contextvars import copy_context
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from . import _codec, _core, _engine
+from . import _codec, _core, _engine, _threads
 from ._engine import FRAME, Frame, _Pause
 from .errors import ComposeError, ConfigError, SerializationError
 
 if TYPE_CHECKING:
     from .runs import Run
 
+R = TypeVar("R")
+
 __all__ = [
     "RunHandle",
+    "StepHandle",
     "TaskFailed",
     "acancel",
     "areceive",
     "asignal",
     "asleep",
     "cancel",
+    "gather",
     "get_run",
     "receive",
     "receive_all",
     "signal",
     "sleep",
+    "start",
     "wake_due",
 ]
 
@@ -502,3 +509,134 @@ def start_in_background(flow_obj: Any, args: tuple, kwargs: dict, budget: Any, w
         target=lambda: context.run(target), name=f"composeai-run-{run.run_id}", daemon=True
     ).start()
     return handle
+
+
+# ---------------------------------------------------------------------------
+# Fan-out handles (EXT-6)
+
+
+class StepHandle(Generic[R]):
+    """A step started with `start()`: its journal key, and its result once
+    it settles."""
+
+    def __init__(self, key: str, future: Future) -> None:
+        self.key = key
+        self._future = future
+        self._observed = False
+
+    def __repr__(self) -> str:
+        state = "done" if self._future.done() else "running"
+        return f"<StepHandle {self.key} {state}>"
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self) -> R:
+        """Waits for the step; returns its value or raises its error."""
+        self._observed = True
+        return self._future.result()
+
+    async def aresult(self) -> R:
+        import asyncio
+
+        self._observed = True
+        return await asyncio.wrap_future(self._future)
+
+
+def _stage_of(stage: Any):
+    from .flow import Flow, Task
+
+    if isinstance(stage, Task):
+        return "task", stage.name, stage._execute
+    if isinstance(stage, Flow):
+        return (
+            "flow",
+            stage.name,
+            lambda _inner, a, k: _engine.call_body(stage.fn, stage._is_async, a, k),
+        )
+    raise TypeError(f"start() takes a @task or a @flow, got {type(stage).__name__}")
+
+
+def start(stage: Any, *args: Any, **kwargs: Any) -> StepHandle:
+    """EXT-6: reserves the key a direct call of `stage` would take, runs the
+    step concurrently and returns its `StepHandle`. A journaled step's handle
+    is resolved at once (replay)."""
+    frame = _in_flow()
+    if frame is None:
+        raise ConfigError("start() must be called inside a flow")
+    kind, name, execute = _stage_of(stage)
+    step = _engine.begin_step(frame, kind, name)
+    future: Future = Future()
+    handle = StepHandle(step.key, future)
+    run = frame.run
+    if run.started is None:
+        run.started = []
+    run.started.append(handle)
+    if step.inner is None:
+        try:
+            future.set_result(_engine.replayed_value(frame, step))
+        except TaskFailed as exc:
+            future.set_exception(exc)
+        return handle
+    if _engine._capture():
+        step.span.input = {"args": list(args), "kwargs": kwargs}
+    inner = Frame(
+        step.inner.run,
+        step.inner.scope,
+        step.inner.span,
+        _engine.child_fence(step.inner),
+        step.inner.trace,
+    )
+    context = copy_context()
+
+    def target() -> None:
+        FRAME.set(inner)
+        try:
+            value = execute(inner, args, kwargs)
+            future.set_result(_engine.finish_step(step, value))
+        except BaseException as exc:  # noqa: BLE001 -- handed to the handle
+            _engine.fail_span(run, step.span, exc)
+            if run.journal_failures and isinstance(exc, Exception):
+                try:
+                    _engine.raise_journaled_failure(step, exc)
+                except BaseException as failure:  # noqa: BLE001 -- TaskFailed or a revoke
+                    exc = failure
+            future.set_exception(exc)
+
+    _threads.spawn(lambda: context.run(target), f"composeai-start-{name}")
+    return handle
+
+
+def gather(*handles: StepHandle, return_exceptions: bool = False) -> list:
+    """EXT-6: the results of `handles`, in order; with `return_exceptions`,
+    a failed step's exception takes its place."""
+    out = []
+    for handle in handles:
+        if not isinstance(handle, StepHandle):
+            raise TypeError(f"gather() takes StepHandles, got {type(handle).__name__}")
+        try:
+            out.append(handle.result())
+        except Exception as exc:
+            if not return_exceptions:
+                raise
+            out.append(exc)
+    return out
+
+
+def join_handles(handles: list) -> None:
+    first: BaseException | None = None
+    for handle in handles:
+        try:
+            handle._future.result()
+        except BaseException as exc:  # noqa: BLE001 -- only unobserved failures count
+            if not handle._observed and first is None:
+                first = exc
+    if first is not None:
+        raise first
+
+
+async def ajoin_handles(handles: list) -> None:
+    import asyncio
+
+    await asyncio.gather(*(asyncio.wrap_future(h._future) for h in handles), return_exceptions=True)
+    join_handles(handles)

@@ -18,6 +18,11 @@ type ParkTuple = (String, String, Option<String>);
 /// `("block", None, seconds, None)` or `("park", None, None, interrupt)`.
 type OutcomeTuple = (&'static str, Option<String>, Option<f64>, Option<ParkTuple>);
 
+/// `(run_id, kind, name, reason, module)` of a due run.
+type DueTuple = (String, String, String, &'static str, Option<String>);
+/// `(step_key, wake_at, signal_name)` of a parked wait.
+type ParkedTuple = (String, Option<f64>, Option<String>);
+
 /// A reached wait of an attempt (see `Attempt::resolve`).
 #[pyclass(name = "Wait", module = "composeai._core", frozen)]
 pub struct PyWait {
@@ -196,7 +201,7 @@ pub fn due_runs(
     store: &PyStore,
     now: Option<f64>,
     limit: usize,
-) -> PyResult<Vec<(String, String, String, &'static str, Option<String>)>> {
+) -> PyResult<Vec<DueTuple>> {
     let at = now.unwrap_or_else(clock::now);
     let rows = py
         .allow_threads(|| {
@@ -224,7 +229,7 @@ pub fn parked_wait(
     py: Python<'_>,
     store: &PyStore,
     run_id: &str,
-) -> PyResult<Option<(String, Option<f64>, Option<String>)>> {
+) -> PyResult<Option<ParkedTuple>> {
     let row = py
         .allow_threads(|| with_store(store, |c, p| durable::parked_wait(c, run_id).at(p)))
         .py_err()?;
