@@ -93,6 +93,11 @@ _LAZY.update(
         )
     }
 )
+_LAZY.update(
+    {
+        "RetryPolicy": ("._retry", "RetryPolicy"),
+    }
+)
 
 
 def __getattr__(name: str) -> Any:

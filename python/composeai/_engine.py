@@ -453,8 +453,11 @@ def call_body(fn: Callable, is_async: bool, args: tuple, kwargs: dict) -> Any:
     return fn(*args, **kwargs)
 
 
-def call_with_retries(body: Callable[[], Any], retries: int, span: Span) -> Any:
-    """FLOW-2: re-runs the body on an `Exception`, recording each failure."""
+def call_with_retries(body: Callable[[], Any], retries: int, span: Span, policy=None) -> Any:
+    """FLOW-2: re-runs the body on an `Exception`, recording each failure;
+    with a `RetryPolicy` (EXT-9), as it says, after its delays."""
+    if policy is not None:
+        return call_with_policy(body, policy, span)
     attempt = 0
     while True:
         try:
@@ -469,6 +472,22 @@ def call_with_retries(body: Callable[[], Any], retries: int, span: Span) -> Any:
             if attempt >= retries:
                 raise
             attempt += 1
+
+
+def call_with_policy(body: Callable[[], Any], policy, span: Span) -> Any:
+    attempt = 1
+    while True:
+        try:
+            return body()
+        except Exception as exc:
+            if attempt >= policy.max_attempts or not policy.retries(exc):
+                raise
+            attempt += 1
+            delay = policy.delay(attempt)
+            span.attributes.setdefault("retries", []).append(
+                {"type": type(exc).__name__, "message": str(exc), "delay": delay}
+            )
+            time.sleep(delay)
 
 
 def encode_step(key: str, value: Any) -> str:

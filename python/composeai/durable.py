@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import _codec, _core, _engine, _threads
 from ._engine import FRAME, Frame, _Pause
+from ._retry import RetryPolicy
 from .errors import ComposeError, ConfigError, SerializationError
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 
 __all__ = [
+    "RetryPolicy",
     "RunHandle",
     "StepHandle",
     "TaskFailed",
@@ -640,3 +642,70 @@ async def ajoin_handles(handles: list) -> None:
 
     await asyncio.gather(*(asyncio.wrap_future(h._future) for h in handles), return_exceptions=True)
     join_handles(handles)
+
+
+# ---------------------------------------------------------------------------
+# Run retries (EXT-8)
+
+RETRY = "__retry__"
+
+
+def _retries_so_far(attempt: Any) -> tuple[int, str]:
+    """How many failed attempts of the run are journaled, and the key the
+    next failure is journaled under."""
+    n = 0
+    while True:
+        key, hit = attempt.reserve("", RETRY, None)
+        if hit is None:
+            return n, key
+        n += 1
+
+
+def _schedule_retry(frame: Frame, policy: Any, n: int, key: str, exc: Exception) -> None:
+    """Journals the failure and parks the run on the backoff timer; the next
+    attempt (the worker, a blocking driver, or `resume`) runs the body again."""
+    attempt = frame.run.attempt
+    record = {"type": type(exc).__name__, "message": str(exc)}
+    attempt.commit(key, _codec.dumps(record), None, None)
+    wait = _core.begin_sleep(attempt, key, policy.delay(n + 2), None)
+    _settled(frame, wait, ("park", None, None, wait.park()))
+
+
+def _retryable(policy: Any, n: int, exc: BaseException) -> bool:
+    return isinstance(exc, Exception) and n + 1 < policy.max_attempts and policy.retries(exc)
+
+
+def retrying_body(policy: Any, call: Any) -> Any:
+    """A sync flow body under `@flow(retry=...)`: waits out a pending
+    backoff, then runs; a retryable failure schedules the next attempt."""
+    frame = FRAME.get()
+    n, key = _retries_so_far(frame.run.attempt)
+    if n:
+        _decide(frame, _core.begin_sleep(frame.run.attempt, f"{RETRY}#{n}", 0.0, None))
+    try:
+        return call()
+    except Exception as exc:
+        if not _retryable(policy, n, exc):
+            raise
+        _schedule_retry(frame, policy, n, key, exc)
+
+
+async def aretrying_body(policy: Any, call: Any) -> Any:
+    """The async twin of `retrying_body`."""
+    frame = FRAME.get()
+    n, key = _retries_so_far(frame.run.attempt)
+    if n:
+        await _adecide(frame, _core.begin_sleep(frame.run.attempt, f"{RETRY}#{n}", 0.0, None))
+    try:
+        return await call()
+    except Exception as exc:
+        if not _retryable(policy, n, exc):
+            raise
+        _schedule_retry(frame, policy, n, key, exc)
+
+
+def is_retry_park(run: Any) -> bool:
+    pending = run.pending
+    return (
+        run.status == "paused" and pending is not None and pending.id.startswith(f"timer:{RETRY}#")
+    )

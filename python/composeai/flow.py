@@ -49,11 +49,20 @@ def _args_payload(args: tuple, kwargs: dict) -> dict:
 class Task(Generic[P, R]):
     """A journaled unit of work (FLOW-1 … FLOW-7)."""
 
-    def __init__(self, fn: Callable[..., Any], *, retries: int, timeout: float | None, name: str):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        retries: int,
+        timeout: float | None,
+        name: str,
+        retry: Any = None,
+    ):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = name
         self.retries = retries
+        self.retry = retry
         self.timeout = timeout
         self._is_async = _is_coroutine_function(fn)
 
@@ -109,7 +118,7 @@ class Task(Generic[P, R]):
                     f"composeai-task-{self.name}",
                 )
 
-        return _engine.call_with_retries(body, self.retries, inner.span)
+        return _engine.call_with_retries(body, self.retries, inner.span, self.retry)
 
     async def _await_with_timeout(self, args: tuple, kwargs: dict) -> Any:
         import asyncio
@@ -141,6 +150,19 @@ class Task(Generic[P, R]):
             except Exception as exc:
                 from .errors import TaskTimeoutError
 
+                policy = self.retry
+                if policy is not None:
+                    if attempt + 1 >= policy.max_attempts or not policy.retries(exc):
+                        raise
+                    attempt += 1
+                    delay = policy.delay(attempt + 1)
+                    inner.span.attributes.setdefault("retries", []).append(
+                        {"type": type(exc).__name__, "message": str(exc), "delay": delay}
+                    )
+                    import asyncio
+
+                    await asyncio.sleep(delay)
+                    continue
                 if isinstance(exc, TaskTimeoutError):
                     raise
                 if self.retries:
@@ -203,13 +225,20 @@ def task(
     timeout: float | None = None,
     name: str | None = None,
     replace: bool = False,
+    retry: Any = None,
 ) -> _TaskDecorator: ...
-def task(fn=None, /, *, retries=0, timeout=None, name=None, replace=False):
-    """Declares a journaled task, bare or with keyword options (FLOW-1)."""
+def task(fn=None, /, *, retries=0, timeout=None, name=None, replace=False, retry=None):
+    """Declares a journaled task, bare or with keyword options (FLOW-1);
+    `retry=RetryPolicy(...)` instead of `retries=` (EXT-9)."""
 
     def decorate(f: Callable[..., Any]) -> Task:
         task_name = name or f.__name__
-        obj = Task(f, retries=retries, timeout=timeout, name=task_name)
+        policy = None
+        if retry is not None:
+            from ._retry import resolve
+
+            policy = resolve(f"@task {task_name!r}", retries, retry)
+        obj = Task(f, retries=retries, timeout=timeout, name=task_name, retry=policy)
         _register(
             _TASKS,
             obj,
@@ -246,11 +275,20 @@ def _fingerprint(fn: Callable) -> str:
 class Flow(Generic[P, R]):
     """A durable run (FLOW-8 … FLOW-12)."""
 
-    def __init__(self, fn: Callable[..., Any], *, name: str, journal_failures: bool = False):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str,
+        journal_failures: bool = False,
+        retry: Any = None,
+    ):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = name
         self.journal_failures = journal_failures
+        # EXT-8: None (= RetryPolicy.NONE) or a policy with several attempts.
+        self.retry = retry if retry is not None and retry.max_attempts > 1 else None
         self.fingerprint = _fingerprint(fn)
         self._is_async = _is_coroutine_function(fn)
 
@@ -311,15 +349,31 @@ class Flow(Generic[P, R]):
                 _engine.BUDGETS.reset(token)
 
     def _drive_body(self, run, root, args: tuple, kwargs: dict):
+        call = lambda: self.fn(*args, **kwargs)
+        if self.retry is not None:
+            from .durable import aretrying_body, retrying_body
+
+            policy, plain = self.retry, call
+            if self._is_async:
+                call = lambda: aretrying_body(policy, plain)
+            else:
+                call = lambda: retrying_body(policy, plain)
         if self._is_async:
             from . import _runtime
 
-            outcome = _runtime.run_sync(
-                lambda: _engine.drive_async(run, lambda: self.fn(*args, **kwargs), root)
-            )
+            outcome = _runtime.run_sync(lambda: _engine.drive_async(run, call, root))
         else:
-            outcome = _engine.drive_sync(run, lambda: self.fn(*args, **kwargs), root)
-        return _engine.make_run_result(run, outcome)
+            outcome = _engine.drive_sync(run, call, root)
+        return self._after(run, _engine.make_run_result(run, outcome))
+
+    def _after(self, run, result):
+        """A blocking driver carries on after a retry backoff (EXT-8)."""
+        if self.retry is not None and not run.park:
+            from .durable import is_retry_park
+
+            if is_retry_park(result):
+                return resume(result.id)
+        return result
 
     async def _adrive(self, run, args: tuple, kwargs: dict, meter=None):
         _core.set_module(run.attempt, self.fn.__module__)
@@ -350,8 +404,16 @@ class Flow(Generic[P, R]):
                     f"composeai-flow-{self.name}",
                 )
 
+        if self.retry is not None:
+            from .durable import aretrying_body, is_retry_park
+
+            policy, plain = self.retry, body
+            body = lambda: aretrying_body(policy, plain)
         outcome = await _engine.drive_async(run, body, root)
-        return _engine.make_run_result(run, outcome)
+        result = _engine.make_run_result(run, outcome)
+        if self.retry is not None and not run.park and is_retry_park(result):
+            return await aresume(result.id)
+        return result
 
     def run(self, *args: Any, budget: Any = None, wait: bool = True, **kwargs: Any) -> Run[R]:
         """Starts a new top-level durable run, even inside another flow.
@@ -427,15 +489,26 @@ def flow(fn: Callable[P, Coroutine[Any, Any, R]], /) -> Flow[P, R]: ...
 def flow(fn: Callable[P, R], /) -> Flow[P, R]: ...
 @overload
 def flow(
-    *, name: str | None = None, replace: bool = False, journal_failures: bool = False
+    *,
+    name: str | None = None,
+    replace: bool = False,
+    journal_failures: bool = False,
+    retry: Any = None,
 ) -> _FlowDecorator: ...
-def flow(fn=None, /, *, name=None, replace=False, journal_failures=False):
+def flow(fn=None, /, *, name=None, replace=False, journal_failures=False, retry=None):
     """Declares a durable flow, bare or with keyword options (FLOW-8).
-    `journal_failures=True`: failed steps raise a journaled `TaskFailed` (EXT-7)."""
+    `journal_failures=True`: failed steps raise a journaled `TaskFailed`
+    (EXT-7); `retry=RetryPolicy(...)`: the engine re-attempts a failed run
+    after a durable backoff (EXT-8)."""
 
     def decorate(f: Callable[..., Any]) -> Flow:
         flow_name = name or f.__name__
-        obj = Flow(f, name=flow_name, journal_failures=bool(journal_failures))
+        policy = None
+        if retry is not None:
+            from ._retry import resolve
+
+            policy = resolve(f"@flow {flow_name!r}", 0, retry)
+        obj = Flow(f, name=flow_name, journal_failures=bool(journal_failures), retry=policy)
         _register(
             _FLOWS,
             obj,

@@ -355,6 +355,14 @@ impl Attempt {
         }
     }
 
+    /// Parks on a reached wait whatever its state (a flow's retry backoff,
+    /// EXT-8: the next attempt must run in a new attempt of the run).
+    pub fn force_park(&self, spec: &WaitSpec) -> InterruptRow {
+        let (interrupt, row) = self.park_on(spec);
+        *self.durable.parked.lock() = Some(row);
+        interrupt
+    }
+
     /// Answers a reached wait: ready, block (sleeping here in `Mode::Block`
     /// until the deadline, a signal or a cancel request), or park.
     pub fn resolve(&self, spec: &WaitSpec, mode: Mode) -> CoreResult<Outcome> {

@@ -54,6 +54,13 @@ impl PyWait {
         self.spec.journaled
     }
 
+    /// Parks on the wait even if it is already satisfied; returns the
+    /// interrupt `(id, kind, payload_json)`.
+    fn park(&self) -> ParkTuple {
+        let i = self.attempt.force_park(&self.spec);
+        (i.interrupt_id, i.kind, i.payload_json)
+    }
+
     /// Decides the wait; in `"block"` mode sleeps (GIL released) until it
     /// is ready or a cancel request arrives.
     fn resolve(&self, py: Python<'_>, mode_name: &str) -> PyResult<OutcomeTuple> {
