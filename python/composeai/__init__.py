@@ -90,6 +90,7 @@ _LAZY.update(
             "start",
             "gather",
             "StepHandle",
+            "await_until",
         )
     }
 )

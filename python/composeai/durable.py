@@ -36,6 +36,7 @@ __all__ = [
     "areceive",
     "asignal",
     "asleep",
+    "await_until",
     "cancel",
     "gather",
     "get_run",
@@ -230,6 +231,48 @@ def receive_all(name: str) -> list:
         raise ConfigError("receive_all() must be called inside a flow")
     _check_name(name, "receive_all()")
     return _codec.loads(_core.receive_all(frame.run.attempt, frame.scope, name, frame.fence))
+
+
+def await_until(predicate: Any, *, timeout: timedelta | float | None = None) -> bool:
+    """EXT-5: returns `True` once `predicate()` holds, evaluating it now and
+    again after every signal delivered to the run; `False` after `timeout`.
+    The predicate may read only journal-safe values (results of `receive`,
+    `receive_all` and steps). Journaled as `await_until#<n>`, with the
+    number of evaluations, so a replay evaluates it as often again."""
+    frame = _in_flow()
+    if frame is None:
+        raise ConfigError("await_until() must be called inside a flow")
+    if not callable(predicate):
+        raise TypeError(f"await_until() takes a callable, got {type(predicate).__name__}")
+    _engine.check_sync_facade()
+    seconds = None if timeout is None else _seconds(timeout, "await_until() timeout")
+    attempt = frame.run.attempt
+    wait = _core.begin_await(attempt, frame.scope, seconds, frame.fence)
+    if wait.journaled:
+        record = _codec.loads(wait.resolve("park")[1])
+        for _ in range(record["evals"]):
+            predicate()
+        _settled(frame, wait, ("ready", None, None, None))
+        return record["result"]
+    mode = _mode(frame, False)
+    started = time.time()
+    evals = 0
+    while True:
+        evals += 1
+        watermark = wait.watermark(evals)
+        if predicate():
+            result = True
+            break
+        outcome = wait.resolve(mode, watermark)
+        if outcome[0] == "park":
+            _settled(frame, wait, outcome)
+        if _codec.loads(outcome[1]) == "timeout":
+            result = False
+            break
+    record = _codec.dumps({"result": result, "evals": evals})
+    attempt.commit(wait.key, record, None, frame.fence)
+    _settled(frame, wait, ("ready", None, started, None))
+    return result
 
 
 # ---------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 //! The wait decision of an attempt: sleep, receive, receive_all.
 
-use super::store::{cancel_request, insert_timer, signal_at, signals_after, take_timer};
+use super::store::{
+    cancel_request, insert_timer, last_signal_id, signal_at, signals_after, take_timer,
+};
 use super::{clock, WaitRow, EPSILON, POLL};
 use crate::error::{AtPath, CoreError, CoreResult};
 use crate::journal::Fence;
@@ -47,6 +49,11 @@ enum Kind {
         deadline: Option<f64>,
         default_json: String,
     },
+    /// `await_until`: woken by any signal newer than the evaluation's
+    /// watermark, or by the deadline.
+    Await {
+        deadline: Option<f64>,
+    },
 }
 
 /// One reached wait: its journal key and what satisfies it.
@@ -65,7 +72,7 @@ impl WaitSpec {
     pub fn wake_at(&self) -> Option<f64> {
         match &self.kind {
             Kind::Sleep { wake_at } => Some(*wake_at),
-            Kind::Receive { deadline, .. } => *deadline,
+            Kind::Receive { deadline, .. } | Kind::Await { deadline } => *deadline,
         }
     }
 }
@@ -225,19 +232,7 @@ impl Attempt {
             return Ok(spec);
         }
         if let Some(t) = timeout {
-            let dkey = format!("{key}:deadline");
-            let deadline = match self.lookup(&dkey, fence)? {
-                Some(v) => wake_time(&dkey, &v)?,
-                None => {
-                    let wake = clock::now() + t.max(0.0);
-                    let rid = self.run.rid;
-                    let stored =
-                        self.commit_with(&dkey, &json_str(&clock::iso(wake)), fence, |tx| {
-                            insert_timer(tx, rid, &key, Some(wake))
-                        })?;
-                    wake_time(&dkey, &stored)?
-                }
-            };
+            let deadline = self.journaled_deadline(&key, t, fence)?;
             if let Kind::Receive { deadline: d, .. } = &mut spec.kind {
                 *d = Some(deadline);
             }
@@ -277,13 +272,85 @@ impl Attempt {
         Ok(list)
     }
 
+    /// EXT-5: reaches `await_until#<n>`; with a timeout its deadline is
+    /// journaled on first reach. A journaled outcome is the spec's value.
+    pub fn begin_await(
+        &self,
+        scope: &str,
+        timeout: Option<f64>,
+        fence: Option<&Fence>,
+    ) -> CoreResult<WaitSpec> {
+        let (key, hit) = self.reserve(scope, "await_until", fence)?;
+        let mut spec = WaitSpec {
+            key: key.clone(),
+            kind: Kind::Await { deadline: None },
+            journaled: hit.is_some(),
+            done: hit.map(|v| v.to_string()),
+            fence: fence.cloned(),
+        };
+        if spec.done.is_none() {
+            if let Some(t) = timeout {
+                let deadline = self.journaled_deadline(&key, t, fence)?;
+                spec.kind = Kind::Await {
+                    deadline: Some(deadline),
+                };
+            }
+        }
+        Ok(spec)
+    }
+
+    /// The signal watermark of evaluation `k` of an `await_until`: the
+    /// newest signal id when it first ran (journaled, so a replay waits for
+    /// exactly the signals that evaluation had not seen).
+    pub fn await_watermark(&self, spec: &WaitSpec, k: u32) -> CoreResult<i64> {
+        let key = format!("{}:eval#{k}", spec.key);
+        if let Some(v) = self.lookup(&key, spec.fence.as_ref())? {
+            return v
+                .parse()
+                .map_err(|_| CoreError::Serialization(format!("journal value of '{key}': {v}")));
+        }
+        let rid = self.run.rid;
+        let path = self.store().path().to_string();
+        let sid = self.durable_conn(|c| last_signal_id(c, rid).at(&path))?;
+        let stored = self.commit_with(&key, &sid.to_string(), spec.fence.as_ref(), |_| Ok(()))?;
+        stored
+            .parse()
+            .map_err(|_| CoreError::Serialization(format!("journal value of '{key}': {stored}")))
+    }
+
+    fn journaled_deadline(&self, key: &str, t: f64, fence: Option<&Fence>) -> CoreResult<f64> {
+        let dkey = format!("{key}:deadline");
+        match self.lookup(&dkey, fence)? {
+            Some(v) => wake_time(&dkey, &v),
+            None => {
+                let wake = clock::now() + t.max(0.0);
+                let rid = self.run.rid;
+                let stored =
+                    self.commit_with(&dkey, &json_str(&clock::iso(wake)), fence, |tx| {
+                        insert_timer(tx, rid, key, Some(wake))
+                    })?;
+                wake_time(&dkey, &stored)
+            }
+        }
+    }
+
     fn cursor(&self, name: &str) -> i64 {
         self.durable.cursors.lock().get(name).copied().unwrap_or(0)
     }
 
     /// The value if the wait is satisfied now (journaling a receive's).
-    fn decide(&self, spec: &WaitSpec) -> CoreResult<Option<Option<String>>> {
+    fn decide(&self, spec: &WaitSpec, after: Option<i64>) -> CoreResult<Option<Option<String>>> {
         match &spec.kind {
+            Kind::Await { deadline } => {
+                let rid = self.run.rid;
+                let path = self.store().path().to_string();
+                let newest = self.durable_conn(|c| last_signal_id(c, rid).at(&path))?;
+                if newest > after.unwrap_or(0) {
+                    return Ok(Some(Some("\"signal\"".into())));
+                }
+                let passed = deadline.is_some_and(|d| clock::now() >= d - EPSILON);
+                Ok(passed.then(|| Some("\"timeout\"".into())))
+            }
             // Within a microsecond: wake times are journaled at that precision.
             Kind::Sleep { wake_at } => Ok((clock::now() >= wake_at - EPSILON).then_some(None)),
             Kind::Receive {
@@ -313,9 +380,27 @@ impl Attempt {
         }
     }
 
-    fn park_on(&self, spec: &WaitSpec) -> (InterruptRow, WaitRow) {
+    fn park_on(&self, spec: &WaitSpec, after: Option<i64>) -> (InterruptRow, WaitRow) {
         let module = self.durable.module.lock().clone();
         match &spec.kind {
+            Kind::Await { deadline } => (
+                InterruptRow {
+                    interrupt_id: spec.key.clone(),
+                    kind: "signal".into(),
+                    question: None,
+                    payload_json: Some(format!(
+                        "{{\"timeout_at\": {}}}",
+                        deadline.map_or_else(|| "null".into(), |d| json_str(&clock::iso(d)))
+                    )),
+                },
+                WaitRow {
+                    step_key: spec.key.clone(),
+                    wake_at: *deadline,
+                    after_sid: Some(after.unwrap_or(0)),
+                    module,
+                    ..Default::default()
+                },
+            ),
             Kind::Sleep { wake_at } => (
                 InterruptRow {
                     interrupt_id: format!("timer:{}", spec.key),
@@ -358,7 +443,7 @@ impl Attempt {
     /// Parks on a reached wait whatever its state (a flow's retry backoff,
     /// EXT-8: the next attempt must run in a new attempt of the run).
     pub fn force_park(&self, spec: &WaitSpec) -> InterruptRow {
-        let (interrupt, row) = self.park_on(spec);
+        let (interrupt, row) = self.park_on(spec, None);
         *self.durable.parked.lock() = Some(row);
         interrupt
     }
@@ -366,6 +451,17 @@ impl Attempt {
     /// Answers a reached wait: ready, block (sleeping here in `Mode::Block`
     /// until the deadline, a signal or a cancel request), or park.
     pub fn resolve(&self, spec: &WaitSpec, mode: Mode) -> CoreResult<Outcome> {
+        self.resolve_after(spec, None, mode)
+    }
+
+    /// `resolve` for an `await_until` evaluation that saw signals up to
+    /// `after`: ready with `"signal"` (evaluate again) or `"timeout"`.
+    pub fn resolve_after(
+        &self,
+        spec: &WaitSpec,
+        after: Option<i64>,
+        mode: Mode,
+    ) -> CoreResult<Outcome> {
         if let Some(value) = &spec.done {
             return Ok(Outcome::Ready {
                 value: Some(value.clone()),
@@ -378,7 +474,7 @@ impl Attempt {
         loop {
             self.check(spec.fence.as_ref())?;
             self.check_cancel(true)?;
-            if let Some(value) = self.decide(spec)? {
+            if let Some(value) = self.decide(spec, after)? {
                 let since = self.durable_conn(|c| take_timer(c, rid, &spec.key).at(&path))?;
                 return Ok(Outcome::Ready { value, since });
             }
@@ -391,7 +487,7 @@ impl Attempt {
             }
             match mode {
                 Mode::Park => {
-                    let (interrupt, row) = self.park_on(spec);
+                    let (interrupt, row) = self.park_on(spec, after);
                     *self.durable.parked.lock() = Some(row);
                     return Ok(Outcome::Park { interrupt });
                 }

@@ -61,12 +61,25 @@ impl PyWait {
         (i.interrupt_id, i.kind, i.payload_json)
     }
 
+    /// The journaled signal watermark of `await_until` evaluation `k`.
+    fn watermark(&self, py: Python<'_>, k: u32) -> PyResult<i64> {
+        py.allow_threads(|| self.attempt.await_watermark(&self.spec, k))
+            .py_err()
+    }
+
     /// Decides the wait; in `"block"` mode sleeps (GIL released) until it
-    /// is ready or a cancel request arrives.
-    fn resolve(&self, py: Python<'_>, mode_name: &str) -> PyResult<OutcomeTuple> {
+    /// is ready or a cancel request arrives. `after`: an `await_until`
+    /// evaluation's watermark.
+    #[pyo3(signature = (mode_name, after=None))]
+    fn resolve(
+        &self,
+        py: Python<'_>,
+        mode_name: &str,
+        after: Option<i64>,
+    ) -> PyResult<OutcomeTuple> {
         let m = mode(mode_name)?;
         let outcome = py
-            .allow_threads(|| self.attempt.resolve(&self.spec, m))
+            .allow_threads(|| self.attempt.resolve_after(&self.spec, after, m))
             .py_err()?;
         Ok(match outcome {
             Outcome::Ready { value, since } => ("ready", value, since, None),
@@ -117,6 +130,23 @@ pub fn begin_receive(
     let fence = fence.map(|f| f.inner.clone());
     let spec = py
         .allow_threads(|| a.begin_receive(scope, name, timeout, default_json, fence.as_ref()))
+        .py_err()?;
+    Ok(PyWait { attempt: a, spec })
+}
+
+#[pyfunction]
+#[pyo3(signature = (attempt, scope, timeout, fence=None))]
+pub fn begin_await(
+    py: Python<'_>,
+    attempt: &PyAttempt,
+    scope: &str,
+    timeout: Option<f64>,
+    fence: Option<&PyFence>,
+) -> PyResult<PyWait> {
+    let a = attempt.inner.clone();
+    let fence = fence.map(|f| f.inner.clone());
+    let spec = py
+        .allow_threads(|| a.begin_await(scope, timeout, fence.as_ref()))
         .py_err()?;
     Ok(PyWait { attempt: a, spec })
 }
@@ -232,11 +262,7 @@ pub fn next_wake(py: Python<'_>, store: &PyStore, after: f64) -> PyResult<Option
 
 /// `(step_key, wake_at, signal_name)` of a parked run's wait, or `None`.
 #[pyfunction]
-pub fn parked_wait(
-    py: Python<'_>,
-    store: &PyStore,
-    run_id: &str,
-) -> PyResult<Option<ParkedTuple>> {
+pub fn parked_wait(py: Python<'_>, store: &PyStore, run_id: &str) -> PyResult<Option<ParkedTuple>> {
     let row = py
         .allow_threads(|| with_store(store, |c, p| durable::parked_wait(c, run_id).at(p)))
         .py_err()?;
@@ -371,6 +397,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wrap_pyfunction!(begin_sleep, m)?,
         wrap_pyfunction!(begin_receive, m)?,
         wrap_pyfunction!(receive_all, m)?,
+        wrap_pyfunction!(begin_await, m)?,
         wrap_pyfunction!(check_cancel, m)?,
         wrap_pyfunction!(set_module, m)?,
         wrap_pyfunction!(send_signal, m)?,
