@@ -141,3 +141,45 @@ def test_ext8_a_blocking_run_retries_in_place_and_fails_when_attempts_run_out(is
 
     assert asyncio.run(asturdy.arun()).output == "fine"
     assert asturdy.run().output == "fine"
+
+
+def test_ext9_agents_and_tools_accept_a_retry_policy(isolated_state):
+    from composeai import agent, tool
+    from composeai.errors import ProviderError
+    from composeai.testing import FakeModel
+
+    def overloaded(_request):
+        raise ProviderError("overloaded")
+
+    model = FakeModel([overloaded, overloaded, "fine"])
+
+    @agent(model=model, retry=RetryPolicy(max_attempts=3, initial_backoff=0.001))
+    def helper(q: str) -> str:
+        """Answer."""
+        return q
+
+    run = helper.run("hi")
+    assert run.output == "fine"
+    (llm,) = [s for s in run.trace.spans if s.kind == "llm"]
+    assert [r["delay"] for r in llm.attributes["retries"]] == [0.001, 0.002]
+    with pytest.raises(ConfigError, match="either retries= or retry="):
+        agent(model=model, retries=1, retry=RetryPolicy())(lambda q: q)
+
+    tries = {"n": 0}
+
+    @tool(retry=RetryPolicy(max_attempts=2, initial_backoff=0))
+    def lookup(key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: the key.
+        """
+        tries["n"] += 1
+        if tries["n"] == 1:
+            raise OSError("flaky disk")
+        return key.upper()
+
+    assert lookup.execute({"key": "k"}) == "K"
+    assert tries["n"] == 2
+    with pytest.raises(ConfigError, match="retry= must be a RetryPolicy"):
+        tool(retry={"max_attempts": 2})(lambda key: key)
