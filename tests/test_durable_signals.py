@@ -8,6 +8,7 @@ import asyncio
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from datetime import timedelta
 
 import pytest
@@ -33,7 +34,8 @@ def _reset():
 
 
 def _signal_rows(state) -> int:
-    with sqlite3.connect(str(state / "runs.db")) as db:
+    uri = f"file:{state / 'runs.db'}?mode=ro"
+    with closing(sqlite3.connect(uri, uri=True)) as db:
         return db.execute("SELECT count(*) FROM signals").fetchone()[0]
 
 

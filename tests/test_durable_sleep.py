@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from contextlib import closing
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -29,8 +30,9 @@ def _reset_calls():
     CALLS.clear()
 
 
-def _db(state) -> sqlite3.Connection:
-    return sqlite3.connect(str(state / "runs.db"))
+def _db(state):
+    """A read-only connection, closed by the `with` block."""
+    return closing(sqlite3.connect(f"file:{state / 'runs.db'}?mode=ro", uri=True))
 
 
 def _journal(state, run_id: str) -> dict:
@@ -160,12 +162,12 @@ def test_ext1_a_sleep_replays_without_waiting_again(isolated_state):
     @flow
     def twice() -> int:
         compose.sleep(0.02)
+        compose.approve("go")
         return step(0)
 
     run = twice.run()
-    with _db(isolated_state) as db:
-        db.execute("UPDATE runs SET status = 'failed'")
-    again = compose.resume(run.id)
+    assert run.pending.id == "go"
+    again = compose.resume(run.id, {"go": True})
     assert again.output == 1
     replayed = [s for s in again.trace.spans if s.kind == "pause"]
     assert replayed and all(s.replayed for s in replayed)
