@@ -171,3 +171,39 @@ def test_ext1_a_sleep_replays_without_waiting_again(isolated_state):
     assert again.output == 1
     replayed = [s for s in again.trace.spans if s.kind == "pause"]
     assert replayed and all(s.replayed for s in replayed)
+
+
+def test_ext1_ctrl_c_interrupts_a_blocking_sleep_and_leaves_the_run_resumable(tmp_path):
+    import signal
+
+    import _proc
+
+    box = _proc.Sandbox(tmp_path)
+    box.write_module(
+        "napmod",
+        """
+        import composeai as compose
+        from composeai import flow
+
+
+        @flow
+        def nap() -> str:
+            side_effect("before")
+            compose.sleep(3600)
+            return "woke"
+        """,
+    )
+    proc = box.spawn(
+        """
+        import napmod
+        napmod.nap.run()
+        """
+    )
+    _proc.wait_until(lambda: box.side_effects(), what="the run to start sleeping")
+    _proc.wait_until(lambda: box.query("SELECT 1 FROM timers"), what="the timer")
+    proc.send_signal(signal.SIGINT)
+    result = _proc.finish(proc)
+    assert result.error()["error_type"] == "KeyboardInterrupt"
+    (run_id,) = box.run_ids()
+    assert box.run_row(run_id)["status"] == "failed"
+    assert "sleep#1" in box.journal(run_id), "the wake time stays journaled"

@@ -14,7 +14,7 @@ import time
 import warnings
 from concurrent.futures import Future
 from contextvars import copy_context
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import _codec, _core, _engine, _threads
@@ -68,10 +68,6 @@ def _seconds(value: Any, what: str) -> float:
     raise TypeError(
         f"{what} must be a timedelta or a number of seconds, got {type(value).__name__}"
     )
-
-
-def _iso(t: float) -> str:
-    return _core.clock_iso(t)
 
 
 # ---------------------------------------------------------------------------
@@ -391,12 +387,6 @@ def _timestamp(value: datetime) -> float:
     if value.tzinfo is None:
         raise ConfigError("now must be an aware datetime (e.g. datetime.now(timezone.utc))")
     return value.timestamp()
-
-
-def _wake_text(wake_at: float | None) -> str:
-    if wake_at is None:
-        return "-"
-    return datetime.fromtimestamp(wake_at, timezone.utc).isoformat()
 
 
 # ---------------------------------------------------------------------------

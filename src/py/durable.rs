@@ -78,9 +78,22 @@ impl PyWait {
         after: Option<i64>,
     ) -> PyResult<OutcomeTuple> {
         let m = mode(mode_name)?;
-        let outcome = py
-            .allow_threads(|| self.attempt.resolve_after(&self.spec, after, m))
-            .py_err()?;
+        // Blocking polls here rather than in the core, so that signal
+        // handlers (Ctrl-C) run between naps.
+        let step = if m == Mode::Block { Mode::Poll } else { m };
+        let outcome = loop {
+            let outcome = py
+                .allow_threads(|| self.attempt.resolve_after(&self.spec, after, step))
+                .py_err()?;
+            match outcome {
+                Outcome::Block { seconds } if m == Mode::Block => {
+                    let wake = self.spec.wake_at();
+                    py.allow_threads(|| clock::nap(wake, Duration::from_secs_f64(seconds)));
+                    py.check_signals()?;
+                }
+                other => break other,
+            }
+        };
         Ok(match outcome {
             Outcome::Ready { value, since } => ("ready", value, since, None),
             Outcome::Block { seconds } => ("block", None, Some(seconds), None),
