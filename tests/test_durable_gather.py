@@ -75,7 +75,7 @@ def test_ext6_replayed_handles_resolve_at_once_and_failures_are_structured(isola
 
     with pytest.raises(ValueError, match="negative -5"):
         careless.run()
-    with pytest.raises(TypeError, match="takes a @task or a @flow"):
+    with pytest.raises(TypeError, match="takes a @task, an @agent or a @flow"):
 
         @flow
         def wrong() -> None:
@@ -136,3 +136,25 @@ def test_ext6_kill9_during_a_gather_then_resume_in_another_process(tmp_path):
     assert done == {"output": [0, 1, 4]}
     starts = sorted(int(e[1]) for e in box.side_effects() if e[0] == "start")
     assert starts == [0, 1, 1, 2, 2], "the finished item did not run again"
+
+
+def test_ext6_an_agent_can_be_started_and_takes_its_direct_call_key(isolated_state):
+    from composeai import agent
+    from composeai.testing import FakeModel
+
+    @agent(model=FakeModel(["one", "two"]))
+    def writer(topic: str) -> str:
+        """Write."""
+        return topic
+
+    @flow
+    def drafts() -> list:
+        first = compose.start(writer, "a")
+        second = writer("b")
+        return [first.key, first.result(), second]
+
+    run = drafts.run()
+    assert run.output[0] == "writer#1"
+    assert sorted(run.output[1:]) == ["one", "two"]
+    journal = dict(_engine.get_store().journal(run.id))
+    assert {"writer#1", "writer#2"} <= set(journal)

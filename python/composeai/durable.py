@@ -578,9 +578,33 @@ class StepHandle(Generic[R]):
         return await asyncio.wrap_future(self._future)
 
 
-def _stage_of(stage: Any):
+def _agent_step(agent: Any, frame: Frame):
+    """How a direct call of `agent` in a flow executes its step (agentfn's
+    `_flow_step`), for `start()`."""
+    from . import agentfn
+
+    opts = agentfn._overrides(None, None, None, None, None, None)
+
+    def execute(inner: Frame, a: tuple, k: dict) -> Any:
+        call = agentfn._Call(agent, opts, inner, frame.scope)
+        call.snapshot_scope = inner.scope
+        token = agentfn._push_budget(agent._step_budget(frame, inner.scope, opts))
+        try:
+            return agentfn._agent_loop_sync(call, a, k)
+        finally:
+            agentfn._pop_budget(token)
+
+    return "agent", agent.name, execute
+
+
+def _stage_of(stage: Any, frame: Frame):
+    import sys
+
     from .flow import Flow, Task
 
+    agentfn = sys.modules.get("composeai.agentfn")
+    if agentfn is not None and isinstance(stage, agentfn.AgentFunction):
+        return _agent_step(stage, frame)
     if isinstance(stage, Task):
         return "task", stage.name, stage._execute
     if isinstance(stage, Flow):
@@ -589,7 +613,7 @@ def _stage_of(stage: Any):
             stage.name,
             lambda _inner, a, k: _engine.call_body(stage.fn, stage._is_async, a, k),
         )
-    raise TypeError(f"start() takes a @task or a @flow, got {type(stage).__name__}")
+    raise TypeError(f"start() takes a @task, an @agent or a @flow, got {type(stage).__name__}")
 
 
 def start(stage: Any, *args: Any, **kwargs: Any) -> StepHandle:
@@ -599,7 +623,7 @@ def start(stage: Any, *args: Any, **kwargs: Any) -> StepHandle:
     frame = _in_flow()
     if frame is None:
         raise ConfigError("start() must be called inside a flow")
-    kind, name, execute = _stage_of(stage)
+    kind, name, execute = _stage_of(stage, frame)
     step = _engine.begin_step(frame, kind, name)
     future: Future = Future()
     handle = StepHandle(step.key, future)
