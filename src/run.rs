@@ -341,6 +341,8 @@ impl Attempt {
     /// Stores the agent loop's snapshot for `state.scope_key` durably.
     pub fn save_agent_state(&self, state: &AgentStateRow, fence: Option<&Fence>) -> CoreResult<()> {
         self.check(fence)?;
+        // An agent turn is a durable boundary for cancel requests (EXT-10).
+        self.check_cancel(false)?;
         self.store.save_agent_state(self.run.rid, state)
     }
 

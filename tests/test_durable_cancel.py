@@ -203,3 +203,46 @@ def test_ext10_compose_cancel_from_another_process_stops_a_blocked_run(tmp_path)
         """
     ).ok()
     assert handle == {"status": "cancelled"}
+
+
+def test_ext10_an_agent_run_stops_at_its_next_llm_turn(isolated_state):
+    from composeai import agent, tool
+    from composeai.testing import FakeModel
+
+    entered = threading.Event()
+    release = threading.Event()
+
+    @tool
+    def wait_here() -> str:
+        """Wait until released."""
+        entered.set()
+        release.wait(30)
+        return "released"
+
+    model = FakeModel([{"tool_calls": [{"name": "wait_here", "arguments": {}}]}, "never used"])
+
+    @agent(model=model, tools=[wait_here])
+    def helper(q: str) -> str:
+        """Help."""
+        return q
+
+    outcome: list = []
+    worker = threading.Thread(target=lambda: outcome.append(helper.run("go")), daemon=True)
+    worker.start()
+    assert entered.wait(30)
+    run_id = _only_run_id(isolated_state)
+    compose.cancel(run_id, "enough")
+    release.set()
+    worker.join(30)
+    assert outcome and outcome[0].status == "cancelled"
+    assert len(model.requests) == 1, "no second model call after the cancel"
+    assert compose.get_run(run_id).status == "cancelled"
+
+
+def _only_run_id(state) -> str:
+    import sqlite3
+    from contextlib import closing
+
+    with closing(sqlite3.connect(f"file:{state / 'runs.db'}?mode=ro", uri=True)) as db:
+        (row,) = db.execute("SELECT run_id FROM runs").fetchall()
+    return row[0]

@@ -332,6 +332,9 @@ def _llm_call(call: _Call) -> Generator[tuple, Any, Any]:
     """One model call in an `llm` span, with retries, fallback and the
     budget check (AGENT-22, AGENT-23, BUDGET-4)."""
     agent = call.agent
+    if call.run is not None:
+        # An LLM turn is a durable boundary for cancel requests (EXT-10).
+        _core.check_cancel(call.run.attempt, False)
     while True:
         span = _engine.open_span(call.frame.span, call.frame.trace, "llm", call.label)
         span.attributes["model"] = call.model_id

@@ -180,11 +180,13 @@ pub fn receive_all(
         .py_err()
 }
 
-/// Raises the internal cancel signal when a cancel request is stored.
+/// Raises the internal cancel signal when a cancel request is stored;
+/// unforced, reads the store at most once per poll interval.
 #[pyfunction]
-pub fn check_cancel(py: Python<'_>, attempt: &PyAttempt) -> PyResult<()> {
+#[pyo3(signature = (attempt, force=true))]
+pub fn check_cancel(py: Python<'_>, attempt: &PyAttempt, force: bool) -> PyResult<()> {
     let a = attempt.inner.clone();
-    py.allow_threads(|| a.check_cancel(true)).py_err()
+    py.allow_threads(|| a.check_cancel(force)).py_err()
 }
 
 #[pyfunction]
