@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 import warnings
 from datetime import timedelta
 
@@ -288,3 +289,23 @@ def test_ext2_wake_due_warns_about_an_unregistered_flow(isolated_state):
         )
         assert compose.wake_due() == []
     assert any(run.id in str(w.message) and "gone" in str(w.message) for w in caught)
+
+
+def test_ext2_a_run_the_worker_cannot_resume_is_skipped_not_retried_in_a_loop(box):
+    """A flow whose source changed since the run parked is refused by
+    resume(); the worker logs it once and leaves the run alone."""
+    run_id = park(box, "dflows.napper.run('s', 0.01, wait=False)")
+    changed = box.root / "dflows.py"
+    changed.write_text(changed.read_text().replace("return work(label, a)", "return a"))
+    w = worker(box, "--import", "dflows")
+    seen = ""
+    try:
+        while "skipped (ResumeMismatchError" not in seen:
+            line = _proc.read_line(w)
+            assert line, "the worker exited"
+            seen += line
+        time.sleep(1.0)  # several passes of the loop (--interval 0.2)
+    finally:
+        result = stop(w)
+    assert (seen + result.stdout).count(f"started  {run_id}") == 1, seen + result.stdout
+    assert status(box, run_id) == "paused"

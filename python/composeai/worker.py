@@ -62,9 +62,15 @@ class Worker:
             if run.status == "paused" and run.pending is not None:
                 outcome = f"paused({run.pending.kind})"
         except Exception as exc:  # noqa: BLE001 -- logged; the worker carries on
-            outcome = (
-                f"failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-            )
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            outcome = f"failed ({type(exc).__name__}: {first_line})"
+            row = _engine.get_store().get_run(run_id)
+            if row is not None and row["status"] not in ("failed", "completed", "cancelled"):
+                # Refused before it ran (e.g. its flow's source changed): it
+                # would be due again at once, so it is not retried here.
+                outcome = f"skipped ({type(exc).__name__}: {first_line})"
+                with self._lock:
+                    self._skipped.add(run_id)
         except BaseException as exc:  # noqa: BLE001 -- a stopping worker's abandoned run
             outcome = f"interrupted ({type(exc).__name__})"
         ms = (time.perf_counter() - start) * 1000
