@@ -473,7 +473,9 @@ impl Attempt {
         let mut marked = false;
         loop {
             self.check(spec.fence.as_ref())?;
-            self.check_cancel(true)?;
+            // Reaching the wait just looked (unless a poll interval passed);
+            // while blocked, every round reads the store.
+            self.check_cancel(marked)?;
             if let Some(value) = self.decide(spec, after)? {
                 let since = self.durable_conn(|c| take_timer(c, rid, &spec.key).at(&path))?;
                 return Ok(Outcome::Ready { value, since });
