@@ -222,12 +222,14 @@ def test_ext10_an_agent_run_stops_at_its_next_llm_turn(isolated_state):
     model = FakeModel([{"tool_calls": [{"name": "wait_here", "arguments": {}}]}, "never used"])
 
     @agent(model=model, tools=[wait_here])
-    def helper(q: str) -> str:
+    def cancellable_helper(q: str) -> str:
         """Help."""
         return q
 
     outcome: list = []
-    worker = threading.Thread(target=lambda: outcome.append(helper.run("go")), daemon=True)
+    worker = threading.Thread(
+        target=lambda: outcome.append(cancellable_helper.run("go")), daemon=True
+    )
     worker.start()
     assert entered.wait(30)
     run_id = _only_run_id(isolated_state)

@@ -143,18 +143,18 @@ def test_ext6_an_agent_can_be_started_and_takes_its_direct_call_key(isolated_sta
     from composeai.testing import FakeModel
 
     @agent(model=FakeModel(["one", "two"]))
-    def writer(topic: str) -> str:
+    def gather_writer(topic: str) -> str:
         """Write."""
         return topic
 
     @flow
     def drafts() -> list:
-        first = compose.start(writer, "a")
-        second = writer("b")
+        first = compose.start(gather_writer, "a")
+        second = gather_writer("b")
         return [first.key, first.result(), second]
 
     run = drafts.run()
-    assert run.output[0] == "writer#1"
+    assert run.output[0] == "gather_writer#1"
     assert sorted(run.output[1:]) == ["one", "two"]
     journal = dict(_engine.get_store().journal(run.id))
-    assert {"writer#1", "writer#2"} <= set(journal)
+    assert {"gather_writer#1", "gather_writer#2"} <= set(journal)

@@ -154,11 +154,11 @@ def test_ext9_agents_and_tools_accept_a_retry_policy(isolated_state):
     model = FakeModel([overloaded, overloaded, "fine"])
 
     @agent(model=model, retry=RetryPolicy(max_attempts=3, initial_backoff=0.001))
-    def helper(q: str) -> str:
+    def retrying_helper(q: str) -> str:
         """Answer."""
         return q
 
-    run = helper.run("hi")
+    run = retrying_helper.run("hi")
     assert run.output == "fine"
     (llm,) = [s for s in run.trace.spans if s.kind == "llm"]
     assert [r["delay"] for r in llm.attributes["retries"]] == [0.001, 0.002]
