@@ -132,7 +132,25 @@ def _settled(frame: Frame, wait: Any, outcome: tuple) -> Any:
 
 
 def _decide(frame: Frame, wait: Any) -> Any:
-    return _settled(frame, wait, wait.resolve(_mode(frame, False)))
+    mode = _mode(frame, False)
+    token = _stream_token() if mode == "block" else None
+    if token is None:
+        return _settled(frame, wait, wait.resolve(mode))
+    # Under a cancellable stream the wait also ends on `stream.cancel()`.
+    while True:
+        _engine._check_cancel()
+        outcome = wait.resolve("poll")
+        if outcome[0] != "block":
+            return _settled(frame, wait, outcome)
+        token.wait(outcome[2])
+
+
+def _stream_token() -> Any:
+    if not _engine._streams_loaded():
+        return None
+    from ._streams import current_cancel_token
+
+    return current_cancel_token()
 
 
 async def _adecide(frame: Frame, wait: Any) -> Any:
