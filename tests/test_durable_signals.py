@@ -194,3 +194,35 @@ def test_ext3_a_signal_from_another_process_wakes_a_blocked_run(tmp_path):
         check=False,
     )
     assert late.returncode == 1 and "is completed" in late.stderr
+
+
+def test_ext4_kill9_during_a_blocked_receive_then_signal_and_resume_elsewhere(tmp_path):
+    box = _proc.Sandbox(tmp_path)
+    box.write_module("sflows2", FLOWS)
+    blocked = box.spawn(
+        """
+        import sflows2
+        sflows2.listener.run('K')
+        """
+    )
+    _proc.wait_until(lambda: box.side_effects(), what="the first step")
+    _proc.wait_until(lambda: box.query("SELECT 1 FROM timers"), what="the blocked receive")
+    blocked.kill()
+    assert _proc.finish(blocked).killed
+    (run_id,) = box.run_ids()
+    box.run(
+        f"""
+        import composeai
+        composeai.signal({run_id!r}, "go", "after the crash")
+        emit(ok=True)
+        """
+    ).ok()
+    done = box.run(
+        f"""
+        import sflows2, composeai
+        run = composeai.resume({run_id!r})
+        emit(status=run.status, output=run.output)
+        """
+    ).ok()
+    assert done == {"status": "completed", "output": ["K", "after the crash"]}
+    assert [e[:2] for e in box.side_effects()] == [("work", "K")], "the step before ran once"
