@@ -181,5 +181,21 @@ def test_ext9_agents_and_tools_accept_a_retry_policy(isolated_state):
 
     assert lookup.execute({"key": "k"}) == "K"
     assert tries["n"] == 2
+
+    @agent(
+        model=FakeModel([{"tool_calls": [{"name": "lookup", "arguments": {"key": "z"}}]}, "ok"]),
+        tools=[lookup],
+    )
+    def looker(q: str) -> str:
+        """Look."""
+        return q
+
+    tries["n"] = 0
+    run = looker.run("go")
+    assert run.output == "ok"
+    (tool_span,) = [s for s in run.trace.spans if s.kind == "tool"]
+    assert tool_span.attributes["retries"] == [
+        {"type": "OSError", "message": "flaky disk", "delay": 0.0}
+    ]
     with pytest.raises(ConfigError, match="retry= must be a RetryPolicy"):
         tool(retry={"max_attempts": 2})(lambda key: key)

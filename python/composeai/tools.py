@@ -371,7 +371,7 @@ class Tool(Generic[P, R]):
                 if attempt >= self.retry.max_attempts or not self.retry.retries(exc):
                     raise
                 attempt += 1
-                await asyncio.sleep(self.retry.delay(attempt))
+                await asyncio.sleep(_record_retry(exc, self.retry.delay(attempt)))
 
 
 def _with_policy(policy: Any, body: Callable[[], Any]) -> Any:
@@ -386,7 +386,21 @@ def _with_policy(policy: Any, body: Callable[[], Any]) -> Any:
             if attempt >= policy.max_attempts or not policy.retries(exc):
                 raise
             attempt += 1
-            time.sleep(policy.delay(attempt))
+            time.sleep(_record_retry(exc, policy.delay(attempt)))
+
+
+def _record_retry(exc: Exception, delay: float) -> float:
+    """Notes a failed attempt in the `retries` attribute of the tool span
+    being executed, if any; returns `delay`."""
+    from ._engine import FRAME
+
+    frame = FRAME.get()
+    span = frame.span if frame is not None else None
+    if span is not None and span.kind == "tool":
+        span.attributes.setdefault("retries", []).append(
+            {"type": type(exc).__name__, "message": str(exc), "delay": delay}
+        )
+    return delay
 
 
 def _stage_types(fn: Callable[..., Any]) -> tuple[Any, Any]:
