@@ -158,3 +158,19 @@ def test_ext6_an_agent_can_be_started_and_takes_its_direct_call_key(isolated_sta
     assert sorted(run.output[1:]) == ["one", "two"]
     journal = dict(_engine.get_store().journal(run.id))
     assert {"gather_writer#1", "gather_writer#2"} <= set(journal)
+
+
+def test_ext6_handles_in_an_async_flow(isolated_state):
+    import asyncio
+
+    @task
+    async def twice(x: int) -> int:
+        await asyncio.sleep(0)
+        return 2 * x
+
+    @flow
+    async def afan() -> list:
+        handles = [compose.start(twice, i) for i in range(3)]
+        return [await h.aresult() for h in handles]
+
+    assert asyncio.run(afan.arun()).output == [0, 2, 4]
