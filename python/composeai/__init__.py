@@ -94,11 +94,7 @@ _LAZY.update(
         )
     }
 )
-_LAZY.update(
-    {
-        "RetryPolicy": ("._retry", "RetryPolicy"),
-    }
-)
+_LAZY["RetryPolicy"] = ("._retry", "RetryPolicy")
 
 
 def __getattr__(name: str) -> Any:
