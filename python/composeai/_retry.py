@@ -71,6 +71,7 @@ class RetryPolicy:
 
 
 RetryPolicy.NONE = RetryPolicy(max_attempts=1, initial_backoff=0.0)
+RetryPolicy.__module__ = "composeai.durable"
 
 
 def resolve(owner: str, retries: Any, retry: Any) -> RetryPolicy | None:
