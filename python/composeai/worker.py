@@ -65,7 +65,11 @@ class Worker:
             first_line = str(exc).splitlines()[0] if str(exc) else ""
             outcome = f"failed ({type(exc).__name__}: {first_line})"
             row = _engine.get_store().get_run(run_id)
-            if row is not None and row["status"] not in ("failed", "completed", "cancelled"):
+            if "is already being executed" in first_line:
+                # Another process took it first; it is not due while that
+                # process holds its lease.
+                outcome = "busy (executed by another process)"
+            elif row is not None and row["status"] not in ("failed", "completed", "cancelled"):
                 # Refused before it ran (e.g. its flow's source changed): it
                 # would be due again at once, so it is not retried here.
                 outcome = f"skipped ({type(exc).__name__}: {first_line})"
