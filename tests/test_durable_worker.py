@@ -309,3 +309,16 @@ def test_ext2_a_run_the_worker_cannot_resume_is_skipped_not_retried_in_a_loop(bo
         result = stop(w)
     assert (seen + result.stdout).count(f"started  {run_id}") == 1, seen + result.stdout
     assert status(box, run_id) == "paused"
+
+
+def test_ext2_two_workers_share_a_store_and_each_run_completes_once(box):
+    ids = [park(box, f"dflows.napper.run('r{i}', 0.3, wait=False)") for i in range(6)]
+    workers = [worker(box, "--import", "dflows", PROC=f"w{k}") for k in range(2)]
+    try:
+        _proc.wait_until(lambda: all(status(box, r) == "completed" for r in ids), what="all runs")
+    finally:
+        results = [stop(w) for w in workers]
+    for i in range(6):
+        assert [e[2] for e in effects(box, "work", f"r{i}")] == ["1", "2"], box.side_effects()
+    finished = sum(r.stdout.count("outcome=completed") for r in results)
+    assert finished == 6, [r.stdout for r in results]
