@@ -15,6 +15,10 @@ pub enum CoreError {
     /// attempt): an internal `BaseException` in Python.
     #[error("journal access revoked: {0}")]
     Revoked(String),
+    /// A cancel request reached the attempt (EXT-10): an internal
+    /// `BaseException` in Python. Holds the reason (may be empty).
+    #[error("run cancelled: {0}")]
+    Cancelled(String),
     /// SQLite failed; the message names the database path.
     #[error("{0}")]
     Store(String),

@@ -2,6 +2,7 @@
 //! with `cargo test`; `py` holds the Python bindings.
 
 pub mod budget;
+pub mod durable;
 pub mod error;
 pub mod ids;
 pub mod journal;

@@ -102,6 +102,8 @@ pub struct Attempt {
     first: bool,
     /// Earlier attempts' spend, read on first need.
     prior: Mutex<Option<Arc<PriorSpend>>>,
+    /// Signal cursors, the parked wait and cancel polling (EXT-1 … EXT-10).
+    pub(crate) durable: crate::durable::AttemptState,
 }
 
 impl Attempt {
@@ -139,6 +141,7 @@ impl Attempt {
             deferred: Mutex::new(Vec::new()),
             first,
             prior: Mutex::new(None),
+            durable: Default::default(),
         }
     }
 
@@ -150,7 +153,7 @@ impl Attempt {
         &self.root_fence
     }
 
-    fn check(&self, fence: Option<&Fence>) -> CoreResult<()> {
+    pub(crate) fn check(&self, fence: Option<&Fence>) -> CoreResult<()> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(CoreError::Revoked(format!(
                 "the attempt of run '{}' has ended",
@@ -172,10 +175,24 @@ impl Attempt {
         fence: Option<&Fence>,
     ) -> CoreResult<(String, Option<Arc<str>>)> {
         self.check(fence)?;
+        self.check_cancel(false)?;
         let mut j = self.journal.lock();
         let key = j.next_key(scope, name);
         let hit = j.get(&key);
         Ok((key, hit))
+    }
+
+    pub(crate) fn journal_get(&self, key: &str) -> Option<Arc<str>> {
+        self.journal.lock().get(key)
+    }
+
+    pub(crate) fn journal_record(&self, key: &str, value: Arc<str>) -> Arc<str> {
+        self.journal.lock().record(key, value)
+    }
+
+    /// The module defining the run's flow, stored with a parked wait.
+    pub fn set_module(&self, module: Option<String>) {
+        self.durable.set_module(module);
     }
 
     /// Allocates a key without looking it up (scopes of `map`, `aggregate`).
@@ -324,6 +341,8 @@ impl Attempt {
     /// Stores the agent loop's snapshot for `state.scope_key` durably.
     pub fn save_agent_state(&self, state: &AgentStateRow, fence: Option<&Fence>) -> CoreResult<()> {
         self.check(fence)?;
+        // An agent turn is a durable boundary for cancel requests (EXT-10).
+        self.check_cancel(false)?;
         self.store.save_agent_state(self.run.rid, state)
     }
 
@@ -389,9 +408,12 @@ impl Attempt {
 
     /// Ends the attempt: persists the outcome and releases the lease. Every
     /// later journal access through this attempt is refused.
-    pub fn settle(&self, settlement: Settlement) -> CoreResult<()> {
+    pub fn settle(&self, mut settlement: Settlement) -> CoreResult<()> {
         if self.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
+        }
+        if settlement.status == "paused" && settlement.wait.is_none() {
+            settlement.wait = self.durable.take_parked();
         }
         self.root_fence.revoke();
         active_runs().lock().remove(&self.run.run_id);

@@ -82,6 +82,33 @@ _LAZY = {
     "register_module_types": ("._codec", "register_module_types"),
 }
 
+# The durable primitives (EXT-0.2) are attributes, not listed in `__all__`.
+_LAZY.update(
+    {
+        name: (".durable", name)
+        for name in (
+            "sleep",
+            "asleep",
+            "signal",
+            "asignal",
+            "receive",
+            "areceive",
+            "receive_all",
+            "cancel",
+            "acancel",
+            "wake_due",
+            "get_run",
+            "RunHandle",
+            "TaskFailed",
+            "start",
+            "gather",
+            "StepHandle",
+            "await_until",
+        )
+    }
+)
+_LAZY["RetryPolicy"] = ("._retry", "RetryPolicy")
+
 
 def __getattr__(name: str) -> Any:
     target = _LAZY.get(name)

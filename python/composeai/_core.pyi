@@ -8,19 +8,40 @@ __all__ = [
     "BudgetMeter",
     "Fence",
     "Store",
+    "Wait",
+    "begin_await",
+    "begin_receive",
+    "begin_sleep",
+    "check_cancel",
+    "clock_advance",
+    "clock_is_fake",
+    "clock_iso",
+    "clock_now",
+    "clock_poke",
+    "clock_set_fake",
     "diff_view",
+    "due_runs",
     "export_view",
     "llm_costs",
+    "next_wake",
+    "parked_wait",
+    "parked_waits",
     "query_runs",
+    "receive_all",
     "register_errors",
+    "release_leases",
     "render_mermaid",
     "render_tree",
+    "request_cancel",
     "resolve_run",
     "search_runs",
+    "send_signal",
+    "set_module",
     "take_span_write_error",
     "trace_status",
     "trace_view",
     "ulid",
+    "wait_for_work",
 ]
 
 # `(input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens, reasoning_tokens,
@@ -211,6 +232,7 @@ def register_errors(
     config: type[BaseException],
     serialization: type[BaseException],
     revoked: type[BaseException],
+    cancelled: type[BaseException] | None = None,
 ) -> None: ...
 def render_tree(trace_id: str, spans: Sequence[_RenderSpan], color: bool) -> str: ...
 def render_mermaid(spans: Sequence[_RenderSpan]) -> str: ...
@@ -258,3 +280,60 @@ def diff_view(
 def export_view(
     db_path: str, run_id: str
 ) -> tuple[Literal["no_store", "not_found", "ambiguous", "found"], Any]: ...
+
+# Durable primitives (src/py/durable.rs, EXT-1 … EXT-12).
+
+# `(interrupt_id, kind, payload_json)`.
+_ParkTuple: TypeAlias = tuple[str, str, str | None]
+
+@final
+class Wait:
+    """A reached durable wait of an attempt."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def journaled(self) -> bool: ...
+    def watermark(self, k: int) -> int: ...
+    def resolve(
+        self, mode_name: Literal["block", "poll", "park"], after: int | None = None
+    ) -> tuple[Literal["ready", "block", "park"], str | None, float | None, _ParkTuple | None]: ...
+    def park(self) -> _ParkTuple: ...
+
+def begin_sleep(
+    attempt: Attempt, scope: str, seconds: float, fence: Fence | None = None
+) -> Wait: ...
+def begin_receive(
+    attempt: Attempt,
+    scope: str,
+    name: str,
+    timeout: float | None,
+    default_json: str,
+    fence: Fence | None = None,
+) -> Wait: ...
+def receive_all(attempt: Attempt, scope: str, name: str, fence: Fence | None = None) -> str: ...
+def begin_await(
+    attempt: Attempt, scope: str, timeout: float | None, fence: Fence | None = None
+) -> Wait: ...
+def check_cancel(attempt: Attempt, force: bool = True) -> None: ...
+def set_module(attempt: Attempt, module: str | None = None) -> None: ...
+def send_signal(store: Store, run_id: str, name: str, value_json: str) -> int: ...
+def request_cancel(
+    store: Store, run_id: str, reason: str | None = None
+) -> Literal["cancelled", "requested", "already"]: ...
+def due_runs(
+    store: Store, now: float | None = None, limit: int = 1000
+) -> list[tuple[str, str, str, Literal["timer", "signal", "recovered"], str | None]]: ...
+def next_wake(store: Store, after: float) -> float | None: ...
+def parked_wait(store: Store, run_id: str) -> tuple[str, float | None, str | None] | None: ...
+def parked_waits(
+    db_path: str, run_ids: list[str]
+) -> dict[str, tuple[str, float | None, str | None]]: ...
+def wait_for_work(store: Store, until: float | None, max_seconds: float) -> bool: ...
+def release_leases(store: Store) -> int: ...
+def clock_now() -> float: ...
+def clock_is_fake() -> bool: ...
+def clock_set_fake(at: float | None = None) -> None: ...
+def clock_advance(seconds: float) -> None: ...
+def clock_iso(t: float) -> str: ...
+def clock_poke() -> None: ...

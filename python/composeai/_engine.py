@@ -57,7 +57,12 @@ class _Revoked(BaseException):
     It unwinds an abandoned thread silently."""
 
 
-_core.register_errors(ConfigError, SerializationError, _Revoked)
+class _RunCancelled(BaseException):
+    """Internal signal: a cancel request for the run reached this attempt
+    (EXT-10). Code may clean up in `finally` but must not swallow it."""
+
+
+_core.register_errors(ConfigError, SerializationError, _Revoked, _RunCancelled)
 
 # ---------------------------------------------------------------------------
 # The store
@@ -118,10 +123,29 @@ def _check_span_writes() -> None:
 class RunState:
     """One attempt of a durable run as the Python side sees it."""
 
-    __slots__ = ("attempt", "kind", "name", "run_id", "trace", "trace_id")
+    __slots__ = (
+        "attempt",
+        "journal_failures",
+        "kind",
+        "name",
+        "park",
+        "run_id",
+        "started",
+        "trace",
+        "trace_id",
+    )
 
-    def __init__(self, attempt, name: str):
+    def __init__(self, attempt, name: str, park: bool = False):
         self.attempt = attempt
+        # `@flow(journal_failures=True)`: a failed step is journaled and
+        # raised as `TaskFailed` (EXT-7).
+        self.journal_failures = False
+        # `StepHandle`s of `start()`ed steps; the run settles only after
+        # every one of them has (EXT-6).
+        self.started = None
+        # Durable waits park the run (settle it paused) instead of blocking
+        # this process (`wait=False`, the worker).
+        self.park = park
         self.kind = attempt.kind
         self.run_id = attempt.run_id
         self.trace_id = attempt.trace_id
@@ -251,7 +275,10 @@ def mark_failed(span: Span, exc: BaseException) -> None:
     span.ended_at = time.time()
     if isinstance(exc, _Pause):
         span.status = "paused"
-    elif isinstance(exc, (_Revoked, _Cancelled)) or type(exc).__name__ == "CancelledError":
+    elif (
+        isinstance(exc, (_Revoked, _Cancelled, _RunCancelled))
+        or type(exc).__name__ == "CancelledError"
+    ):
         span.status = "cancelled"
     else:
         span.status = "error"
@@ -426,8 +453,11 @@ def call_body(fn: Callable, is_async: bool, args: tuple, kwargs: dict) -> Any:
     return fn(*args, **kwargs)
 
 
-def call_with_retries(body: Callable[[], Any], retries: int, span: Span) -> Any:
-    """FLOW-2: re-runs the body on an `Exception`, recording each failure."""
+def call_with_retries(body: Callable[[], Any], retries: int, span: Span, policy=None) -> Any:
+    """FLOW-2: re-runs the body on an `Exception`, recording each failure;
+    with a `RetryPolicy` (EXT-9), as it says, after its delays."""
+    if policy is not None:
+        return call_with_policy(body, policy, span)
     attempt = 0
     while True:
         try:
@@ -442,6 +472,22 @@ def call_with_retries(body: Callable[[], Any], retries: int, span: Span) -> Any:
             if attempt >= retries:
                 raise
             attempt += 1
+
+
+def call_with_policy(body: Callable[[], Any], policy, span: Span) -> Any:
+    attempt = 1
+    while True:
+        try:
+            return body()
+        except Exception as exc:
+            if attempt >= policy.max_attempts or not policy.retries(exc):
+                raise
+            attempt += 1
+            delay = policy.delay(attempt)
+            span.attributes.setdefault("retries", []).append(
+                {"type": type(exc).__name__, "message": str(exc), "delay": delay}
+            )
+            time.sleep(delay)
 
 
 def encode_step(key: str, value: Any) -> str:
@@ -589,6 +635,30 @@ def finish_step(step: StepStart, value: Any) -> Any:
     return result
 
 
+FAILED = "$failed"
+
+
+def replayed_value(frame: Frame, step: StepStart) -> Any:
+    """A journal hit: its value, or the journaled failure raised again (EXT-7)."""
+    hit = step.hit
+    if frame.run.journal_failures and isinstance(hit, dict) and list(hit) == [FAILED]:
+        from .durable import TaskFailed
+
+        failure = hit[FAILED]
+        raise TaskFailed(step.key, failure.get("type", ""), failure.get("message", ""))
+    return hit
+
+
+def raise_journaled_failure(step: StepStart, exc: Exception) -> None:
+    """Journals a step's failure under its key and raises `TaskFailed`
+    (original as `__cause__`)."""
+    from .durable import TaskFailed
+
+    record = {FAILED: {"type": type(exc).__name__, "message": str(exc)}}
+    step.frame.run.attempt.commit(step.key, _codec.dumps(record), None, step.frame.fence)
+    raise TaskFailed(step.key, type(exc).__name__, str(exc)) from exc
+
+
 def journaled_step(
     frame: Frame, kind: str, name: str, execute: Callable[..., Any], args: tuple, kwargs: dict
 ) -> Any:
@@ -596,7 +666,7 @@ def journaled_step(
     `execute(inner_frame, args, kwargs)` then commit."""
     step = begin_step(frame, kind, name)
     if step.inner is None:
-        return step.hit
+        return replayed_value(frame, step)
     if _capture():
         step.span.input = {"args": list(args), "kwargs": kwargs}
     token = FRAME.set(step.inner)
@@ -604,6 +674,8 @@ def journaled_step(
         value = execute(step.inner, args, kwargs)
     except BaseException as exc:
         fail_span(frame.run, step.span, exc)
+        if frame.run.journal_failures and isinstance(exc, Exception):
+            raise_journaled_failure(step, exc)
         raise
     finally:
         FRAME.reset(token)
@@ -616,7 +688,7 @@ async def ajournaled_step(
     """The async twin of `journaled_step`: `execute` returns an awaitable."""
     step = begin_step(frame, kind, name)
     if step.inner is None:
-        return step.hit
+        return replayed_value(frame, step)
     if _capture():
         step.span.input = {"args": list(args), "kwargs": kwargs}
     token = FRAME.set(step.inner)
@@ -624,6 +696,8 @@ async def ajournaled_step(
         value = await execute(step.inner, args, kwargs)
     except BaseException as exc:
         fail_span(frame.run, step.span, exc)
+        if frame.run.journal_failures and isinstance(exc, Exception):
+            raise_journaled_failure(step, exc)
         raise
     finally:
         FRAME.reset(token)
@@ -758,12 +832,22 @@ def drive_sync(run: RunState, body: Callable[[], Any], root: Span) -> Any:
     driver = driven_synchronously()
     try:
         output = body()
+        if run.started:
+            join_started(run)
     except BaseException as exc:  # noqa: BLE001 -- settled, re-raised unless a pause/cancel
         return settle_interrupted(run, root, exc)
     finally:
         ASYNC_DRIVER.reset(driver)
         FRAME.reset(token)
     return settle_completed(run, root, output)
+
+
+def join_started(run: RunState) -> None:
+    """Structured concurrency (EXT-6): waits for every started step; the
+    first failure nobody asked for fails the run."""
+    from .durable import join_handles
+
+    join_handles(run.started)
 
 
 def settle_paused(run: RunState, root: Span, pause: _Pause):
@@ -814,6 +898,8 @@ def settle_interrupted(
         return settle_paused(run, root, exc)
     if isinstance(exc, _Cancelled):
         return settle_cancelled(run, root, exc, cancelled_status)
+    if isinstance(exc, _RunCancelled):
+        return settle_cancelled(run, root, exc, "cancelled")
     settle_error(run, root, exc)
     raise exc
 
@@ -846,6 +932,10 @@ async def drive_async(run: RunState, body: Callable[[], Any], root: Span) -> Any
     driver = driven_by_running_loop()
     try:
         output = await body()
+        if run.started:
+            from .durable import ajoin_handles
+
+            await ajoin_handles(run.started)
     except BaseException as exc:  # noqa: BLE001 -- settled, re-raised unless a pause/cancel
         return settle_interrupted(run, root, exc)
     finally:

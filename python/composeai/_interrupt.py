@@ -11,12 +11,13 @@ from . import _codec
 
 
 class Interrupt(BaseModel):
-    """A pause waiting for a human answer."""
+    """A pause waiting for a human answer, or (kinds `timer`, `signal`) a
+    run parked on a durable wait."""
 
     model_config = ConfigDict(frozen=True)
 
     id: str
-    kind: Literal["approval", "question"]
+    kind: Literal["approval", "question", "timer", "signal"]
     question: str | None = None
     payload: Any = None
 

@@ -239,6 +239,7 @@ class AsyncRunStream(Generic[R]):
         self._task: asyncio.Task[Run[R]] | None = None
         self._error: BaseException | None = None
         self._drained = False
+        self._token = CancelToken()
 
     @classmethod
     def start(cls, make_coro: Callable[[], Awaitable[Run[R]]]) -> AsyncRunStream[R]:
@@ -260,8 +261,8 @@ class AsyncRunStream(Generic[R]):
     async def _drive(self, make_coro: Callable[[], Awaitable[Run[R]]]) -> Run[R]:
         try:
             # No sync stream's token applies here: an async run is cancelled by
-            # cancelling its task (ASYNC-10).
-            with use_bus(self._bus), use_cancel_token(None):
+            # cancelling its task (ASYNC-10), or by this stream's `cancel()`.
+            with use_bus(self._bus), use_cancel_token(self._token):
                 return await make_coro()
         except BaseException as exc:
             self._error = exc
@@ -304,3 +305,8 @@ class AsyncRunStream(Generic[R]):
     def close(self) -> None:
         """Stop receiving events (idempotent); the run continues."""
         self._sub.close()
+
+    def cancel(self) -> None:
+        """Cancels the run at its next step or wait (EXT-10): `run()` then
+        returns `Run(status="cancelled")`. Idempotent."""
+        self._token.set()

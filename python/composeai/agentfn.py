@@ -335,6 +335,9 @@ def _llm_call(call: _Call) -> Generator[tuple, Any, Any]:
     """One model call in an `llm` span, with retries, fallback and the
     budget check (AGENT-22, AGENT-23, BUDGET-4)."""
     agent = call.agent
+    if call.run is not None:
+        # An LLM turn is a durable boundary for cancel requests (EXT-10).
+        _core.check_cancel(call.run.attempt, False)
     while True:
         span = _engine.open_span(call.frame.span, call.frame.trace, "llm", call.label)
         span.attributes["model"] = call.model_id
@@ -366,11 +369,18 @@ def _llm_call(call: _Call) -> Generator[tuple, Any, Any]:
                     )
                 break
             except ProviderError as exc:
-                span.attributes.setdefault("retries", []).append(
-                    {"type": type(exc).__name__, "message": str(exc)}
-                )
-                if attempts < agent.retries:
+                failure = {"type": type(exc).__name__, "message": str(exc)}
+                policy = agent.retry
+                if policy is None:
+                    again = attempts < agent.retries
+                else:
+                    again = attempts + 1 < policy.max_attempts and policy.retries(exc)
+                    failure["delay"] = policy.delay(attempts + 2) if again else 0.0
+                span.attributes.setdefault("retries", []).append(failure)
+                if again:
                     attempts += 1
+                    if failure.get("delay"):
+                        yield ("callback", time.sleep, (failure["delay"],))
                     continue
                 _engine.fail_span(call.run, span, exc)
                 if call.use_fallback():
@@ -983,6 +993,8 @@ class AgentFunction(Generic[P, R]):
         self.max_tokens = options["max_tokens"]
         self.max_turns = options["max_turns"]
         self.retries = options["retries"]
+        # A `RetryPolicy` for provider calls (EXT-9); None: `retries`.
+        self.retry = options.get("retry")
         self.max_repairs = options["max_repairs"]
         self.timeout = options["timeout"]
         self.prompt_cache = options["prompt_cache"]
@@ -1392,6 +1404,7 @@ def agent(
     cache: bool = False,
     name: str | None = None,
     replace: bool = False,
+    retry: Any = None,
 ) -> _AgentDecorator: ...
 def agent(
     fn: Callable[..., Any] | None = None,
@@ -1413,11 +1426,18 @@ def agent(
     cache: bool = False,
     name: str | None = None,
     replace: bool = False,
+    retry: Any = None,
 ):
-    """Declares an LLM agent, bare or with keyword options (AGENT-1 … AGENT-4)."""
+    """Declares an LLM agent, bare or with keyword options (AGENT-1 … AGENT-4);
+    `retry=RetryPolicy(...)` governs provider-call retries (EXT-9)."""
 
     def decorate(f: Callable[..., Any]) -> AgentFunction:
         agent_name = name or f.__name__
+        policy = None
+        if retry is not None:
+            from ._retry import resolve
+
+            policy = resolve(f"@agent {agent_name!r}", retries, retry)
         if agent_name in _AGENTS and not replace:
             raise ConfigError(
                 f"@agent name {agent_name!r} is already registered -- agent names must be unique "
@@ -1441,6 +1461,7 @@ def agent(
             fallback=fallback,
             cache=cache,
             name=agent_name,
+            retry=policy,
         )
         _AGENTS[agent_name] = obj
         _codec.register_annotation_types(f)

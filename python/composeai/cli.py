@@ -145,16 +145,30 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         print("no runs found")
         return 0
     now = time.time()
+    parked = _parked(rows)
     lines = []
     for r in rows:
         age = _age(r["created_at"], now)
         cost = _cost(r["cost_usd"], r["cost_complete"])
         lines.append(
             f"{r['run_id']:<26}  {r['kind']:<9} {r['name']:<20} {r['status']:<10} "
-            f"{age:<9} {cost:>10} {r['tokens']:>8} tok"
+            f"{age:<9} {cost:>10} {r['tokens']:>8} tok{parked.get(r['run_id'], '')}"
         )
     print("\n".join(lines))
     return 0
+
+
+def _parked(rows: list[dict]) -> dict[str, str]:
+    """The pending column of runs parked on a timer or a signal (EXT-2);
+    other rows keep the 0.11.0 line."""
+    ids = [r["run_id"] for r in rows if r["status"] == "paused"]
+    if not ids:
+        return {}
+    out = {}
+    for run_id, (_key, wake_at, signal_name) in _core.parked_waits(_db_path(), ids).items():
+        wake = "" if wake_at is None else f" until {_core.clock_iso(wake_at)}"
+        out[run_id] = f"  signal {signal_name}{wake}" if signal_name else f"  timer {wake.strip()}"
+    return out
 
 
 def _not_found(run_id: str) -> ComposeError:
@@ -185,7 +199,32 @@ def _payload(payload_json: str | None) -> object:
         return payload_json
 
 
+def _parked_banner(run_id: str, pending: list[tuple]) -> str:
+    """A run parked on a durable timer or signal (EXT-1/EXT-4)."""
+    lines = ["", f"⏸  run {run_id} is parked on {len(pending)} durable wait(s):"]
+    for interrupt_id, kind, _question, payload_json in pending:
+        payload = _payload(payload_json)
+        payload = payload if isinstance(payload, dict) else {}
+        if kind == "timer":
+            lines.append(f"  - id={interrupt_id!r} kind='timer' wakes at {payload.get('wake_at')}")
+        else:
+            lines.append(
+                f"  - id={interrupt_id!r} kind='signal' waits for signal {payload.get('name')!r}"
+            )
+    lines += [
+        "",
+        "A running `compose worker` (with --import for its flow) continues it when due; or:",
+        "    from composeai import resume",
+        f"    resume({run_id!r})",
+    ]
+    if any(p[1] == "signal" for p in pending):
+        lines.append(f"    # signal it: compose signal {run_id} NAME --json VALUE")
+    return "\n".join(lines)
+
+
 def _paused_banner(run_id: str, pending: list[tuple]) -> str:
+    if pending and all(p[1] in ("timer", "signal") for p in pending):
+        return _parked_banner(run_id, pending)
     lines = ["", f"⏸  run {run_id} is paused with {len(pending)} pending interrupt(s):"]
     answers: dict[str, object] = {}
     for interrupt_id, kind, question, payload_json in pending:
@@ -217,6 +256,48 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     print(value["text"])
     if value["status"] == "paused":
         print(_paused_banner(value["run_id"], value["pending"]))
+    return 0
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    """EXT-2: continues due runs until SIGINT/SIGTERM (or one pass, --once)."""
+    if args.concurrency < 1:
+        args.parser.error(f"--concurrency must be a positive integer, got {args.concurrency}")
+    if args.interval <= 0:
+        args.parser.error(f"--interval must be a positive number, got {args.interval}")
+    _import_modules(args.imports)
+    from .worker import run_worker
+
+    return run_worker([], once=args.once, interval=args.interval, concurrency=args.concurrency)
+
+
+def _cmd_signal(args: argparse.Namespace) -> int:
+    """EXT-3: `compose signal RUN_ID NAME [--json VALUE]`."""
+    value = None
+    if args.json is not None:
+        try:
+            value = json.loads(args.json)
+        except ValueError as e:
+            raise ComposeError(f"--json value is not valid JSON: {e}") from None
+    _import_modules(args.imports)
+    from . import durable
+
+    durable.signal(args.run_id, args.name, value)
+    print(f"signal {args.name!r} sent to run {args.run_id}")
+    return 0
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    """EXT-10: `compose cancel RUN_ID [--reason TEXT]`."""
+    from . import _engine
+
+    outcome = _core.request_cancel(_engine.get_store(), args.run_id, args.reason)
+    if outcome == "requested":
+        print(f"cancel requested for run {args.run_id} (it stops at its next step)")
+    elif outcome == "already":
+        print(f"run {args.run_id} was already cancelled")
+    else:
+        print(f"run {args.run_id} cancelled")
     return 0
 
 
@@ -630,6 +711,33 @@ def _build_parser() -> argparse.ArgumentParser:
     export.add_argument("--cassette", required=True, metavar="PATH", help="file to write")
     add_import(export)
     export.set_defaults(func=_cmd_export, parser=export)
+
+    worker = sub.add_parser("worker", help="continue due durable runs (timers, signals, crashes)")
+    worker.add_argument("--once", action="store_true", help="one pass over what is due, then exit")
+    worker.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="longest sleep between looks at the store (1.0)",
+    )
+    worker.add_argument(
+        "--concurrency", type=int, default=4, metavar="N", help="runs executed at once (4)"
+    )
+    add_import(worker)
+    worker.set_defaults(func=_cmd_worker, parser=worker)
+
+    sig = sub.add_parser("signal", help="send a signal to a run")
+    sig.add_argument("run_id", metavar="RUN_ID")
+    sig.add_argument("name", metavar="NAME")
+    sig.add_argument("--json", metavar="VALUE", help="the signal's value, as JSON")
+    add_import(sig)
+    sig.set_defaults(func=_cmd_signal, parser=sig)
+
+    cancel = sub.add_parser("cancel", help="cancel a run")
+    cancel.add_argument("run_id", metavar="RUN_ID")
+    cancel.add_argument("--reason", metavar="TEXT")
+    cancel.set_defaults(func=_cmd_cancel, parser=cancel)
 
     path = sub.add_parser("path", help="print the state directory")
     path.set_defaults(func=_cmd_path, parser=path)

@@ -6,7 +6,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
-from . import _codec, _engine
+from . import _codec, _core, _engine
 from ._engine import FRAME, Frame
 from .errors import ConfigError, ResumeMismatchError, SerializationError
 
@@ -49,11 +49,20 @@ def _args_payload(args: tuple, kwargs: dict) -> dict:
 class Task(Generic[P, R]):
     """A journaled unit of work (FLOW-1 … FLOW-7)."""
 
-    def __init__(self, fn: Callable[..., Any], *, retries: int, timeout: float | None, name: str):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        retries: int,
+        timeout: float | None,
+        name: str,
+        retry: Any = None,
+    ):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = name
         self.retries = retries
+        self.retry = retry
         self.timeout = timeout
         self._is_async = _is_coroutine_function(fn)
 
@@ -109,7 +118,7 @@ class Task(Generic[P, R]):
                     f"composeai-task-{self.name}",
                 )
 
-        return _engine.call_with_retries(body, self.retries, inner.span)
+        return _engine.call_with_retries(body, self.retries, inner.span, self.retry)
 
     async def _await_with_timeout(self, args: tuple, kwargs: dict) -> Any:
         import asyncio
@@ -141,6 +150,19 @@ class Task(Generic[P, R]):
             except Exception as exc:
                 from .errors import TaskTimeoutError
 
+                policy = self.retry
+                if policy is not None:
+                    if attempt + 1 >= policy.max_attempts or not policy.retries(exc):
+                        raise
+                    attempt += 1
+                    delay = policy.delay(attempt + 1)
+                    inner.span.attributes.setdefault("retries", []).append(
+                        {"type": type(exc).__name__, "message": str(exc), "delay": delay}
+                    )
+                    import asyncio
+
+                    await asyncio.sleep(delay)
+                    continue
                 if isinstance(exc, TaskTimeoutError):
                     raise
                 if self.retries:
@@ -203,13 +225,20 @@ def task(
     timeout: float | None = None,
     name: str | None = None,
     replace: bool = False,
+    retry: Any = None,
 ) -> _TaskDecorator: ...
-def task(fn=None, /, *, retries=0, timeout=None, name=None, replace=False):
-    """Declares a journaled task, bare or with keyword options (FLOW-1)."""
+def task(fn=None, /, *, retries=0, timeout=None, name=None, replace=False, retry=None):
+    """Declares a journaled task, bare or with keyword options (FLOW-1);
+    `retry=RetryPolicy(...)` instead of `retries=` (EXT-9)."""
 
     def decorate(f: Callable[..., Any]) -> Task:
         task_name = name or f.__name__
-        obj = Task(f, retries=retries, timeout=timeout, name=task_name)
+        policy = None
+        if retry is not None:
+            from ._retry import resolve
+
+            policy = resolve(f"@task {task_name!r}", retries, retry)
+        obj = Task(f, retries=retries, timeout=timeout, name=task_name, retry=policy)
         _register(
             _TASKS,
             obj,
@@ -246,10 +275,20 @@ def _fingerprint(fn: Callable) -> str:
 class Flow(Generic[P, R]):
     """A durable run (FLOW-8 … FLOW-12)."""
 
-    def __init__(self, fn: Callable[..., Any], *, name: str):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str,
+        journal_failures: bool = False,
+        retry: Any = None,
+    ):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = name
+        self.journal_failures = journal_failures
+        # EXT-8: None (= RetryPolicy.NONE) or a policy with several attempts.
+        self.retry = retry if retry is not None and retry.max_attempts > 1 else None
         self.fingerprint = _fingerprint(fn)
         self._is_async = _is_coroutine_function(fn)
 
@@ -283,13 +322,14 @@ class Flow(Generic[P, R]):
             "run's budget governs); set it on the outer run"
         )
 
-    def _start(self, args: tuple, kwargs: dict, budget: Any):
+    def _start(self, args: tuple, kwargs: dict, budget: Any, wait: bool = True):
         args_json = _codec.dumps(_args_payload(args, kwargs))
         budget_json = _engine.budget_json(budget)
         attempt = _engine.get_store().start_run(
             "flow", self.name, self.fingerprint, args_json, budget_json
         )
-        return _engine.RunState(attempt, self.name), _engine.budget_meter(budget, "flow", self.name)
+        run = _engine.RunState(attempt, self.name, not wait)
+        return run, _engine.budget_meter(budget, "flow", self.name)
 
     def _root(self, run, args: tuple, kwargs: dict):
         root = _engine.open_span(None, run.trace, "flow", self.name)
@@ -298,6 +338,8 @@ class Flow(Generic[P, R]):
         return root
 
     def _drive(self, run, args: tuple, kwargs: dict, meter=None):
+        _core.set_module(run.attempt, self.fn.__module__)
+        run.journal_failures = self.journal_failures
         root = self._root(run, args, kwargs)
         token = _engine.BUDGETS.set((meter,)) if meter is not None else None
         try:
@@ -307,17 +349,35 @@ class Flow(Generic[P, R]):
                 _engine.BUDGETS.reset(token)
 
     def _drive_body(self, run, root, args: tuple, kwargs: dict):
+        call = lambda: self.fn(*args, **kwargs)
+        if self.retry is not None:
+            from .durable import aretrying_body, retrying_body
+
+            policy, plain = self.retry, call
+            if self._is_async:
+                call = lambda: aretrying_body(policy, plain)
+            else:
+                call = lambda: retrying_body(policy, plain)
         if self._is_async:
             from . import _runtime
 
-            outcome = _runtime.run_sync(
-                lambda: _engine.drive_async(run, lambda: self.fn(*args, **kwargs), root)
-            )
+            outcome = _runtime.run_sync(lambda: _engine.drive_async(run, call, root))
         else:
-            outcome = _engine.drive_sync(run, lambda: self.fn(*args, **kwargs), root)
-        return _engine.make_run_result(run, outcome)
+            outcome = _engine.drive_sync(run, call, root)
+        return self._after(run, _engine.make_run_result(run, outcome))
+
+    def _after(self, run, result):
+        """A blocking driver carries on after a retry backoff (EXT-8)."""
+        if self.retry is not None and not run.park:
+            from .durable import is_retry_park
+
+            if is_retry_park(result):
+                return resume(result.id)
+        return result
 
     async def _adrive(self, run, args: tuple, kwargs: dict, meter=None):
+        _core.set_module(run.attempt, self.fn.__module__)
+        run.journal_failures = self.journal_failures
         root = self._root(run, args, kwargs)
         token = _engine.BUDGETS.set((meter,)) if meter is not None else None
         try:
@@ -344,14 +404,31 @@ class Flow(Generic[P, R]):
                     f"composeai-flow-{self.name}",
                 )
 
-        outcome = await _engine.drive_async(run, body, root)
-        return _engine.make_run_result(run, outcome)
+        if self.retry is not None:
+            from .durable import aretrying_body, is_retry_park
 
-    def run(self, *args: Any, budget: Any = None, **kwargs: Any) -> Run[R]:
-        """Starts a new top-level durable run, even inside another flow."""
+            policy, plain = self.retry, body
+            body = lambda: aretrying_body(policy, plain)
+        outcome = await _engine.drive_async(run, body, root)
+        result = _engine.make_run_result(run, outcome)
+        if self.retry is not None and not run.park and is_retry_park(result):
+            return await aresume(result.id)
+        return result
+
+    def run(self, *args: Any, budget: Any = None, wait: bool = True, **kwargs: Any) -> Run[R]:
+        """Starts a new top-level durable run, even inside another flow.
+        `wait=False`: durable waits park the run instead of blocking (EXT-1)."""
         _engine.check_sync_facade()
-        run, meter = self._start(args, kwargs, budget)
+        run, meter = self._start(args, kwargs, budget, wait)
         return self._drive(run, args, kwargs, meter)
+
+    def start(self, *args: Any, budget: Any = None, wait: bool = True, **kwargs: Any):
+        """EXT-11: creates the run durably, executes it on a background thread
+        of this process and returns its `RunHandle` at once."""
+        _engine.check_sync_facade()
+        from .durable import start_in_background
+
+        return start_in_background(self, args, kwargs, budget, wait)
 
     def stream(self, *args: Any, budget: Any = None, **kwargs: Any) -> RunStream[R]:
         """Runs `.run()` on a background thread with a fresh event bus (FLOW-10)."""
@@ -359,14 +436,16 @@ class Flow(Generic[P, R]):
 
         return RunStream.start(lambda: self.run(*args, budget=budget, **kwargs), cancellable=True)
 
-    async def arun(self, *args: Any, budget: Any = None, **kwargs: Any) -> Run[R]:
+    async def arun(
+        self, *args: Any, budget: Any = None, wait: bool = True, **kwargs: Any
+    ) -> Run[R]:
         """Async twin of `run`; nested (one step) when a flow is active (FLOW-50)."""
         frame = FRAME.get()
         if frame is not None and frame.run is not None:
             if budget is not None:
                 raise ConfigError(self._nested_budget_message())
             return await self._anested(frame, args, kwargs)
-        run, meter = self._start(args, kwargs, budget)
+        run, meter = self._start(args, kwargs, budget, wait)
         return await self._adrive(run, args, kwargs, meter)
 
     async def _anested(self, frame: Frame, args: tuple, kwargs: dict):
@@ -409,13 +488,27 @@ def flow(fn: Callable[P, Coroutine[Any, Any, R]], /) -> Flow[P, R]: ...
 @overload
 def flow(fn: Callable[P, R], /) -> Flow[P, R]: ...
 @overload
-def flow(*, name: str | None = None, replace: bool = False) -> _FlowDecorator: ...
-def flow(fn=None, /, *, name=None, replace=False):
-    """Declares a durable flow, bare or with keyword options (FLOW-8)."""
+def flow(
+    *,
+    name: str | None = None,
+    replace: bool = False,
+    journal_failures: bool = False,
+    retry: Any = None,
+) -> _FlowDecorator: ...
+def flow(fn=None, /, *, name=None, replace=False, journal_failures=False, retry=None):
+    """Declares a durable flow, bare or with keyword options (FLOW-8).
+    `journal_failures=True`: failed steps raise a journaled `TaskFailed`
+    (EXT-7); `retry=RetryPolicy(...)`: the engine re-attempts a failed run
+    after a durable backoff (EXT-8)."""
 
     def decorate(f: Callable[..., Any]) -> Flow:
         flow_name = name or f.__name__
-        obj = Flow(f, name=flow_name)
+        policy = None
+        if retry is not None:
+            from ._retry import resolve
+
+            policy = resolve(f"@flow {flow_name!r}", 0, retry)
+        obj = Flow(f, name=flow_name, journal_failures=bool(journal_failures), retry=policy)
         _register(
             _FLOWS,
             obj,
@@ -444,6 +537,8 @@ def reset_registries() -> None:
 def _utc_now():
     from datetime import datetime, timezone
 
+    if _core.clock_is_fake():
+        return datetime.fromtimestamp(_core.clock_now(), timezone.utc)
     return datetime.now(timezone.utc)
 
 
@@ -532,6 +627,8 @@ def _prepare_resume(
         return None, None, row
     if any(c is not None for c in callbacks):
         raise ConfigError(_CALLBACKS_ON_FLOW)
+    if row["status"] == "cancelled" and row["kind"] == "flow":
+        raise ConfigError(f"run '{run_id}' was cancelled")
     flow_obj = _FLOWS.get(row["name"])
     if flow_obj is None or row["kind"] != "flow":
         raise ConfigError(
@@ -596,8 +693,9 @@ def begin_resume(run_id: str, resolved: list, budget: Any, span_kind: str, name:
     return _engine.RunState(attempt, name), payload, meter
 
 
-def _begin_resume(flow_obj: Flow, run_id: str, resolved, budget):
+def _begin_resume(flow_obj: Flow, run_id: str, resolved, budget, wait: bool = True):
     run, payload, meter = begin_resume(run_id, resolved, budget, "flow", flow_obj.name)
+    run.park = not wait
     return run, tuple(payload.get("args", ())), dict(payload.get("kwargs", {})), meter
 
 
@@ -610,6 +708,7 @@ def resume(
     approver: Any = None,
     tool_interceptor: Any = None,
     context_manager: Any = None,
+    wait: bool = True,
 ) -> Run[Any]:
     """Continues a durable run in this or any process (FLOW-40 … FLOW-43)."""
     _engine.check_sync_facade()
@@ -624,7 +723,7 @@ def resume(
         )
     if done is not None:
         return done
-    run, args, kwargs, meter = _begin_resume(flow_obj, run_id, resolved, budget)
+    run, args, kwargs, meter = _begin_resume(flow_obj, run_id, resolved, budget, wait)
     return flow_obj._drive(run, args, kwargs, meter)
 
 
@@ -637,6 +736,7 @@ async def aresume(
     approver: Any = None,
     tool_interceptor: Any = None,
     context_manager: Any = None,
+    wait: bool = True,
 ) -> Run[Any]:
     """Async twin of `resume`, on the caller's loop."""
     flow_obj, resolved, done = _prepare_resume(
@@ -650,5 +750,5 @@ async def aresume(
         )
     if done is not None:
         return done
-    run, args, kwargs, meter = _begin_resume(flow_obj, run_id, resolved, budget)
+    run, args, kwargs, meter = _begin_resume(flow_obj, run_id, resolved, budget, wait)
     return await flow_obj._adrive(run, args, kwargs, meter)

@@ -31,6 +31,7 @@ __all__ = [
     "cassette",  # noqa: F822 -- provided lazily by the module __getattr__
     "compute_full_hash",
     "compute_message_hash",
+    "fake_clock",
     "record_cassette",
     "replay_cassette",
     "reset_registries",
@@ -577,3 +578,56 @@ def reset_registries() -> None:
     agents = getattr(agentfn, "_AGENTS", None) if agentfn is not None else None
     if agents is not None:
         agents.clear()
+
+
+# --------------------------------------------------------------------------- engine clock (EXT-12)
+
+
+class FakeClock:
+    """The engine clock while `fake_clock` is active: every durable timer,
+    deadline and `now()` of this process reads it."""
+
+    def now(self):
+        from datetime import datetime, timezone
+
+        return datetime.fromtimestamp(_core.clock_now(), timezone.utc)
+
+    def advance(self, delta) -> None:
+        """Moves time forward (seconds or a `timedelta`); blocked runs whose
+        deadline passed wake up."""
+        from datetime import timedelta
+
+        if isinstance(delta, timedelta):
+            seconds = delta.total_seconds()
+        elif isinstance(delta, (int, float)) and not isinstance(delta, bool):
+            seconds = float(delta)
+        else:
+            raise TypeError(f"advance() takes seconds or a timedelta, got {type(delta).__name__}")
+        if seconds < 0:
+            raise ValueError(f"advance() cannot move the clock backwards ({seconds}s)")
+        _core.clock_advance(seconds)
+
+
+class _FakeClockContext:
+    def __init__(self, start) -> None:
+        from datetime import datetime
+
+        if start is not None and (not isinstance(start, datetime) or start.tzinfo is None):
+            raise ValueError("fake_clock(start=...) takes an aware datetime")
+        self._start = start
+        self._previous: float | None = None
+
+    def __enter__(self) -> FakeClock:
+        self._previous = _core.clock_now() if _core.clock_is_fake() else None
+        start = self._start.timestamp() if self._start is not None else _core.clock_now()
+        _core.clock_set_fake(start)
+        return FakeClock()
+
+    def __exit__(self, *exc: object) -> None:
+        _core.clock_set_fake(self._previous)
+
+
+def fake_clock(start=None) -> _FakeClockContext:
+    """EXT-12: replaces the engine clock process-wide for the `with` block
+    (`start`: an aware datetime, default now); yields a `FakeClock`."""
+    return _FakeClockContext(start)

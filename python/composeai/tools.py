@@ -238,6 +238,7 @@ class Tool(Generic[P, R]):
         *,
         timeout: float | None = None,
         executor: Callable[[dict[str, Any]], str | Awaitable[str]] | None = None,
+        retry: Any = None,
     ) -> None:
         if spec is None:
             raise ConfigError("Tool requires a spec")
@@ -253,6 +254,8 @@ class Tool(Generic[P, R]):
         self.param_model = param_model
         self.executor = executor
         self.timeout = timeout
+        # A `RetryPolicy` for the body (EXT-9); None: one attempt.
+        self.retry = retry
         self.__name__ = spec.name
         if fn is not None:
             self._is_async = inspect.iscoroutinefunction(fn)
@@ -330,12 +333,21 @@ class Tool(Generic[P, R]):
                 return _render(_runtime.run_sync(lambda: executor(arguments)))  # type: ignore[misc]
             return _render(executor(arguments))  # type: ignore[misc]
         args, kwargs = self._bind(arguments)
+        fn = self.fn
         if self._is_async:
             from . import _runtime
 
-            fn = self.fn
-            return _render(_runtime.run_sync(lambda: fn(*args, **kwargs)))
-        return _render(self.fn(*args, **kwargs))
+            def body():
+                return _runtime.run_sync(lambda: fn(*args, **kwargs))
+
+        else:
+
+            def body():
+                return fn(*args, **kwargs)
+
+        if self.retry is not None:
+            return _render(_with_policy(self.retry, body))
+        return _render(body())
 
     async def aexecute(self, arguments: dict[str, Any]) -> str:
         """Await an ``async`` tool with model-supplied ``arguments`` (AGENT-35)."""
@@ -347,7 +359,48 @@ class Tool(Generic[P, R]):
         if self.fn is None:
             return _render(await self.executor(arguments))  # type: ignore[misc]
         args, kwargs = self._bind(arguments)
-        return _render(await self.fn(*args, **kwargs))
+        if self.retry is None:
+            return _render(await self.fn(*args, **kwargs))
+        import asyncio
+
+        attempt = 1
+        while True:
+            try:
+                return _render(await self.fn(*args, **kwargs))
+            except Exception as exc:
+                if attempt >= self.retry.max_attempts or not self.retry.retries(exc):
+                    raise
+                attempt += 1
+                await asyncio.sleep(_record_retry(exc, self.retry.delay(attempt)))
+
+
+def _with_policy(policy: Any, body: Callable[[], Any]) -> Any:
+    """Runs a tool body as its `RetryPolicy` says (EXT-9)."""
+    import time
+
+    attempt = 1
+    while True:
+        try:
+            return body()
+        except Exception as exc:
+            if attempt >= policy.max_attempts or not policy.retries(exc):
+                raise
+            attempt += 1
+            time.sleep(_record_retry(exc, policy.delay(attempt)))
+
+
+def _record_retry(exc: Exception, delay: float) -> float:
+    """Notes a failed attempt in the `retries` attribute of the tool span
+    being executed, if any; returns `delay`."""
+    from ._engine import FRAME
+
+    frame = FRAME.get()
+    span = frame.span if frame is not None else None
+    if span is not None and span.kind == "tool":
+        span.attributes.setdefault("retries", []).append(
+            {"type": type(exc).__name__, "message": str(exc), "delay": delay}
+        )
+    return delay
 
 
 def _stage_types(fn: Callable[..., Any]) -> tuple[Any, Any]:
@@ -387,8 +440,13 @@ def _make_tool(
     description: str | None,
     requires_approval: bool,
     timeout: float | None,
+    retry: Any = None,
 ) -> Tool:
     fn_name = getattr(fn, "__name__", repr(fn))
+    if retry is not None:
+        from ._retry import resolve
+
+        retry = resolve(f"@tool {fn_name!r}", 0, retry)
     doc = getattr(fn, "__doc__", None)
     if description is None and (doc is None or not doc.strip()):
         raise ConfigError(_NO_DOCSTRING.format(fn=fn_name))
@@ -412,7 +470,7 @@ def _make_tool(
         requires_approval=requires_approval,
     )
     _codec.register_annotation_types(fn)
-    return Tool(fn, spec, param_model, timeout=timeout)
+    return Tool(fn, spec, param_model, timeout=timeout, retry=retry)
 
 
 @overload
@@ -426,6 +484,7 @@ def tool(
     description: str | None = None,
     requires_approval: bool = False,
     timeout: float | None = None,
+    retry: Any = None,
 ) -> _ToolDecorator: ...
 def tool(
     fn: Callable[..., Any] | None = None,
@@ -435,16 +494,18 @@ def tool(
     description: str | None = None,
     requires_approval: bool = False,
     timeout: float | None = None,
+    retry: Any = None,
 ) -> Any:
     """Expose a function to the model as a tool (AGENT-30 … AGENT-33).
 
-    Usable bare (``@tool``) or with keyword-only options (``@tool(name=..., ...)``).
+    Usable bare (``@tool``) or with keyword-only options (``@tool(name=..., ...)``);
+    ``retry=RetryPolicy(...)`` re-runs a failing body (EXT-9).
     """
     if fn is not None:
-        return _make_tool(fn, name, description, requires_approval, timeout)
+        return _make_tool(fn, name, description, requires_approval, timeout, retry)
 
     def decorate(f: Callable[..., Any]) -> Tool:
-        return _make_tool(f, name, description, requires_approval, timeout)
+        return _make_tool(f, name, description, requires_approval, timeout, retry)
 
     return decorate
 

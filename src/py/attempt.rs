@@ -50,7 +50,7 @@ fn agent_state_row(t: AgentStateTuple) -> AgentStateRow {
 
 #[pyclass(name = "Attempt", module = "composeai._core", frozen)]
 pub struct PyAttempt {
-    inner: Arc<Attempt>,
+    pub(crate) inner: Arc<Attempt>,
 }
 
 impl PyAttempt {
@@ -310,6 +310,7 @@ impl PyAttempt {
                 )
                 .collect(),
             agent_states: agent_states.into_iter().map(agent_state_row).collect(),
+            wait: None,
         };
         py.allow_threads(|| self.inner.settle(settlement)).py_err()
     }

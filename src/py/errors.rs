@@ -10,18 +10,24 @@ use pyo3::types::PyType;
 static CONFIG_ERROR: GILOnceCell<Py<PyType>> = GILOnceCell::new();
 static SERIALIZATION_ERROR: GILOnceCell<Py<PyType>> = GILOnceCell::new();
 static REVOKED_SIGNAL: GILOnceCell<Py<PyType>> = GILOnceCell::new();
+static CANCELLED_SIGNAL: GILOnceCell<Py<PyType>> = GILOnceCell::new();
 
 /// Registers the Python classes raised for core errors.
 #[pyfunction]
+#[pyo3(signature = (config, serialization, revoked, cancelled=None))]
 pub fn register_errors(
     py: Python<'_>,
     config: Py<PyType>,
     serialization: Py<PyType>,
     revoked: Py<PyType>,
+    cancelled: Option<Py<PyType>>,
 ) -> PyResult<()> {
     let _ = CONFIG_ERROR.set(py, config);
     let _ = SERIALIZATION_ERROR.set(py, serialization);
     let _ = REVOKED_SIGNAL.set(py, revoked);
+    if let Some(cancelled) = cancelled {
+        let _ = CANCELLED_SIGNAL.set(py, cancelled);
+    }
     Ok(())
 }
 
@@ -51,6 +57,7 @@ pub fn to_py(e: CoreError) -> PyErr {
         CoreError::Config(m) => raise(&CONFIG_ERROR, "ConfigError", m),
         CoreError::Serialization(m) => raise(&SERIALIZATION_ERROR, "SerializationError", m),
         CoreError::Revoked(m) => raise(&REVOKED_SIGNAL, "ComposeError", m),
+        CoreError::Cancelled(m) => raise(&CANCELLED_SIGNAL, "ComposeError", m),
         CoreError::Store(m) => raise(&CONFIG_ERROR, "ConfigError", m),
     }
 }

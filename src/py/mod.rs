@@ -3,6 +3,7 @@
 
 mod attempt;
 mod budget;
+mod durable;
 mod errors;
 mod query;
 mod spans;
@@ -42,5 +43,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(query::llm_costs, m)?)?;
     m.add_function(wrap_pyfunction!(query::diff_view, m)?)?;
     m.add_function(wrap_pyfunction!(query::export_view, m)?)?;
+    durable::register(m)?;
     Ok(())
 }

@@ -121,6 +121,8 @@ pub struct Settlement {
     pub pending: Vec<InterruptRow>,
     /// Agent snapshots written with the settlement (a pause mid-batch).
     pub agent_states: Vec<AgentStateRow>,
+    /// What a parked run waits for (a timer or a signal).
+    pub wait: Option<crate::durable::WaitRow>,
 }
 
 /// Decides whether a lease held by `owner` until `until` is still live.
@@ -205,4 +207,11 @@ pub trait Store: Send + Sync {
     fn save_chat(&self, chat: &chat::ChatRow) -> CoreResult<()>;
 
     fn load_chat(&self, chat_id: &str) -> CoreResult<Option<chat::ChatRow>>;
+
+    /// Runs `f` on the store's connection after writing everything queued
+    /// (the durable primitives' own queries).
+    fn exec(
+        &self,
+        f: &mut dyn FnMut(&mut rusqlite::Connection) -> CoreResult<()>,
+    ) -> CoreResult<()>;
 }

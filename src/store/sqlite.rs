@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 4;
 
 pub fn now() -> f64 {
     SystemTime::now()
@@ -477,7 +477,7 @@ fn create_private_file(path: &str) -> CoreResult<()> {
     Ok(())
 }
 
-fn insert_journal(
+pub(crate) fn insert_journal(
     tx: &rusqlite::Transaction<'_>,
     rid: i64,
     key: &str,
@@ -657,6 +657,7 @@ impl Store for SqliteStore {
             params![owner, lease_until, row.rid],
         )
         .at(&path)?;
+        crate::durable::store::on_acquire(&tx, row.rid).at(&path)?;
         let journal = read_journal(&tx, row.rid).at(&path)?;
         tx.commit().at(&path)?;
         Ok((row, journal))
@@ -751,6 +752,7 @@ impl Store for SqliteStore {
             for a in &s.agent_states {
                 write_agent_state(tx, rid, a, t).at(&path)?;
             }
+            crate::durable::store::on_settle(tx, rid, &s.status, s.wait.as_ref()).at(&path)?;
             for p in &s.pending {
                 tx.prepare_cached(
                     "INSERT OR REPLACE INTO pending_interrupts(rid, interrupt_id, kind, question, \
@@ -812,7 +814,8 @@ impl Store for SqliteStore {
                  DELETE FROM journal WHERE rid = {rid}; \
                  DELETE FROM pending_interrupts WHERE rid = {rid}; \
                  DELETE FROM agent_state WHERE rid = {rid}; \
-                 DELETE FROM runs WHERE rid = {rid};"
+                 DELETE FROM runs WHERE rid = {rid}; {}",
+                crate::durable::schema::delete_sql(rid)
             ))
             .at(&path)
         })?;
@@ -946,6 +949,13 @@ impl Store for SqliteStore {
     fn load_chat(&self, chat_id: &str) -> CoreResult<Option<super::chat::ChatRow>> {
         let w = self.lock_writer();
         super::chat::get(&w.conn, chat_id).at(&self.path)
+    }
+
+    fn exec(
+        &self,
+        f: &mut dyn FnMut(&mut rusqlite::Connection) -> CoreResult<()>,
+    ) -> CoreResult<()> {
+        self.with_conn(f)
     }
 }
 

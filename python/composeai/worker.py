@@ -1,0 +1,207 @@
+"""`compose worker` (EXT-2): the long-running loop that continues due runs.
+
+The core says which runs are due (`due_runs`) and when the next timer falls
+(`next_wake`); each due run continues through the ordinary resume path,
+parking on its next wait, on one of `concurrency` threads. Between passes
+the worker sleeps in the core (GIL released) until the next timer, another
+process's commit (a new signal or a parked run), or a run of its own
+settling.
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+import sys
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime, timezone
+from typing import IO
+
+from . import _core, _engine
+from . import durable as _durable
+
+# How long in-flight runs may take to settle after SIGINT/SIGTERM before the
+# worker gives up their leases and exits (they stay resumable).
+STOP_GRACE = 2.0
+
+
+class Worker:
+    def __init__(
+        self, *, concurrency: int = 4, interval: float = 1.0, out: IO[str] | None = None
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
+        if interval <= 0:
+            raise ValueError(f"--interval must be positive, got {interval}")
+        self.concurrency = concurrency
+        self.interval = interval
+        self.out = out if out is not None else sys.stdout
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._inflight: dict[str, Future] = {}
+        self._skipped: set[str] = set()
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="composeai-worker")
+
+    # -- logging -------------------------------------------------------------
+
+    def log(self, text: str) -> None:
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        with self._lock:
+            self.out.write(f"{stamp} {text}\n")
+            self.out.flush()
+
+    # -- one run ------------------------------------------------------------
+
+    def _execute(self, run_id: str, name: str, reason: str) -> None:
+        start = time.perf_counter()
+        self.log(f"started  {run_id} flow={name} reason={reason}")
+        try:
+            run = _durable.continue_run(run_id)
+            outcome = run.status
+            if run.status == "paused" and run.pending is not None:
+                outcome = f"paused({run.pending.kind})"
+        except Exception as exc:  # noqa: BLE001 -- logged; the worker carries on
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            outcome = f"failed ({type(exc).__name__}: {first_line})"
+            row = _engine.get_store().get_run(run_id)
+            if "is already being executed" in first_line:
+                # Another process took it first; it is not due while that
+                # process holds its lease.
+                outcome = "busy (executed by another process)"
+            elif row is not None and row["status"] not in ("failed", "completed", "cancelled"):
+                # Refused before it ran (e.g. its flow's source changed): it
+                # would be due again at once, so it is not retried here.
+                outcome = f"skipped ({type(exc).__name__}: {first_line})"
+                with self._lock:
+                    self._skipped.add(run_id)
+        except BaseException as exc:  # noqa: BLE001 -- a stopping worker's abandoned run
+            outcome = f"interrupted ({type(exc).__name__})"
+        ms = (time.perf_counter() - start) * 1000
+        self.log(f"finished {run_id} flow={name} outcome={outcome} duration={ms:.0f}ms")
+        with self._lock:
+            self._inflight.pop(run_id, None)
+        _core.clock_poke()
+
+    def _submit(self, due: list[tuple]) -> int:
+        started = 0
+        for run_id, kind, name, reason, module in due:
+            with self._lock:
+                if run_id in self._inflight or run_id in self._skipped:
+                    continue
+            if kind != "flow":
+                continue
+            if _durable._flow_for(name) is None:
+                self._skipped.add(run_id)
+                print(
+                    "compose worker: warning: "
+                    + _durable.missing_flow_message(run_id, name, module),
+                    file=sys.stderr,
+                    flush=True,
+                )
+                continue
+            with self._lock:
+                self._inflight[run_id] = self._pool.submit(self._execute, run_id, name, reason)
+            started += 1
+        return started
+
+    # -- the loop -----------------------------------------------------------
+
+    def once(self) -> None:
+        """One pass over what is due now; waits for those runs to settle."""
+        store = _engine.get_store()
+        self._submit(_core.due_runs(store, None, 1_000_000))
+        self._drain(None)
+
+    def serve(self) -> None:
+        store = _engine.get_store()
+        while not self.stopping.is_set():
+            with self._lock:
+                free = self.concurrency - len(self._inflight)
+            if free > 0:
+                # Ask for enough rows to see past runs already in flight or skipped.
+                limit = free + len(self._inflight) + len(self._skipped)
+                self._submit(_core.due_runs(store, None, limit))
+            with self._lock:
+                busy = len(self._inflight) >= self.concurrency
+            now = _core.clock_now()
+            until = None if busy else _core.next_wake(store, now)
+            deadline = time.monotonic() + self.interval
+            while not self.stopping.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                # Short slices so SIGINT/SIGTERM are handled promptly.
+                if _core.wait_for_work(store, until, min(left, 0.2)):
+                    break
+
+    def _drain(self, timeout: float | None) -> bool:
+        """Waits for in-flight runs; whether all settled."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                pending = list(self._inflight.values())
+            if not pending:
+                return True
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            try:
+                pending[0].result(timeout=left if left is None else min(left, 0.2))
+            except Exception:  # noqa: BLE001, S110 -- outcomes are logged by _execute
+                pass
+
+    def stop(self) -> int:
+        """Lets in-flight runs settle for a moment, then gives up the leases
+        of those still executing; returns how many were left."""
+        self.stopping.set()
+        if self._drain(STOP_GRACE):
+            self._pool.shutdown(wait=True)
+            return 0
+        store = _engine.get_store()
+        with self._lock:
+            left = sorted(self._inflight)
+        _core.release_leases(store)
+        for run_id in left:
+            self.log(f"stopped  {run_id} left resumable")
+        return len(left)
+
+
+def run_worker(
+    imports: list[str], *, once: bool, interval: float, concurrency: int, out=None
+) -> int:
+    """The `compose worker` command; returns the exit code."""
+    import importlib
+
+    for module in imports:
+        importlib.import_module(module)
+    worker = Worker(concurrency=concurrency, interval=interval, out=out)
+    if once:
+        worker.once()
+        worker._pool.shutdown(wait=True)
+        return 0
+
+    def handle(signum, _frame):
+        worker.stopping.set()
+        _core.clock_poke()
+
+    if threading.current_thread() is threading.main_thread():
+        _signal.signal(_signal.SIGINT, handle)
+        _signal.signal(_signal.SIGTERM, handle)
+    worker.log(
+        f"worker ready pid={__import__('os').getpid()} concurrency={concurrency} "
+        f"store={_engine.get_store().path}"
+    )
+    worker.serve()
+    left = worker.stop()
+    worker.log("worker stopped")
+    _engine.get_store().flush()
+    if left:
+        # Threads still inside user code cannot be stopped; their runs'
+        # leases are released, so exiting now leaves them resumable.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        import os
+
+        os._exit(0)
+    return 0
