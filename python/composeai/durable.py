@@ -368,10 +368,10 @@ def missing_flow_message(run_id: str, name: str, module: str | None) -> str:
 
 def continue_run(run_id: str) -> Run:
     """Continues one due run through the ordinary resume path, parking on
-    its next wait."""
-    from .flow import resume
+    its next wait; `flow.NotDue` when another process settled it first."""
+    from .flow import continue_due
 
-    return resume(run_id, wait=False)
+    return continue_due(run_id)
 
 
 def wake_due(now: datetime | None = None) -> list[Run]:
@@ -380,6 +380,8 @@ def wake_due(now: datetime | None = None) -> list[Run]:
     whose awaited signal arrived, and `running` runs whose lease holder is
     dead. A run whose body raises is failed (as `resume` does), warned
     about, and the others still continue."""
+    from .flow import NotDue
+
     at = None if now is None else _timestamp(now)
     done: list[Run] = []
     for run_id, kind, name, _reason, module in _core.due_runs(_engine.get_store(), at):
@@ -392,6 +394,8 @@ def wake_due(now: datetime | None = None) -> list[Run]:
             continue
         try:
             done.append(continue_run(run_id))
+        except NotDue:
+            continue
         except Exception as exc:  # noqa: BLE001 -- the run is failed; carry on with the rest
             warnings.warn(
                 f"run {run_id} ({name}) failed: {type(exc).__name__}: {exc}", RuntimeWarning, 2

@@ -699,6 +699,39 @@ def _begin_resume(flow_obj: Flow, run_id: str, resolved, budget, wait: bool = Tr
     return run, tuple(payload.get("args", ())), dict(payload.get("kwargs", {})), meter
 
 
+class NotDue(Exception):
+    """The run settled in another process after it was listed as due."""
+
+
+# Statuses a due run can be continued from: parked, or running with a dead holder.
+_CONTINUABLE = ("paused", "running")
+
+
+def continue_due(run_id: str) -> Run[Any]:
+    """Continues a run the worker found due, parking on its next wait.
+
+    Unlike ``resume()``, a run that another process settled in the meantime
+    (completed, failed or cancelled) is left exactly as it is: the status is
+    checked again under the lease, so two workers never both continue it.
+    """
+    store = _engine.get_store()
+    row = store.get_run(run_id)
+    if row is None or row["kind"] != "flow" or row["status"] not in _CONTINUABLE:
+        raise NotDue(run_id)
+    flow_obj, resolved, done = _prepare_resume(run_id, None, False, (None, None, None))
+    if done is not None:
+        raise NotDue(run_id)
+    run, args, kwargs, meter = _begin_resume(flow_obj, run_id, resolved, None, wait=False)
+    attempt = run.attempt
+    if attempt.status not in _CONTINUABLE:
+        # Settled between the check above and the lease: give the lease back
+        # with the row as it is.
+        settled = store.get_run(run_id)
+        attempt.settle(settled["status"], settled["output_json"], settled["error_json"])
+        raise NotDue(run_id)
+    return flow_obj._drive(run, args, kwargs, meter)
+
+
 def resume(
     run_id: str,
     answers: dict[str, Any] | None = None,

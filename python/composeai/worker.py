@@ -20,6 +20,7 @@ from typing import IO
 
 from . import _core, _engine
 from . import durable as _durable
+from .flow import NotDue
 
 # How long in-flight runs may take to settle after SIGINT/SIGTERM before the
 # worker gives up their leases and exits (they stay resumable).
@@ -61,6 +62,8 @@ class Worker:
             outcome = run.status
             if run.status == "paused" and run.pending is not None:
                 outcome = f"paused({run.pending.kind})"
+        except NotDue:
+            outcome = "skipped (settled by another process)"
         except Exception as exc:  # noqa: BLE001 -- logged; the worker carries on
             first_line = str(exc).splitlines()[0] if str(exc) else ""
             outcome = f"failed ({type(exc).__name__}: {first_line})"
