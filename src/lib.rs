@@ -3,6 +3,7 @@
 
 pub mod budget;
 pub mod error;
+pub mod graph;
 pub mod ids;
 pub mod journal;
 pub mod py;

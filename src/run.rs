@@ -211,6 +211,31 @@ impl Attempt {
         Ok(self.journal.lock().record(key, stored))
     }
 
+    /// Journals `entries` (first write wins) and runs `work`, in one
+    /// durable transaction with everything queued: a graph step's node
+    /// updates and its checkpoint (EXT-30).
+    pub fn commit_with(
+        &self,
+        entries: &[(String, String)],
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<()> {
+        self.check(None)?;
+        let rid = self.run.rid;
+        let path = self.store.path().to_string();
+        self.store.transact(&mut |tx| {
+            for (k, v) in entries {
+                crate::store::sqlite::insert_journal(tx, rid, k, v)
+                    .map_err(|e| CoreError::Store(format!("composeai store '{path}': {e}")))?;
+            }
+            work(tx)
+        })?;
+        let mut j = self.journal.lock();
+        for (k, v) in entries {
+            j.record(k, Arc::from(v.as_str()));
+        }
+        Ok(())
+    }
+
     /// Journals `value` under `key` like `commit`, but lets a background
     /// commit make it durable: for steps whose value the flow body only sees
     /// after `sync` (the items of a `map`). Returns the stored value.

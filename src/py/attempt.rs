@@ -50,7 +50,7 @@ fn agent_state_row(t: AgentStateTuple) -> AgentStateRow {
 
 #[pyclass(name = "Attempt", module = "composeai._core", frozen)]
 pub struct PyAttempt {
-    inner: Arc<Attempt>,
+    pub(crate) inner: Arc<Attempt>,
 }
 
 impl PyAttempt {

@@ -46,6 +46,8 @@ pub fn refuse_foreign(conn: &Connection, path: &str, version: i64) -> CoreResult
     match version {
         SCHEMA_VERSION => Ok(()),
         v if v > SCHEMA_VERSION => Err(newer(path, v)),
+        // Stores of this release before later additive steps.
+        v if (2..SCHEMA_VERSION).contains(&v) => Ok(()),
         0 if tables.is_empty() => Ok(()),
         0 => Err(foreign(path, 0, "it holds tables composeai did not create")),
         LEGACY_VERSION => {
@@ -83,7 +85,13 @@ pub fn bring_up_to_date(conn: &Connection, path: &str, version: i64) -> CoreResu
     match version {
         SCHEMA_VERSION => {}
         0 => conn.execute_batch(SCHEMA).at(path)?,
-        _ => migrate_legacy(conn, path, &tables)?,
+        LEGACY_VERSION => migrate_legacy(conn, path, &tables)?,
+        _ => {}
+    }
+    // Additive steps, each applied once to a store older than it.
+    if version < crate::graph::schema::VERSION {
+        conn.execute_batch(crate::graph::schema::GRAPH_SCHEMA)
+            .at(path)?;
     }
     conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
         .at(path)?;

@@ -199,4 +199,14 @@ pub trait Store: Send + Sync {
 
     /// The journal of a run, as stored.
     fn journal(&self, rid: i64) -> CoreResult<Vec<(String, String)>>;
+
+    /// Writes everything queued, then `work`, in one transaction.
+    fn transact(
+        &self,
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<()>;
+
+    /// Runs `work` on the connection, after writing anything queued.
+    fn read(&self, work: &mut dyn FnMut(&rusqlite::Connection) -> CoreResult<()>)
+        -> CoreResult<()>;
 }

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 5;
 
 pub fn now() -> f64 {
     SystemTime::now()
@@ -441,7 +441,7 @@ fn create_private_file(path: &str) -> CoreResult<()> {
     Ok(())
 }
 
-fn insert_journal(
+pub(crate) fn insert_journal(
     tx: &rusqlite::Transaction<'_>,
     rid: i64,
     key: &str,
@@ -895,6 +895,19 @@ impl Store for SqliteStore {
     fn pending(&self, rid: i64) -> CoreResult<Vec<InterruptRow>> {
         let w = self.writer.lock();
         read_pending(&w.conn, rid).at(&self.path)
+    }
+
+    fn transact(
+        &self,
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<()> {
+        let mut w = self.writer.lock();
+        let ops = self.take_queue();
+        self.apply(&mut w, ops, |tx| work(tx))
+    }
+
+    fn read(&self, work: &mut dyn FnMut(&Connection) -> CoreResult<()>) -> CoreResult<()> {
+        self.with_conn(|c| work(c))
     }
 
     fn journal(&self, rid: i64) -> CoreResult<Vec<(String, String)>> {
