@@ -39,7 +39,7 @@ __all__ = ["main"]
 # 0.11.0's choices omitted `cancelled`, so cancelled rows could not be
 # selected (a defect the spec asks us to fix).
 _STATUSES = ("completed", "failed", "paused", "running", "cancelled")
-_KINDS = ("agent", "flow", "pipe", "aggregate")
+_KINDS = ("agent", "flow", "pipe", "aggregate", "graph")
 
 _SINCE_RELATIVE = re.compile(r"([0-9]+)([dh])")
 _SINCE_DATE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})")
@@ -236,6 +236,7 @@ _GLYPHS = {
     "pause": "⏸",
     "pipe": "→",
     "aggregate": "⇉",
+    "graph": "◇",
 }
 
 
