@@ -270,8 +270,8 @@ def test_ext30a_checkpoints_store_deltas_and_periodic_snapshots():
             "SELECT sum(snapshot_json IS NOT NULL), sum(delta_json IS NOT NULL) FROM graph_checkpoints"
         ).fetchone()
     assert kinds[0] >= 2 and kinds[1] > kinds[0] * 10
-    assert len(thread.state()["messages"]) == 600
-    assert thread.state()["messages"][-1]["text"] == "message 599"
+    assert len(thread.state()["messages"]) == 601
+    assert thread.state()["messages"][-1]["text"] == "message 600"
 
 
 def test_ext33_cli_threads_history_rewind_and_prune(capsys):
