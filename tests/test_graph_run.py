@@ -155,7 +155,6 @@ def test_ext21_sync_async_and_ctx_signatures():
 
     def inspect_ctx(state, ctx: NodeContext):
         seen["ctx"] = ctx
-        return None
 
     wf = Graph(name="sig")
     wf.add_node("fetch", fetch).add_node("inspect", inspect_ctx)

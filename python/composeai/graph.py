@@ -277,8 +277,8 @@ class _Node:
         self.is_async = False
         self.takes_ctx = False
         if not self.is_agent:
-            self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-                getattr(fn, "__call__", None)
+            self.is_async = inspect.iscoroutinefunction(fn) or (
+                not inspect.isfunction(fn) and inspect.iscoroutinefunction(type(fn).__call__)
             )
             self.takes_ctx = _positional_count(fn) >= 2
 
@@ -633,12 +633,11 @@ class _Driver:
             raise
         finally:
             FRAME.reset(token)
-        name, kind, update_json, targets, _payload = outcome
+        _, kind, update_json, targets, _ = outcome
         if kind != "suspend":
-            record = '{"u":%s,"g":%s}' % (
-                update_json if update_json is not None else "null",
-                json.dumps(targets) if targets is not None else "null",
-            )
+            u = update_json if update_json is not None else "null"
+            g = json.dumps(targets) if targets is not None else "null"
+            record = f'{{"u":{u},"g":{g}}}'
             if single:
                 journal.append((step.scope, record))
             else:
@@ -789,7 +788,7 @@ def _input_json(input: Any) -> str:
 
 
 def _args_json(input_json: str, thread_id: str | None) -> str:
-    return '{"input":%s,"thread":%s}' % (input_json, json.dumps(thread_id))
+    return f'{{"input":{input_json},"thread":{json.dumps(thread_id)}}}'
 
 
 def _encode_values(values: Any) -> list[tuple[str, str]]:
@@ -936,9 +935,9 @@ class CompiledGraph:
             gr.answer(encoded)
             if budget is not None:
                 attempt.set_budget(_engine.budget_json(budget))
-        except BaseException as exc:
+        except BaseException:
             attempt.settle("paused", None, None)
-            raise exc
+            raise
         return _Driver(self, attempt, gr, None).drive(self._budget(budget, attempt))
 
     async def aresume(
@@ -984,9 +983,9 @@ class CompiledGraph:
                 gr.answer(_encode_values(values))
             if budget is not None:
                 attempt.set_budget(_engine.budget_json(budget))
-        except BaseException as exc:
+        except BaseException:
             attempt.settle(row["status"] if row["status"] != "running" else "failed", None, None)
-            raise exc
+            raise
         return _Driver(self, attempt, gr, None).drive(self._budget(budget, attempt))
 
 
