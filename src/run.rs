@@ -107,8 +107,17 @@ pub struct Attempt {
 impl Attempt {
     /// Creates a run and its first attempt.
     pub fn start(store: Arc<dyn Store>, new: NewRun) -> CoreResult<Attempt> {
+        Attempt::start_with(store, new, &mut |_| Ok(()))
+    }
+
+    /// `start` with `work` in the run's creating transaction.
+    pub fn start_with(
+        store: Arc<dyn Store>,
+        new: NewRun,
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<Attempt> {
         claim_in_process(&new.run_id)?;
-        match store.create_run(&new, owner_id(), now() + LEASE_SECONDS) {
+        match store.create_run_with(&new, owner_id(), now() + LEASE_SECONDS, work) {
             Ok(run) => Ok(Attempt::new(store, run, Journal::default(), true)),
             Err(e) => {
                 active_runs().lock().remove(&new.run_id);
@@ -415,12 +424,30 @@ impl Attempt {
     /// Ends the attempt: persists the outcome and releases the lease. Every
     /// later journal access through this attempt is refused.
     pub fn settle(&self, settlement: Settlement) -> CoreResult<()> {
+        self.settle_with(settlement, &[], &mut |_| Ok(()))
+    }
+
+    /// `settle` with journal `entries` and `work` in the same transaction.
+    pub fn settle_with(
+        &self,
+        settlement: Settlement,
+        entries: &[(String, String)],
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<()> {
         if self.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
         self.root_fence.revoke();
         active_runs().lock().remove(&self.run.run_id);
-        self.store.settle(self.run.rid, owner_id(), &settlement)
+        let rid = self.run.rid;
+        let path = self.store.path().to_string();
+        self.store.settle_with(rid, owner_id(), &settlement, &mut |tx| {
+            for (k, v) in entries {
+                crate::store::sqlite::insert_journal(tx, rid, k, v)
+                    .map_err(|e| CoreError::Store(format!("composeai store '{path}': {e}")))?;
+            }
+            work(tx)
+        })
     }
 }
 

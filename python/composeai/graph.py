@@ -519,33 +519,40 @@ class _Driver:
         token = FRAME.set(frame)
         driver = _engine.driven_synchronously()
         try:
-            status = self._loop(root)
+            status, journal = self._loop(root)
+            if status in ("step_limit", "deadline"):
+                raise self._limit_error(status)
+            return self._settle(root, status, journal)
         except BaseException as exc:
-            self._fail(root, exc)
+            if not self.settled:
+                self._fail(root, exc)
             raise
         finally:
             _engine.ASYNC_DRIVER.reset(driver)
             FRAME.reset(token)
             if budgets is not None:
                 _engine.BUDGETS.reset(budgets)
-        return self._settle(root, status)
 
-    def _loop(self, root) -> str:
+    settled = False
+
+    def _loop(self, root) -> tuple[str, list]:
         gr = self.gr
         self.state = _decode(gr.state_json())
         while True:
             ready = [_Step(t) for t in gr.ready()]
             if not ready:
-                status = "suspended" if gr.pending() else "completed"
-                gr.flush_staged(status)
-                return status
+                return gr.idle_status(), []
             outcomes, journal = self._run_step(root, ready)
             delta_json, routers = gr.finish(outcomes)
             _apply_delta(self.state, _decode(delta_json))
             labels = [(n, self._route(n)) for n in routers]
-            status = gr.advance(labels, journal)
+            status = gr.schedule(labels)
+            if status in ("completed", "suspended"):
+                # Written with the run's settlement, in one transaction.
+                return status, journal
+            gr.commit(journal)
             if status != "running":
-                return status
+                return status, []
 
     def _route(self, node: str) -> str:
         router = self.compiled._routers[node]
@@ -691,44 +698,40 @@ class _Driver:
         return (node, "update", _encode_update(node, value), None, None)
 
     def _fail(self, root, exc: BaseException) -> None:
+        self.settled = True
         try:
             if self.thread_id is not None:
                 self.gr.release("failed")
         finally:
             _engine.settle_error(self.run, root, exc)
 
-    def _settle(self, root, status: str) -> GraphResult:
+    def _limit_error(self, status: str) -> GraphLimitError:
+        gr = self.gr
+        code = "step_limit_exceeded" if status == "step_limit" else "deadline_exceeded"
+        what = "max_steps" if status == "step_limit" else "its deadline"
+        return GraphLimitError(
+            f"graph {self.compiled.name!r} reached {what} after {gr.steps} steps "
+            f"(run {self.run.run_id}) -- its last checkpoint is kept; retry() continues it",
+            code=code,
+            details={"steps": gr.steps, "run_id": self.run.run_id},
+        )
+
+    def _settle(self, root, status: str, journal: list) -> GraphResult:
+        """Writes the last checkpoint and settles the run in one transaction."""
         gr = self.gr
         run = self.run
-        if status in ("step_limit", "deadline"):
-            code = "step_limit_exceeded" if status == "step_limit" else "deadline_exceeded"
-            what = "max_steps" if status == "step_limit" else "its deadline"
-            exc = GraphLimitError(
-                f"graph {self.compiled.name!r} reached {what} after {gr.steps} steps "
-                f"(run {run.run_id}) -- its last checkpoint is kept; retry() continues it",
-                code=code,
-                details={"steps": gr.steps, "run_id": run.run_id},
-            )
-            self._fail(root, exc)
-            raise exc
-        interrupts = [GraphInterrupt(node, _decode(p)) for node, p in gr.pending()]
-        summary = {"steps": gr.steps, "checkpoint_id": gr.head, "status": status}
+        summary = {"steps": gr.steps, "status": status}
         if self.thread_id is not None:
             summary["thread_id"] = self.thread_id
         output_json = _codec.dumps(summary)
         root.ended_at = time.time()
-        if status == "suspended":
-            root.status = "paused"
-            _engine.persist_span(run, root, output_json)
-            pending = [(f"node:{node}", "graph", None, p) for node, p in gr.pending()]
-            self.attempt.settle("paused", None, None, pending)
-            _engine.emit_run_finished(root, "paused")
-        else:
-            root.status = "ok"
-            _engine.persist_span(run, root, output_json)
-            self.attempt.settle("completed", output_json, None)
-            _engine.emit_run_finished(root, "completed")
+        root.status = "paused" if status == "suspended" else "ok"
+        _engine.persist_span(run, root, output_json)
+        gr.commit(journal, output_json)
+        self.settled = True
+        _engine.emit_run_finished(root, "paused" if status == "suspended" else "completed")
         _engine._check_span_writes()
+        interrupts = [GraphInterrupt(node, _decode(p)) for node, p in gr.pending()]
         snapshot = None
         if status == "suspended":
             snapshot = {
@@ -1078,6 +1081,28 @@ class GraphThread:
                 time.sleep(delay)
                 delay = min(delay * 2, 0.2)
 
+    def _start(self, store, input_json: str, budget: Any):
+        """Claims the thread and creates its new run in one transaction."""
+        g = self.graph
+        wait = g._storage.on_busy == "wait"
+        delay = 0.005
+        while True:
+            try:
+                return _core.thread_start(
+                    store,
+                    self.thread_id,
+                    g.name,
+                    g.fingerprint,
+                    _args_json(input_json, self.thread_id),
+                    _engine.budget_json(budget),
+                    _core.ulid(),
+                )
+            except ThreadBusyError:
+                if not wait:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+
     def run(
         self,
         input: Mapping[str, Any] | None = None,
@@ -1094,13 +1119,7 @@ class GraphThread:
         until = _deadline_at(deadline)
         input_json = _input_json(input)
         store = self._store()
-        run_id = _core.ulid()
-        self._claim(store, "run", run_id)
-        try:
-            attempt = g._start(input_json, self.thread_id, budget, run_id)
-        except BaseException:
-            _core.thread_release(store, self.thread_id, "idle")
-            raise
+        attempt = self._start(store, input_json, budget)
         try:
             gr = g._open(attempt, self.thread_id, input_json, True, max_steps, until)
         except BaseException:

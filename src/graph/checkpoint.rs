@@ -249,8 +249,14 @@ impl Thread {
     }
 }
 
-const THREAD_COLUMNS: &str = "thread_id, graph, fingerprint, head, version, status, run_id, \
-     owner, created_at_ms, updated_at_ms";
+/// A thread's head is its newest checkpoint: steps of a running thread add
+/// checkpoints without rewriting the thread row.
+const THREAD_COLUMNS: &str = "t.thread_id, t.graph, t.fingerprint, \
+     (SELECT c.checkpoint_id FROM graph_checkpoints c WHERE c.thread_id = t.thread_id \
+      ORDER BY c.cid DESC LIMIT 1), \
+     coalesce((SELECT c.version FROM graph_checkpoints c WHERE c.thread_id = t.thread_id \
+      ORDER BY c.cid DESC LIMIT 1), 0), \
+     t.status, t.run_id, t.owner, t.created_at_ms, t.updated_at_ms";
 
 fn read_thread(r: &rusqlite::Row<'_>) -> rusqlite::Result<Thread> {
     Ok(Thread {
@@ -269,7 +275,7 @@ fn read_thread(r: &rusqlite::Row<'_>) -> rusqlite::Result<Thread> {
 
 pub fn thread(conn: &Connection, thread_id: &str) -> CoreResult<Option<Thread>> {
     conn.prepare_cached(&format!(
-        "SELECT {THREAD_COLUMNS} FROM graph_threads WHERE thread_id = ?1"
+        "SELECT {THREAD_COLUMNS} FROM graph_threads t WHERE t.thread_id = ?1"
     ))
     .and_then(|mut st| st.query_row([thread_id], read_thread).optional())
     .map_err(db)
@@ -278,8 +284,8 @@ pub fn thread(conn: &Connection, thread_id: &str) -> CoreResult<Option<Thread>> 
 pub fn threads(conn: &Connection, graph: Option<&str>) -> CoreResult<Vec<Thread>> {
     let mut st = conn
         .prepare(&format!(
-            "SELECT {THREAD_COLUMNS} FROM graph_threads WHERE ?1 IS NULL OR graph = ?1 \
-             ORDER BY updated_at_ms DESC, thread_id"
+            "SELECT {THREAD_COLUMNS} FROM graph_threads t WHERE ?1 IS NULL OR t.graph = ?1 \
+             ORDER BY t.updated_at_ms DESC, t.thread_id"
         ))
         .map_err(db)?;
     let rows = st.query_map([graph], read_thread).map_err(db)?;

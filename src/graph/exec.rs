@@ -12,8 +12,10 @@ use super::spec::Graph;
 use crate::error::{CoreError, CoreResult};
 use crate::run::Attempt;
 use serde_json::{json, Value};
+use crate::store::{InterruptRow, Settlement};
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// A node scheduled in the current step.
 #[derive(Debug, Clone)]
@@ -65,6 +67,27 @@ pub struct GraphRun {
     max_steps: i64,
     deadline: Option<f64>,
     pub steps: i64,
+    /// The status of the staged checkpoint.
+    row_status: String,
+}
+
+/// Thread heads kept in memory, at most this many.
+const HEAD_CACHE: usize = 64;
+
+type HeadCache = Mutex<Vec<((String, String), Rebuilt)>>;
+
+fn head_cache() -> &'static HeadCache {
+    static CACHE: OnceLock<HeadCache> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// The cached state of `thread` when its head is still `head`.
+fn cached_head(path: &str, thread: &str, head: &str) -> Option<Rebuilt> {
+    let mut cache = head_cache().lock();
+    let at = cache
+        .iter()
+        .position(|((p, t), r)| p == path && t == thread && r.row.checkpoint_id == head)?;
+    Some(cache.remove(at).1)
 }
 
 fn answer_key(p: &Pending) -> String {
@@ -128,13 +151,20 @@ impl GraphRun {
         let rid = attempt.run.rid;
         let mut found: Option<Rebuilt> = None;
         let head_thread = thread.clone();
+        let path = attempt.store().path().to_string();
         attempt.store().read(&mut |conn| {
             let head = match &head_thread {
                 Some(t) => checkpoint::thread(conn, t)?.and_then(|t| t.head),
                 None => checkpoint::run_head(conn, rid)?.map(|r| r.checkpoint_id),
             };
             if let Some(h) = head {
-                found = checkpoint::rebuild(conn, &h)?;
+                let cached = head_thread
+                    .as_deref()
+                    .and_then(|t| cached_head(&path, t, &h));
+                found = match cached {
+                    Some(r) => Some(r),
+                    None => checkpoint::rebuild(conn, &h)?,
+                };
             }
             Ok(())
         })?;
@@ -155,6 +185,7 @@ impl GraphRun {
             max_steps,
             deadline,
             steps: 0,
+            row_status: "running".into(),
         };
         let continues = !fresh
             && found.as_ref().is_some_and(|r| {
@@ -221,6 +252,7 @@ impl GraphRun {
             max_steps,
             deadline,
             steps: 0,
+            row_status: "running".into(),
         };
         run.stage_checkpoint("resume", "suspended", "[]".into());
         run
@@ -409,14 +441,10 @@ impl GraphRun {
         ))
     }
 
-    /// Takes the routers' labels, schedules the next step and writes the
-    /// step's checkpoint with `journal` rows in one transaction. Returns
-    /// `running`, `completed`, `suspended`, `step_limit` or `deadline`.
-    pub fn advance(
-        &mut self,
-        labels: Vec<(String, String)>,
-        journal: Vec<(String, String)>,
-    ) -> CoreResult<String> {
+    /// Takes the routers' labels, schedules the next step and stages the
+    /// step's checkpoint; `commit` writes it. Returns `running`,
+    /// `completed`, `suspended`, `step_limit` or `deadline`.
+    pub fn schedule(&mut self, labels: Vec<(String, String)>) -> CoreResult<String> {
         let merged = self
             .merged
             .take()
@@ -534,39 +562,119 @@ impl GraphRun {
         if let Some(last) = self.unsaved.last_mut() {
             last.step = step_row_step;
         }
-        self.write(&journal, row_status)?;
+        self.row_status = row_status.to_string();
         Ok(status.to_string())
     }
 
-    /// Writes the staged checkpoints with `journal` and moves the thread's
-    /// head, in one transaction.
-    fn write(&mut self, journal: &[(String, String)], status: &str) -> CoreResult<()> {
+    /// Writes the staged checkpoints with the step's `journal` rows and moves
+    /// the thread's head, in one transaction. With `output_json` a finished
+    /// or suspended run is settled in that same transaction.
+    pub fn commit(
+        &mut self,
+        journal: Vec<(String, String)>,
+        output_json: Option<String>,
+    ) -> CoreResult<()> {
+        let status = self.row_status.clone();
         let staged = std::mem::take(&mut self.unsaved);
         let thread = self.thread.clone();
         let head = self.head.clone().unwrap_or_default();
         let version = self.version;
-        let thread_status = match status {
+        let thread_status = match status.as_str() {
             "completed" => "idle",
             other => other,
         };
-        self.attempt.commit_with(journal, &mut |tx| {
+        let mut work = |tx: &rusqlite::Transaction<'_>| -> CoreResult<()> {
             for r in &staged {
                 checkpoint::insert(tx, r)?;
             }
+            // A running thread's head is its newest checkpoint; the row
+            // changes when the run stops.
             if let Some(t) = &thread {
-                checkpoint::set_head(tx, t, &head, version, thread_status)?;
+                if thread_status != "running" {
+                    checkpoint::set_head(tx, t, &head, version, thread_status)?;
+                }
             }
             Ok(())
-        })
+        };
+        let settles = status == "completed" || status == "suspended";
+        match output_json.filter(|_| settles) {
+            Some(output) => {
+                let settlement = self.settlement(&status, output);
+                self.attempt.settle_with(settlement, &journal, &mut work)?;
+                self.remember();
+                Ok(())
+            }
+            None => self.attempt.commit_with(&journal, &mut work),
+        }
     }
 
-    /// Writes checkpoints staged without a step (a run that ends before its
-    /// first step), settling the thread with `status`.
-    pub fn flush_staged(&mut self, status: &str) -> CoreResult<()> {
-        if self.unsaved.is_empty() {
-            return Ok(());
+    /// Marks a run that has nothing left to run in this attempt (finished
+    /// or waiting before any step), so `commit` settles it.
+    pub fn idle_status(&mut self) -> String {
+        let status = if self.progress.pending.is_empty() {
+            "completed"
+        } else {
+            "suspended"
+        };
+        self.row_status = status.to_string();
+        status.to_string()
+    }
+
+    fn settlement(&self, status: &str, output_json: String) -> Settlement {
+        if status == "suspended" {
+            Settlement {
+                status: "paused".into(),
+                pending: self
+                    .progress
+                    .pending
+                    .iter()
+                    .map(|p| InterruptRow {
+                        interrupt_id: format!("node:{}", p.node),
+                        kind: "graph".into(),
+                        question: None,
+                        payload_json: Some(p.payload.to_string()),
+                    })
+                    .collect(),
+                ..Default::default()
+            }
+        } else {
+            Settlement {
+                status: "completed".into(),
+                output_json: Some(output_json),
+                ..Default::default()
+            }
         }
-        self.write(&[], status)
+    }
+
+    /// Keeps a settled thread run's head state for this process's next run
+    /// of the thread (checkpoints never change, so a matching head id is
+    /// the same state).
+    fn remember(&self) {
+        let (Some(thread), Some(head)) = (&self.thread, &self.head) else {
+            return;
+        };
+        let mut cache = head_cache().lock();
+        let key = (self.attempt.store().path().to_string(), thread.clone());
+        cache.retain(|(k, _)| *k != key);
+        if cache.len() >= HEAD_CACHE {
+            cache.remove(0);
+        }
+        cache.push((
+            key,
+            Rebuilt {
+                row: Row {
+                    checkpoint_id: head.clone(),
+                    version: self.version,
+                    run_id: Some(self.attempt.run.run_id.clone()),
+                    ..Default::default()
+                },
+                state: self.state.clone(),
+                progress: self.progress.clone(),
+                snapshot_bytes: self.snapshot_bytes,
+                delta_bytes: self.delta_bytes,
+                chain: self.chain,
+            },
+        ));
     }
 
     /// Marks the run's thread as stopped (`failed`) so `retry()` continues it.

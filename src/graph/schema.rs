@@ -16,7 +16,6 @@ CREATE TABLE IF NOT EXISTS graph_threads(
     created_at_ms INTEGER NOT NULL,
     updated_at_ms INTEGER NOT NULL
 );
-CREATE INDEX IF NOT EXISTS graph_threads_by_update ON graph_threads(updated_at_ms);
 -- A checkpoint holds its step's delta (positional reducer operations) or,
 -- every so often, the whole state; states are rebuilt from the nearest
 -- snapshot along parent links.
@@ -37,7 +36,8 @@ CREATE TABLE IF NOT EXISTS graph_checkpoints(
     meta_json TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS graph_checkpoints_by_thread ON graph_checkpoints(thread_id, cid);
-CREATE INDEX IF NOT EXISTS graph_checkpoints_by_run ON graph_checkpoints(rid, cid);
+CREATE INDEX IF NOT EXISTS graph_checkpoints_by_run ON graph_checkpoints(rid, cid)
+    WHERE thread_id IS NULL;
 CREATE TABLE IF NOT EXISTS graph_audit(
     aid INTEGER PRIMARY KEY,
     thread_id TEXT NOT NULL,

@@ -71,9 +71,26 @@ pub fn claim(
     mode: Claim,
     run_id: Option<&str>,
 ) -> CoreResult<Option<Thread>> {
-    let owner = crate::run::owner_id();
     let mut before = None;
     store.transact(&mut |tx| {
+        before = claim_in(tx, thread_id, graph, fingerprint, mode, run_id)?;
+        Ok(())
+    })?;
+    Ok(before)
+}
+
+/// `claim` inside a caller's transaction (the one creating the thread's
+/// new run, for `run()`).
+pub fn claim_in(
+    tx: &rusqlite::Transaction<'_>,
+    thread_id: &str,
+    graph: &str,
+    fingerprint: &str,
+    mode: Claim,
+    run_id: Option<&str>,
+) -> CoreResult<Option<Thread>> {
+    let owner = crate::run::owner_id();
+    {
         let now = checkpoint::now_ms();
         let Some(t) = checkpoint::thread(tx, thread_id)? else {
             return match mode {
@@ -91,7 +108,8 @@ pub fn claim(
                         created_at_ms: now,
                         updated_at_ms: now,
                     },
-                ),
+                )
+                .map(|_| None),
                 Claim::Resume => Err(graph_error(
                     "resume_invalid",
                     format!("thread '{thread_id}' has no suspended nodes to resume"),
@@ -142,10 +160,8 @@ pub fn claim(
         }
         claimed.updated_at_ms = now;
         checkpoint::upsert_thread(tx, &claimed)?;
-        before = Some(t);
-        Ok(())
-    })?;
-    Ok(before)
+        Ok(Some(t))
+    }
 }
 
 fn nothing_to_retry(thread_id: &str) -> crate::error::CoreError {

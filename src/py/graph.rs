@@ -189,19 +189,26 @@ impl PyGraphRun {
         .py_err()
     }
 
-    /// Schedules the next step and writes the checkpoint with `journal`.
-    fn advance(
-        &self,
-        py: Python<'_>,
-        labels: Vec<(String, String)>,
-        journal: Vec<(String, String)>,
-    ) -> PyResult<String> {
-        py.allow_threads(|| self.inner.lock().advance(labels, journal))
-            .py_err()
+    /// Schedules the next step from the routers' labels; returns the status.
+    fn schedule(&self, labels: Vec<(String, String)>) -> PyResult<String> {
+        self.inner.lock().schedule(labels).py_err()
     }
 
-    fn flush_staged(&self, py: Python<'_>, status: &str) -> PyResult<()> {
-        py.allow_threads(|| self.inner.lock().flush_staged(status))
+    /// The status of a run with nothing left to run in this attempt.
+    fn idle_status(&self) -> String {
+        self.inner.lock().idle_status()
+    }
+
+    /// Writes the staged checkpoint with `journal`; with `output_json` a
+    /// completed or suspended run is settled in the same transaction.
+    #[pyo3(signature = (journal, output_json=None))]
+    fn commit(
+        &self,
+        py: Python<'_>,
+        journal: Vec<(String, String)>,
+        output_json: Option<String>,
+    ) -> PyResult<()> {
+        py.allow_threads(|| self.inner.lock().commit(journal, output_json))
             .py_err()
     }
 
@@ -250,6 +257,42 @@ fn dyn_store(store: &PyStore) -> Arc<dyn Store> {
 
 fn to_json_text<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_default()
+}
+
+/// Claims a thread for `run()` and creates its new run in one transaction;
+/// returns the run's first attempt.
+#[pyfunction]
+#[pyo3(signature = (store, thread_id, graph, fingerprint, args_json, budget_json, run_id))]
+#[allow(clippy::too_many_arguments)]
+pub fn thread_start(
+    py: Python<'_>,
+    store: &PyStore,
+    thread_id: &str,
+    graph: &str,
+    fingerprint: &str,
+    args_json: String,
+    budget_json: Option<String>,
+    run_id: String,
+) -> PyResult<PyAttempt> {
+    let new = crate::store::NewRun {
+        run_id: run_id.clone(),
+        trace_id: crate::ids::new_ulid(),
+        kind: "graph".into(),
+        name: graph.to_string(),
+        fingerprint: Some(fingerprint.to_string()),
+        args_json: Some(args_json),
+        budget_json,
+    };
+    let s = dyn_store(store);
+    let attempt = py
+        .allow_threads(|| {
+            crate::run::Attempt::start_with(s, new, &mut |tx| {
+                threads::claim_in(tx, thread_id, graph, fingerprint, Claim::Run, Some(&run_id))
+                    .map(|_| ())
+            })
+        })
+        .py_err()?;
+    Ok(PyAttempt::new(attempt))
 }
 
 /// Claims a thread (`mode`: run/resume/retry); returns the thread's row

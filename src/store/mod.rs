@@ -129,7 +129,19 @@ pub trait Store: Send + Sync {
     fn path(&self) -> &str;
 
     /// Creates a run row leased to `owner`, in one commit.
-    fn create_run(&self, new: &NewRun, owner: &str, lease_until: f64) -> CoreResult<RunRow>;
+    fn create_run(&self, new: &NewRun, owner: &str, lease_until: f64) -> CoreResult<RunRow> {
+        self.create_run_with(new, owner, lease_until, &mut |_| Ok(()))
+    }
+
+    /// `create_run` with `work` in the same transaction (a graph thread
+    /// claimed together with its new run).
+    fn create_run_with(
+        &self,
+        new: &NewRun,
+        owner: &str,
+        lease_until: f64,
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<RunRow>;
 
     /// Takes the lease on an existing run (refused while `live` says the
     /// current holder is alive) and loads its whole journal.
@@ -172,7 +184,19 @@ pub trait Store: Send + Sync {
 
     /// Settles an attempt: status, output or error, pending interrupts, lease
     /// released, queued spans written, all in one transaction.
-    fn settle(&self, rid: i64, owner: &str, settlement: &Settlement) -> CoreResult<()>;
+    fn settle(&self, rid: i64, owner: &str, settlement: &Settlement) -> CoreResult<()> {
+        self.settle_with(rid, owner, settlement, &mut |_| Ok(()))
+    }
+
+    /// `settle` with `work` in the same transaction (a graph run's last
+    /// checkpoint).
+    fn settle_with(
+        &self,
+        rid: i64,
+        owner: &str,
+        settlement: &Settlement,
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<()>;
 
     /// Replaces the stored budget (last write wins).
     fn set_budget(&self, rid: i64, budget_json: &str) -> CoreResult<()>;

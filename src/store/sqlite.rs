@@ -537,7 +537,13 @@ impl Store for SqliteStore {
         &self.path
     }
 
-    fn create_run(&self, new: &NewRun, owner: &str, lease_until: f64) -> CoreResult<RunRow> {
+    fn create_run_with(
+        &self,
+        new: &NewRun,
+        owner: &str,
+        lease_until: f64,
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<RunRow> {
         let mut w = self.writer.lock();
         let ops = self.take_queue();
         let t = now();
@@ -564,7 +570,7 @@ impl Store for SqliteStore {
             })
             .at(&self.path)?;
             rid = tx.last_insert_rowid();
-            Ok(())
+            work(tx)
         })?;
         Ok(RunRow {
             rid,
@@ -690,7 +696,13 @@ impl Store for SqliteStore {
         self.drain(&mut w)
     }
 
-    fn settle(&self, rid: i64, owner: &str, s: &Settlement) -> CoreResult<()> {
+    fn settle_with(
+        &self,
+        rid: i64,
+        owner: &str,
+        s: &Settlement,
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<()> {
         let mut w = self.writer.lock();
         let ops = self.take_queue();
         let path = self.path.clone();
@@ -732,7 +744,7 @@ impl Store for SqliteStore {
                 })
                 .at(&path)?;
             }
-            Ok(())
+            work(tx)
         })
     }
 
