@@ -655,21 +655,22 @@ class _Driver:
 
     def _call(self, node: _Node, step: _Step) -> Any:
         state = dict(self.state)
-        if node.is_agent:
-            from ._graph_agent import run_agent_node
-
-            return run_agent_node(node.fn, state, step.resume)
-        args: tuple = (state,)
-        if node.takes_ctx:
-            ctx = NodeContext(
-                run_id=self.run.run_id,
-                step=step.step,
-                node=step.node,
-                attempt=step.attempt,
-                resume=step.resume,
-            )
-            args = (state, ctx)
         try:
+            if node.is_agent:
+                from ._graph_agent import run_agent_node
+
+                reducer = self.compiled._builder._reducers.get("messages", "replace")
+                return run_agent_node(node.fn, state, step.resume, reducer != "replace")
+            args: tuple = (state,)
+            if node.takes_ctx:
+                ctx = NodeContext(
+                    run_id=self.run.run_id,
+                    step=step.step,
+                    node=step.node,
+                    attempt=step.attempt,
+                    resume=step.resume,
+                )
+                args = (state, ctx)
             return _engine.call_body(node.fn, node.is_async, args, {})
         except (_engine._Pause, _engine._Revoked, _engine._Cancelled, BudgetExceededError):
             raise
