@@ -221,8 +221,8 @@ impl Attempt {
     }
 
     /// Journals `entries` (first write wins) and runs `work`, in one
-    /// durable transaction with everything queued: a graph step's node
-    /// updates and its checkpoint (EXT-30).
+    /// durable transaction: a graph step's node updates and its checkpoint
+    /// (EXT-30). Queued spans are left to a later commit.
     pub fn commit_with(
         &self,
         entries: &[(String, String)],
@@ -231,7 +231,7 @@ impl Attempt {
         self.check(None)?;
         let rid = self.run.rid;
         let path = self.store.path().to_string();
-        self.store.transact(&mut |tx| {
+        self.store.transact_only(&mut |tx| {
             for (k, v) in entries {
                 crate::store::sqlite::insert_journal(tx, rid, k, v)
                     .map_err(|e| CoreError::Store(format!("composeai store '{path}': {e}")))?;

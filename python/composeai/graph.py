@@ -629,7 +629,7 @@ class _Driver:
             )
         span = _engine.open_span(root, run.trace, "task", step.node)
         span.attributes.update({"step": step.step, "node": step.node, "attempt": step.attempt})
-        fence = attempt.root_fence().child()
+        fence = None
         frame = Frame(run, step.scope, span, fence, run.trace)
         token = FRAME.set(frame)
         try:

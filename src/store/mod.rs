@@ -230,6 +230,14 @@ pub trait Store: Send + Sync {
         work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
     ) -> CoreResult<()>;
 
+    /// Runs `work` in one transaction, leaving queued spans to the next
+    /// commit or the background writer (a graph step's checkpoint: its
+    /// spans are observability and ride with a later commit).
+    fn transact_only(
+        &self,
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<()>;
+
     /// Runs `work` on the connection, after writing anything queued.
     fn read(&self, work: &mut dyn FnMut(&rusqlite::Connection) -> CoreResult<()>)
         -> CoreResult<()>;

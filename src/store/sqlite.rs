@@ -918,6 +918,14 @@ impl Store for SqliteStore {
         self.apply(&mut w, ops, |tx| work(tx))
     }
 
+    fn transact_only(
+        &self,
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<()> {
+        let mut w = self.writer.lock();
+        self.apply(&mut w, Vec::new(), |tx| work(tx))
+    }
+
     fn read(&self, work: &mut dyn FnMut(&Connection) -> CoreResult<()>) -> CoreResult<()> {
         self.with_conn(|c| work(c))
     }
