@@ -184,9 +184,7 @@ def main() -> None:
         theirs = run_langgraph(args.n, args.steps)
         result["langgraph_version"] = theirs["version"]
         result["langgraph_g1_us_per_node_step"] = round(theirs["g1_us_per_node_step"], 1)
-        result["g1_speedup"] = round(
-            theirs["g1_us_per_node_step"] / ours["g1_us_per_node_step"], 1
-        )
+        result["g1_speedup"] = round(theirs["g1_us_per_node_step"] / ours["g1_us_per_node_step"], 1)
         result["langgraph_g2_bytes_per_step"] = {
             str(k): round(v, 1) for k, v in theirs["g2_bytes_per_step"].items()
         }

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _codec, _core, _engine
+from . import events as _events
 from ._engine import FRAME, Frame
 from .errors import BudgetExceededError, ComposeError, ConfigError, SerializationError
 
@@ -650,8 +651,39 @@ class _Driver:
             else:
                 attempt.commit_deferred(step.scope, record, None, fence)
         span.attributes["step_key"] = step.scope
-        _engine.close_span(run, span, None if update_json is None else _decode(update_json))
+        self._close_node_span(span, update_json)
         return outcome
+
+    def _close_node_span(self, span, update_json: str | None) -> None:
+        """Persists a finished node span; its output is the update as encoded."""
+        span.ended_at = time.time()
+        span.status = "ok"
+        if _events.current_bus() is not None or not _engine._capture():
+            output = None if update_json is None else _decode(update_json)
+            _engine.close_span(self.run, span, output)
+            return
+        a = span.attributes
+        attributes_json = (
+            f'{{"step":{a["step"]},"node":{json.dumps(a["node"])},"attempt":{a["attempt"]}}}'
+        )
+        self.attempt.span(
+            (
+                span.span_id,
+                span.parent_span_id,
+                "task",
+                span.name,
+                span.started_at,
+                span.ended_at,
+                "ok",
+                False,
+                a["step_key"],
+                attributes_json,
+                None,
+                None,
+                None,
+                update_json,
+            )
+        )
 
     def _call(self, node: _Node, step: _Step) -> Any:
         state = dict(self.state)
