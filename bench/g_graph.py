@@ -1,7 +1,8 @@
 """G1/G2: graph workflows with a thread, next to LangGraph with its SQLite checkpointer.
 
 * G1: microseconds per node step of a 3-node linear graph run on a thread
-  (`thread.run()` repeated; each run is 3 node steps, each checkpointed);
+  (`thread.run()` repeated; each run is 3 node steps, each checkpointed), the
+  fastest of 5 rounds on each side;
 * G2: store bytes per step of a thread whose state holds a growing message list
   (200 messages to start, one appended per run), after 100 and after 1,000 steps.
 
@@ -22,6 +23,9 @@ import time
 from _common import BENCH_DIR, emit, parser, store_bytes, temp_dir
 
 LG_VENV = os.path.join(BENCH_DIR, ".venv-langgraph")
+# G1 is timed in this many rounds on each side; the fastest round counts
+# (the machine is shared, and a slow round measures the neighbours).
+ROUNDS = 5
 
 LANGGRAPH_SCRIPT = r"""
 import json, operator, os, sqlite3, sys, time
@@ -31,6 +35,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 
 n_runs, n_bytes, directory = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+ROUNDS = 5
 
 
 def connect(name):
@@ -63,10 +68,13 @@ app = b.compile(checkpointer=SqliteSaver(conn))
 cfg = {"configurable": {"thread_id": "t"}}
 for _ in range(20):
     app.invoke({"x": 0}, cfg)
-t0 = time.perf_counter()
-for _ in range(n_runs):
-    app.invoke({"x": 0}, cfg)
-g1 = (time.perf_counter() - t0) / (n_runs * 3) * 1e6
+rounds = []
+for _ in range(ROUNDS):
+    t0 = time.perf_counter()
+    for _ in range(n_runs // ROUNDS):
+        app.invoke({"x": 0}, cfg)
+    rounds.append((time.perf_counter() - t0) / (n_runs // ROUNDS * 3) * 1e6)
+g1 = min(rounds)
 
 
 class Chat(TypedDict):
@@ -142,10 +150,13 @@ def run_composeai(n_runs: int, n_bytes: int) -> dict:
     thread = app.thread("t")
     for _ in range(20):
         thread.run({"x": 0})
-    t0 = time.perf_counter()
-    for _ in range(n_runs):
-        thread.run({"x": 0})
-    g1 = (time.perf_counter() - t0) / (n_runs * 3) * 1e6
+    rounds = []
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter()
+        for _ in range(n_runs // ROUNDS):
+            thread.run({"x": 0})
+        rounds.append((time.perf_counter() - t0) / (n_runs // ROUNDS * 3) * 1e6)
+    g1 = min(rounds)
 
     chat = Graph(reducers={"messages": "append"}, name="chat")
     chat.add_node(

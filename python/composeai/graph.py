@@ -489,10 +489,10 @@ def _decode(text: str) -> Any:
 class _Step:
     """One ready node of the current step."""
 
-    __slots__ = ("attempt", "node", "resume", "scope", "step")
+    __slots__ = ("attempt", "done", "node", "resume", "scope", "step")
 
     def __init__(self, t: tuple):
-        self.node, self.scope, self.step, resume_json, self.attempt = t
+        self.node, self.scope, self.step, resume_json, self.attempt, self.done = t
         self.resume = None if resume_json is None else _decode(resume_json)
 
 
@@ -602,7 +602,7 @@ class _Driver:
     def _run_node(self, root, step: _Step, single: bool, journal: list) -> tuple:
         attempt = self.attempt
         node = self.compiled._builder._nodes[step.node]
-        hit = attempt.lookup(step.scope)
+        hit = step.done
         run = self.run
         if hit is not None:
             span = _engine.open_span(root, run.trace, "task", step.node)

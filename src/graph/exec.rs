@@ -27,6 +27,9 @@ pub struct Exec {
     /// The answer it resumes with (JSON), after a suspend.
     pub resume: Option<String>,
     pub attempt: i64,
+    /// The node's journaled outcome, when this execution finished before
+    /// (a retry after a crash): it is replayed, not run.
+    pub done: Option<String>,
 }
 
 /// What a node returned.
@@ -333,9 +336,11 @@ impl GraphRun {
         for name in &self.graph.spec.nodes {
             if let Some(p) = self.progress.pending.iter().find(|p| &p.node == name) {
                 if let Some(answer) = self.attempt.lookup(&answer_key(p), None)? {
+                    let scope = format!("{name}@{}", p.step);
                     out.push(Exec {
                         node: name.clone(),
-                        scope: format!("{name}@{}", p.step),
+                        done: self.attempt.lookup(&scope, None)?.map(|v| v.to_string()),
+                        scope,
                         step,
                         resume: Some(answer.to_string()),
                         attempt: p.attempt + 1,
@@ -344,9 +349,11 @@ impl GraphRun {
                 continue;
             }
             if self.progress.next.iter().any(|n| n == name) {
+                let scope = format!("{name}@{step}");
                 out.push(Exec {
                     node: name.clone(),
-                    scope: format!("{name}@{step}"),
+                    done: self.attempt.lookup(&scope, None)?.map(|v| v.to_string()),
+                    scope,
                     step,
                     resume: None,
                     attempt: 1,

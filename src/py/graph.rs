@@ -66,8 +66,8 @@ pub struct PyGraphRun {
     inner: Mutex<GraphRun>,
 }
 
-/// `(node, scope, step, resume_json, attempt)`.
-type ExecTuple = (String, String, i64, Option<String>, i64);
+/// `(node, scope, step, resume_json, attempt, done_json)`.
+type ExecTuple = (String, String, i64, Option<String>, i64, Option<String>);
 /// `(node, kind, update_json, goto_targets, payload_json)`.
 type OutcomeTuple = (
     String,
@@ -163,7 +163,7 @@ impl PyGraphRun {
         let execs = py.allow_threads(|| self.inner.lock().ready()).py_err()?;
         Ok(execs
             .into_iter()
-            .map(|e| (e.node, e.scope, e.step, e.resume, e.attempt))
+            .map(|e| (e.node, e.scope, e.step, e.resume, e.attempt, e.done))
             .collect())
     }
 
