@@ -23,8 +23,8 @@ import time
 from _common import BENCH_DIR, emit, parser, store_bytes, temp_dir
 
 LG_VENV = os.path.join(BENCH_DIR, ".venv-langgraph")
-# G1 is timed in this many rounds on each side; the fastest round counts
-# (the machine is shared, and a slow round measures the neighbours).
+# G1 is timed in this many rounds on each side, alternating; the fastest
+# round of each side counts (a slow round measures the neighbours).
 ROUNDS = 5
 
 LANGGRAPH_SCRIPT = r"""
@@ -34,8 +34,7 @@ from typing import Annotated, TypedDict
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 
-n_runs, n_bytes, directory = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-ROUNDS = 5
+mode, n, directory = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 
 
 def connect(name):
@@ -63,18 +62,17 @@ b.add_edge(START, "a")
 b.add_edge("a", "b")
 b.add_edge("b", "c")
 b.add_edge("c", END)
-conn = connect("g1.db")
-app = b.compile(checkpointer=SqliteSaver(conn))
-cfg = {"configurable": {"thread_id": "t"}}
-for _ in range(20):
-    app.invoke({"x": 0}, cfg)
-rounds = []
-for _ in range(ROUNDS):
-    t0 = time.perf_counter()
-    for _ in range(n_runs // ROUNDS):
+if mode == "g1":
+    conn = connect("g1.db")
+    app = b.compile(checkpointer=SqliteSaver(conn))
+    cfg = {"configurable": {"thread_id": "t"}}
+    for _ in range(20):
         app.invoke({"x": 0}, cfg)
-    rounds.append((time.perf_counter() - t0) / (n_runs // ROUNDS * 3) * 1e6)
-g1 = min(rounds)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        app.invoke({"x": 0}, cfg)
+    print(json.dumps({"g1_us_per_node_step": (time.perf_counter() - t0) / (n * 3) * 1e6}))
+    sys.exit(0)
 
 
 class Chat(TypedDict):
@@ -93,11 +91,11 @@ cfg = {"configurable": {"thread_id": "long"}}
 chat.invoke({"messages": [{"role": "user", "text": "x" * 80} for _ in range(200)]}, cfg)
 base = size(conn2, "g2.db")
 per_step = {}
-for i in range(1, n_bytes + 1):
+for i in range(1, n + 1):
     chat.invoke({"messages": []}, cfg)
-    if i in (100, n_bytes):
+    if i in (100, n):
         per_step[i] = (size(conn2, "g2.db") - base) / i
-print(json.dumps({"g1_us_per_node_step": g1, "g2_bytes_per_step": per_step}))
+print(json.dumps({"g2_bytes_per_step": per_step}))
 """
 
 
@@ -117,27 +115,27 @@ def _langgraph_python() -> str:
     return python
 
 
-def run_langgraph(n_runs: int, n_bytes: int) -> dict:
-    python = _langgraph_python()
-    directory = temp_dir("g-langgraph")
+def langgraph(python: str, mode: str, n: int) -> dict:
     out = subprocess.run(
-        [python, "-c", LANGGRAPH_SCRIPT, str(n_runs), str(n_bytes), directory],
+        [python, "-c", LANGGRAPH_SCRIPT, mode, str(n), temp_dir("g-langgraph")],
         capture_output=True,
         text=True,
         check=True,
     )
-    version = subprocess.run(
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def langgraph_version(python: str) -> str:
+    return subprocess.run(
         [python, "-c", "import importlib.metadata as m; print(m.version('langgraph'))"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    result["version"] = version
-    return result
 
 
-def run_composeai(n_runs: int, n_bytes: int) -> dict:
+def composeai_g1():
+    """A thread of the 3-node graph; returns `round(n)` -> us per node step."""
     from composeai.graph import END, Graph
 
     directory = temp_dir("g-composeai")
@@ -146,17 +144,23 @@ def run_composeai(n_runs: int, n_bytes: int) -> dict:
     linear.add_node("b", lambda s: {"x": s["x"] + 1})
     linear.add_node("c", lambda s: {"x": s["x"] + 1})
     linear.start("a").edge("a", "b").edge("b", "c").edge("c", END)
-    app = linear.compile(f"sqlite:///{directory}/g1/runs.db")
-    thread = app.thread("t")
+    thread = linear.compile(f"sqlite:///{directory}/g1/runs.db").thread("t")
     for _ in range(20):
         thread.run({"x": 0})
-    rounds = []
-    for _ in range(ROUNDS):
+
+    def round_(n: int) -> float:
         t0 = time.perf_counter()
-        for _ in range(n_runs // ROUNDS):
+        for _ in range(n):
             thread.run({"x": 0})
-        rounds.append((time.perf_counter() - t0) / (n_runs // ROUNDS * 3) * 1e6)
-    g1 = min(rounds)
+        return (time.perf_counter() - t0) / (n * 3) * 1e6
+
+    return round_
+
+
+def composeai_g2(n_bytes: int) -> dict:
+    from composeai.graph import END, Graph
+
+    directory = temp_dir("g-composeai")
 
     chat = Graph(reducers={"messages": "append"}, name="chat")
     chat.add_node(
@@ -175,7 +179,7 @@ def run_composeai(n_runs: int, n_bytes: int) -> dict:
             long.graph._store().flush()
             per_step[i] = (store_bytes(g2_dir) - base) / i
     assert len(long.state()["messages"]) == 200 + n_bytes + 1
-    return {"g1_us_per_node_step": g1, "g2_bytes_per_step": per_step}
+    return per_step
 
 
 def main() -> None:
@@ -183,22 +187,30 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=1000, help="G2 thread steps (default 1000)")
     p.add_argument("--no-langgraph", action="store_true", help="skip the LangGraph side")
     args = p.parse_args()
-    ours = run_composeai(args.n, args.steps)
+    python = None if args.no_langgraph else _langgraph_python()
+    ours_round = composeai_g1()
+    ours, theirs = [], []
+    per_round = max(1, args.n // ROUNDS)
+    # Rounds alternate between the two sides so that both see the same
+    # neighbours on this shared machine.
+    for _ in range(ROUNDS):
+        ours.append(ours_round(per_round))
+        if python is not None:
+            theirs.append(langgraph(python, "g1", per_round)["g1_us_per_node_step"])
+    g2 = composeai_g2(args.steps)
     result = {
         "workload": "G",
-        "g1_runs": args.n,
-        "g1_us_per_node_step": round(ours["g1_us_per_node_step"], 1),
+        "g1_runs": per_round * ROUNDS,
+        "g1_us_per_node_step": round(min(ours), 1),
         "g2_steps": args.steps,
-        "g2_bytes_per_step": {str(k): round(v, 1) for k, v in ours["g2_bytes_per_step"].items()},
+        "g2_bytes_per_step": {str(k): round(v, 1) for k, v in g2.items()},
     }
-    if not args.no_langgraph:
-        theirs = run_langgraph(args.n, args.steps)
-        result["langgraph_version"] = theirs["version"]
-        result["langgraph_g1_us_per_node_step"] = round(theirs["g1_us_per_node_step"], 1)
-        result["g1_speedup"] = round(theirs["g1_us_per_node_step"] / ours["g1_us_per_node_step"], 1)
-        result["langgraph_g2_bytes_per_step"] = {
-            str(k): round(v, 1) for k, v in theirs["g2_bytes_per_step"].items()
-        }
+    if python is not None:
+        lg2 = langgraph(python, "g2", args.steps)["g2_bytes_per_step"]
+        result["langgraph_version"] = langgraph_version(python)
+        result["langgraph_g1_us_per_node_step"] = round(min(theirs), 1)
+        result["g1_speedup"] = round(min(theirs) / min(ours), 1)
+        result["langgraph_g2_bytes_per_step"] = {k: round(v, 1) for k, v in lg2.items()}
     emit(result)
 
 
