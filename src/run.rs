@@ -424,14 +424,14 @@ impl Attempt {
     /// Ends the attempt: persists the outcome and releases the lease. Every
     /// later journal access through this attempt is refused.
     pub fn settle(&self, settlement: Settlement) -> CoreResult<()> {
-        self.settle_with(settlement, &[], &mut |_| Ok(()))
+        self.settle_with(settlement, &mut |_| Ok(()))
     }
 
-    /// `settle` with journal `entries` and `work` in the same transaction.
+    /// `settle` with `work` in the same transaction (a graph run's last
+    /// checkpoint).
     pub fn settle_with(
         &self,
         settlement: Settlement,
-        entries: &[(String, String)],
         work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
     ) -> CoreResult<()> {
         if self.closed.swap(true, Ordering::SeqCst) {
@@ -439,15 +439,8 @@ impl Attempt {
         }
         self.root_fence.revoke();
         active_runs().lock().remove(&self.run.run_id);
-        let rid = self.run.rid;
-        let path = self.store.path().to_string();
-        self.store.settle_with(rid, owner_id(), &settlement, &mut |tx| {
-            for (k, v) in entries {
-                crate::store::sqlite::insert_journal(tx, rid, k, v)
-                    .map_err(|e| CoreError::Store(format!("composeai store '{path}': {e}")))?;
-            }
-            work(tx)
-        })
+        self.store
+            .settle_with(self.run.rid, owner_id(), &settlement, work)
     }
 }
 

@@ -520,10 +520,10 @@ class _Driver:
         token = FRAME.set(frame)
         driver = _engine.driven_synchronously()
         try:
-            status, journal = self._loop(root)
+            status = self._loop(root)
             if status in ("step_limit", "deadline"):
                 raise self._limit_error(status)
-            return self._settle(root, status, journal)
+            return self._settle(root, status)
         except BaseException as exc:
             if not self.settled:
                 self._fail(root, exc)
@@ -536,24 +536,24 @@ class _Driver:
 
     settled = False
 
-    def _loop(self, root) -> tuple[str, list]:
+    def _loop(self, root) -> str:
         gr = self.gr
         self.state = _decode(gr.state_json())
         while True:
             ready = [_Step(t) for t in gr.ready()]
             if not ready:
-                return gr.idle_status(), []
-            outcomes, journal = self._run_step(root, ready)
+                return gr.idle_status()
+            outcomes = self._run_step(root, ready)
             delta_json, routers = gr.finish(outcomes)
             _apply_delta(self.state, _decode(delta_json))
             labels = [(n, self._route(n)) for n in routers]
             status = gr.schedule(labels)
             if status in ("completed", "suspended"):
                 # Written with the run's settlement, in one transaction.
-                return status, journal
-            gr.commit(journal)
+                return status
+            gr.commit()
             if status != "running":
-                return status, []
+                return status
 
     def _route(self, node: str) -> str:
         router = self.compiled._routers[node]
@@ -574,16 +574,15 @@ class _Driver:
             )
         return label
 
-    def _run_step(self, root, ready: list[_Step]) -> tuple[list, list]:
+    def _run_step(self, root, ready: list[_Step]) -> list:
         count = len(ready)
         results: list[Any] = [None] * count
         failures: list[BaseException | None] = [None] * count
-        journal: list[tuple[str, str]] = []
         single = count == 1
 
         def run_item(index: int) -> None:
             try:
-                results[index] = self._run_node(root, ready[index], single, journal)
+                results[index] = self._run_node(root, ready[index], single)
             except BaseException as exc:  # noqa: BLE001 -- raised in node order below
                 failures[index] = exc
 
@@ -597,9 +596,9 @@ class _Driver:
         for failure in failures:
             if failure is not None:
                 raise failure
-        return results, journal
+        return results
 
-    def _run_node(self, root, step: _Step, single: bool, journal: list) -> tuple:
+    def _run_node(self, root, step: _Step, single: bool) -> tuple:
         attempt = self.attempt
         node = self.compiled._builder._nodes[step.node]
         hit = step.done
@@ -646,9 +645,10 @@ class _Driver:
             u = update_json if update_json is not None else "null"
             g = json.dumps(targets) if targets is not None else "null"
             record = f'{{"u":{u},"g":{g}}}'
-            if single:
-                journal.append((step.scope, record))
-            else:
+            # A lone node's update is recorded by its step's checkpoint; in
+            # a step of several, each finished update is journaled at once so
+            # that a crash re-runs only the unfinished ones.
+            if not single:
                 attempt.commit_deferred(step.scope, record, None, fence)
         span.attributes["step_key"] = step.scope
         self._close_node_span(span, update_json)
@@ -749,7 +749,7 @@ class _Driver:
             details={"steps": gr.steps, "run_id": self.run.run_id},
         )
 
-    def _settle(self, root, status: str, journal: list) -> GraphResult:
+    def _settle(self, root, status: str) -> GraphResult:
         """Writes the last checkpoint and settles the run in one transaction."""
         gr = self.gr
         run = self.run
@@ -760,7 +760,7 @@ class _Driver:
         root.ended_at = time.time()
         root.status = "paused" if status == "suspended" else "ok"
         _engine.persist_span(run, root, output_json)
-        gr.commit(journal, output_json)
+        gr.commit(output_json)
         self.settled = True
         _engine.emit_run_finished(root, "paused" if status == "suspended" else "completed")
         _engine._check_span_writes()

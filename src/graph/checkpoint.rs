@@ -138,7 +138,7 @@ pub fn get(conn: &Connection, checkpoint_id: &str) -> CoreResult<Option<Row>> {
 pub fn run_head(conn: &Connection, rid: i64) -> CoreResult<Option<Row>> {
     conn.prepare_cached(&format!(
         "SELECT {ROW_COLUMNS} FROM graph_checkpoints WHERE rid = ?1 AND thread_id IS NULL \
-         ORDER BY cid DESC LIMIT 1"
+         ORDER BY version DESC LIMIT 1"
     ))
     .and_then(|mut st| st.query_row([rid], read_row).optional())
     .map_err(db)
@@ -253,9 +253,9 @@ impl Thread {
 /// checkpoints without rewriting the thread row.
 const THREAD_COLUMNS: &str = "t.thread_id, t.graph, t.fingerprint, \
      (SELECT c.checkpoint_id FROM graph_checkpoints c WHERE c.thread_id = t.thread_id \
-      ORDER BY c.cid DESC LIMIT 1), \
+      ORDER BY c.version DESC LIMIT 1), \
      coalesce((SELECT c.version FROM graph_checkpoints c WHERE c.thread_id = t.thread_id \
-      ORDER BY c.cid DESC LIMIT 1), 0), \
+      ORDER BY c.version DESC LIMIT 1), 0), \
      t.status, t.run_id, t.owner, t.created_at_ms, t.updated_at_ms";
 
 fn read_thread(r: &rusqlite::Row<'_>) -> rusqlite::Result<Thread> {
@@ -407,7 +407,7 @@ pub fn history(conn: &Connection, thread_id: &str, limit: i64) -> CoreResult<Vec
     let mut st = conn
         .prepare_cached(&format!(
             "SELECT {ROW_COLUMNS} FROM graph_checkpoints WHERE thread_id = ?1 \
-             ORDER BY cid DESC LIMIT ?2"
+             ORDER BY version DESC LIMIT ?2"
         ))
         .map_err(db)?;
     let rows = st

@@ -573,14 +573,11 @@ impl GraphRun {
         Ok(status.to_string())
     }
 
-    /// Writes the staged checkpoints with the step's `journal` rows and moves
-    /// the thread's head, in one transaction. With `output_json` a finished
-    /// or suspended run is settled in that same transaction.
-    pub fn commit(
-        &mut self,
-        journal: Vec<(String, String)>,
-        output_json: Option<String>,
-    ) -> CoreResult<()> {
+    /// Writes the staged checkpoints (a lone node's update is recorded by
+    /// its step's checkpoint), and moves the thread's head when the run
+    /// stops, in one transaction. With `output_json` a finished or suspended
+    /// run is settled in that same transaction.
+    pub fn commit(&mut self, output_json: Option<String>) -> CoreResult<()> {
         let status = self.row_status.clone();
         let staged = std::mem::take(&mut self.unsaved);
         let thread = self.thread.clone();
@@ -607,11 +604,11 @@ impl GraphRun {
         match output_json.filter(|_| settles) {
             Some(output) => {
                 let settlement = self.settlement(&status, output);
-                self.attempt.settle_with(settlement, &journal, &mut work)?;
+                self.attempt.settle_with(settlement, &mut work)?;
                 self.remember();
                 Ok(())
             }
-            None => self.attempt.commit_with(&journal, &mut work),
+            None => self.attempt.commit_with(&[], &mut work),
         }
     }
 

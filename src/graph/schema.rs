@@ -20,8 +20,7 @@ CREATE TABLE IF NOT EXISTS graph_threads(
 -- every so often, the whole state; states are rebuilt from the nearest
 -- snapshot along parent links.
 CREATE TABLE IF NOT EXISTS graph_checkpoints(
-    cid INTEGER PRIMARY KEY,
-    checkpoint_id TEXT NOT NULL UNIQUE,
+    checkpoint_id TEXT PRIMARY KEY,
     thread_id TEXT,
     rid INTEGER,
     parent_id TEXT,
@@ -34,9 +33,11 @@ CREATE TABLE IF NOT EXISTS graph_checkpoints(
     delta_json TEXT,
     snapshot_json TEXT,
     meta_json TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS graph_checkpoints_by_thread ON graph_checkpoints(thread_id, cid);
-CREATE INDEX IF NOT EXISTS graph_checkpoints_by_run ON graph_checkpoints(rid, cid)
+) WITHOUT ROWID;
+-- Versions increase along a thread (and a thread-less run): the newest
+-- checkpoint is the head.
+CREATE INDEX IF NOT EXISTS graph_checkpoints_by_thread ON graph_checkpoints(thread_id, version);
+CREATE INDEX IF NOT EXISTS graph_checkpoints_by_run ON graph_checkpoints(rid, version)
     WHERE thread_id IS NULL;
 CREATE TABLE IF NOT EXISTS graph_audit(
     aid INTEGER PRIMARY KEY,

@@ -199,16 +199,11 @@ impl PyGraphRun {
         self.inner.lock().idle_status()
     }
 
-    /// Writes the staged checkpoint with `journal`; with `output_json` a
-    /// completed or suspended run is settled in the same transaction.
-    #[pyo3(signature = (journal, output_json=None))]
-    fn commit(
-        &self,
-        py: Python<'_>,
-        journal: Vec<(String, String)>,
-        output_json: Option<String>,
-    ) -> PyResult<()> {
-        py.allow_threads(|| self.inner.lock().commit(journal, output_json))
+    /// Writes the staged checkpoint; with `output_json` a completed or
+    /// suspended run is settled in the same transaction.
+    #[pyo3(signature = (output_json=None))]
+    fn commit(&self, py: Python<'_>, output_json: Option<String>) -> PyResult<()> {
+        py.allow_threads(|| self.inner.lock().commit(output_json))
             .py_err()
     }
 
