@@ -84,6 +84,10 @@ def test_ext30_history_rewind_fork_delete():
     with pytest.raises(GraphStorageError) as info:
         thread.rewind("nope")
     assert info.value.code == "checkpoint_not_found"
+    from composeai import _core
+
+    _engine.get_store().flush()
+    assert _core.take_span_write_error() is None, "a refused operation keeps queued spans"
     forked = thread.fork(mid.checkpoint_id, "h1-fork")
     assert forked.state()["log"] == ["a", "b"]
     assert forked.run({"tag": "x"}).state["log"] == ["a", "b", "x"]

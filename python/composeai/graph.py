@@ -229,14 +229,40 @@ class Storage:
 
     def store(self):
         if self.url is None:
-            return _engine.get_store()
-        with self._lock:
-            if self._store is None:
-                if self.url == ":memory:":
-                    self._store = _memory_store()
-                else:
-                    self._store = _core.Store(self.url[len("sqlite://") :])
-            return self._store
+            store = _engine.get_store()
+        else:
+            with self._lock:
+                if self._store is None:
+                    if self.url == ":memory:":
+                        self._store = _memory_store()
+                    else:
+                        self._store = _core.Store(self.url[len("sqlite://") :])
+                store = self._store
+        _flush_at_exit(store)
+        return store
+
+
+_FLUSHED: dict[int, Any] = {}
+
+
+def _flush_at_exit(store: Any) -> None:
+    """A graph run's spans ride with later commits or the background writer;
+    whatever is still queued when the process exits is written then."""
+    if id(store) in _FLUSHED:
+        return
+    if not _FLUSHED:
+        import atexit
+
+        atexit.register(_flush_all)
+    _FLUSHED[id(store)] = store
+
+
+def _flush_all() -> None:
+    for store in list(_FLUSHED.values()):
+        try:
+            store.flush()
+        except Exception:  # noqa: BLE001, S110 -- exiting; span writes warn once elsewhere
+            pass
 
 
 def _memory_store():

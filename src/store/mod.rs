@@ -120,6 +120,9 @@ pub struct Settlement {
     pub pending: Vec<InterruptRow>,
     /// Agent snapshots written with the settlement (a pause mid-batch).
     pub agent_states: Vec<AgentStateRow>,
+    /// Leave queued spans to the background writer (a graph run: its
+    /// spans batch with other runs').
+    pub defer_spans: bool,
 }
 
 /// Decides whether a lease held by `owner` until `until` is still live.

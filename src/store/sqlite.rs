@@ -310,33 +310,39 @@ impl Inner {
         let path = self.path.clone();
         let Writer { conn, traces } = w;
         let mut results: Vec<(Arc<Slot>, Option<String>)> = Vec::new();
-        let outcome = (|| -> CoreResult<()> {
+        let mut extra_failed = false;
+        let mut outcome = (|| -> CoreResult<()> {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .at(&path)?;
-            for op in &ops {
-                match op {
-                    Op::Step {
-                        rid,
-                        key,
-                        value,
-                        slot,
-                    } => {
-                        let winner = insert_journal(&tx, *rid, key, value).at(&path)?;
-                        results.push((slot.clone(), winner));
-                    }
-                    Op::Span(rec) => insert_span(&tx, traces, rec).at(&path)?,
-                }
+            write_ops(&tx, traces, &ops, &mut results).at(&path)?;
+            if let Err(e) = extra(&tx) {
+                extra_failed = true;
+                return Err(e);
             }
-            extra(&tx)?;
             tx.commit().at(&path)
         })();
+        let mut extra_error = None;
+        if extra_failed && !ops.is_empty() {
+            // The caller's own work failed (a refused graph operation): the
+            // queued writes it carried are committed on their own.
+            traces.clear();
+            results.clear();
+            extra_error = outcome.err();
+            outcome = (|| -> CoreResult<()> {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .at(&path)?;
+                write_ops(&tx, traces, &ops, &mut results).at(&path)?;
+                tx.commit().at(&path)
+            })();
+        }
         match outcome {
             Ok(()) => {
                 for (slot, winner) in results {
                     *slot.0.lock() = Some(Ok(winner));
                 }
-                Ok(())
+                extra_error.map_or(Ok(()), Err)
             }
             Err(e) => {
                 // A failed transaction may have cached trace ids that were
@@ -352,7 +358,7 @@ impl Inner {
                 if span_failed {
                     SPAN_WRITE_ERROR.lock().get_or_insert_with(|| e.to_string());
                 }
-                Err(e)
+                Err(extra_error.unwrap_or(e))
             }
         }
     }
@@ -366,6 +372,30 @@ impl Inner {
         .query_row([run_id], read_run_row)
         .optional()
     }
+}
+
+/// Applies queued journal writes and spans inside `tx`.
+fn write_ops(
+    tx: &rusqlite::Transaction<'_>,
+    traces: &mut HashMap<String, i64>,
+    ops: &[Op],
+    results: &mut Vec<(Arc<Slot>, Option<String>)>,
+) -> rusqlite::Result<()> {
+    for op in ops {
+        match op {
+            Op::Step {
+                rid,
+                key,
+                value,
+                slot,
+            } => {
+                let winner = insert_journal(tx, *rid, key, value)?;
+                results.push((slot.clone(), winner));
+            }
+            Op::Span(rec) => insert_span(tx, traces, rec)?,
+        }
+    }
+    Ok(())
 }
 
 pub fn read_run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
@@ -704,7 +734,11 @@ impl Store for SqliteStore {
         work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
     ) -> CoreResult<()> {
         let mut w = self.writer.lock();
-        let ops = self.take_queue();
+        let ops = if s.defer_spans {
+            Vec::new()
+        } else {
+            self.take_queue()
+        };
         let path = self.path.clone();
         self.apply(&mut w, ops, |tx| {
             let t = now();
