@@ -261,3 +261,31 @@ def test_ext30_kill_9_at_random_points_never_loses_or_repeats_saved_steps(tmp_pa
     with sqlite3.connect(box.db_path) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     assert os.path.exists(box.db_path)
+
+
+def test_ext27_a_threadless_run_killed_mid_node_continues_with_compose_resume(box):
+    crashed = box.run(
+        """
+        from tickets import app
+        app.run({"topic": "dns"})
+        """,
+        PROC="A",
+        CRASH_AT="second",
+    )
+    assert crashed.killed, crashed.describe()
+    (run_id,) = box.run_ids()
+    assert box.run_row(run_id)["status"] == "running"
+    done = box.run(
+        f"""
+        import composeai as compose
+        import tickets
+        r = compose.resume({run_id!r})
+        emit(suspended=r.suspended, state=r.state, run_id=r.run_id)
+        """,
+        PROC="B",
+    ).ok()
+    assert done["run_id"] == run_id and done["suspended"]
+    assert done["state"]["c"] == "FACTS:DNS"
+    nodes = [(e[1], e[-1]) for e in effects(box, "node")]
+    assert nodes[:3] == [("first", "A"), ("second", "A"), ("second", "B")]
+    assert [(e[1], e[-1]) for e in effects(box, "lookup")][0] == ("dns", "A")

@@ -320,3 +320,31 @@ def test_ext33_cli_threads_history_rewind_and_prune(capsys):
         )
     assert main(["threads", "--prune"]) == 1
     assert "--older-than" in capsys.readouterr().err
+
+
+def test_ext30_rewinding_to_a_suspended_checkpoint_waits_again_and_resumes_in_a_new_run():
+    app = review_graph(name="rewound")
+    thread = app.thread("rw")
+    paused = thread.run({"topic": "a"})
+    thread.resume({"review": "no"})
+    assert thread.interrupts() == []
+    thread.rewind(paused.checkpoint_id)
+    assert [i.node for i in thread.interrupts()] == ["review"]
+    again = thread.resume({"review": "yes"})
+    assert again.state["verdict"] == "yes" and again.run_id != paused.run_id
+
+
+def test_ext27_thread_methods_have_async_twins():
+    import asyncio
+
+    app = counter_graph(name="aio-thread")
+
+    async def main():
+        thread = app.thread("x")
+        first = await thread.arun({"tag": "a"})
+        state = await thread.astate()
+        history = await thread.ahistory()
+        return first, state, history
+
+    first, state, history = asyncio.run(main())
+    assert first.state == state and history[0]["id"] == first.checkpoint_id
