@@ -11,9 +11,9 @@ use super::reduce::{self, Op, State};
 use super::spec::Graph;
 use crate::error::{CoreError, CoreResult};
 use crate::run::Attempt;
-use serde_json::{json, Value};
 use crate::store::{InterruptRow, Settlement};
 use parking_lot::Mutex;
+use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
@@ -46,10 +46,14 @@ pub enum Outcome {
     },
 }
 
+/// An executed node (by index), its goto choice (`None` = `END`) and its
+/// suspend payload.
+type Executed = (usize, Option<Vec<Option<usize>>>, Option<Value>);
+
 struct Merged {
     ops_json: String,
-    /// Per executed node (declaration order): goto choice, or suspension.
-    outcomes: Vec<(usize, Option<Vec<Option<usize>>>, Option<Value>)>,
+    /// Per executed node, in declaration order.
+    outcomes: Vec<Executed>,
 }
 
 pub struct GraphRun {
@@ -708,5 +712,204 @@ impl Exec {
             .rsplit_once('@')
             .and_then(|(_, s)| s.parse().ok())
             .unwrap_or(self.step)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::spec::{compile, Spec};
+    use crate::graph::END;
+    use crate::store::sqlite::SqliteStore;
+    use crate::store::{NewRun, Store};
+
+    struct Temp(std::path::PathBuf);
+    impl Drop for Temp {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn store() -> (Temp, Arc<dyn Store>) {
+        let dir = std::env::temp_dir().join(format!("composeai-graph-{}", crate::ids::new_ulid()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let s = SqliteStore::open(&dir.join("runs.db").to_string_lossy()).unwrap();
+        (Temp(dir), Arc::new(s))
+    }
+
+    fn graph(f: impl FnOnce(&mut Spec)) -> Arc<Graph> {
+        let mut spec = Spec {
+            name: "g".into(),
+            ..Default::default()
+        };
+        f(&mut spec);
+        Arc::new(compile(spec).unwrap())
+    }
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn edge(a: &str, b: &str) -> (String, String) {
+        (a.into(), b.into())
+    }
+
+    fn open(g: &Arc<Graph>, store: &Arc<dyn Store>) -> GraphRun {
+        let attempt = Attempt::start(
+            store.clone(),
+            NewRun {
+                run_id: crate::ids::new_ulid(),
+                trace_id: crate::ids::new_ulid(),
+                kind: "graph".into(),
+                name: "g".into(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        GraphRun::open(
+            g.clone(),
+            Arc::new(attempt),
+            None,
+            Some(State::new()),
+            true,
+            64,
+            None,
+        )
+        .unwrap()
+    }
+
+    fn names(run: &mut GraphRun) -> Vec<String> {
+        run.ready().unwrap().into_iter().map(|e| e.node).collect()
+    }
+
+    fn step(run: &mut GraphRun, outcomes: Vec<(&str, Outcome)>, labels: &[(&str, &str)]) -> String {
+        let outcomes = outcomes
+            .into_iter()
+            .map(|(n, o)| (n.to_string(), o))
+            .collect();
+        run.ready().unwrap();
+        run.finish(outcomes).unwrap();
+        let labels = labels
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        let status = run.schedule(labels).unwrap();
+        run.commit(None).unwrap();
+        status
+    }
+
+    fn none() -> Outcome {
+        Outcome::Update(None)
+    }
+
+    #[test]
+    fn fan_out_runs_together_and_a_join_waits_for_every_source() {
+        let (_t, s) = store();
+        let g = graph(|sp| {
+            sp.nodes = strings(&["s", "a", "b", "b2", "j"]);
+            sp.start = Some("s".into());
+            sp.edges = vec![
+                edge("s", "a"),
+                edge("s", "b"),
+                edge("b", "b2"),
+                edge("j", END),
+            ];
+            sp.joins = vec![(strings(&["a", "b2"]), "j".into())];
+        });
+        let mut run = open(&g, &s);
+        assert_eq!(names(&mut run), ["s"]);
+        assert_eq!(step(&mut run, vec![("s", none())], &[]), "running");
+        assert_eq!(names(&mut run), ["a", "b"]);
+        step(&mut run, vec![("b", none()), ("a", none())], &[]);
+        assert_eq!(names(&mut run), ["b2"], "the join still waits for b2");
+        step(&mut run, vec![("b2", none())], &[]);
+        assert_eq!(names(&mut run), ["j"]);
+        assert_eq!(step(&mut run, vec![("j", none())], &[]), "completed");
+        assert!(run.progress.joins.iter().all(Vec::is_empty));
+    }
+
+    #[test]
+    fn routes_and_goto_choose_the_next_nodes_within_their_declarations() {
+        let (_t, s) = store();
+        let g = graph(|sp| {
+            sp.nodes = strings(&["r", "x", "y"]);
+            sp.start = Some("r".into());
+            sp.routes = vec![("r".into(), vec![("go".into(), "x".into())])];
+            sp.gotos = vec![("x".into(), strings(&["y", END]))];
+            sp.edges = vec![edge("y", END)];
+        });
+        let mut run = open(&g, &s);
+        run.ready().unwrap();
+        run.finish(vec![("r".into(), none())]).unwrap();
+        let err = run.schedule(vec![("r".into(), "nope".into())]).unwrap_err();
+        assert!(matches!(err, CoreError::Graph { ref code, .. } if code == "route_unknown_label"));
+        let mut run = open(&g, &s);
+        step(&mut run, vec![("r", none())], &[("r", "go")]);
+        assert_eq!(names(&mut run), ["x"]);
+        run.ready().unwrap();
+        let bad = Outcome::Goto {
+            targets: strings(&["r"]),
+            update: None,
+        };
+        let err = run.finish(vec![("x".into(), bad)]).unwrap_err();
+        assert!(matches!(err, CoreError::Graph { ref code, .. } if code == "goto_undeclared"));
+        let good = Outcome::Goto {
+            targets: strings(&["y"]),
+            update: None,
+        };
+        step(&mut run, vec![("x", good)], &[]);
+        assert_eq!(names(&mut run), ["y"]);
+    }
+
+    #[test]
+    fn a_suspended_node_waits_for_its_answer_and_keeps_its_scope() {
+        let (_t, s) = store();
+        let g = graph(|sp| {
+            sp.nodes = strings(&["ask"]);
+            sp.start = Some("ask".into());
+            sp.edges = vec![edge("ask", END)];
+        });
+        let mut run = open(&g, &s);
+        let pause = Outcome::Suspend {
+            payload: json!({"q": 1}),
+            update: None,
+        };
+        assert_eq!(step(&mut run, vec![("ask", pause)], &[]), "suspended");
+        assert!(
+            run.ready().unwrap().is_empty(),
+            "nothing runs before the answer"
+        );
+        let err = run.answer(vec![("other".into(), "1".into())]).unwrap_err();
+        assert!(matches!(err, CoreError::Graph { ref code, .. } if code == "resume_invalid"));
+        run.answer(vec![("ask".into(), "\"yes\"".into())]).unwrap();
+        let ready = run.ready().unwrap();
+        assert_eq!(
+            (
+                ready[0].scope.as_str(),
+                ready[0].resume.as_deref(),
+                ready[0].attempt,
+                ready[0].step
+            ),
+            ("ask@0", Some("\"yes\""), 2, 1)
+        );
+    }
+
+    #[test]
+    fn a_run_reopened_continues_from_its_last_checkpoint() {
+        let (_t, s) = store();
+        let g = graph(|sp| {
+            sp.nodes = strings(&["a", "b"]);
+            sp.start = Some("a".into());
+            sp.edges = vec![edge("a", "b"), edge("b", END)];
+        });
+        let mut run = open(&g, &s);
+        let mut update = State::new();
+        update.insert("n".into(), json!(1));
+        step(&mut run, vec![("a", Outcome::Update(Some(update)))], &[]);
+        let again =
+            GraphRun::open(g.clone(), run.attempt.clone(), None, None, false, 64, None).unwrap();
+        assert_eq!(again.progress.next, ["b"]);
+        assert_eq!(again.state["n"], json!(1));
+        assert_eq!(again.progress.step, 1);
     }
 }
