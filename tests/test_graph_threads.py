@@ -348,3 +348,19 @@ def test_ext27_thread_methods_have_async_twins():
 
     first, state, history = asyncio.run(main())
     assert first.state == state and history[0]["id"] == first.checkpoint_id
+
+
+def test_ext0_3_a_version_2_store_gains_the_graph_tables_in_place(tmp_path):
+    path = tmp_path / "old" / "runs.db"
+    counter_graph("v2", f"sqlite:///{path}").thread("keep").run({"tag": "a"})
+    with sqlite3.connect(path) as db:
+        db.executescript(
+            "DROP TABLE graph_threads; DROP TABLE graph_checkpoints; DROP TABLE graph_audit; "
+            "PRAGMA user_version = 2;"
+        )
+        runs_before = db.execute("SELECT count(*) FROM runs").fetchone()[0]
+    app = counter_graph("v2b", f"sqlite:///{path}")
+    assert app.thread("new").run().state["n"] == 1
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 5
+        assert db.execute("SELECT count(*) FROM runs").fetchone()[0] == runs_before + 1

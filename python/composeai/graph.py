@@ -10,10 +10,12 @@ values. A graph run is a durable run like a flow's: a `runs` row of kind
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import json
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -223,51 +225,41 @@ class Storage:
         self.on_busy = on_busy
         self._store: Any = None
         self._lock = threading.Lock()
+        _STORAGES.add(self)
 
     def __repr__(self) -> str:
         return f"Storage({self.url!r}, on_busy={self.on_busy!r})"
 
     def store(self):
         if self.url is None:
-            store = _engine.get_store()
-        else:
-            with self._lock:
-                if self._store is None:
-                    if self.url == ":memory:":
-                        self._store = _memory_store()
-                    else:
-                        self._store = _core.Store(self.url[len("sqlite://") :])
-                store = self._store
-        _flush_at_exit(store)
-        return store
-
-
-_FLUSHED: dict[int, Any] = {}
-
-
-def _flush_at_exit(store: Any) -> None:
-    """A graph run's spans ride with later commits or the background writer;
-    whatever is still queued when the process exits is written then."""
-    if id(store) in _FLUSHED:
-        return
-    if not _FLUSHED:
-        import atexit
-
-        atexit.register(_flush_all)
-    _FLUSHED[id(store)] = store
+            return _engine.get_store()
+        with self._lock:
+            if self._store is None:
+                if self.url == ":memory:":
+                    self._store = _memory_store()
+                else:
+                    self._store = _core.Store(self.url[len("sqlite://") :])
+            return self._store
 
 
 def _flush_all() -> None:
-    for store in list(_FLUSHED.values()):
-        try:
-            store.flush()
-        except Exception:  # noqa: BLE001, S110 -- exiting; span writes warn once elsewhere
-            pass
+    """A graph run's spans ride with later commits or the background writer;
+    whatever is still queued when the process exits is written then."""
+    stores = [_engine._store, *(s._store for s in list(_STORAGES))]
+    for store in stores:
+        if store is not None:
+            try:
+                store.flush()
+            except Exception:  # noqa: BLE001, S110 -- exiting; span writes warn once elsewhere
+                pass
+
+
+_STORAGES: weakref.WeakSet[Storage] = weakref.WeakSet()
+atexit.register(_flush_all)
 
 
 def _memory_store():
     """A store private to this process, removed when it exits."""
-    import atexit
     import os
     import shutil
     import tempfile
