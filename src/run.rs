@@ -107,17 +107,25 @@ pub struct Attempt {
 impl Attempt {
     /// Creates a run and its first attempt.
     pub fn start(store: Arc<dyn Store>, new: NewRun) -> CoreResult<Attempt> {
-        Attempt::start_with(store, new, &mut |_| Ok(()))
+        claim_in_process(&new.run_id)?;
+        match store.create_run(&new, owner_id(), now() + LEASE_SECONDS) {
+            Ok(run) => Ok(Attempt::new(store, run, Journal::default(), true)),
+            Err(e) => {
+                active_runs().lock().remove(&new.run_id);
+                Err(e)
+            }
+        }
     }
 
-    /// `start` with `work` in the run's creating transaction.
+    /// `start` with `work` in the run's creating transaction, leaving queued
+    /// spans to the background writer (a graph thread's run).
     pub fn start_with(
         store: Arc<dyn Store>,
         new: NewRun,
         work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
     ) -> CoreResult<Attempt> {
         claim_in_process(&new.run_id)?;
-        match store.create_run_with(&new, owner_id(), now() + LEASE_SECONDS, work) {
+        match store.create_run_with(&new, owner_id(), now() + LEASE_SECONDS, work, false) {
             Ok(run) => Ok(Attempt::new(store, run, Journal::default(), true)),
             Err(e) => {
                 active_runs().lock().remove(&new.run_id);

@@ -287,10 +287,11 @@ def _is_agent(node: Any) -> bool:
 
 
 class _Node:
-    __slots__ = ("fn", "is_agent", "is_async", "name", "takes_ctx")
+    __slots__ = ("fn", "is_agent", "is_async", "json_name", "name", "takes_ctx")
 
     def __init__(self, name: str, fn: Any):
         self.name = name
+        self.json_name = json.dumps(name)
         self.fn = fn
         self.is_agent = _is_agent(fn)
         self.is_async = False
@@ -557,21 +558,18 @@ class _Driver:
     def _loop(self, root) -> str:
         gr = self.gr
         self.state = _decode(gr.state_json())
-        while True:
-            ready = [_Step(t) for t in gr.ready()]
-            if not ready:
-                return gr.idle_status()
-            outcomes = self._run_step(root, ready)
-            delta_json, routers = gr.finish(outcomes)
+        ready = gr.ready()
+        while ready:
+            outcomes = self._run_step(root, [_Step(t) for t in ready])
+            delta_json, routers, status, ready = gr.step(outcomes)
             _apply_delta(self.state, _decode(delta_json))
-            labels = [(n, self._route(n)) for n in routers]
-            status = gr.schedule(labels)
-            if status in ("completed", "suspended"):
-                # Written with the run's settlement, in one transaction.
-                return status
-            gr.commit()
+            if routers:
+                status, ready = gr.route([(n, self._route(n)) for n in routers])
             if status != "running":
+                # A stopped run's last checkpoint is written with its
+                # settlement, in one transaction.
                 return status
+        return gr.idle_status()
 
     def _route(self, node: str) -> str:
         router = self.compiled._routers[node]
@@ -594,23 +592,22 @@ class _Driver:
 
     def _run_step(self, root, ready: list[_Step]) -> list:
         count = len(ready)
+        if count == 1:
+            # A lone node runs on the calling thread, with no hand-off.
+            return [self._run_node(root, ready[0], True)]
         results: list[Any] = [None] * count
         failures: list[BaseException | None] = [None] * count
-        single = count == 1
 
         def run_item(index: int) -> None:
             try:
-                results[index] = self._run_node(root, ready[index], single)
+                results[index] = self._run_node(root, ready[index], False)
             except BaseException as exc:  # noqa: BLE001 -- raised in node order below
                 failures[index] = exc
 
-        if single:
-            run_item(0)
-        else:
-            from .combinators import _Fanout
+        from .combinators import _Fanout
 
-            _Fanout(count, count, run_item).run()
-            self.attempt.sync()
+        _Fanout(count, count, run_item).run()
+        self.attempt.sync()
         for failure in failures:
             if failure is not None:
                 raise failure
@@ -646,9 +643,8 @@ class _Driver:
                 None,
             )
         span = _engine.open_span(root, run.trace, "task", step.node)
-        span.attributes.update({"step": step.step, "node": step.node, "attempt": step.attempt})
-        fence = None
-        frame = Frame(run, step.scope, span, fence, run.trace)
+        span.attributes = {"step": step.step, "node": step.node, "attempt": step.attempt}
+        frame = Frame(run, step.scope, span, None, run.trace)
         token = FRAME.set(frame)
         try:
             value = self._call(node, step)
@@ -659,20 +655,18 @@ class _Driver:
         finally:
             FRAME.reset(token)
         _, kind, update_json, targets, _ = outcome
-        if kind != "suspend":
+        # A lone node's update is recorded by its step's checkpoint; in a
+        # step of several, each finished update is journaled at once so that
+        # a crash re-runs only the unfinished ones.
+        if kind != "suspend" and not single:
             u = update_json if update_json is not None else "null"
             g = json.dumps(targets) if targets is not None else "null"
-            record = f'{{"u":{u},"g":{g}}}'
-            # A lone node's update is recorded by its step's checkpoint; in
-            # a step of several, each finished update is journaled at once so
-            # that a crash re-runs only the unfinished ones.
-            if not single:
-                attempt.commit_deferred(step.scope, record, None, fence)
+            attempt.commit_deferred(step.scope, f'{{"u":{u},"g":{g}}}', None, None)
         span.attributes["step_key"] = step.scope
-        self._close_node_span(span, update_json)
+        self._close_node_span(span, node, update_json)
         return outcome
 
-    def _close_node_span(self, span, update_json: str | None) -> None:
+    def _close_node_span(self, span, node: _Node, update_json: str | None) -> None:
         """Persists a finished node span; its output is the update as encoded."""
         span.ended_at = time.time()
         span.status = "ok"
@@ -681,9 +675,8 @@ class _Driver:
             _engine.close_span(self.run, span, output)
             return
         a = span.attributes
-        attributes_json = (
-            f'{{"step":{a["step"]},"node":{json.dumps(a["node"])},"attempt":{a["attempt"]}}}'
-        )
+        attributes_json = f'{{"step":{a["step"]},"node":{node.json_name},"attempt":{a["attempt"]}}}'
+
         self.attempt.span(
             (
                 span.span_id,

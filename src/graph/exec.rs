@@ -50,6 +50,14 @@ pub enum Outcome {
 /// suspend payload.
 type Executed = (usize, Option<Vec<Option<usize>>>, Option<Value>);
 
+/// What `step` decided.
+pub struct Stepped {
+    pub delta: String,
+    pub routers: Vec<String>,
+    pub status: Option<String>,
+    pub ready: Vec<Exec>,
+}
+
 struct Merged {
     ops_json: String,
     /// Per executed node, in declaration order.
@@ -450,6 +458,45 @@ impl GraphRun {
                 .map(|i| self.graph.name_of(*i).to_string())
                 .collect(),
         ))
+    }
+
+    /// One step's outcomes in, in one call: merges them and returns the
+    /// delta and the nodes whose routers must be called. Without routers
+    /// the step is also scheduled, and committed unless the run stops here
+    /// (then `commit` settles it); `status` and the next ready set follow.
+    pub fn step(&mut self, outcomes: Vec<(String, Outcome)>) -> CoreResult<Stepped> {
+        let (delta, routers) = self.finish(outcomes)?;
+        if !routers.is_empty() {
+            return Ok(Stepped {
+                delta,
+                routers,
+                status: None,
+                ready: Vec::new(),
+            });
+        }
+        let (status, ready) = self.route(Vec::new())?;
+        Ok(Stepped {
+            delta,
+            routers,
+            status: Some(status),
+            ready,
+        })
+    }
+
+    /// The routers' labels in: schedules the step and commits it unless the
+    /// run stops here; returns the status and the next ready set.
+    pub fn route(&mut self, labels: Vec<(String, String)>) -> CoreResult<(String, Vec<Exec>)> {
+        let status = self.schedule(labels)?;
+        if status == "completed" || status == "suspended" {
+            return Ok((status, Vec::new()));
+        }
+        self.commit(None)?;
+        let ready = if status == "running" {
+            self.ready()?
+        } else {
+            Vec::new()
+        };
+        Ok((status, ready))
     }
 
     /// Takes the routers' labels, schedules the next step and stages the

@@ -135,6 +135,10 @@ pub fn graph_from_snapshot(
     })
 }
 
+fn exec_tuple(e: crate::graph::exec::Exec) -> ExecTuple {
+    (e.node, e.scope, e.step, e.resume, e.attempt, e.done)
+}
+
 fn outcome(t: OutcomeTuple) -> CoreResult<(String, Outcome)> {
     let (node, kind, update, targets, payload) = t;
     let what = format!("node '{node}' update");
@@ -161,10 +165,7 @@ fn outcome(t: OutcomeTuple) -> CoreResult<(String, Outcome)> {
 impl PyGraphRun {
     fn ready(&self, py: Python<'_>) -> PyResult<Vec<ExecTuple>> {
         let execs = py.allow_threads(|| self.inner.lock().ready()).py_err()?;
-        Ok(execs
-            .into_iter()
-            .map(|e| (e.node, e.scope, e.step, e.resume, e.attempt, e.done))
-            .collect())
+        Ok(execs.into_iter().map(exec_tuple).collect())
     }
 
     /// Records `(node, value_json)` answers for exactly the suspended nodes.
@@ -173,25 +174,41 @@ impl PyGraphRun {
             .py_err()
     }
 
-    /// Merges the step; returns `(delta_json, nodes whose router to call)`.
-    fn finish(
+    /// Merges a step's outcomes; returns `(delta_json, routers, status,
+    /// ready)`: with routers to call, `status` is `None` until `route`.
+    #[allow(clippy::type_complexity)]
+    fn step(
         &self,
         py: Python<'_>,
         outcomes: Vec<OutcomeTuple>,
-    ) -> PyResult<(String, Vec<String>)> {
-        py.allow_threads(|| -> CoreResult<_> {
-            let parsed = outcomes
-                .into_iter()
-                .map(outcome)
-                .collect::<CoreResult<Vec<_>>>()?;
-            self.inner.lock().finish(parsed)
-        })
-        .py_err()
+    ) -> PyResult<(String, Vec<String>, Option<String>, Vec<ExecTuple>)> {
+        let stepped = py
+            .allow_threads(|| -> CoreResult<_> {
+                let parsed = outcomes
+                    .into_iter()
+                    .map(outcome)
+                    .collect::<CoreResult<Vec<_>>>()?;
+                self.inner.lock().step(parsed)
+            })
+            .py_err()?;
+        Ok((
+            stepped.delta,
+            stepped.routers,
+            stepped.status,
+            stepped.ready.into_iter().map(exec_tuple).collect(),
+        ))
     }
 
-    /// Schedules the next step from the routers' labels; returns the status.
-    fn schedule(&self, labels: Vec<(String, String)>) -> PyResult<String> {
-        self.inner.lock().schedule(labels).py_err()
+    /// The routers' labels; returns `(status, ready)`.
+    fn route(
+        &self,
+        py: Python<'_>,
+        labels: Vec<(String, String)>,
+    ) -> PyResult<(String, Vec<ExecTuple>)> {
+        let (status, ready) = py
+            .allow_threads(|| self.inner.lock().route(labels))
+            .py_err()?;
+        Ok((status, ready.into_iter().map(exec_tuple).collect()))
     }
 
     /// The status of a run with nothing left to run in this attempt.

@@ -133,17 +133,19 @@ pub trait Store: Send + Sync {
 
     /// Creates a run row leased to `owner`, in one commit.
     fn create_run(&self, new: &NewRun, owner: &str, lease_until: f64) -> CoreResult<RunRow> {
-        self.create_run_with(new, owner, lease_until, &mut |_| Ok(()))
+        self.create_run_with(new, owner, lease_until, &mut |_| Ok(()), true)
     }
 
     /// `create_run` with `work` in the same transaction (a graph thread
-    /// claimed together with its new run).
+    /// claimed together with its new run); without `drain` the queued spans
+    /// are left to the background writer.
     fn create_run_with(
         &self,
         new: &NewRun,
         owner: &str,
         lease_until: f64,
         work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        drain: bool,
     ) -> CoreResult<RunRow>;
 
     /// Takes the lease on an existing run (refused while `live` says the

@@ -573,9 +573,10 @@ impl Store for SqliteStore {
         owner: &str,
         lease_until: f64,
         work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        drain: bool,
     ) -> CoreResult<RunRow> {
         let mut w = self.writer.lock();
-        let ops = self.take_queue();
+        let ops = if drain { self.take_queue() } else { Vec::new() };
         let t = now();
         let mut rid = 0;
         self.apply(&mut w, ops, |tx| {
