@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from _common import BENCH_DIR, emit, parser, store_bytes, temp_dir
+from _common import BENCH_DIR, emit, parser, temp_dir
 
 LG_VENV = os.path.join(BENCH_DIR, ".venv-langgraph")
 # G1 is timed in this many rounds on each side, alternating; the fastest
@@ -155,6 +155,25 @@ def composeai_g1():
         return (time.perf_counter() - t0) / (n * 3) * 1e6
 
     return round_
+
+
+MEASURE = """
+import os, sqlite3, sys
+db = os.path.join(sys.argv[1], "runs.db")
+conn = sqlite3.connect(db)
+conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+conn.close()
+print(sum(os.path.getsize(p) for p in (db, db + "-wal") if os.path.exists(p)))
+"""
+
+
+def store_bytes(directory: str) -> int:
+    """The store's size after folding its WAL in, measured by another process:
+    a second SQLite library in this one must not touch the engine's files."""
+    out = subprocess.run(
+        [sys.executable, "-c", MEASURE, directory], capture_output=True, text=True, check=True
+    )
+    return int(out.stdout)
 
 
 def composeai_g2(n_bytes: int) -> dict:

@@ -4,8 +4,12 @@ growth and the CLI (EXT-30 … EXT-33)."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 import threading
+from contextlib import closing
 
 import pytest
 
@@ -23,6 +27,14 @@ from composeai.graph import (
     ThreadSuspendedError,
     suspend,
 )
+
+
+def read(path, sql: str) -> list:
+    """Reads a store the engine has open, read-only and closed at once: this
+    process's second SQLite library must never checkpoint or remove the
+    engine's WAL (it would, on closing a writable connection)."""
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        return db.execute(sql).fetchall()
 
 
 def counter_graph(name="counter", storage=None, audit=False):
@@ -228,8 +240,7 @@ def test_ext30_memory_and_sqlite_storage(tmp_path, isolated_state):
     disk = counter_graph("disk", f"sqlite:///{path}")
     disk.thread("d").run()
     assert path.exists() and not isolated_state.exists()
-    with sqlite3.connect(path) as db:
-        assert db.execute("SELECT count(*) FROM graph_threads").fetchone()[0] == 1
+    assert read(path, "SELECT count(*) FROM graph_threads") == [(1,)]
     with pytest.raises(Exception, match="PostgreSQL"):
         Storage("postgresql://localhost/x")
     with pytest.raises(Exception, match="store URL"):
@@ -250,11 +261,11 @@ def test_ext30a_checkpoints_store_deltas_and_periodic_snapshots():
     path = _engine.get_store().path
 
     def stored_bytes() -> int:
-        with sqlite3.connect(path) as db:
-            return db.execute(
-                "SELECT sum(length(coalesce(delta_json, '')) + length(coalesce(snapshot_json, '')) "
-                "+ length(meta_json)) FROM graph_checkpoints"
-            ).fetchone()[0]
+        return read(
+            path,
+            "SELECT sum(length(coalesce(delta_json, '')) + length(coalesce(snapshot_json, '')) "
+            "+ length(meta_json)) FROM graph_checkpoints",
+        )[0][0]
 
     base = stored_bytes()
     for _ in range(100):
@@ -269,10 +280,10 @@ def test_ext30a_checkpoints_store_deltas_and_periodic_snapshots():
     assert 0.5 < per_step_400 / per_step_100 < 2, (per_step_100, per_step_400)
     state_bytes = len(json.dumps(thread.state()))
     assert (at_400 - base) / 400 < state_bytes / 50, "far below a full state per step"
-    with sqlite3.connect(path) as db:
-        kinds = db.execute(
-            "SELECT sum(snapshot_json IS NOT NULL), sum(delta_json IS NOT NULL) FROM graph_checkpoints"
-        ).fetchone()
+    (kinds,) = read(
+        path,
+        "SELECT sum(snapshot_json IS NOT NULL), sum(delta_json IS NOT NULL) FROM graph_checkpoints",
+    )
     assert kinds[0] >= 2 and kinds[1] > kinds[0] * 10
     assert len(thread.state()["messages"]) == 601
     assert thread.state()["messages"][-1]["text"] == "message 600"
@@ -306,18 +317,14 @@ def test_ext33_cli_threads_history_rewind_and_prune(capsys):
     assert main(["threads", "--prune", "--older-than", "1d"]) == 0
     assert capsys.readouterr().out == "pruned 0 threads\n"
     path = _engine.get_store().path
-    with sqlite3.connect(path) as db:
+    _engine.reset_store()  # closed while another library writes the file
+    with closing(sqlite3.connect(path)) as db:
         db.execute("UPDATE graph_threads SET updated_at_ms = 0 WHERE thread_id = 'cli-1'")
+        db.commit()
     assert main(["threads", "--prune", "--older-than", "30d"]) == 0
     assert capsys.readouterr().out == "pruned 1 thread\n"
     assert thread.state() == {}
-    with sqlite3.connect(path) as db:
-        assert (
-            db.execute(
-                "SELECT count(*) FROM graph_checkpoints WHERE thread_id = 'cli-1'"
-            ).fetchone()[0]
-            == 0
-        )
+    assert read(path, "SELECT count(*) FROM graph_checkpoints WHERE thread_id = 'cli-1'") == [(0,)]
     assert main(["threads", "--prune"]) == 1
     assert "--older-than" in capsys.readouterr().err
 
@@ -352,8 +359,23 @@ def test_ext27_thread_methods_have_async_twins():
 
 def test_ext0_3_a_version_2_store_gains_the_graph_tables_in_place(tmp_path):
     path = tmp_path / "old" / "runs.db"
-    counter_graph("v2", f"sqlite:///{path}").thread("keep").run({"tag": "a"})
-    with sqlite3.connect(path) as db:
+    # Made by another process, so this one's second SQLite library is alone on the file.
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import composeai as c\n"
+                "@c.flow\ndef f():\n    return 1\n"
+                "f.run()\n"
+                "from composeai import _engine\n_engine.get_store().flush()\n"
+            ),
+        ],
+        env={**os.environ, "COMPOSE_DIR": str(path.parent)},
+        check=True,
+        timeout=60,
+    )
+    with closing(sqlite3.connect(path)) as db:
         db.executescript(
             "DROP TABLE graph_threads; DROP TABLE graph_checkpoints; DROP TABLE graph_audit; "
             "PRAGMA user_version = 2;"
@@ -361,6 +383,5 @@ def test_ext0_3_a_version_2_store_gains_the_graph_tables_in_place(tmp_path):
         runs_before = db.execute("SELECT count(*) FROM runs").fetchone()[0]
     app = counter_graph("v2b", f"sqlite:///{path}")
     assert app.thread("new").run().state["n"] == 1
-    with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 5
-        assert db.execute("SELECT count(*) FROM runs").fetchone()[0] == runs_before + 1
+    assert read(path, "PRAGMA user_version") == [(5,)]
+    assert read(path, "SELECT count(*) FROM runs") == [(runs_before + 1,)]
