@@ -243,7 +243,8 @@ pub trait Store: Send + Sync {
         work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
     ) -> CoreResult<()>;
 
-    /// Runs `work` on the connection, after writing anything queued.
+    /// Runs `work` on the connection; queued writes stay queued (graph
+    /// tables are never written through the queue).
     fn read(&self, work: &mut dyn FnMut(&rusqlite::Connection) -> CoreResult<()>)
         -> CoreResult<()>;
 }

@@ -962,7 +962,8 @@ impl Store for SqliteStore {
     }
 
     fn read(&self, work: &mut dyn FnMut(&Connection) -> CoreResult<()>) -> CoreResult<()> {
-        self.with_conn(|c| work(c))
+        let w = self.writer.lock();
+        work(&w.conn)
     }
 
     fn journal(&self, rid: i64) -> CoreResult<Vec<(String, String)>> {
