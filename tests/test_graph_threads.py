@@ -317,14 +317,13 @@ def test_ext33_cli_threads_history_rewind_and_prune(capsys):
     assert main(["threads", "--prune", "--older-than", "1d"]) == 0
     assert capsys.readouterr().out == "pruned 0 threads\n"
     path = _engine.get_store().path
-    _engine.reset_store()  # closed while another library writes the file
-    with closing(sqlite3.connect(path)) as db:
-        db.execute("UPDATE graph_threads SET updated_at_ms = 0 WHERE thread_id = 'cli-1'")
-        db.commit()
-    assert main(["threads", "--prune", "--older-than", "30d"]) == 0
-    assert capsys.readouterr().out == "pruned 1 thread\n"
+    # A cutoff date in the future: every thread is older.
+    assert main(["threads", "--prune", "--older-than", "2999-01-01", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == ["cli-1", "cli-2"]
     assert thread.state() == {}
-    assert read(path, "SELECT count(*) FROM graph_checkpoints WHERE thread_id = 'cli-1'") == [(0,)]
+    assert read(path, "SELECT count(*) FROM graph_checkpoints") == [(0,)]
+    assert main(["threads", "--prune", "--older-than", "30d"]) == 0
+    assert capsys.readouterr().out == "pruned 0 threads\n"
     assert main(["threads", "--prune"]) == 1
     assert "--older-than" in capsys.readouterr().err
 
