@@ -274,7 +274,7 @@ impl GraphRun {
     }
 
     /// Builds the next checkpoint row (a snapshot when the policy says so)
-    /// and moves the head to it; `advance` or `flush_staged` writes it.
+    /// and moves the head to it; `commit` (or `answer`) writes it.
     fn stage_checkpoint(&mut self, source: &str, status: &str, delta: String) {
         self.delta_bytes += delta.len();
         self.chain += 1;
