@@ -24,6 +24,7 @@ from . import _codec, _core, _engine
 from . import events as _events
 from ._engine import FRAME, Frame
 from .errors import BudgetExceededError, ComposeError, ConfigError, SerializationError
+from .tracing import Span
 
 __all__ = [
     "END",
@@ -471,13 +472,12 @@ def _encode_update(node: str, update: Any) -> str:
             code="node_failed",
             details={"node": node, "type": type(update).__name__},
         )
-    for key in update:
-        if not isinstance(key, str):
-            raise SerializationError(f"node {node!r}: state key {key!r} is not a str")
     try:
         return _codec.dumps(update)
     except SerializationError:
         for key, value in update.items():
+            if not isinstance(key, str):
+                raise SerializationError(f"node {node!r}: state key {key!r} is not a str") from None
             try:
                 _codec.dumps(value)
             except SerializationError as exc:
@@ -536,6 +536,9 @@ class _Driver:
             meter = _engine.budget_meter(budget, "graph", name, self.attempt.prior_llm_usage())
         budgets = _engine.BUDGETS.set((meter,)) if meter is not None else None
         frame = Frame(run, "", root, None, run.trace)
+        # Without an event bus and with content captured (the defaults), node
+        # spans are built and persisted directly.
+        self.lean_spans = _events.current_bus() is None and _engine._capture()
         token = FRAME.set(frame)
         driver = _engine.driven_synchronously()
         try:
@@ -554,6 +557,7 @@ class _Driver:
                 _engine.BUDGETS.reset(budgets)
 
     settled = False
+    lean_spans = False
 
     def _loop(self, root) -> str:
         gr = self.gr
@@ -642,8 +646,21 @@ class _Driver:
                 record.get("g"),
                 None,
             )
-        span = _engine.open_span(root, run.trace, "task", step.node)
-        span.attributes = {"step": step.step, "node": step.node, "attempt": step.attempt}
+        attributes = {"step": step.step, "node": step.node, "attempt": step.attempt}
+        if self.lean_spans:
+            span = Span(
+                trace_id=run.trace_id,
+                span_id=_core.ulid(),
+                parent_span_id=root.span_id,
+                kind="task",
+                name=step.node,
+                started_at=time.time(),
+                attributes=attributes,
+            )
+            run.trace.spans.append(span)
+        else:
+            span = _engine.open_span(root, run.trace, "task", step.node)
+            span.attributes = attributes
         frame = Frame(run, step.scope, span, None, run.trace)
         token = FRAME.set(frame)
         try:
@@ -670,7 +687,7 @@ class _Driver:
         """Persists a finished node span; its output is the update as encoded."""
         span.ended_at = time.time()
         span.status = "ok"
-        if _events.current_bus() is not None or not _engine._capture():
+        if not self.lean_spans:
             output = None if update_json is None else _decode(update_json)
             _engine.close_span(self.run, span, output)
             return
