@@ -2,7 +2,7 @@
 
 * G1: microseconds per node step of a 3-node linear graph run on a thread
   (`thread.run()` repeated; each run is 3 node steps, each checkpointed), the
-  fastest of 5 rounds on each side;
+  fastest of 10 alternating rounds on each side;
 * G2: store bytes per step of a thread whose state holds a growing message list
   (200 messages to start, one appended per run), after 100 and after 1,000 steps.
 
@@ -25,7 +25,7 @@ from _common import BENCH_DIR, emit, parser, temp_dir
 LG_VENV = os.path.join(BENCH_DIR, ".venv-langgraph")
 # G1 is timed in this many rounds on each side, alternating; the fastest
 # round of each side counts (a slow round measures the neighbours).
-ROUNDS = 5
+ROUNDS = 10
 
 LANGGRAPH_SCRIPT = r"""
 import json, operator, os, sqlite3, sys, time
