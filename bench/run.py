@@ -390,6 +390,107 @@ def collect(args: argparse.Namespace) -> list[dict[str, Any]]:
     ]
 
 
+def adapter_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """W7: what composeai adds to a real SDK call, per adapter, against a
+    loopback server speaking the provider's wire format."""
+    anth = workload("w7_anthropic.py", args.n_w7, 1)
+    oai = workload("w7_openai.py", args.n_w7, 1)
+    out = []
+    for label, value, source in (
+        (
+            f"Anthropic adapter (anthropic {anth['anthropic_sdk']})",
+            anth["overhead_ms_per_call"],
+            anth,
+        ),
+        ("OpenAI adapter (Responses API)", oai["openai_overhead_ms_per_call"], oai),
+        (
+            "OpenAI-compatible adapter (Chat Completions)",
+            oai["compatible_overhead_ms_per_call"],
+            oai,
+        ),
+    ):
+        out.append(
+            row(
+                "W7",
+                f"agent call minus bare SDK call, {label}",
+                value,
+                "ms/call",
+                "<= 0.3",
+                value / 0.3,
+                "value / target",
+                value <= 0.3,
+                source,
+            )
+        )
+    out.append(
+        row(
+            "W7",
+            "of which the adapter's wire mapping (model.complete minus bare SDK), Anthropic",
+            anth["adapter_overhead_ms_per_call"],
+            "ms/call",
+            "",
+            None,
+            "",
+            None,
+            None,
+        )
+    )
+    return out
+
+
+def durable_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """D1-D4: the durable primitives under `compose worker` (d_durable.py)."""
+    d = workload("d_durable.py", args.n_d1, 1)
+    d1, d2, d3, d4 = d["D1"], d["D2"], d["D3"], d["D4"]
+    return [
+        row(
+            "D1",
+            f"timer lateness under the worker, p50 of {d1['timers']} (p99 {d1['lateness_p99_ms']} ms)",
+            d1["lateness_p50_ms"],
+            "ms",
+            "p99 <= 150",
+            d1["lateness_p99_ms"] / 150,
+            "p99 / target",
+            d1["lateness_p99_ms"] <= 150,
+            d1,
+        ),
+        row(
+            "D2",
+            f"signal commit to blocked run continuing, p50 (p99 {d2['latency_p99_ms']} ms)",
+            d2["latency_p50_ms"],
+            "ms",
+            "<= 120",
+            d2["latency_p50_ms"] / 120,
+            "value / target",
+            d2["latency_p50_ms"] <= 120,
+            d2,
+        ),
+        row(
+            "D3",
+            f"worker RSS over {d3['parked_runs']:,} parked runs ({d3['worker_threads']} threads)",
+            d3["worker_rss_mb"],
+            "MB",
+            "<= 50",
+            d3["worker_rss_mb"] / 50,
+            "value / target",
+            d3["worker_rss_mb"] <= 50 and d3["worker_threads"] < 16,
+            d3,
+        ),
+        row(
+            "D4",
+            f"3-step runs continued per second, one worker (concurrency 4: "
+            f"{d['D4_concurrency_4']['runs_per_s']:,.0f}/s)",
+            d4["runs_per_s"],
+            "runs/s",
+            ">= 1000",
+            d4["runs_per_s"] / 1000,
+            "value / target",
+            d4["runs_per_s"] >= 1000,
+            d,
+        ),
+    ]
+
+
 def obs_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     """OBS-CLI (obs_cli.py): whole `compose` processes against a large store
     (built once by obs_store.py and cached; see README)."""
@@ -513,6 +614,8 @@ def main() -> None:
     p.add_argument("--n-w4", type=int, default=200)
     p.add_argument("--n-w5", type=int, default=500)
     p.add_argument("--n-w6", type=int, default=2000)
+    p.add_argument("--n-w7", type=int, default=500)
+    p.add_argument("--n-d1", type=int, default=200)
     p.add_argument("--obs", action="store_true", help="also OBS-CLI: the CLI against a large store")
     p.add_argument("--obs-only", action="store_true", help="only the OBS-CLI rows")
     p.add_argument("--obs-runs", type=int, default=10_000)
@@ -522,7 +625,7 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     if load_before > 0.8:
         log(f"warning: load average {load_before:.2f} before starting -- numbers will be noisy")
-    rows = [] if args.obs_only else collect(args)
+    rows = [] if args.obs_only else collect(args) + adapter_rows(args) + durable_rows(args)
     if args.obs or args.obs_only:
         rows += obs_rows(args)
     log(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
@@ -525,9 +526,12 @@ def flow(fn=None, /, *, name=None, replace=False, journal_failures=False, retry=
 
 
 def reset_registries() -> None:
-    """Forgets every registered task and flow name (TEST-50)."""
+    """Forgets every registered task, flow and graph name (TEST-50)."""
     _TASKS.clear()
     _FLOWS.clear()
+    graph = sys.modules.get("composeai.graph")
+    if graph is not None:
+        graph.reset_registry()
 
 
 # ---------------------------------------------------------------------------
@@ -621,9 +625,13 @@ def _prepare_resume(
     flow to run and the resolved answers, or a finished `Run`."""
     store = _engine.get_store()
     row = store.get_run(run_id)
+    graph = sys.modules.get("composeai.graph")
+    if row is None and graph is not None:
+        found = graph.find_run(run_id)
+        row = found[1] if found is not None else None
     if row is None:
         raise ConfigError(f"no run found with run_id {run_id!r}")
-    if row["kind"] == "agent":
+    if row["kind"] in ("agent", "graph"):
         return None, None, row
     if any(c is not None for c in callbacks):
         raise ConfigError(_CALLBACKS_ON_FLOW)
@@ -748,6 +756,10 @@ def resume(
     flow_obj, resolved, done = _prepare_resume(
         run_id, answers, allow_code_change, (approver, tool_interceptor, context_manager)
     )
+    if isinstance(done, dict) and done["kind"] == "graph":
+        from .graph import resume_graph_run
+
+        return resume_graph_run(done, answers, budget)
     if isinstance(done, dict):
         from .agentfn import resume_standalone
 
@@ -775,6 +787,10 @@ async def aresume(
     flow_obj, resolved, done = _prepare_resume(
         run_id, answers, allow_code_change, (approver, tool_interceptor, context_manager)
     )
+    if isinstance(done, dict) and done["kind"] == "graph":
+        from .graph import _off_loop, resume_graph_run
+
+        return await _off_loop(lambda: resume_graph_run(done, answers, budget))
     if isinstance(done, dict):
         from .agentfn import resume_standalone
 
