@@ -491,6 +491,47 @@ def durable_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     ]
 
 
+def graph_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """G1/G2: graph threads, side by side with LangGraph's SQLite checkpointer
+    in the same run (g_graph.py; its venv is made on first use)."""
+    g = workload("g_graph.py", args.n_g1, 1, extra=() if args.peers else ("--no-langgraph",))
+    g2 = g["g2_bytes_per_step"]
+    small, big = g2["100"], g2[str(g["g2_steps"])]
+    lg_g1 = g.get("langgraph_g1_us_per_node_step")
+    lg_g2 = g.get("langgraph_g2_bytes_per_step")
+    speedup = g.get("g1_speedup")
+    g1_metric = "node step of a 3-node linear graph on a thread"
+    if lg_g1 is not None:
+        g1_metric += f" (LangGraph {g['langgraph_version']}: {lg_g1:,.0f} us, {speedup}x)"
+    g2_metric = f"store bytes per step, growing 200-message list, {g['g2_steps']} steps"
+    if lg_g2 is not None:
+        g2_metric += f" (LangGraph: {lg_g2[str(g['g2_steps'])]:,.0f} B)"
+    return [
+        row(
+            "G1",
+            g1_metric,
+            g["g1_us_per_node_step"],
+            "us/step",
+            ">= 20x LangGraph",
+            speedup,
+            "LangGraph / G1",
+            None if speedup is None else speedup >= 20,
+            g,
+        ),
+        row(
+            "G2",
+            g2_metric + f" (100 steps: {small:,.0f} B)",
+            big,
+            "bytes/step",
+            "1000 / 100 <= 2",
+            big / small,
+            "1000 steps / 100 steps",
+            big / small <= 2,
+            g,
+        ),
+    ]
+
+
 def obs_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     """OBS-CLI (obs_cli.py): whole `compose` processes against a large store
     (built once by obs_store.py and cached; see README)."""
@@ -616,6 +657,13 @@ def main() -> None:
     p.add_argument("--n-w6", type=int, default=2000)
     p.add_argument("--n-w7", type=int, default=500)
     p.add_argument("--n-d1", type=int, default=200)
+    p.add_argument("--n-g1", type=int, default=2000)
+    p.add_argument(
+        "--no-peers",
+        dest="peers",
+        action="store_false",
+        help="skip the side-by-side peers (LangGraph), whose venvs are installed on first use",
+    )
     p.add_argument("--obs", action="store_true", help="also OBS-CLI: the CLI against a large store")
     p.add_argument("--obs-only", action="store_true", help="only the OBS-CLI rows")
     p.add_argument("--obs-runs", type=int, default=10_000)
@@ -625,7 +673,11 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     if load_before > 0.8:
         log(f"warning: load average {load_before:.2f} before starting -- numbers will be noisy")
-    rows = [] if args.obs_only else collect(args) + adapter_rows(args) + durable_rows(args)
+    rows = (
+        []
+        if args.obs_only
+        else collect(args) + adapter_rows(args) + durable_rows(args) + graph_rows(args)
+    )
     if args.obs or args.obs_only:
         rows += obs_rows(args)
     log(
