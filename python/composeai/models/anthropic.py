@@ -356,13 +356,23 @@ def parse_response(
 
 
 def _plain(obj: Any) -> Any:
-    """A wire value as plain dicts/lists (SDK models are pydantic models)."""
-    if obj is None or isinstance(obj, dict):
+    """A wire value as plain dicts/lists. SDK replies are pydantic models; replies built
+    by hand (a stub client in a test: ``SimpleNamespace`` objects, configured mocks) are
+    read through their public attributes."""
+    if obj is None or isinstance(obj, (str, int, float, bool)):
         return obj
-    dump = getattr(obj, "model_dump", None)
-    if dump is not None:
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if hasattr(type(obj), "model_fields"):
         # The SDK builds replies without validation; an off-schema value is ours to judge.
-        return dump(warnings=False)
+        return obj.model_dump(warnings=False)
+    fields = getattr(obj, "__dict__", None)
+    if fields is not None:
+        return {
+            k: _plain(v) for k, v in fields.items() if not k.startswith("_") and k != "method_calls"
+        }
     raise ProviderError(
         f"Anthropic SDK returned an unexpected value {type(obj)!r}", provider=PROVIDER
     )
