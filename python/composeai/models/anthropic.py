@@ -28,7 +28,7 @@ from composeai.messages import (
     ToolResultPart,
     Usage,
 )
-from composeai.models.base import ModelRequest, ModelResponse, RawStreamEvent
+from composeai.models.base import ModelRequest, ModelResponse, RawStreamEvent, own_echo
 from composeai.models.prices import ModelPrice, get_price, resolve_price
 
 TYPE_CHECKING = False
@@ -159,18 +159,8 @@ def _part_to_block(part: Any, model_id: str) -> dict[str, Any] | None:
 
 def _echoed_thinking(part: ThinkingPart, model_id: str) -> dict[str, Any] | None:
     """The original thinking block, only for the model that produced it (AGENT-62)."""
-    if part.provider != PROVIDER or not part.provider_token:
-        return None
-    try:
-        token = json.loads(part.provider_token)
-    except ValueError:
-        return None
-    if not isinstance(token, dict) or token.get("model") != model_id:
-        return None
-    block = token.get("block")
-    if not isinstance(block, dict):
-        return None
-    return _strip_none(block)
+    block = own_echo(part, PROVIDER, model_id, "block")
+    return None if block is None else _strip_none(block)
 
 
 def _strip_none(block: dict[str, Any]) -> dict[str, Any]:
