@@ -26,6 +26,8 @@ def run_agent_node(agent: Any, state: dict, resume: Any, list_reducer: bool) -> 
             f"{type(conversation).__name__}"
         )
     frame = FRAME.get()
+    # An agent node runs as a step of its graph's run.
+    assert frame is not None and frame.run is not None
     attempt = frame.run.attempt
     if isinstance(resume, dict) and resume:
         # The answers for the tool calls the agent paused on, keyed by

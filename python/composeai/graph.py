@@ -18,7 +18,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from . import _codec, _core, _engine
 from . import events as _events
@@ -977,7 +977,8 @@ class CompiledGraph:
         run_id = snapshot.get("run_id")
         row = store.get_run(run_id) if isinstance(run_id, str) else None
         same = (
-            row is not None
+            isinstance(run_id, str)
+            and row is not None
             and row["kind"] == "graph"
             and row["status"] in _RESUMABLE
             and _core.graph_run_head(store, run_id) == snapshot.get("checkpoint_id")
@@ -1055,8 +1056,14 @@ class CompiledGraph:
 
 async def _off_loop(call: Callable[[], Any]) -> Any:
     """Awaits a sync graph call run on a thread of its own (ASYNC-7)."""
+    # Outside a flow there is no frame and the thread runs with none: the helper handles a
+    # None frame, though its annotation is the narrower `Frame`.
     return await _engine.run_on_thread_async(
-        call, FRAME.get(), None, lambda: RuntimeError("unreachable"), "composeai-graph"
+        call,
+        FRAME.get(),  # type: ignore[arg-type]
+        None,
+        lambda: RuntimeError("unreachable"),
+        "composeai-graph",
     )
 
 
@@ -1127,7 +1134,7 @@ class GraphThread:
             )
         return info
 
-    def _claim(self, store, mode: str, run_id: str | None):
+    def _claim(self, store, mode: Literal["run", "resume", "retry"], run_id: str | None):
         g = self.graph
         wait = g._storage.on_busy == "wait"
         delay = 0.005
@@ -1193,7 +1200,7 @@ class GraphThread:
 
     def _continue(
         self,
-        mode: str,
+        mode: Literal["resume", "retry"],
         values: Mapping[str, Any] | None,
         max_steps: int,
         deadline: Any,
@@ -1210,14 +1217,14 @@ class GraphThread:
             encoded = _encode_values(values)
             _core.thread_check_resume(store, self.thread_id, [n for n, _ in encoded])
         row = store.get_run(info["run_id"]) if info and info.get("run_id") else None
-        reuse = row is not None and row["status"] in _RESUMABLE
-        new_run_id = None if reuse else _core.ulid()
+        reused = row if row is not None and row["status"] in _RESUMABLE else None
+        new_run_id = None if reused is not None else _core.ulid()
         before = self._claim(store, mode, new_run_id)
         prior = "failed" if before["status"] in ("running", "interrupted") else before["status"]
         try:
             input_json = "{}"
-            if reuse:
-                attempt = store.resume(row["run_id"])
+            if reused is not None:
+                attempt = store.resume(reused["run_id"])
                 args = _codec.loads(attempt.args_json) if attempt.args_json else {}
                 input_json = json.dumps(args.get("input", {}))
             else:

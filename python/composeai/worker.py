@@ -59,7 +59,8 @@ class Worker:
         self.log(f"started  {run_id} flow={name} reason={reason}")
         try:
             run = _durable.continue_run(run_id)
-            outcome = run.status
+            # Log text: the status, or what became of the run instead.
+            outcome: str = run.status
             if run.status == "paused" and run.pending is not None:
                 outcome = f"paused({run.pending.kind})"
         except NotDue:

@@ -29,7 +29,7 @@ from composeai.messages import (
     Usage,
 )
 from composeai.models.base import ModelRequest, ModelResponse, RawStreamEvent, own_echo
-from composeai.models.prices import ModelPrice, get_price, resolve_price
+from composeai.models.prices import ModelPrice, _Rates, _rates, get_price
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -142,13 +142,21 @@ def _part_to_block(part: Any, model_id: str) -> dict[str, Any] | None:
     if isinstance(part, ToolCallPart):
         return {"type": "tool_use", "id": part.id, "name": part.name, "input": part.arguments}
     if isinstance(part, ToolResultPart):
-        block = {"type": "tool_result", "tool_use_id": part.tool_call_id, "content": part.content}
+        block: dict[str, Any] = {
+            "type": "tool_result",
+            "tool_use_id": part.tool_call_id,
+            "content": part.content,
+        }
         if part.is_error:
             block["is_error"] = True
         return block
     if isinstance(part, ImagePart):
         if part.data is not None:
-            source = {"type": "base64", "media_type": part.media_type, "data": part.data}
+            source: dict[str, Any] = {
+                "type": "base64",
+                "media_type": part.media_type,
+                "data": part.data,
+            }
         else:
             source = {"type": "url", "url": part.url}
         return {"type": "image", "source": source}
@@ -272,13 +280,13 @@ def usage_from_wire(usage: dict[str, Any] | None, model_id: str) -> Usage:
     )
 
 
-_RESOLVED: dict[ModelPrice, ModelPrice] = {}
+_RESOLVED: dict[ModelPrice, _Rates] = {}
 
 
-def _resolved(price: ModelPrice) -> ModelPrice:
+def _resolved(price: ModelPrice) -> _Rates:
     resolved = _RESOLVED.get(price)
     if resolved is None:
-        resolved = _RESOLVED[price] = resolve_price(price)
+        resolved = _RESOLVED[price] = _rates(price)
     return resolved
 
 
@@ -581,8 +589,10 @@ class AnthropicModel:
         self._own_async: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         if client is not None:
-            self.acomplete = None
-            self.astream = None
+            # An injected client is sync-only: the async twins count as absent (PROV-4). mypy
+            # cannot type an instance attribute that shadows a method of the same class.
+            self.acomplete = None  # type: ignore[method-assign, assignment]
+            self.astream = None  # type: ignore[method-assign, assignment]
 
     def __repr__(self) -> str:
         return f"AnthropicModel({self.model_id!r})"
