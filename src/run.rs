@@ -717,6 +717,33 @@ mod tests {
         assert!(store.load_agent_state(a.run.rid, "").unwrap().is_none());
     }
 
+    /// AGENT-53: a first attempt reads only snapshots it stored itself
+    /// (none exist before it), a later attempt reads the store.
+    #[test]
+    fn agent_snapshots_load_in_the_attempt_that_saved_them_and_after_resume() {
+        let (_d, store) = temp_store();
+        let a = Attempt::start(store.clone(), new_run("agent")).unwrap();
+        assert!(a.load_agent_state("").unwrap().is_none());
+        let row = AgentStateRow {
+            scope_key: String::new(),
+            messages_json: "[1]".into(),
+            partial_results_json: None,
+            turn: 2,
+        };
+        a.save_agent_state(&row, None).unwrap();
+        assert_eq!(a.load_agent_state("").unwrap().unwrap().turn, 2);
+        let run_id = a.run.run_id.clone();
+        a.settle(Settlement {
+            status: "paused".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        drop(a);
+        let b = Attempt::resume(store, &run_id).unwrap();
+        let loaded = b.load_agent_state("").unwrap().unwrap();
+        assert_eq!((loaded.messages_json.as_str(), loaded.turn), ("[1]", 2));
+    }
+
     #[test]
     fn prior_llm_usage_sums_the_run_or_one_steps_agent_spans() {
         use crate::store::UsageRow;
