@@ -102,6 +102,9 @@ pub struct Attempt {
     first: bool,
     /// Earlier attempts' spend, read on first need.
     prior: Mutex<Option<Arc<PriorSpend>>>,
+    /// This attempt stored an agent snapshot: a first attempt has none
+    /// to load otherwise.
+    saved_state: AtomicBool,
     /// Signal cursors, the parked wait and cancel polling (EXT-1 … EXT-10).
     pub(crate) durable: crate::durable::AttemptState,
 }
@@ -149,6 +152,12 @@ impl Attempt {
     }
 
     fn new(store: Arc<dyn Store>, run: RunRow, journal: Journal, first: bool) -> Attempt {
+        let durable = crate::durable::AttemptState::default();
+        if first {
+            // The run row was created just now, with no cancel request: the
+            // first poll is due one interval later, as after any check.
+            durable.cancel_checked_now();
+        }
         Attempt {
             store,
             run,
@@ -158,7 +167,8 @@ impl Attempt {
             deferred: Mutex::new(Vec::new()),
             first,
             prior: Mutex::new(None),
-            durable: Default::default(),
+            saved_state: AtomicBool::new(false),
+            durable,
         }
     }
 
@@ -385,10 +395,14 @@ impl Attempt {
         self.check(fence)?;
         // An agent turn is a durable boundary for cancel requests (EXT-10).
         self.check_cancel(false)?;
+        self.saved_state.store(true, Ordering::SeqCst);
         self.store.save_agent_state(self.run.rid, state)
     }
 
     pub fn load_agent_state(&self, scope_key: &str) -> CoreResult<Option<AgentStateRow>> {
+        if self.first && !self.saved_state.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
         self.store.load_agent_state(self.run.rid, scope_key)
     }
 
@@ -701,6 +715,33 @@ mod tests {
         assert_eq!(span_count(&path), 0);
         assert!(store.journal(a.run.rid).unwrap().is_empty());
         assert!(store.load_agent_state(a.run.rid, "").unwrap().is_none());
+    }
+
+    /// AGENT-53: a first attempt reads only snapshots it stored itself
+    /// (none exist before it), a later attempt reads the store.
+    #[test]
+    fn agent_snapshots_load_in_the_attempt_that_saved_them_and_after_resume() {
+        let (_d, store) = temp_store();
+        let a = Attempt::start(store.clone(), new_run("agent")).unwrap();
+        assert!(a.load_agent_state("").unwrap().is_none());
+        let row = AgentStateRow {
+            scope_key: String::new(),
+            messages_json: "[1]".into(),
+            partial_results_json: None,
+            turn: 2,
+        };
+        a.save_agent_state(&row, None).unwrap();
+        assert_eq!(a.load_agent_state("").unwrap().unwrap().turn, 2);
+        let run_id = a.run.run_id.clone();
+        a.settle(Settlement {
+            status: "paused".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        drop(a);
+        let b = Attempt::resume(store, &run_id).unwrap();
+        let loaded = b.load_agent_state("").unwrap().unwrap();
+        assert_eq!((loaded.messages_json.as_str(), loaded.turn), ("[1]", 2));
     }
 
     #[test]

@@ -88,6 +88,8 @@ _REGISTRY: dict[str, type] = {}
 _TAGS: dict[type, str] = {}
 # dataclass -> tuple of field names, or the name (str) of an init=False field.
 _DC_FIELDS: dict[type, tuple[str, ...] | str] = {}
+# pydantic model class -> tag, for classes the encoders have met (skips the type tests).
+_MODEL_TAGS: dict[type, str] = {}
 
 
 # --------------------------------------------------------------------------- registry
@@ -403,6 +405,9 @@ def _dataclass_fields(cls: type) -> tuple[str, ...] | str:
 def _enc_other(v: Any, rec: Any) -> Any:
     """Everything that is not an exact JSON-native type. ``rec`` encodes children."""
     t = type(v)
+    tag = _MODEL_TAGS.get(t)
+    if tag is not None:
+        return _enc_model(v, t, tag)
     if isinstance(v, str):
         return str.__str__(v)  # str subclasses, incl. str-mixin enums: plain string
     if isinstance(v, _Enum):
@@ -431,13 +436,9 @@ def _enc_other(v: Any, rec: Any) -> Any:
         return _lenient_dict(v)
     base = _pydantic_base()
     if base is not None and isinstance(v, base):
-        try:
-            dumped = v.model_dump(mode="json")
-        except Exception as exc:
-            raise _Fail(f"{t!r} is not JSON-serializable: {exc}") from exc
         tag = _TAGS.get(t) or tag_of(t)
-        _REGISTRY[tag] = t
-        return {_KIND: "pydantic", "$type": tag, "value": dumped}
+        _MODEL_TAGS[t] = tag
+        return _enc_model(v, t, tag)
     if hasattr(t, "__dataclass_fields__"):
         names = _dataclass_fields(t)
         if type(names) is str:
@@ -465,6 +466,15 @@ def _enc_other(v: Any, rec: Any) -> Any:
         if isinstance(v, dt.time):
             return {_KIND: "time", "value": v.isoformat()}
     raise _not_serializable(v)
+
+
+def _enc_model(v: Any, t: type, tag: str) -> Any:
+    try:
+        dumped = v.model_dump(mode="json")
+    except Exception as exc:
+        raise _Fail(f"{t!r} is not JSON-serializable: {exc}") from exc
+    _REGISTRY[tag] = t
+    return {_KIND: "pydantic", "$type": tag, "value": dumped}
 
 
 def _serialization_error(path: str, fail: _Fail) -> SerializationError:

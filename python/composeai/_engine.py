@@ -19,6 +19,7 @@ from typing import Any
 from . import _codec, _core, _threads
 from . import events as _events
 from .errors import ConfigError, SerializationError, TaskTimeoutError
+from .runs import Run
 from .tracing import ErrorInfo, Span, Trace, _capture_content
 
 
@@ -947,8 +948,6 @@ async def drive_async(run: RunState, body: Callable[[], Any], root: Span) -> Any
 def make_run_result(run: RunState, outcome, usage: Any = None, messages: Any = None) -> Any:
     """The `Run` of a settled top-level run; `usage`/`messages` default to
     the attempt's llm rollup and an empty conversation."""
-    from .runs import Run
-
     status, output, pause = outcome
     if status == "cancelled":
         return Run(

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from . import _codec, _core, _engine
 from ._engine import BUDGETS, FRAME, Frame, RunState
+from ._streams import current_cancel_token
 from .errors import (
     AgentTimeoutError,
     BudgetExceededError,
@@ -28,6 +29,7 @@ from .errors import (
     ProviderError,
 )
 from .messages import Message, StopReason, ToolCallPart, ToolResultPart, Usage
+from .models import registry as _registry
 from .models.base import ModelRequest
 from .runs import Run
 
@@ -182,9 +184,7 @@ class _Call:
         self.label, self.model_id, self.provider = _model_label(spec)
 
     def _resolve(self, spec: Any) -> Any:
-        from .models import registry
-
-        model = registry.resolve(spec)
+        model = _registry.resolve(spec)
         if self.agent.cache:
             from .testing import CachingModel
 
@@ -211,8 +211,6 @@ class _Call:
 
 
 def _check_cancel() -> None:
-    from ._streams import current_cancel_token
-
     token = current_cancel_token()
     if token is not None and token.cancelled:
         raise _engine._Cancelled()

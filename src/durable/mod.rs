@@ -57,6 +57,11 @@ pub struct AttemptState {
 }
 
 impl AttemptState {
+    /// Records a cancel-request check as done now.
+    pub(crate) fn cancel_checked_now(&self) {
+        *self.last_cancel_check.lock() = Some((Instant::now(), clock::epoch()));
+    }
+
     pub fn set_module(&self, module: Option<String>) {
         *self.module.lock() = module;
     }

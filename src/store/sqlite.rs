@@ -535,11 +535,15 @@ fn trace_tid(
     if let Some(tid) = traces.get(trace_id) {
         return Ok(*tid);
     }
-    tx.prepare_cached("INSERT OR IGNORE INTO traces(trace_id) VALUES(?1)")?
+    let inserted = tx
+        .prepare_cached("INSERT OR IGNORE INTO traces(trace_id) VALUES(?1)")?
         .execute([trace_id])?;
-    let tid: i64 = tx
-        .prepare_cached("SELECT tid FROM traces WHERE trace_id = ?1")?
-        .query_row([trace_id], |r| r.get(0))?;
+    let tid: i64 = if inserted == 1 {
+        tx.last_insert_rowid()
+    } else {
+        tx.prepare_cached("SELECT tid FROM traces WHERE trace_id = ?1")?
+            .query_row([trace_id], |r| r.get(0))?
+    };
     traces.insert(trace_id.to_string(), tid);
     Ok(tid)
 }
