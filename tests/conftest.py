@@ -22,6 +22,13 @@ BOTH_STORES = {
 _schemas = itertools.count()
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "sqlite_file: the test reads the SQLite file itself, so it runs on SQLite only",
+    )
+
+
 def pytest_generate_tests(metafunc):
     module = metafunc.module.__name__.rpartition(".")[2]
     if module in BOTH_STORES and "store_kind" in metafunc.fixturenames:
@@ -65,6 +72,8 @@ def isolated_state(tmp_path, monkeypatch, store_kind, request):
     monkeypatch.delenv("COMPOSE_TRACE_CONTENT", raising=False)
     monkeypatch.setattr(_engine, "_configured_store", None)
     if store_kind == "postgresql":
+        if request.node.get_closest_marker("sqlite_file"):
+            pytest.skip("inspects the SQLite file's tables directly")
         cluster = request.getfixturevalue("pg_cluster")
         monkeypatch.setenv("COMPOSE_STORE", cluster.url(f"t{os.getpid()}_{next(_schemas)}"))
     else:
