@@ -17,6 +17,13 @@ BOTH_STORES = {
     "test_composition",
     "test_agents",
     "test_stores",
+    "test_map",
+    "test_async",
+    "test_budgets",
+    "test_chats",
+    "test_streams",
+    "test_tools",
+    "test_events",
 }
 
 _schemas = itertools.count()
