@@ -29,7 +29,7 @@ from _common import BENCH_DIR, REPO, emit
 
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
-import _pg  # noqa: E402
+import _pg
 
 DBOS_VERSION = "3.4.0"
 
@@ -66,7 +66,12 @@ DBOS.destroy()
 
 def run_json(cmd: list[str], env: dict | None = None) -> dict:
     out = subprocess.run(
-        cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=REPO
+        cmd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=REPO,
+        check=False,
     )
     if out.returncode != 0:
         raise SystemExit(f"{cmd[:3]} failed:\n{out.stderr[-3000:]}")
@@ -79,13 +84,13 @@ def dbos_python() -> str:
     )
     python = os.path.join(venv, "bin", "python")
     probe = [python, "-c", "import importlib.metadata as m; print(m.version('dbos'))"]
-    ok = os.path.exists(python) and subprocess.run(probe, capture_output=True, text=True)
+    ok = os.path.exists(python) and subprocess.run(
+        probe, capture_output=True, text=True, check=False
+    )
     if not ok or ok.stdout.strip() != DBOS_VERSION:
         print(f"installing dbos=={DBOS_VERSION} into {venv}", file=sys.stderr)
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-        subprocess.run(
-            [python, "-m", "pip", "install", "-q", f"dbos=={DBOS_VERSION}"], check=True
-        )
+        subprocess.run([python, "-m", "pip", "install", "-q", f"dbos=={DBOS_VERSION}"], check=True)
     return python
 
 

@@ -58,8 +58,8 @@ fn main() {
             .await
             .expect("prepare");
         let start = Instant::now();
-        let mut x: u64 = 0;
         for i in 1..=n {
+            let x = i - 1;
             let key = format!("inc#{i}");
             let value = (x + 1).to_string();
             let input = format!("{{\"args\":[{x}],\"kwargs\":{{}}}}");
@@ -83,7 +83,6 @@ fn main() {
                 .await
                 .expect("commit");
             assert_eq!(row.get::<_, i64>(0), 1);
-            x += 1;
         }
         start.elapsed().as_secs_f64() * 1e6 / n as f64
     });

@@ -87,9 +87,7 @@ class Cluster:
 
     def url(self, schema: str = "composeai", **options: str) -> str:
         query = "&".join(f"{k}={v}" for k, v in {"sslmode": "disable", **options}.items())
-        return (
-            f"postgresql://{self.user}@127.0.0.1:{self.port}/postgres?schema={schema}&{query}"
-        )
+        return f"postgresql://{self.user}@127.0.0.1:{self.port}/postgres?schema={schema}&{query}"
 
     def stop(self) -> None:
         try:

@@ -23,6 +23,7 @@ def compose_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProc
         [sys.executable, "-m", "composeai.cli", *args],
         capture_output=True,
         text=True,
+        check=False,
         env={**os.environ, **(env or {})},
         timeout=120,
     )
@@ -111,9 +112,7 @@ def test_store_1_configure_before_first_use_and_not_twice(tmp_path):
 
 
 def test_store_2_compose_path_prints_the_redacted_url():
-    out = compose_cli(
-        "path", env={"COMPOSE_STORE": "postgresql://bob:hunter2@db.example:5432/app"}
-    )
+    out = compose_cli("path", env={"COMPOSE_STORE": "postgresql://bob:hunter2@db.example:5432/app"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "postgresql://bob:***@db.example:5432/app"
 
@@ -160,6 +159,7 @@ def test_store_2_a_paused_run_resumes_in_a_new_process(store_kind, tmp_path):
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
+        check=False,
         env={**os.environ, **env},
         timeout=120,
     )
@@ -175,6 +175,7 @@ def test_store_2_a_paused_run_resumes_in_a_new_process(store_kind, tmp_path):
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
+        check=False,
         env={**os.environ, **env},
         timeout=120,
     )

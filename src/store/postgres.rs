@@ -483,7 +483,7 @@ impl PgStore {
         if let Some(u) = &url.user {
             cfg.user(u);
         } else {
-            cfg.user(&std::env::var("USER").unwrap_or_else(|_| "postgres".into()));
+            cfg.user(std::env::var("USER").unwrap_or_else(|_| "postgres".into()));
         }
         if let Some(p) = &url.password {
             cfg.password(p);
