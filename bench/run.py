@@ -390,6 +390,148 @@ def collect(args: argparse.Namespace) -> list[dict[str, Any]]:
     ]
 
 
+def adapter_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """W7: what composeai adds to a real SDK call, per adapter, against a
+    loopback server speaking the provider's wire format."""
+    anth = workload("w7_anthropic.py", args.n_w7, 1)
+    oai = workload("w7_openai.py", args.n_w7, 1)
+    out = []
+    for label, value, source in (
+        (
+            f"Anthropic adapter (anthropic {anth['anthropic_sdk']})",
+            anth["overhead_ms_per_call"],
+            anth,
+        ),
+        ("OpenAI adapter (Responses API)", oai["openai_overhead_ms_per_call"], oai),
+        (
+            "OpenAI-compatible adapter (Chat Completions)",
+            oai["compatible_overhead_ms_per_call"],
+            oai,
+        ),
+    ):
+        out.append(
+            row(
+                "W7",
+                f"agent call minus bare SDK call, {label}",
+                value,
+                "ms/call",
+                "<= 0.3",
+                value / 0.3,
+                "value / target",
+                value <= 0.3,
+                source,
+            )
+        )
+    out.append(
+        row(
+            "W7",
+            "of which the adapter's wire mapping (model.complete minus bare SDK), Anthropic",
+            anth["adapter_overhead_ms_per_call"],
+            "ms/call",
+            "",
+            None,
+            "",
+            None,
+            None,
+        )
+    )
+    return out
+
+
+def durable_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """D1-D4: the durable primitives under `compose worker` (d_durable.py)."""
+    d = workload("d_durable.py", args.n_d1, 1)
+    d1, d2, d3, d4 = d["D1"], d["D2"], d["D3"], d["D4"]
+    return [
+        row(
+            "D1",
+            f"timer lateness under the worker, p50 of {d1['timers']} (p99 {d1['lateness_p99_ms']} ms)",
+            d1["lateness_p50_ms"],
+            "ms",
+            "p99 <= 150",
+            d1["lateness_p99_ms"] / 150,
+            "p99 / target",
+            d1["lateness_p99_ms"] <= 150,
+            d1,
+        ),
+        row(
+            "D2",
+            f"signal commit to blocked run continuing, p50 (p99 {d2['latency_p99_ms']} ms)",
+            d2["latency_p50_ms"],
+            "ms",
+            "<= 120",
+            d2["latency_p50_ms"] / 120,
+            "value / target",
+            d2["latency_p50_ms"] <= 120,
+            d2,
+        ),
+        row(
+            "D3",
+            f"worker RSS over {d3['parked_runs']:,} parked runs ({d3['worker_threads']} threads)",
+            d3["worker_rss_mb"],
+            "MB",
+            "<= 50",
+            d3["worker_rss_mb"] / 50,
+            "value / target",
+            d3["worker_rss_mb"] <= 50 and d3["worker_threads"] < 16,
+            d3,
+        ),
+        row(
+            "D4",
+            f"3-step runs continued per second, one worker (concurrency 4: "
+            f"{d['D4_concurrency_4']['runs_per_s']:,.0f}/s)",
+            d4["runs_per_s"],
+            "runs/s",
+            ">= 1000",
+            d4["runs_per_s"] / 1000,
+            "value / target",
+            d4["runs_per_s"] >= 1000,
+            d,
+        ),
+    ]
+
+
+def graph_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """G1/G2: graph threads, side by side with LangGraph's SQLite checkpointer
+    in the same run (g_graph.py; its venv is made on first use)."""
+    g = workload("g_graph.py", args.n_g1, 1, extra=() if args.peers else ("--no-langgraph",))
+    g2 = g["g2_bytes_per_step"]
+    small, big = g2["100"], g2[str(g["g2_steps"])]
+    lg_g1 = g.get("langgraph_g1_us_per_node_step")
+    lg_g2 = g.get("langgraph_g2_bytes_per_step")
+    speedup = g.get("g1_speedup")
+    g1_metric = "node step of a 3-node linear graph on a thread"
+    if lg_g1 is not None:
+        g1_metric += f" (LangGraph {g['langgraph_version']}: {lg_g1:,.0f} us, {speedup}x)"
+    g2_metric = f"store bytes per step, growing 200-message list, {g['g2_steps']} steps"
+    if lg_g2 is not None:
+        g2_metric += f" (LangGraph: {lg_g2[str(g['g2_steps'])]:,.0f} B)"
+    return [
+        row(
+            "G1",
+            g1_metric,
+            g["g1_us_per_node_step"],
+            "us/step",
+            ">= 20x LangGraph",
+            speedup,
+            "LangGraph / G1",
+            None if speedup is None else speedup >= 20,
+            g,
+        ),
+        row(
+            "G2",
+            g2_metric + f" (100 steps: {small:,.0f} B)",
+            big,
+            "bytes/step",
+            "1000 / 100 <= 2",
+            big / small,
+            "1000 steps / 100 steps",
+            big / small <= 2,
+            g,
+        ),
+    ]
+
+
 def obs_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     """OBS-CLI (obs_cli.py): whole `compose` processes against a large store
     (built once by obs_store.py and cached; see README)."""
@@ -513,6 +655,15 @@ def main() -> None:
     p.add_argument("--n-w4", type=int, default=200)
     p.add_argument("--n-w5", type=int, default=500)
     p.add_argument("--n-w6", type=int, default=2000)
+    p.add_argument("--n-w7", type=int, default=500)
+    p.add_argument("--n-d1", type=int, default=200)
+    p.add_argument("--n-g1", type=int, default=2000)
+    p.add_argument(
+        "--no-peers",
+        dest="peers",
+        action="store_false",
+        help="skip the side-by-side peers (LangGraph), whose venvs are installed on first use",
+    )
     p.add_argument("--obs", action="store_true", help="also OBS-CLI: the CLI against a large store")
     p.add_argument("--obs-only", action="store_true", help="only the OBS-CLI rows")
     p.add_argument("--obs-runs", type=int, default=10_000)
@@ -522,7 +673,11 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     if load_before > 0.8:
         log(f"warning: load average {load_before:.2f} before starting -- numbers will be noisy")
-    rows = [] if args.obs_only else collect(args)
+    rows = (
+        []
+        if args.obs_only
+        else collect(args) + adapter_rows(args) + durable_rows(args) + graph_rows(args)
+    )
     if args.obs or args.obs_only:
         rows += obs_rows(args)
     log(

@@ -22,6 +22,13 @@ pub enum CoreError {
     /// SQLite failed; the message names the database path.
     #[error("{0}")]
     Store(String),
+    /// A graph workflow error (EXT-20 …): `composeai.graph`'s classes, by code.
+    #[error("{message}")]
+    Graph {
+        code: String,
+        message: String,
+        details_json: String,
+    },
 }
 
 pub type CoreResult<T> = Result<T, CoreError>;

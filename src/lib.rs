@@ -4,6 +4,7 @@
 pub mod budget;
 pub mod durable;
 pub mod error;
+pub mod graph;
 pub mod ids;
 pub mod journal;
 pub mod py;

@@ -119,6 +119,23 @@ impl Attempt {
         }
     }
 
+    /// `start` with `work` in the run's creating transaction, leaving queued
+    /// spans to the background writer (a graph thread's run).
+    pub fn start_with(
+        store: Arc<dyn Store>,
+        new: NewRun,
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<Attempt> {
+        claim_in_process(&new.run_id)?;
+        match store.create_run_with(&new, owner_id(), now() + LEASE_SECONDS, work, false) {
+            Ok(run) => Ok(Attempt::new(store, run, Journal::default(), true)),
+            Err(e) => {
+                active_runs().lock().remove(&new.run_id);
+                Err(e)
+            }
+        }
+    }
+
     /// Takes the lease of an existing run and loads its journal once.
     pub fn resume(store: Arc<dyn Store>, run_id: &str) -> CoreResult<Attempt> {
         claim_in_process(run_id)?;
@@ -226,6 +243,31 @@ impl Attempt {
         let winner = self.store.commit_step(self.run.rid, key, value, record)?;
         let stored: Arc<str> = Arc::from(winner.as_deref().unwrap_or(value));
         Ok(self.journal.lock().record(key, stored))
+    }
+
+    /// Journals `entries` (first write wins) and runs `work`, in one
+    /// durable transaction: a graph step's node updates and its checkpoint
+    /// (EXT-30). Queued spans are left to a later commit.
+    pub fn commit_with(
+        &self,
+        entries: &[(String, String)],
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<()> {
+        self.check(None)?;
+        let rid = self.run.rid;
+        let path = self.store.path().to_string();
+        self.store.transact_only(&mut |tx| {
+            for (k, v) in entries {
+                crate::store::sqlite::insert_journal(tx, rid, k, v)
+                    .map_err(|e| CoreError::Store(format!("composeai store '{path}': {e}")))?;
+            }
+            work(tx)
+        })?;
+        let mut j = self.journal.lock();
+        for (k, v) in entries {
+            j.record(k, Arc::from(v.as_str()));
+        }
+        Ok(())
     }
 
     /// Journals `value` under `key` like `commit`, but lets a background
@@ -408,7 +450,17 @@ impl Attempt {
 
     /// Ends the attempt: persists the outcome and releases the lease. Every
     /// later journal access through this attempt is refused.
-    pub fn settle(&self, mut settlement: Settlement) -> CoreResult<()> {
+    pub fn settle(&self, settlement: Settlement) -> CoreResult<()> {
+        self.settle_with(settlement, &mut |_| Ok(()))
+    }
+
+    /// `settle` with `work` in the same transaction (a graph run's last
+    /// checkpoint).
+    pub fn settle_with(
+        &self,
+        mut settlement: Settlement,
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<()> {
         if self.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
@@ -417,7 +469,8 @@ impl Attempt {
         }
         self.root_fence.revoke();
         active_runs().lock().remove(&self.run.run_id);
-        self.store.settle(self.run.rid, owner_id(), &settlement)
+        self.store
+            .settle_with(self.run.rid, owner_id(), &settlement, work)
     }
 }
 

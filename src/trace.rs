@@ -51,6 +51,7 @@ fn glyph(kind: &str) -> &'static str {
         "pause" => "⏸",
         "pipe" => "→",
         "aggregate" => "⇉",
+        "graph" => "◇",
         _ => "·",
     }
 }

@@ -266,6 +266,43 @@ def test_ext2_wake_due_continues_due_runs_in_this_process(isolated_state):
     assert {r.id for r in done} == {r.id for r in parked}
 
 
+def test_ext2_a_run_settled_elsewhere_after_listing_is_left_alone(isolated_state):
+    """Two workers may list the same due run; the one that comes second finds
+    it completed or failed and neither re-drives it nor reports it again."""
+    from composeai.durable import continue_run
+    from composeai.flow import NotDue
+
+    calls: list[str] = []
+
+    @task
+    def record(label: str) -> str:
+        calls.append(label)
+        if label == "boom":
+            raise RuntimeError("boom")
+        return label
+
+    @flow
+    def settles(label: str) -> str:
+        compose.sleep(timedelta(hours=1))
+        return record(label)
+
+    with fake_clock() as clock:
+        ok = settles.run("ok", wait=False)
+        bad = settles.run("boom", wait=False)
+        clock.advance(timedelta(hours=1))
+        assert continue_run(ok.id).output == "ok"
+        with pytest.raises(RuntimeError, match="boom"):
+            continue_run(bad.id)
+        assert calls == ["ok", "boom"]
+        for run_id in (ok.id, bad.id):
+            with pytest.raises(NotDue):
+                continue_run(run_id)
+        assert compose.wake_due() == []
+    assert calls == ["ok", "boom"]
+    assert compose.get_run(ok.id).status == "completed"
+    assert compose.get_run(bad.id).status == "failed"
+
+
 def _due(run_id: str) -> bool:
     from composeai import _core, _engine
 

@@ -1220,3 +1220,24 @@ def test_prov10_live_smoke():
     assert "pong" in response.message.text.lower()
     events = list(model.stream(req(Message.user("Say hi"), max_tokens=20)))
     assert events[-1].kind == "response_done"
+
+
+def test_prov12_hand_built_replies_of_a_stub_client_are_read_by_attribute():
+    """A test double returning plain attribute objects (not SDK models) still parses."""
+    from types import SimpleNamespace as NS
+
+    reply = NS(
+        content=[
+            NS(type="text", text="checking"),
+            NS(type="tool_use", id="t1", name="f", input={}),
+        ],
+        stop_reason="tool_use",
+        usage=NS(input_tokens=10, output_tokens=5),
+    )
+    client = NS(messages=NS(create=lambda **kwargs: reply))
+    response = AnthropicModel(SONNET, client=client).complete(req())
+    assert response.message.text == "checking"
+    assert [p.name for p in response.message.parts if isinstance(p, ToolCallPart)] == ["f"]
+    assert response.stop_reason is StopReason.TOOL_USE
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (10, 5)
+    assert response.usage.cost_usd == pytest.approx((10 * 3 + 5 * 15) / 1e6)

@@ -1098,7 +1098,7 @@ class AgentFunction(Generic[P, R]):
     def _run_sync(self, args: tuple, kwargs: dict, opts: dict, want_run: bool) -> Any:
         _engine.check_sync_facade()
         frame = FRAME.get()
-        if frame is not None and frame.run is not None and frame.run.kind == "flow":
+        if frame is not None and frame.run is not None and frame.run.kind in ("flow", "graph"):
             result = self._flow_step(frame, args, kwargs, opts)
         elif frame is None or frame.span is None:
             result = _standalone_sync(self, args, kwargs, opts)
@@ -1108,7 +1108,7 @@ class AgentFunction(Generic[P, R]):
 
     async def _run_async(self, args: tuple, kwargs: dict, opts: dict) -> Run[R]:
         frame = FRAME.get()
-        if frame is not None and frame.run is not None and frame.run.kind == "flow":
+        if frame is not None and frame.run is not None and frame.run.kind in ("flow", "graph"):
             return await self._aflow_step(frame, args, kwargs, opts)
         if frame is None or frame.span is None:
             return await _standalone_async(self, args, kwargs, opts)
@@ -1470,3 +1470,27 @@ def agent(
     if fn is not None:
         return decorate(fn)
     return decorate
+
+
+def run_conversation_step(agent: AgentFunction, messages: list) -> tuple[Any, list]:
+    """Runs `agent` on `messages` (instead of its body's prompt) as a
+    journaled step of the current durable run: a graph's agent node
+    (EXT-22). Returns the output and the whole transcript."""
+    frame = FRAME.get()
+    opts = _overrides(None, None, None, None, None, None)
+
+    def execute(inner: Frame, a: tuple, k: dict) -> Any:
+        call = _Call(agent, opts, inner, frame.scope)
+        call.snapshot_scope = inner.scope
+        driver = _engine.driven_synchronously()
+        try:
+            call.resolve_model()
+            if not _restore(call):
+                call.messages = list(messages)
+            output = _drive_sync(_loop(call))
+        finally:
+            _engine.ASYNC_DRIVER.reset(driver)
+        return {"output": output, "messages": list(call.messages)}
+
+    value = _engine.journaled_step(frame, "agent", agent.name, execute, (), {})
+    return value["output"], list(value["messages"])

@@ -39,7 +39,7 @@ __all__ = ["main"]
 # 0.11.0's choices omitted `cancelled`, so cancelled rows could not be
 # selected (a defect the spec asks us to fix).
 _STATUSES = ("completed", "failed", "paused", "running", "cancelled")
-_KINDS = ("agent", "flow", "pipe", "aggregate")
+_KINDS = ("agent", "flow", "pipe", "aggregate", "graph")
 
 _SINCE_RELATIVE = re.compile(r"([0-9]+)([dh])")
 _SINCE_DATE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})")
@@ -353,6 +353,7 @@ _GLYPHS = {
     "pause": "⏸",
     "pipe": "→",
     "aggregate": "⇉",
+    "graph": "◇",
 }
 
 
@@ -695,6 +696,83 @@ def _usage(t: tuple | None) -> Usage:
     )
 
 
+# -- threads (EXT-33) ----------------------------------------------------------
+
+
+def _graph_store():
+    """The store when the state directory has one (threads need no migration to list)."""
+    path = _db_path()
+    if not os.path.exists(path):
+        return None
+    return _core.Store(path)
+
+
+def _cmd_threads(args: argparse.Namespace) -> int:
+    if args.older_than is not None and not args.prune:
+        raise ComposeError("--older-than is only used with --prune")
+    store = _graph_store()
+    if args.prune:
+        if args.older_than is None:
+            raise ComposeError("--prune needs --older-than <N>d, <N>h or YYYY-MM-DD")
+        cutoff = _parse_since(args.older_than)
+        pruned = _core.thread_prune(store, int(cutoff * 1000)) if store is not None else []
+        if args.json:
+            print(json.dumps(pruned, indent=2))
+        else:
+            print(f"pruned {len(pruned)} thread{'' if len(pruned) == 1 else 's'}")
+        return 0
+    rows = json.loads(_core.thread_list(store, args.graph)) if store is not None else []
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no threads found")
+        return 0
+    now = time.time()
+    lines = []
+    for r in rows:
+        age = _age(r["updated_at_ms"] / 1000, now)
+        lines.append(
+            f"{r['thread_id']:<26}  {r['graph']:<20} {r['status']:<11} "
+            f"v{r['version']:<5} {age:<9} {r['head'] or '-'}"
+        )
+    print("\n".join(lines))
+    return 0
+
+
+def _cmd_thread_history(args: argparse.Namespace) -> int:
+    limit = _parse_limit(args.limit, args.parser)
+    store = _graph_store()
+    if store is None:
+        raise ComposeError(f"no thread '{args.thread_id}' in this storage")
+    rows = json.loads(_core.thread_history_any(store, args.thread_id, limit))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    now = time.time()
+    lines = []
+    for r in rows:
+        age = _age(r["created_at_ms"] / 1000, now)
+        lines.append(
+            f"{r['id']:<26}  {r['source']:<7} {r['status']:<10} v{r['version']:<5} "
+            f"step {r['step']:<4} {age:<9} run {r['run_id'] or '-'}"
+        )
+    print("\n".join(lines))
+    return 0
+
+
+def _cmd_thread_rewind(args: argparse.Namespace) -> int:
+    store = _graph_store()
+    if store is None:
+        raise ComposeError(f"no thread '{args.thread_id}' in this storage")
+    entry = json.loads(_core.thread_rewind_any(store, args.thread_id, args.checkpoint_id))
+    print(
+        f"thread '{args.thread_id}' rewound to checkpoint '{args.checkpoint_id}': new head "
+        f"{entry['id']} (version {entry['version']})"
+    )
+    return 0
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="compose", description="Inspect composeai runs stored in $COMPOSE_DIR/runs.db."
@@ -774,6 +852,25 @@ def _build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("run_id", metavar="RUN_ID")
     cancel.add_argument("--reason", metavar="TEXT")
     cancel.set_defaults(func=_cmd_cancel, parser=cancel)
+    threads = sub.add_parser("threads", help="list graph threads, or prune old ones")
+    threads.add_argument("--graph", metavar="NAME", help="only threads of this graph")
+    threads.add_argument("--json", action="store_true", help="print rows as JSON")
+    threads.add_argument("--prune", action="store_true", help="delete threads not updated since")
+    threads.add_argument("--older-than", metavar="X", help="with --prune: <N>d, <N>h or YYYY-MM-DD")
+    threads.set_defaults(func=_cmd_threads, parser=threads)
+
+    thread = sub.add_parser("thread", help="one graph thread: history, rewind")
+    thread_sub = thread.add_subparsers(dest="thread_command", metavar="COMMAND")
+    thread_sub.required = True
+    history = thread_sub.add_parser("history", help="a thread's checkpoints, newest first")
+    history.add_argument("thread_id", metavar="THREAD_ID")
+    history.add_argument("-n", "--limit", default="20", metavar="N", help="rows to show (20)")
+    history.add_argument("--json", action="store_true", help="print rows as JSON")
+    history.set_defaults(func=_cmd_thread_history, parser=history)
+    rewind = thread_sub.add_parser("rewind", help="copy a checkpoint as the thread's new head")
+    rewind.add_argument("thread_id", metavar="THREAD_ID")
+    rewind.add_argument("checkpoint_id", metavar="CHECKPOINT_ID")
+    rewind.set_defaults(func=_cmd_thread_rewind, parser=rewind)
 
     path = sub.add_parser("path", help="print the state directory (or the store URL)")
     path.set_defaults(func=_cmd_path, parser=path)

@@ -18,12 +18,15 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import _codec, _core, _engine, _threads
-from ._engine import FRAME, Frame, _Pause
+from ._engine import FRAME, Frame, RunState, _Pause
 from ._retry import RetryPolicy
 from .errors import ComposeError, ConfigError, SerializationError
 
 if TYPE_CHECKING:
+    from typing import Literal
+
     from .runs import Run
+    from .tracing import Span
 
 R = TypeVar("R")
 
@@ -74,8 +77,23 @@ def _seconds(value: Any, what: str) -> float:
 # Waits
 
 
-def _mode(frame: Frame, is_async: bool) -> str:
-    if frame.run.park:
+def _run_of(frame: Frame) -> RunState:
+    """The run of a frame inside a flow: every frame the primitives below
+    are given comes from `_in_flow` or a flow body, so it has one."""
+    run = frame.run
+    assert run is not None
+    return run
+
+
+def _span_of(frame: Frame) -> Span:
+    """The enclosing span of a frame inside a flow (its root span at least)."""
+    span = frame.span
+    assert span is not None
+    return span
+
+
+def _mode(frame: Frame, is_async: bool) -> Literal["block", "poll", "park"]:
+    if _run_of(frame).park:
         return "park"
     return "poll" if is_async else "block"
 
@@ -83,7 +101,7 @@ def _mode(frame: Frame, is_async: bool) -> str:
 def _settled(frame: Frame, wait: Any, outcome: tuple) -> Any:
     """Traces a decided wait and returns its value, or raises the pause."""
     kind, value_json, number, park = outcome
-    run = frame.run
+    run = _run_of(frame)
     now = time.time()
     if kind == "park":
         interrupt_id, interrupt_kind, payload_json = park
@@ -101,10 +119,11 @@ def _settled(frame: Frame, wait: Any, outcome: tuple) -> Any:
         # Satisfied in an earlier attempt: a replayed step.
         from .tracing import Span
 
+        parent = _span_of(frame)
         span = Span(
-            trace_id=frame.span.trace_id,
+            trace_id=parent.trace_id,
             span_id=_core.ulid(),
-            parent_span_id=frame.span.span_id,
+            parent_span_id=parent.span_id,
             kind="pause",
             name=wait.key,
             started_at=now,
@@ -114,9 +133,7 @@ def _settled(frame: Frame, wait: Any, outcome: tuple) -> Any:
             replayed=True,
         )
         frame.trace.spans.append(span)
-        run.attempt.replayed(
-            span.span_id, frame.span.span_id, "pause", wait.key, now, wait.key, False
-        )
+        run.attempt.replayed(span.span_id, parent.span_id, "pause", wait.key, now, wait.key, False)
         return value
     span = _engine.open_span(frame.span, frame.trace, "pause", wait.key)
     span.attributes["step_key"] = wait.key
@@ -182,7 +199,7 @@ def sleep(duration: timedelta | float) -> None:
         time.sleep(max(0.0, seconds))
         return
     _engine.check_sync_facade()
-    wait = _core.begin_sleep(frame.run.attempt, frame.scope, seconds, frame.fence)
+    wait = _core.begin_sleep(_run_of(frame).attempt, frame.scope, seconds, frame.fence)
     _decide(frame, wait)
 
 
@@ -195,7 +212,7 @@ async def asleep(duration: timedelta | float) -> None:
 
         await asyncio.sleep(max(0.0, seconds))
         return
-    wait = _core.begin_sleep(frame.run.attempt, frame.scope, seconds, frame.fence)
+    wait = _core.begin_sleep(_run_of(frame).attempt, frame.scope, seconds, frame.fence)
     await _adecide(frame, wait)
 
 
@@ -212,7 +229,7 @@ def _begin_receive(frame: Frame, name: str, timeout: Any, default: Any, what: st
     except SerializationError as exc:
         raise SerializationError(f"{what} default: {exc}") from None
     return _core.begin_receive(
-        frame.run.attempt, frame.scope, name, seconds, default_json, frame.fence
+        _run_of(frame).attempt, frame.scope, name, seconds, default_json, frame.fence
     )
 
 
@@ -244,7 +261,7 @@ def receive_all(name: str) -> list:
     if frame is None:
         raise ConfigError("receive_all() must be called inside a flow")
     _check_name(name, "receive_all()")
-    return _codec.loads(_core.receive_all(frame.run.attempt, frame.scope, name, frame.fence))
+    return _codec.loads(_core.receive_all(_run_of(frame).attempt, frame.scope, name, frame.fence))
 
 
 def await_until(predicate: Any, *, timeout: timedelta | float | None = None) -> bool:
@@ -260,10 +277,13 @@ def await_until(predicate: Any, *, timeout: timedelta | float | None = None) -> 
         raise TypeError(f"await_until() takes a callable, got {type(predicate).__name__}")
     _engine.check_sync_facade()
     seconds = None if timeout is None else _seconds(timeout, "await_until() timeout")
-    attempt = frame.run.attempt
+    attempt = _run_of(frame).attempt
     wait = _core.begin_await(attempt, frame.scope, seconds, frame.fence)
     if wait.journaled:
-        record = _codec.loads(wait.resolve("park")[1])
+        journaled = wait.resolve("park")[1]
+        # A ready await always carries its value: here the journaled record.
+        assert journaled is not None
+        record = _codec.loads(journaled)
         for _ in range(record["evals"]):
             predicate()
         _settled(frame, wait, ("ready", None, None, None))
@@ -280,7 +300,10 @@ def await_until(predicate: Any, *, timeout: timedelta | float | None = None) -> 
         outcome = wait.resolve(mode, watermark)
         if outcome[0] == "park":
             _settled(frame, wait, outcome)
-        if _codec.loads(outcome[1]) == "timeout":
+        # Not parked: ready, with why it woke ("signal" or "timeout").
+        woke = outcome[1]
+        assert woke is not None
+        if _codec.loads(woke) == "timeout":
             result = False
             break
     record = _codec.dumps({"result": result, "evals": evals})
@@ -368,10 +391,10 @@ def missing_flow_message(run_id: str, name: str, module: str | None) -> str:
 
 def continue_run(run_id: str) -> Run:
     """Continues one due run through the ordinary resume path, parking on
-    its next wait."""
-    from .flow import resume
+    its next wait; `flow.NotDue` when another process settled it first."""
+    from .flow import continue_due
 
-    return resume(run_id, wait=False)
+    return continue_due(run_id)
 
 
 def wake_due(now: datetime | None = None) -> list[Run]:
@@ -380,6 +403,8 @@ def wake_due(now: datetime | None = None) -> list[Run]:
     whose awaited signal arrived, and `running` runs whose lease holder is
     dead. A run whose body raises is failed (as `resume` does), warned
     about, and the others still continue."""
+    from .flow import NotDue
+
     at = None if now is None else _timestamp(now)
     done: list[Run] = []
     for run_id, kind, name, _reason, module in _core.due_runs(_engine.get_store(), at):
@@ -392,6 +417,8 @@ def wake_due(now: datetime | None = None) -> list[Run]:
             continue
         try:
             done.append(continue_run(run_id))
+        except NotDue:
+            continue
         except Exception as exc:  # noqa: BLE001 -- the run is failed; carry on with the rest
             warnings.warn(
                 f"run {run_id} ({name}) failed: {type(exc).__name__}: {exc}", RuntimeWarning, 2
@@ -464,6 +491,8 @@ class RunHandle:
         if self._done is not None:
             if not self._done.wait(timeout):
                 raise TimeoutError(f"run {self.id} did not finish within {timeout}s")
+            # Set before `_done` is.
+            assert self._outcome is not None
             ok, value = self._outcome
             if not ok:
                 raise value
@@ -644,11 +673,14 @@ def start(stage: Any, *args: Any, **kwargs: Any) -> StepHandle:
     kind, name, execute = _stage_of(stage, frame)
     step = _engine.begin_step(frame, kind, name)
     future: Future = Future()
-    handle = StepHandle(step.key, future)
-    run = frame.run
-    if run.started is None:
-        run.started = []
-    run.started.append(handle)
+    handle: StepHandle[Any] = StepHandle(step.key, future)
+    run = _run_of(frame)
+    started: list[StepHandle[Any]] | None = run.started
+    if started is None:
+        started = []
+        # RunState declares `started` by its initial None only.
+        run.started = started  # type: ignore[assignment]
+    started.append(handle)
     if step.inner is None:
         try:
             future.set_result(_engine.replayed_value(frame, step))
@@ -739,7 +771,7 @@ def _retries_so_far(attempt: Any) -> tuple[int, str]:
 def _schedule_retry(frame: Frame, policy: Any, n: int, key: str, exc: Exception) -> None:
     """Journals the failure and parks the run on the backoff timer; the next
     attempt (the worker, a blocking driver, or `resume`) runs the body again."""
-    attempt = frame.run.attempt
+    attempt = _run_of(frame).attempt
     record = {"type": type(exc).__name__, "message": str(exc)}
     attempt.commit(key, _codec.dumps(record), None, None)
     wait = _core.begin_sleep(attempt, key, policy.delay(n + 2), None)
@@ -754,9 +786,12 @@ def retrying_body(policy: Any, call: Any) -> Any:
     """A sync flow body under `@flow(retry=...)`: waits out a pending
     backoff, then runs; a retryable failure schedules the next attempt."""
     frame = FRAME.get()
-    n, key = _retries_so_far(frame.run.attempt)
+    # A flow body runs in its run's frame.
+    assert frame is not None
+    attempt = _run_of(frame).attempt
+    n, key = _retries_so_far(attempt)
     if n:
-        _decide(frame, _core.begin_sleep(frame.run.attempt, f"{RETRY}#{n}", 0.0, None))
+        _decide(frame, _core.begin_sleep(attempt, f"{RETRY}#{n}", 0.0, None))
     try:
         return call()
     except Exception as exc:
@@ -768,9 +803,11 @@ def retrying_body(policy: Any, call: Any) -> Any:
 async def aretrying_body(policy: Any, call: Any) -> Any:
     """The async twin of `retrying_body`."""
     frame = FRAME.get()
-    n, key = _retries_so_far(frame.run.attempt)
+    assert frame is not None
+    attempt = _run_of(frame).attempt
+    n, key = _retries_so_far(attempt)
     if n:
-        await _adecide(frame, _core.begin_sleep(frame.run.attempt, f"{RETRY}#{n}", 0.0, None))
+        await _adecide(frame, _core.begin_sleep(attempt, f"{RETRY}#{n}", 0.0, None))
     try:
         return await call()
     except Exception as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
@@ -525,9 +526,12 @@ def flow(fn=None, /, *, name=None, replace=False, journal_failures=False, retry=
 
 
 def reset_registries() -> None:
-    """Forgets every registered task and flow name (TEST-50)."""
+    """Forgets every registered task, flow and graph name (TEST-50)."""
     _TASKS.clear()
     _FLOWS.clear()
+    graph = sys.modules.get("composeai.graph")
+    if graph is not None:
+        graph.reset_registry()
 
 
 # ---------------------------------------------------------------------------
@@ -621,9 +625,13 @@ def _prepare_resume(
     flow to run and the resolved answers, or a finished `Run`."""
     store = _engine.get_store()
     row = store.get_run(run_id)
+    graph = sys.modules.get("composeai.graph")
+    if row is None and graph is not None:
+        found = graph.find_run(run_id)
+        row = found[1] if found is not None else None
     if row is None:
         raise ConfigError(f"no run found with run_id {run_id!r}")
-    if row["kind"] == "agent":
+    if row["kind"] in ("agent", "graph"):
         return None, None, row
     if any(c is not None for c in callbacks):
         raise ConfigError(_CALLBACKS_ON_FLOW)
@@ -699,6 +707,39 @@ def _begin_resume(flow_obj: Flow, run_id: str, resolved, budget, wait: bool = Tr
     return run, tuple(payload.get("args", ())), dict(payload.get("kwargs", {})), meter
 
 
+class NotDue(Exception):
+    """The run settled in another process after it was listed as due."""
+
+
+# Statuses a due run can be continued from: parked, or running with a dead holder.
+_CONTINUABLE = ("paused", "running")
+
+
+def continue_due(run_id: str) -> Run[Any]:
+    """Continues a run the worker found due, parking on its next wait.
+
+    Unlike ``resume()``, a run that another process settled in the meantime
+    (completed, failed or cancelled) is left exactly as it is: the status is
+    checked again under the lease, so two workers never both continue it.
+    """
+    store = _engine.get_store()
+    row = store.get_run(run_id)
+    if row is None or row["kind"] != "flow" or row["status"] not in _CONTINUABLE:
+        raise NotDue(run_id)
+    flow_obj, resolved, done = _prepare_resume(run_id, None, False, (None, None, None))
+    if done is not None:
+        raise NotDue(run_id)
+    run, args, kwargs, meter = _begin_resume(flow_obj, run_id, resolved, None, wait=False)
+    attempt = run.attempt
+    if attempt.status not in _CONTINUABLE:
+        # Settled between the check above and the lease: give the lease back
+        # with the row as it is.
+        settled = store.get_run(run_id)
+        attempt.settle(settled["status"], settled["output_json"], settled["error_json"])
+        raise NotDue(run_id)
+    return flow_obj._drive(run, args, kwargs, meter)
+
+
 def resume(
     run_id: str,
     answers: dict[str, Any] | None = None,
@@ -715,6 +756,10 @@ def resume(
     flow_obj, resolved, done = _prepare_resume(
         run_id, answers, allow_code_change, (approver, tool_interceptor, context_manager)
     )
+    if isinstance(done, dict) and done["kind"] == "graph":
+        from .graph import resume_graph_run
+
+        return resume_graph_run(done, answers, budget)
     if isinstance(done, dict):
         from .agentfn import resume_standalone
 
@@ -742,6 +787,10 @@ async def aresume(
     flow_obj, resolved, done = _prepare_resume(
         run_id, answers, allow_code_change, (approver, tool_interceptor, context_manager)
     )
+    if isinstance(done, dict) and done["kind"] == "graph":
+        from .graph import _off_loop, resume_graph_run
+
+        return await _off_loop(lambda: resume_graph_run(done, answers, budget))
     if isinstance(done, dict):
         from .agentfn import resume_standalone
 

@@ -20,6 +20,7 @@ from typing import IO
 
 from . import _core, _engine
 from . import durable as _durable
+from .flow import NotDue
 
 # How long in-flight runs may take to settle after SIGINT/SIGTERM before the
 # worker gives up their leases and exits (they stay resumable).
@@ -58,9 +59,12 @@ class Worker:
         self.log(f"started  {run_id} flow={name} reason={reason}")
         try:
             run = _durable.continue_run(run_id)
-            outcome = run.status
+            # Log text: the status, or what became of the run instead.
+            outcome: str = run.status
             if run.status == "paused" and run.pending is not None:
                 outcome = f"paused({run.pending.kind})"
+        except NotDue:
+            outcome = "skipped (settled by another process)"
         except Exception as exc:  # noqa: BLE001 -- logged; the worker carries on
             first_line = str(exc).splitlines()[0] if str(exc) else ""
             outcome = f"failed ({type(exc).__name__}: {first_line})"

@@ -119,7 +119,7 @@ impl Attempt {
 
     /// Journals `value` under `key` and applies `extra` in the same
     /// transaction (first write wins); returns the stored value.
-    fn commit_with(
+    fn commit_wait_step(
         &self,
         key: &str,
         value: &str,
@@ -178,7 +178,7 @@ impl Attempt {
                 let wake = clock::now() + seconds.max(0.0);
                 let value = json_str(&clock::iso(wake));
                 let rid = self.run.rid;
-                let stored = self.commit_with(&key, &value, fence, |tx| {
+                let stored = self.commit_wait_step(&key, &value, fence, |tx| {
                     if seconds > 0.0 {
                         insert_timer(tx, rid, &key, Some(wake))
                     } else {
@@ -258,7 +258,7 @@ impl Attempt {
                     .map_or_else(|| "null".to_string(), |(s, _)| s.to_string());
                 let values: Vec<&str> = found.iter().map(|(_, v)| v.as_str()).collect();
                 let record = format!("[{last},[{}]]", values.join(","));
-                self.commit_with(&key, &record, fence, |_| Ok(()))?
+                self.commit_wait_step(&key, &record, fence, |_| Ok(()))?
             }
         };
         let (seq, list) = split_record(&key, &text)?;
@@ -308,7 +308,7 @@ impl Attempt {
         let rid = self.run.rid;
         let path = self.store().path().to_string();
         let sid = self.durable_conn(|c| last_signal_id(c, rid).at(&path))?;
-        let stored = self.commit_with(&key, &sid.to_string(), spec.fence.as_ref(), |_| Ok(()))?;
+        let stored = self.commit_wait_step(&key, &sid.to_string(), spec.fence.as_ref(), |_| Ok(()))?;
         stored
             .parse()
             .map_err(|_| CoreError::Serialization(format!("journal value of '{key}': {stored}")))
@@ -322,7 +322,7 @@ impl Attempt {
                 let wake = clock::now() + t.max(0.0);
                 let rid = self.run.rid;
                 let stored =
-                    self.commit_with(&dkey, &json_str(&clock::iso(wake)), fence, |tx| {
+                    self.commit_wait_step(&dkey, &json_str(&clock::iso(wake)), fence, |tx| {
                         insert_timer(tx, rid, key, Some(wake))
                     })?;
                 wake_time(&dkey, &stored)
@@ -366,7 +366,7 @@ impl Attempt {
                     None => return Ok(None),
                 };
                 let stored =
-                    self.commit_with(&spec.key, &record, spec.fence.as_ref(), |_| Ok(()))?;
+                    self.commit_wait_step(&spec.key, &record, spec.fence.as_ref(), |_| Ok(()))?;
                 let (consumed, value) = split_record(&spec.key, &stored)?;
                 if let Some(s) = consumed {
                     self.durable.cursors.lock().insert(name.clone(), s);

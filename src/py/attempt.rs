@@ -311,6 +311,7 @@ impl PyAttempt {
                 .collect(),
             agent_states: agent_states.into_iter().map(agent_state_row).collect(),
             wait: None,
+            defer_spans: false,
         };
         py.allow_threads(|| self.inner.settle(settlement)).py_err()
     }

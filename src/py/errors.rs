@@ -59,7 +59,26 @@ pub fn to_py(e: CoreError) -> PyErr {
         CoreError::Revoked(m) => raise(&REVOKED_SIGNAL, "ComposeError", m),
         CoreError::Cancelled(m) => raise(&CANCELLED_SIGNAL, "ComposeError", m),
         CoreError::Store(m) => raise(&CONFIG_ERROR, "ConfigError", m),
+        CoreError::Graph {
+            code,
+            message,
+            details_json,
+        } => graph_error(code, message, details_json),
     }
+}
+
+/// A graph error becomes the `composeai.graph` class for its code.
+fn graph_error(code: String, message: String, details_json: String) -> PyErr {
+    Python::with_gil(|py| {
+        let made = py
+            .import("composeai.graph")
+            .and_then(|m| m.getattr("_error_from_core"))
+            .and_then(|f| f.call1((&code, &message, &details_json)));
+        match made {
+            Ok(exc) => PyErr::from_value(exc),
+            Err(e) => e,
+        }
+    })
 }
 
 pub fn value_error(msg: impl Into<String>) -> PyErr {

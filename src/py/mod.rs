@@ -5,6 +5,7 @@ mod attempt;
 mod budget;
 mod durable;
 mod errors;
+mod graph;
 mod query;
 mod spans;
 mod store;
@@ -46,5 +47,32 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(query::diff_view, m)?)?;
     m.add_function(wrap_pyfunction!(query::export_view, m)?)?;
     durable::register(m)?;
+    m.add_class::<graph::PyGraphDef>()?;
+    m.add_class::<graph::PyGraphRun>()?;
+    for f in [
+        wrap_pyfunction!(graph::graph_compile, m)?,
+        wrap_pyfunction!(graph::graph_open, m)?,
+        wrap_pyfunction!(graph::graph_from_snapshot, m)?,
+        wrap_pyfunction!(graph::graph_check_resume, m)?,
+        wrap_pyfunction!(graph::graph_run_head, m)?,
+        wrap_pyfunction!(graph::thread_claim, m)?,
+        wrap_pyfunction!(graph::thread_start, m)?,
+        wrap_pyfunction!(graph::thread_release, m)?,
+        wrap_pyfunction!(graph::thread_info, m)?,
+        wrap_pyfunction!(graph::thread_state, m)?,
+        wrap_pyfunction!(graph::thread_history, m)?,
+        wrap_pyfunction!(graph::thread_history_any, m)?,
+        wrap_pyfunction!(graph::thread_rewind, m)?,
+        wrap_pyfunction!(graph::thread_rewind_any, m)?,
+        wrap_pyfunction!(graph::thread_fork, m)?,
+        wrap_pyfunction!(graph::thread_delete, m)?,
+        wrap_pyfunction!(graph::thread_prune, m)?,
+        wrap_pyfunction!(graph::thread_list, m)?,
+        wrap_pyfunction!(graph::thread_audit_add, m)?,
+        wrap_pyfunction!(graph::thread_audit, m)?,
+        wrap_pyfunction!(graph::thread_check_resume, m)?,
+    ] {
+        m.add_function(f)?;
+    }
     Ok(())
 }

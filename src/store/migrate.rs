@@ -46,6 +46,7 @@ pub fn refuse_foreign(conn: &Connection, path: &str, version: i64) -> CoreResult
     match version {
         SCHEMA_VERSION => Ok(()),
         v if v > SCHEMA_VERSION => Err(newer(path, v)),
+        // Stores of this release before later additive steps.
         v if (2..SCHEMA_VERSION).contains(&v) => Ok(()),
         0 if tables.is_empty() => Ok(()),
         0 => Err(foreign(path, 0, "it holds tables composeai did not create")),
@@ -87,8 +88,13 @@ pub fn bring_up_to_date(conn: &Connection, path: &str, version: i64) -> CoreResu
         LEGACY_VERSION => migrate_legacy(conn, path, &tables)?,
         _ => {}
     }
+    // Additive steps, each applied once to a store older than it.
     if version < 4 {
         crate::durable::schema::apply(conn, path)?;
+    }
+    if version < crate::graph::schema::VERSION {
+        conn.execute_batch(crate::graph::schema::GRAPH_SCHEMA)
+            .at(path)?;
     }
     conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
         .at(path)?;

@@ -125,6 +125,9 @@ pub struct Settlement {
     pub agent_states: Vec<AgentStateRow>,
     /// What a parked run waits for (a timer or a signal).
     pub wait: Option<crate::durable::WaitRow>,
+    /// Leave queued spans to the background writer (a graph run: its
+    /// spans batch with other runs').
+    pub defer_spans: bool,
 }
 
 /// Decides whether a lease held by `owner` until `until` is still live.
@@ -134,7 +137,21 @@ pub trait Store: Send + Sync {
     fn path(&self) -> &str;
 
     /// Creates a run row leased to `owner`, in one commit.
-    fn create_run(&self, new: &NewRun, owner: &str, lease_until: f64) -> CoreResult<RunRow>;
+    fn create_run(&self, new: &NewRun, owner: &str, lease_until: f64) -> CoreResult<RunRow> {
+        self.create_run_with(new, owner, lease_until, &mut |_| Ok(()), true)
+    }
+
+    /// `create_run` with `work` in the same transaction (a graph thread
+    /// claimed together with its new run); without `drain` the queued spans
+    /// are left to the background writer.
+    fn create_run_with(
+        &self,
+        new: &NewRun,
+        owner: &str,
+        lease_until: f64,
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        drain: bool,
+    ) -> CoreResult<RunRow>;
 
     /// Takes the lease on an existing run (refused while `live` says the
     /// current holder is alive) and loads its whole journal.
@@ -177,7 +194,19 @@ pub trait Store: Send + Sync {
 
     /// Settles an attempt: status, output or error, pending interrupts, lease
     /// released, queued spans written, all in one transaction.
-    fn settle(&self, rid: i64, owner: &str, settlement: &Settlement) -> CoreResult<()>;
+    fn settle(&self, rid: i64, owner: &str, settlement: &Settlement) -> CoreResult<()> {
+        self.settle_with(rid, owner, settlement, &mut |_| Ok(()))
+    }
+
+    /// `settle` with `work` in the same transaction (a graph run's last
+    /// checkpoint).
+    fn settle_with(
+        &self,
+        rid: i64,
+        owner: &str,
+        settlement: &Settlement,
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<()>;
 
     /// Replaces the stored budget (last write wins).
     fn set_budget(&self, rid: i64, budget_json: &str) -> CoreResult<()>;
@@ -220,4 +249,22 @@ pub trait Store: Send + Sync {
         &self,
         f: &mut dyn FnMut(&mut rusqlite::Connection) -> CoreResult<()>,
     ) -> CoreResult<()>;
+    /// Writes everything queued, then `work`, in one transaction.
+    fn transact(
+        &self,
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<()>;
+
+    /// Runs `work` in one transaction, leaving queued spans to the next
+    /// commit or the background writer (a graph step's checkpoint: its
+    /// spans are observability and ride with a later commit).
+    fn transact_only(
+        &self,
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<()>;
+
+    /// Runs `work` on the connection; queued writes stay queued (graph
+    /// tables are never written through the queue).
+    fn read(&self, work: &mut dyn FnMut(&rusqlite::Connection) -> CoreResult<()>)
+        -> CoreResult<()>;
 }

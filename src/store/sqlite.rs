@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 pub fn now() -> f64 {
     SystemTime::now()
@@ -356,33 +356,39 @@ impl Inner {
         let path = self.path.clone();
         let Writer { conn, traces, .. } = w;
         let mut results: Vec<(Arc<Slot>, Option<String>)> = Vec::new();
-        let outcome = (|| -> CoreResult<()> {
+        let mut extra_failed = false;
+        let mut outcome = (|| -> CoreResult<()> {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .at(&path)?;
-            for op in &ops {
-                match op {
-                    Op::Step {
-                        rid,
-                        key,
-                        value,
-                        slot,
-                    } => {
-                        let winner = insert_journal(&tx, *rid, key, value).at(&path)?;
-                        results.push((slot.clone(), winner));
-                    }
-                    Op::Span(rec) => insert_span(&tx, traces, rec).at(&path)?,
-                }
+            write_ops(&tx, traces, &ops, &mut results).at(&path)?;
+            if let Err(e) = extra(&tx) {
+                extra_failed = true;
+                return Err(e);
             }
-            extra(&tx)?;
             tx.commit().at(&path)
         })();
+        let mut extra_error = None;
+        if extra_failed && !ops.is_empty() {
+            // The caller's own work failed (a refused graph operation): the
+            // queued writes it carried are committed on their own.
+            traces.clear();
+            results.clear();
+            extra_error = outcome.err();
+            outcome = (|| -> CoreResult<()> {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .at(&path)?;
+                write_ops(&tx, traces, &ops, &mut results).at(&path)?;
+                tx.commit().at(&path)
+            })();
+        }
         match outcome {
             Ok(()) => {
                 for (slot, winner) in results {
                     *slot.0.lock() = Some(Ok(winner));
                 }
-                Ok(())
+                extra_error.map_or(Ok(()), Err)
             }
             Err(e) => {
                 // A failed transaction may have cached trace ids that were
@@ -398,7 +404,7 @@ impl Inner {
                 if span_failed {
                     SPAN_WRITE_ERROR.lock().get_or_insert_with(|| e.to_string());
                 }
-                Err(e)
+                Err(extra_error.unwrap_or(e))
             }
         }
     }
@@ -412,6 +418,30 @@ impl Inner {
         .query_row([run_id], read_run_row)
         .optional()
     }
+}
+
+/// Applies queued journal writes and spans inside `tx`.
+fn write_ops(
+    tx: &rusqlite::Transaction<'_>,
+    traces: &mut HashMap<String, i64>,
+    ops: &[Op],
+    results: &mut Vec<(Arc<Slot>, Option<String>)>,
+) -> rusqlite::Result<()> {
+    for op in ops {
+        match op {
+            Op::Step {
+                rid,
+                key,
+                value,
+                slot,
+            } => {
+                let winner = insert_journal(tx, *rid, key, value)?;
+                results.push((slot.clone(), winner));
+            }
+            Op::Span(rec) => insert_span(tx, traces, rec)?,
+        }
+    }
+    Ok(())
 }
 
 pub fn read_run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
@@ -601,9 +631,16 @@ impl Store for SqliteStore {
         &self.path
     }
 
-    fn create_run(&self, new: &NewRun, owner: &str, lease_until: f64) -> CoreResult<RunRow> {
+    fn create_run_with(
+        &self,
+        new: &NewRun,
+        owner: &str,
+        lease_until: f64,
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        drain: bool,
+    ) -> CoreResult<RunRow> {
         let mut w = self.lock_writer();
-        let ops = self.take_queue();
+        let ops = if drain { self.take_queue() } else { Vec::new() };
         let t = now();
         let mut rid = 0;
         self.apply(&mut w, ops, |tx| {
@@ -628,7 +665,7 @@ impl Store for SqliteStore {
             })
             .at(&self.path)?;
             rid = tx.last_insert_rowid();
-            Ok(())
+            work(tx)
         })?;
         Ok(RunRow {
             rid,
@@ -755,9 +792,19 @@ impl Store for SqliteStore {
         self.drain(&mut w)
     }
 
-    fn settle(&self, rid: i64, owner: &str, s: &Settlement) -> CoreResult<()> {
+    fn settle_with(
+        &self,
+        rid: i64,
+        owner: &str,
+        s: &Settlement,
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<()> {
         let mut w = self.lock_writer();
-        let ops = self.take_queue();
+        let ops = if s.defer_spans {
+            Vec::new()
+        } else {
+            self.take_queue()
+        };
         let path = self.path.clone();
         self.apply(&mut w, ops, |tx| {
             let t = now();
@@ -798,7 +845,7 @@ impl Store for SqliteStore {
                 })
                 .at(&path)?;
             }
-            Ok(())
+            work(tx)
         })
     }
 
@@ -962,6 +1009,28 @@ impl Store for SqliteStore {
     fn pending(&self, rid: i64) -> CoreResult<Vec<InterruptRow>> {
         let w = self.lock_writer();
         read_pending(&w.conn, rid).at(&self.path)
+    }
+
+    fn transact(
+        &self,
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<()> {
+        let mut w = self.lock_writer();
+        let ops = self.take_queue();
+        self.apply(&mut w, ops, |tx| work(tx))
+    }
+
+    fn transact_only(
+        &self,
+        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<()> {
+        let mut w = self.lock_writer();
+        self.apply(&mut w, Vec::new(), |tx| work(tx))
+    }
+
+    fn read(&self, work: &mut dyn FnMut(&Connection) -> CoreResult<()>) -> CoreResult<()> {
+        let w = self.lock_writer();
+        work(&w.conn)
     }
 
     fn journal(&self, rid: i64) -> CoreResult<Vec<(String, String)>> {

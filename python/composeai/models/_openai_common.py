@@ -18,7 +18,13 @@ from typing import Any
 
 from composeai.errors import ComposeError, ConfigError, ProviderError
 from composeai.messages import Usage
-from composeai.models.prices import get_price, resolve_price
+from composeai.models.prices import _rates, get_price
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+    from composeai.models.base import ModelRequest, ModelResponse, RawStreamEvent
 
 _SDK: Any = None
 
@@ -155,7 +161,7 @@ def make_usage(
     price = get_price(provider, model_id)
     cost = None
     if price is not None:
-        p = resolve_price(price)
+        p = _rates(price)
         cost = (
             (input_tokens - cached) * p.input + output_tokens * p.output + cached * p.cache_read
         ) / 1_000_000
@@ -232,6 +238,9 @@ class OpenAIClientBase:
 
     _provider = "openai"
     _display = "OpenAI"
+    # Subclasses define the async twins; None when absent (PROV-4).
+    acomplete: Callable[[ModelRequest], Awaitable[ModelResponse]] | None
+    astream: Callable[[ModelRequest], AsyncIterator[RawStreamEvent]] | None
 
     def __init__(
         self,

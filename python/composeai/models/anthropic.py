@@ -28,8 +28,8 @@ from composeai.messages import (
     ToolResultPart,
     Usage,
 )
-from composeai.models.base import ModelRequest, ModelResponse, RawStreamEvent
-from composeai.models.prices import ModelPrice, get_price, resolve_price
+from composeai.models.base import ModelRequest, ModelResponse, RawStreamEvent, own_echo
+from composeai.models.prices import ModelPrice, _Rates, _rates, get_price
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -142,13 +142,21 @@ def _part_to_block(part: Any, model_id: str) -> dict[str, Any] | None:
     if isinstance(part, ToolCallPart):
         return {"type": "tool_use", "id": part.id, "name": part.name, "input": part.arguments}
     if isinstance(part, ToolResultPart):
-        block = {"type": "tool_result", "tool_use_id": part.tool_call_id, "content": part.content}
+        block: dict[str, Any] = {
+            "type": "tool_result",
+            "tool_use_id": part.tool_call_id,
+            "content": part.content,
+        }
         if part.is_error:
             block["is_error"] = True
         return block
     if isinstance(part, ImagePart):
         if part.data is not None:
-            source = {"type": "base64", "media_type": part.media_type, "data": part.data}
+            source: dict[str, Any] = {
+                "type": "base64",
+                "media_type": part.media_type,
+                "data": part.data,
+            }
         else:
             source = {"type": "url", "url": part.url}
         return {"type": "image", "source": source}
@@ -159,18 +167,8 @@ def _part_to_block(part: Any, model_id: str) -> dict[str, Any] | None:
 
 def _echoed_thinking(part: ThinkingPart, model_id: str) -> dict[str, Any] | None:
     """The original thinking block, only for the model that produced it (AGENT-62)."""
-    if part.provider != PROVIDER or not part.provider_token:
-        return None
-    try:
-        token = json.loads(part.provider_token)
-    except ValueError:
-        return None
-    if not isinstance(token, dict) or token.get("model") != model_id:
-        return None
-    block = token.get("block")
-    if not isinstance(block, dict):
-        return None
-    return _strip_none(block)
+    block = own_echo(part, PROVIDER, model_id, "block")
+    return None if block is None else _strip_none(block)
 
 
 def _strip_none(block: dict[str, Any]) -> dict[str, Any]:
@@ -282,13 +280,13 @@ def usage_from_wire(usage: dict[str, Any] | None, model_id: str) -> Usage:
     )
 
 
-_RESOLVED: dict[ModelPrice, ModelPrice] = {}
+_RESOLVED: dict[ModelPrice, _Rates] = {}
 
 
-def _resolved(price: ModelPrice) -> ModelPrice:
+def _resolved(price: ModelPrice) -> _Rates:
     resolved = _RESOLVED.get(price)
     if resolved is None:
-        resolved = _RESOLVED[price] = resolve_price(price)
+        resolved = _RESOLVED[price] = _rates(price)
     return resolved
 
 
@@ -356,13 +354,23 @@ def parse_response(
 
 
 def _plain(obj: Any) -> Any:
-    """A wire value as plain dicts/lists (SDK models are pydantic models)."""
-    if obj is None or isinstance(obj, dict):
+    """A wire value as plain dicts/lists. SDK replies are pydantic models; replies built
+    by hand (a stub client in a test: ``SimpleNamespace`` objects, configured mocks) are
+    read through their public attributes."""
+    if obj is None or isinstance(obj, (str, int, float, bool)):
         return obj
-    dump = getattr(obj, "model_dump", None)
-    if dump is not None:
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if hasattr(type(obj), "model_fields"):
         # The SDK builds replies without validation; an off-schema value is ours to judge.
-        return dump(warnings=False)
+        return obj.model_dump(warnings=False)
+    fields = getattr(obj, "__dict__", None)
+    if fields is not None:
+        return {
+            k: _plain(v) for k, v in fields.items() if not k.startswith("_") and k != "method_calls"
+        }
     raise ProviderError(
         f"Anthropic SDK returned an unexpected value {type(obj)!r}", provider=PROVIDER
     )
@@ -581,8 +589,10 @@ class AnthropicModel:
         self._own_async: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         if client is not None:
-            self.acomplete = None
-            self.astream = None
+            # An injected client is sync-only: the async twins count as absent (PROV-4). mypy
+            # cannot type an instance attribute that shadows a method of the same class.
+            self.acomplete = None  # type: ignore[method-assign, assignment]
+            self.astream = None  # type: ignore[method-assign, assignment]
 
     def __repr__(self) -> str:
         return f"AnthropicModel({self.model_id!r})"

@@ -6,6 +6,7 @@ at import, so their type tags are ``composeai.models.base:<name>`` (PKG-6, AGENT
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -122,3 +123,19 @@ _register(
     ToolResultPart,
     ThinkingPart,
 )
+
+
+def own_echo(part: ThinkingPart, provider: str, model_id: str, field: str) -> dict | None:
+    """The provider payload under ``field`` of a thinking part's token, only when the part
+    came from ``provider`` and the token's model is ``model_id`` (AGENT-62): reasoning is
+    echoed back only to the model that produced it."""
+    if part.provider != provider or not part.provider_token:
+        return None
+    try:
+        token = json.loads(part.provider_token)
+    except ValueError:
+        return None
+    if not isinstance(token, dict) or token.get("model") != model_id:
+        return None
+    payload = token.get(field)
+    return payload if isinstance(payload, dict) else None

@@ -34,7 +34,13 @@ from composeai.models._openai_common import (
     schema_name,
     strict_flag,
 )
-from composeai.models.base import ModelRequest, ModelResponse, RawStreamEvent, ToolSpec
+from composeai.models.base import (
+    ModelRequest,
+    ModelResponse,
+    RawStreamEvent,
+    ToolSpec,
+    own_echo,
+)
 
 __all__ = ["OpenAIModel", "create_model"]
 
@@ -62,16 +68,8 @@ def _image_url(part: ImagePart) -> str:
 
 def _reasoning_item(part: ThinkingPart, model_id: str) -> dict | None:
     """The reasoning item to echo, only to the model that produced it."""
-    if part.provider != PROVIDER or not part.provider_token:
-        return None
-    try:
-        token = json.loads(part.provider_token)
-    except ValueError:
-        return None
-    if not isinstance(token, dict) or token.get("model") != model_id:
-        return None
-    item = token.get("item")
-    if not isinstance(item, dict):
+    item = own_echo(part, PROVIDER, model_id, "item")
+    if item is None:
         return None
     return {k: v for k, v in item.items() if v is not None and k != "encrypted_content"}
 

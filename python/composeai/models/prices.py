@@ -42,10 +42,22 @@ class ModelPrice:
 _codec.register_serializable(ModelPrice)
 
 
-def resolve_price(price: ModelPrice) -> ModelPrice:
-    """``price`` with every unset cache field filled: 0.1×, 1.25×, 2.0× ``input``."""
-    return replace(
-        price,
+@dataclass(frozen=True)
+class _Rates:
+    """A price with every cache field resolved: what the cost formulas multiply by."""
+
+    input: float
+    output: float
+    cache_read: float
+    cache_write_5m: float
+    cache_write_1h: float
+
+
+def _rates(price: ModelPrice) -> _Rates:
+    """The rates of ``price``, unset cache prices derived from ``input`` (PROV-30)."""
+    return _Rates(
+        input=price.input,
+        output=price.output,
         cache_read=(
             price.cache_read if price.cache_read is not None else _CACHE_READ_MULT * price.input
         ),
@@ -62,6 +74,17 @@ def resolve_price(price: ModelPrice) -> ModelPrice:
     )
 
 
+def resolve_price(price: ModelPrice) -> ModelPrice:
+    """``price`` with every unset cache field filled: 0.1×, 1.25×, 2.0× ``input``."""
+    r = _rates(price)
+    return replace(
+        price,
+        cache_read=r.cache_read,
+        cache_write_5m=r.cache_write_5m,
+        cache_write_1h=r.cache_write_1h,
+    )
+
+
 def compute_cost(
     usage: Usage,
     price: ModelPrice,
@@ -69,7 +92,7 @@ def compute_cost(
     cache_write_1h_tokens: int = 0,
 ) -> float:
     """USD cost of ``usage`` at ``price`` (cache fields resolved, PROV-30)."""
-    p = resolve_price(price)
+    p = _rates(price)
     return (
         usage.input_tokens * p.input
         + usage.output_tokens * p.output

@@ -1,0 +1,1359 @@
+"""Graph workflows: nodes, edges, routes, joins, `goto`, reducers, suspend
+and resume, threads with history (EXT-20 … EXT-33).
+
+The Rust core validates the graph, schedules every step, merges updates
+through the reducers and writes the checkpoints; this module calls the node
+functions (concurrently, on the same thread machinery as `map`) and converts
+values. A graph run is a durable run like a flow's: a `runs` row of kind
+`graph`, a span per node, budgets, `compose.resume()`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+import json
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from . import _codec, _core, _engine
+from . import events as _events
+from ._engine import FRAME, Frame
+from .errors import BudgetExceededError, ComposeError, ConfigError, SerializationError
+from .tracing import Span
+
+__all__ = [
+    "END",
+    "CompiledGraph",
+    "Graph",
+    "GraphError",
+    "GraphInterrupt",
+    "GraphLimitError",
+    "GraphResult",
+    "GraphStorageError",
+    "GraphThread",
+    "GraphValidationError",
+    "NodeContext",
+    "Storage",
+    "ThreadBusyError",
+    "ThreadSuspendedError",
+    "goto",
+    "suspend",
+]
+
+END = "__end__"
+
+# ---------------------------------------------------------------------------
+# Errors (EXT-31: every graph error carries `.code` and `.details`)
+
+
+class GraphError(ComposeError):
+    """A graph run or thread operation failed; `.code` says how."""
+
+    def __init__(self, message: str = "", *, code: str = "graph_error", details: Any = None):
+        super().__init__(message)
+        self.code = code
+        self.details: dict = dict(details or {})
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), str(self), self.code, self.details))
+
+
+def _rebuild(cls, message, code, details):
+    return cls(message, code=code, details=details)
+
+
+class GraphValidationError(ConfigError, GraphError):
+    """The graph, a snapshot or resume values do not fit (EXT-26, EXT-29)."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        code: str = "invalid_workflow",
+        issues: list[dict] | None = None,
+        details: Any = None,
+    ):
+        GraphError.__init__(self, message, code=code, details=details)
+        self.issues: list[dict] = list(issues or [])
+        if issues is not None:
+            self.details.setdefault("issues", self.issues)
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), str(self), self.code, self.details))
+
+
+class GraphLimitError(GraphError):
+    """`max_steps` or `deadline` was reached (EXT-27)."""
+
+
+class GraphStorageError(GraphError):
+    """A thread's storage has no such checkpoint or thread (EXT-30)."""
+
+
+class ThreadSuspendedError(GraphError):
+    """`run()` on a thread whose nodes wait for `resume()` (EXT-31)."""
+
+
+class ThreadBusyError(GraphError):
+    """Another caller holds the thread (EXT-31)."""
+
+
+_ERROR_CLASSES: dict[str, type[GraphError]] = {
+    "resume_invalid": GraphValidationError,
+    "invalid_workflow": GraphValidationError,
+    "step_limit_exceeded": GraphLimitError,
+    "deadline_exceeded": GraphLimitError,
+    "checkpoint_not_found": GraphStorageError,
+    "checkpoint_corrupt": GraphStorageError,
+    "thread_not_found": GraphStorageError,
+    "thread_exists": GraphStorageError,
+    "thread_suspended": ThreadSuspendedError,
+    "thread_busy": ThreadBusyError,
+}
+
+
+def _error_from_core(code: str, message: str, details_json: str) -> GraphError:
+    """The exception for a core graph error (called by the bindings)."""
+    cls = _ERROR_CLASSES.get(code, GraphError)
+    return cls(message, code=code, details=json.loads(details_json or "{}"))
+
+
+# ---------------------------------------------------------------------------
+# Values
+
+
+@dataclass(frozen=True)
+class GraphInterrupt:
+    """A suspended node and what it asked (EXT-28)."""
+
+    node: str
+    payload: Any
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """What a node knows about its execution (EXT-28)."""
+
+    run_id: str
+    step: int
+    node: str
+    attempt: int
+    resume: Any = None
+
+
+@dataclass
+class GraphResult:
+    """What a graph run produced (EXT-28)."""
+
+    state: dict
+    steps: int
+    suspended: bool
+    interrupts: list[GraphInterrupt]
+    run_id: str
+    snapshot: dict | None = field(default=None, repr=False)
+    checkpoint_id: str = ""
+    version: int = 0
+
+
+class _Suspend:
+    __slots__ = ("payload", "update")
+
+    def __init__(self, payload: Any, update: dict | None):
+        self.payload = payload
+        self.update = update
+
+
+class _Goto:
+    __slots__ = ("targets", "update")
+
+    def __init__(self, targets: list[str], update: dict | None):
+        self.targets = targets
+        self.update = update
+
+
+def suspend(payload: Any, update: dict | None = None) -> Any:
+    """Return this from a node to pause the run until someone answers (EXT-29)."""
+    if update is not None and not isinstance(update, dict):
+        raise TypeError(f"suspend(update=...) takes a dict, got {type(update).__name__}")
+    return _Suspend(payload, update)
+
+
+def goto(targets: str | Sequence[str], update: dict | None = None) -> Any:
+    """Return this from a node to choose its next nodes among those declared
+    with `Graph.goto` (EXT-25)."""
+    if isinstance(targets, str):
+        names = [targets]
+    else:
+        names = list(targets)
+        if not all(isinstance(t, str) for t in names):
+            raise TypeError("goto() targets must be node names (str)")
+    if update is not None and not isinstance(update, dict):
+        raise TypeError(f"goto(update=...) takes a dict, got {type(update).__name__}")
+    return _Goto(names, update)
+
+
+# ---------------------------------------------------------------------------
+# Storage (EXT-30)
+
+
+class Storage:
+    """Where threads (and the graph's runs) are kept: `None` = the composeai
+    store, `":memory:"` = this process only, or `sqlite:///path`.
+    `on_busy="wait"` makes a second caller wait for a busy thread."""
+
+    def __init__(self, url: str | None = None, *, on_busy: str = "raise"):
+        if on_busy not in ("raise", "wait"):
+            raise ValueError(f"on_busy must be 'raise' or 'wait', got {on_busy!r}")
+        if url is not None and not isinstance(url, str):
+            raise TypeError(f"storage url must be a str, got {type(url).__name__}")
+        if url is not None and url != ":memory:":
+            if url.startswith(("postgresql://", "postgres://")):
+                raise ConfigError(
+                    f"storage {url!r}: PostgreSQL stores are not available in this build -- "
+                    "use None (the composeai store), ':memory:' or 'sqlite:///path'"
+                )
+            if not url.startswith("sqlite:///") or len(url) == len("sqlite:///"):
+                raise ConfigError(
+                    f"storage {url!r} is not a store URL -- use None, ':memory:' or "
+                    "'sqlite:///path/to/file.db'"
+                )
+        self.url = url
+        self.on_busy = on_busy
+        self._store: Any = None
+        self._lock = threading.Lock()
+        _STORAGES.add(self)
+
+    def __repr__(self) -> str:
+        return f"Storage({self.url!r}, on_busy={self.on_busy!r})"
+
+    def store(self):
+        if self.url is None:
+            return _engine.get_store()
+        with self._lock:
+            if self._store is None:
+                if self.url == ":memory:":
+                    self._store = _memory_store()
+                else:
+                    self._store = _core.Store(self.url[len("sqlite://") :])
+            return self._store
+
+
+def _flush_all() -> None:
+    """A graph run's spans ride with later commits or the background writer;
+    whatever is still queued when the process exits is written then."""
+    stores = [_engine._store, *(s._store for s in list(_STORAGES))]
+    for store in stores:
+        if store is not None:
+            try:
+                store.flush()
+            except Exception:  # noqa: BLE001, S110 -- exiting; span writes warn once elsewhere
+                pass
+
+
+_STORAGES: weakref.WeakSet[Storage] = weakref.WeakSet()
+atexit.register(_flush_all)
+
+
+def _memory_store():
+    """A store private to this process, removed when it exits."""
+    import os
+    import shutil
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="composeai-graph-")
+    atexit.register(shutil.rmtree, directory, True)
+    return _core.Store(os.path.join(directory, "runs.db"))
+
+
+def _storage(storage: Any) -> Storage:
+    if isinstance(storage, Storage):
+        return storage
+    return Storage(storage)
+
+
+# ---------------------------------------------------------------------------
+# The builder (EXT-20)
+
+
+def _is_agent(node: Any) -> bool:
+    import sys
+
+    agentfn = sys.modules.get("composeai.agentfn")
+    return agentfn is not None and isinstance(node, agentfn.AgentFunction)
+
+
+class _Node:
+    __slots__ = ("fn", "is_agent", "is_async", "json_name", "name", "takes_ctx")
+
+    def __init__(self, name: str, fn: Any):
+        self.name = name
+        self.json_name = json.dumps(name)
+        self.fn = fn
+        self.is_agent = _is_agent(fn)
+        self.is_async = False
+        self.takes_ctx = False
+        if not self.is_agent:
+            self.is_async = inspect.iscoroutinefunction(fn) or (
+                not inspect.isfunction(fn) and inspect.iscoroutinefunction(type(fn).__call__)
+            )
+            self.takes_ctx = _positional_count(fn) >= 2
+
+
+def _positional_count(fn: Any) -> int:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return 1
+    count = 0
+    for p in sig.parameters.values():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            count += 1
+        elif p.kind == p.VAR_POSITIONAL:
+            return 2
+    return count
+
+
+def _check_name(what: str, name: Any) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"{what} must be a node name (str), got {type(name).__name__}")
+    return name
+
+
+class Graph:
+    """A graph of nodes (functions or agents), checked by `compile()` and
+    run by the core (EXT-20)."""
+
+    def __init__(self, reducers: Mapping[str, str] | None = None, *, name: str | None = None):
+        if reducers is not None and not isinstance(reducers, Mapping):
+            raise TypeError(
+                f"reducers must be a mapping of state key to reducer name, got {reducers!r}"
+            )
+        self._reducers = {str(k): v for k, v in (reducers or {}).items()}
+        self._name = name
+        self._nodes: dict[str, _Node] = {}
+        self._start: str | None = None
+        self._edges: list[tuple[str, str]] = []
+        self._routes: list[tuple[str, Callable, dict[str, str]]] = []
+        self._joins: list[tuple[list[str], str]] = []
+        self._gotos: list[tuple[str, list[str]]] = []
+
+    def add_node(self, name: str, node: Any) -> Graph:
+        """Adds a node: a function `(state)` / `(state, ctx)` or an agent."""
+        _check_name("add_node() name", name)
+        if not name or name == END:
+            raise ValueError(f"invalid node name {name!r}")
+        if name in self._nodes:
+            raise ValueError(f"graph already has a node named {name!r} -- node names are unique")
+        if not (callable(node) or _is_agent(node)) or isinstance(node, type):
+            raise TypeError(
+                f"node {name!r} must be a function or an AgentFunction, got {type(node).__name__}"
+            )
+        self._nodes[name] = _Node(name, node)
+        return self
+
+    def node(self, func: Callable | None = None, *, name: str | None = None) -> Any:
+        """Decorator: `@graph.node` or `@graph.node(name=...)`; returns the
+        function unchanged."""
+
+        def decorate(f: Callable) -> Callable:
+            self.add_node(name or getattr(f, "__name__", None) or repr(f), f)
+            return f
+
+        if func is not None:
+            return decorate(func)
+        return decorate
+
+    def start(self, name: str) -> Graph:
+        self._start = _check_name("start()", name)
+        return self
+
+    def edge(self, source: str, target: str) -> Graph:
+        self._edges.append(
+            (_check_name("edge() source", source), _check_name("edge() target", target))
+        )
+        return self
+
+    def route(self, source: str, router: Callable[[dict], str], routes: Mapping[str, str]) -> Graph:
+        _check_name("route() source", source)
+        if not callable(router):
+            raise TypeError(f"route() router for {source!r} must be a function state -> label")
+        if inspect.iscoroutinefunction(router):
+            raise TypeError(f"route() router for {source!r} must be a plain (not async) function")
+        if not isinstance(routes, Mapping):
+            raise TypeError(f"route() routes for {source!r} must map labels to node names")
+        table = {}
+        for label, target in routes.items():
+            if not isinstance(label, str):
+                raise TypeError(f"route() labels must be str, got {label!r}")
+            table[label] = _check_name(f"route() target of label {label!r}", target)
+        self._routes.append((source, router, table))
+        return self
+
+    def join(self, sources: Sequence[str], target: str) -> Graph:
+        if isinstance(sources, str):
+            raise TypeError("join() sources must be a list of node names, not a str")
+        names = [_check_name("join() source", s) for s in sources]
+        self._joins.append((names, _check_name("join() target", target)))
+        return self
+
+    def goto(self, source: str, targets: Sequence[str]) -> Graph:
+        if isinstance(targets, str):
+            targets = [targets]
+        names = [_check_name("goto() target", t) for t in targets]
+        self._gotos.append((_check_name("goto() source", source), names))
+        return self
+
+    def _spec(self, name: str) -> str:
+        return json.dumps(
+            {
+                "name": name,
+                "nodes": list(self._nodes),
+                "start": self._start,
+                "edges": self._edges,
+                "routes": [[s, list(t.items())] for s, _, t in self._routes],
+                "joins": self._joins,
+                "gotos": self._gotos,
+                "reducers": [[k, str(v)] for k, v in self._reducers.items()],
+            }
+        )
+
+    def compile(
+        self, storage: Any = None, *, audit: bool = False, replace: bool = False
+    ) -> CompiledGraph:
+        """Checks the whole graph in the core, reporting every issue at once
+        (EXT-26), and registers it by name for `compose.resume()`."""
+        name = self._name or self._start or ""
+        native, issues_json = _core.graph_compile(self._spec(name))
+        if native is None:
+            issues = json.loads(issues_json)
+            lines = "\n".join(f"- {i['message']}" for i in issues)
+            raise GraphValidationError(
+                f"graph {name!r} is invalid ({len(issues)} issue"
+                f"{'s' if len(issues) != 1 else ''}):\n{lines}",
+                code="invalid_workflow",
+                issues=issues,
+            )
+        compiled = CompiledGraph(self, native, _storage(storage), audit)
+        existing = _GRAPHS.get(name)
+        if existing is not None and existing._builder is not self and not replace:
+            raise ConfigError(
+                f"a graph named {name!r} is already compiled in this process -- graph names "
+                "route runs to their graph in any process; pass name=... to Graph() or "
+                "compile(replace=True)"
+            )
+        _GRAPHS[name] = compiled
+        return compiled
+
+
+_GRAPHS: dict[str, CompiledGraph] = {}
+
+
+def reset_registry() -> None:
+    """Forgets every compiled graph name (with `flow.reset_registries`)."""
+    _GRAPHS.clear()
+
+
+# ---------------------------------------------------------------------------
+# Running
+
+
+def _encode_update(node: str, update: Any) -> str:
+    """JSON of an update dict; a value that cannot be stored names the node
+    and the key (nothing of the step is stored)."""
+    if not isinstance(update, dict):
+        raise GraphError(
+            f"node {node!r} returned {type(update).__name__} -- a node returns a dict update, "
+            "None, suspend(...) or goto(...)",
+            code="node_failed",
+            details={"node": node, "type": type(update).__name__},
+        )
+    try:
+        return _codec.dumps(update)
+    except SerializationError:
+        for key, value in update.items():
+            if not isinstance(key, str):
+                raise SerializationError(f"node {node!r}: state key {key!r} is not a str") from None
+            try:
+                _codec.dumps(value)
+            except SerializationError as exc:
+                raise SerializationError(
+                    f"node {node!r}: state key {key!r} cannot be stored: {exc}"
+                ) from None
+        raise
+
+
+def _apply_delta(state: dict, ops: list) -> None:
+    """Applies the core's merged delta (positional reducer operations)."""
+    for op in ops:
+        kind, key = op[0], op[1]
+        if kind == "set":
+            state[key] = op[2]
+        elif kind == "extend":
+            state.setdefault(key, []).extend(op[2])
+        elif kind == "put":
+            state[key][op[2]] = op[3]
+        else:
+            del state[key][op[2]]
+
+
+def _decode(text: str) -> Any:
+    return _codec.loads(text)
+
+
+class _Step:
+    """One ready node of the current step."""
+
+    __slots__ = ("attempt", "done", "node", "resume", "scope", "step")
+
+    def __init__(self, t: tuple):
+        self.node, self.scope, self.step, resume_json, self.attempt, self.done = t
+        self.resume = None if resume_json is None else _decode(resume_json)
+
+
+class _Driver:
+    """Drives one attempt of a graph run through the core's step machine."""
+
+    def __init__(self, compiled: CompiledGraph, attempt: Any, gr: Any, thread_id: str | None):
+        self.compiled = compiled
+        self.attempt = attempt
+        self.gr = gr
+        self.thread_id = thread_id
+        self.run = _engine.RunState(attempt, compiled.name)
+
+    def drive(self, budget: Any) -> GraphResult:
+        run = self.run
+        name = self.compiled.name
+        root = _engine.open_span(None, run.trace, "graph", name)
+        if self.thread_id is not None:
+            root.attributes["thread_id"] = self.thread_id
+        meter = None
+        if budget is not None:
+            meter = _engine.budget_meter(budget, "graph", name, self.attempt.prior_llm_usage())
+        budgets = _engine.BUDGETS.set((meter,)) if meter is not None else None
+        frame = Frame(run, "", root, None, run.trace)
+        # Without an event bus and with content captured (the defaults), node
+        # spans are built and persisted directly.
+        self.lean_spans = _events.current_bus() is None and _engine._capture()
+        token = FRAME.set(frame)
+        driver = _engine.driven_synchronously()
+        try:
+            status = self._loop(root)
+            if status in ("step_limit", "deadline"):
+                raise self._limit_error(status)
+            return self._settle(root, status)
+        except BaseException as exc:
+            if not self.settled:
+                self._fail(root, exc)
+            raise
+        finally:
+            _engine.ASYNC_DRIVER.reset(driver)
+            FRAME.reset(token)
+            if budgets is not None:
+                _engine.BUDGETS.reset(budgets)
+
+    settled = False
+    lean_spans = False
+
+    def _loop(self, root) -> str:
+        gr = self.gr
+        self.state = _decode(gr.state_json())
+        ready = gr.ready()
+        while ready:
+            outcomes = self._run_step(root, [_Step(t) for t in ready])
+            delta_json, routers, status, ready = gr.step(outcomes)
+            _apply_delta(self.state, _decode(delta_json))
+            if routers:
+                status, ready = gr.route([(n, self._route(n)) for n in routers])
+            if status != "running":
+                # A stopped run's last checkpoint is written with its
+                # settlement, in one transaction.
+                return status
+        return gr.idle_status()
+
+    def _route(self, node: str) -> str:
+        router = self.compiled._routers[node]
+        try:
+            label = router(dict(self.state))
+        except Exception as exc:
+            raise GraphError(
+                f"the router of {node!r} raised {type(exc).__name__}: {exc}",
+                code="node_failed",
+                details={"node": node, "router": True},
+            ) from exc
+        if not isinstance(label, str):
+            raise GraphError(
+                f"the router of {node!r} returned {type(label).__name__} {label!r} -- a router "
+                "returns one of its route labels (str)",
+                code="route_unknown_label",
+                details={"node": node, "label": repr(label)},
+            )
+        return label
+
+    def _run_step(self, root, ready: list[_Step]) -> list:
+        count = len(ready)
+        if count == 1:
+            # A lone node runs on the calling thread, with no hand-off.
+            return [self._run_node(root, ready[0], True)]
+        results: list[Any] = [None] * count
+        failures: list[BaseException | None] = [None] * count
+
+        def run_item(index: int) -> None:
+            try:
+                results[index] = self._run_node(root, ready[index], False)
+            except BaseException as exc:  # noqa: BLE001 -- raised in node order below
+                failures[index] = exc
+
+        from .combinators import _Fanout
+
+        _Fanout(count, count, run_item).run()
+        self.attempt.sync()
+        for failure in failures:
+            if failure is not None:
+                raise failure
+        return results
+
+    def _run_node(self, root, step: _Step, single: bool) -> tuple:
+        attempt = self.attempt
+        node = self.compiled._builder._nodes[step.node]
+        hit = step.done
+        run = self.run
+        if hit is not None:
+            span = _engine.open_span(root, run.trace, "task", step.node)
+            span.attributes.update(
+                {
+                    "step": step.step,
+                    "node": step.node,
+                    "attempt": step.attempt,
+                    "step_key": step.scope,
+                }
+            )
+            span.replayed = True
+            record = json.loads(hit)
+            span.ended_at = span.started_at
+            span.status = "ok"
+            _engine.persist_span(run, span)
+            kind = "goto" if record.get("g") is not None else "update"
+            update = record.get("u")
+            return (
+                step.node,
+                kind,
+                None if update is None else json.dumps(update),
+                record.get("g"),
+                None,
+            )
+        attributes = {"step": step.step, "node": step.node, "attempt": step.attempt}
+        if self.lean_spans:
+            span = Span(
+                trace_id=run.trace_id,
+                span_id=_core.ulid(),
+                parent_span_id=root.span_id,
+                kind="task",
+                name=step.node,
+                started_at=time.time(),
+                attributes=attributes,
+            )
+            run.trace.spans.append(span)
+        else:
+            span = _engine.open_span(root, run.trace, "task", step.node)
+            span.attributes = attributes
+        frame = Frame(run, step.scope, span, None, run.trace)
+        token = FRAME.set(frame)
+        try:
+            value = self._call(node, step)
+            outcome = self._outcome(step.node, value)
+        except BaseException as exc:
+            _engine.fail_span(run, span, exc)
+            raise
+        finally:
+            FRAME.reset(token)
+        _, kind, update_json, targets, _ = outcome
+        # A lone node's update is recorded by its step's checkpoint; in a
+        # step of several, each finished update is journaled at once so that
+        # a crash re-runs only the unfinished ones.
+        if kind != "suspend" and not single:
+            u = update_json if update_json is not None else "null"
+            g = json.dumps(targets) if targets is not None else "null"
+            attempt.commit_deferred(step.scope, f'{{"u":{u},"g":{g}}}', None, None)
+        span.attributes["step_key"] = step.scope
+        self._close_node_span(span, node, update_json)
+        return outcome
+
+    def _close_node_span(self, span, node: _Node, update_json: str | None) -> None:
+        """Persists a finished node span; its output is the update as encoded."""
+        span.ended_at = time.time()
+        span.status = "ok"
+        if not self.lean_spans:
+            output = None if update_json is None else _decode(update_json)
+            _engine.close_span(self.run, span, output)
+            return
+        a = span.attributes
+        attributes_json = f'{{"step":{a["step"]},"node":{node.json_name},"attempt":{a["attempt"]}}}'
+
+        self.attempt.span(
+            (
+                span.span_id,
+                span.parent_span_id,
+                "task",
+                span.name,
+                span.started_at,
+                span.ended_at,
+                "ok",
+                False,
+                a["step_key"],
+                attributes_json,
+                None,
+                None,
+                None,
+                update_json,
+            )
+        )
+
+    def _call(self, node: _Node, step: _Step) -> Any:
+        state = dict(self.state)
+        try:
+            if node.is_agent:
+                from ._graph_agent import run_agent_node
+
+                reducer = self.compiled._builder._reducers.get("messages", "replace")
+                return run_agent_node(node.fn, state, step.resume, reducer != "replace")
+            args: tuple = (state,)
+            if node.takes_ctx:
+                ctx = NodeContext(
+                    run_id=self.run.run_id,
+                    step=step.step,
+                    node=step.node,
+                    attempt=step.attempt,
+                    resume=step.resume,
+                )
+                args = (state, ctx)
+            return _engine.call_body(node.fn, node.is_async, args, {})
+        except (_engine._Pause, _engine._Revoked, _engine._Cancelled, BudgetExceededError):
+            raise
+        except GraphError:
+            raise
+        except Exception as exc:
+            raise GraphError(
+                f"node {step.node!r} failed: {type(exc).__name__}: {exc}",
+                code="node_failed",
+                details={"node": step.node, "step": step.step},
+            ) from exc
+
+    def _outcome(self, node: str, value: Any) -> tuple:
+        if value is None:
+            return (node, "update", None, None, None)
+        if isinstance(value, _Suspend):
+            try:
+                payload_json = _codec.dumps(value.payload)
+            except SerializationError as exc:
+                raise SerializationError(f"node {node!r}: suspend payload: {exc}") from None
+            update = None if value.update is None else _encode_update(node, value.update)
+            return (node, "suspend", update, None, payload_json)
+        if isinstance(value, _Goto):
+            update = None if value.update is None else _encode_update(node, value.update)
+            return (node, "goto", update, value.targets, None)
+        return (node, "update", _encode_update(node, value), None, None)
+
+    def _fail(self, root, exc: BaseException) -> None:
+        self.settled = True
+        try:
+            if self.thread_id is not None:
+                self.gr.release("failed")
+        finally:
+            _engine.settle_error(self.run, root, exc)
+
+    def _limit_error(self, status: str) -> GraphLimitError:
+        gr = self.gr
+        code = "step_limit_exceeded" if status == "step_limit" else "deadline_exceeded"
+        what = "max_steps" if status == "step_limit" else "its deadline"
+        return GraphLimitError(
+            f"graph {self.compiled.name!r} reached {what} after {gr.steps} steps "
+            f"(run {self.run.run_id}) -- its last checkpoint is kept; retry() continues it",
+            code=code,
+            details={"steps": gr.steps, "run_id": self.run.run_id},
+        )
+
+    def _settle(self, root, status: str) -> GraphResult:
+        """Writes the last checkpoint and settles the run in one transaction."""
+        gr = self.gr
+        run = self.run
+        summary = {"steps": gr.steps, "status": status}
+        if self.thread_id is not None:
+            summary["thread_id"] = self.thread_id
+        output_json = _codec.dumps(summary)
+        root.ended_at = time.time()
+        root.status = "paused" if status == "suspended" else "ok"
+        _engine.persist_span(run, root, output_json)
+        gr.commit(output_json)
+        self.settled = True
+        _engine.emit_run_finished(root, "paused" if status == "suspended" else "completed")
+        _engine._check_span_writes()
+        interrupts = [GraphInterrupt(node, _decode(p)) for node, p in gr.pending()]
+        snapshot = None
+        if status == "suspended":
+            snapshot = {
+                "graph": self.compiled.name,
+                "fingerprint": self.compiled.fingerprint,
+                "run_id": run.run_id,
+                "checkpoint_id": gr.head,
+                "state": json.loads(gr.state_json()),
+                "progress": json.loads(gr.progress_json()),
+            }
+        threaded = self.thread_id is not None
+        return GraphResult(
+            state=self.state,
+            steps=gr.steps,
+            suspended=status == "suspended",
+            interrupts=interrupts,
+            run_id=run.run_id,
+            snapshot=snapshot,
+            checkpoint_id=(gr.head or "") if threaded else "",
+            version=gr.version if threaded else 0,
+        )
+
+
+def _check_max_steps(max_steps: Any) -> int:
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+        raise ValueError(f"max_steps must be a positive int, got {max_steps!r}")
+    return max_steps
+
+
+def _deadline_at(deadline: Any) -> float | None:
+    if deadline is None:
+        return None
+    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or deadline <= 0:
+        raise ValueError(f"deadline must be a positive number of seconds, got {deadline!r}")
+    return time.time() + float(deadline)
+
+
+def _input_json(input: Any) -> str:
+    if input is None:
+        return "{}"
+    if not isinstance(input, Mapping):
+        raise TypeError(f"graph input must be a dict of state values, got {type(input).__name__}")
+    for key in input:
+        if not isinstance(key, str):
+            raise SerializationError(f"graph input: state key {key!r} is not a str")
+    try:
+        return _codec.dumps(dict(input))
+    except SerializationError:
+        for key, value in input.items():
+            try:
+                _codec.dumps(value)
+            except SerializationError as exc:
+                raise SerializationError(
+                    f"graph input: state key {key!r} cannot be stored: {exc}"
+                ) from None
+        raise
+
+
+def _args_json(input_json: str, thread_id: str | None) -> str:
+    return f'{{"input":{input_json},"thread":{json.dumps(thread_id)}}}'
+
+
+def _encode_values(values: Any) -> list[tuple[str, str]]:
+    if not isinstance(values, Mapping):
+        raise TypeError(
+            f"resume values must be a dict of node name to value, got {type(values).__name__}"
+        )
+    out = []
+    for node, value in values.items():
+        try:
+            out.append((str(node), _codec.dumps(value)))
+        except SerializationError as exc:
+            raise SerializationError(f"resume value for node {node!r}: {exc}") from None
+    return out
+
+
+_RESUMABLE = ("paused", "failed", "running")
+
+
+class CompiledGraph:
+    """A checked graph, ready to run (EXT-27)."""
+
+    def __init__(self, builder: Graph, native: Any, storage: Storage, audit: bool):
+        self._builder = builder
+        self._native = native
+        self._storage = storage
+        self._audit = audit
+        self._routers = {s: r for s, r, _ in builder._routes}
+        self.name: str = native.name
+        self.fingerprint: str = native.fingerprint
+
+    def __repr__(self) -> str:
+        return f"<CompiledGraph {self.name!r}>"
+
+    def _store(self):
+        return self._storage.store()
+
+    def _budget(self, budget: Any, attempt: Any) -> Any:
+        if budget is not None:
+            return budget
+        if attempt.budget_json:
+            return _engine.budget_from_json(attempt.budget_json)
+        return None
+
+    def _start(
+        self, input_json: str, thread_id: str | None, budget: Any, run_id: str | None = None
+    ):
+        store = self._store()
+        return store.start_run(
+            "graph",
+            self.name,
+            self.fingerprint,
+            _args_json(input_json, thread_id),
+            _engine.budget_json(budget),
+            run_id,
+        )
+
+    def run(
+        self,
+        input: Mapping[str, Any] | None = None,
+        *,
+        max_steps: int = 64,
+        deadline: float | None = None,
+        budget: Any = None,
+    ) -> GraphResult:
+        """Runs once from the start node with `input` as the state (EXT-27)."""
+        _engine.check_sync_facade()
+        max_steps = _check_max_steps(max_steps)
+        until = _deadline_at(deadline)
+        input_json = _input_json(input)
+        attempt = self._start(input_json, None, budget)
+        gr = self._open(attempt, None, input_json, True, max_steps, until)
+        return _Driver(self, attempt, gr, None).drive(budget)
+
+    async def arun(self, input: Mapping[str, Any] | None = None, **options: Any) -> GraphResult:
+        """Async twin of `run` (the step machine runs off the loop)."""
+        return await _off_loop(lambda: self.run(input, **options))
+
+    def _open(self, attempt, thread_id, input_json, fresh, max_steps, until):
+        try:
+            return _core.graph_open(
+                self._native, attempt, thread_id, input_json, fresh, max_steps, until
+            )
+        except BaseException as exc:
+            attempt.settle("failed", None, _engine.error_json(exc))
+            raise
+
+    def resume(
+        self,
+        snapshot: Mapping[str, Any],
+        values: Mapping[str, Any],
+        *,
+        max_steps: int = 64,
+        deadline: float | None = None,
+        budget: Any = None,
+    ) -> GraphResult:
+        """Continues a thread-less suspended run from its snapshot: each
+        suspended node runs again with `ctx.resume == values[node]` (EXT-29)."""
+        _engine.check_sync_facade()
+        max_steps = _check_max_steps(max_steps)
+        until = _deadline_at(deadline)
+        if (
+            not isinstance(snapshot, Mapping)
+            or "progress" not in snapshot
+            or "state" not in snapshot
+        ):
+            raise GraphValidationError(
+                "resume() takes the snapshot of a suspended GraphResult (result.snapshot)",
+                code="resume_invalid",
+            )
+        if snapshot.get("fingerprint") != self.fingerprint or snapshot.get("graph") != self.name:
+            raise GraphValidationError(
+                f"the snapshot was made by graph {snapshot.get('graph')!r} with another structure, "
+                f"not by graph {self.name!r}",
+                code="workflow_mismatch",
+                details={"graph": snapshot.get("graph"), "expected": self.name},
+            )
+        progress_json = json.dumps(snapshot["progress"])
+        encoded = _encode_values(values)
+        _core.graph_check_resume(progress_json, [n for n, _ in encoded])
+        store = self._store()
+        run_id = snapshot.get("run_id")
+        row = store.get_run(run_id) if isinstance(run_id, str) else None
+        same = (
+            isinstance(run_id, str)
+            and row is not None
+            and row["kind"] == "graph"
+            and row["status"] in _RESUMABLE
+            and _core.graph_run_head(store, run_id) == snapshot.get("checkpoint_id")
+        )
+        if same:
+            attempt = store.resume(run_id)
+            gr = self._open(attempt, None, None, False, max_steps, until)
+        else:
+            attempt = self._start("{}", None, budget)
+            gr = _core.graph_from_snapshot(
+                self._native,
+                attempt,
+                json.dumps(snapshot["state"]),
+                progress_json,
+                max_steps,
+                until,
+            )
+        try:
+            gr.answer(encoded)
+            if budget is not None:
+                attempt.set_budget(_engine.budget_json(budget))
+        except BaseException:
+            attempt.settle("paused", None, None)
+            raise
+        return _Driver(self, attempt, gr, None).drive(self._budget(budget, attempt))
+
+    async def aresume(
+        self, snapshot: Mapping[str, Any], values: Mapping[str, Any], **options: Any
+    ) -> GraphResult:
+        return await _off_loop(lambda: self.resume(snapshot, values, **options))
+
+    def thread(self, thread_id: str, actor: str | None = None) -> GraphThread:
+        """A durable run history in the graph's storage; lazy (EXT-30)."""
+        if not isinstance(thread_id, str) or not thread_id:
+            raise ValueError(f"thread_id must be a non-empty str, got {thread_id!r}")
+        return GraphThread(self, thread_id, actor)
+
+    def _continue_run(
+        self, row: dict, answers: Mapping[str, Any] | None, budget: Any
+    ) -> GraphResult:
+        """`compose.resume(run_id, answers=...)` of one of this graph's runs."""
+        if row["fingerprint"] != self.fingerprint:
+            raise GraphError(
+                f"run {row['run_id']!r} was made by graph {self.name!r} with another structure",
+                code="workflow_mismatch",
+                details={"run_id": row["run_id"], "graph": self.name},
+            )
+        args = _codec.loads(row["args_json"]) if row["args_json"] else {}
+        values = {}
+        for key, value in (answers or {}).items():
+            node = key[len("node:") :] if isinstance(key, str) and key.startswith("node:") else key
+            values[node] = value
+        thread_id = args.get("thread")
+        if thread_id is not None:
+            thread = self.thread(thread_id)
+            if values:
+                return thread.resume(values, budget=budget)
+            return thread.retry(budget=budget)
+        if row["status"] == "completed":
+            raise ConfigError(f"graph run {row['run_id']!r} already completed")
+        store = self._store()
+        attempt = store.resume(row["run_id"])
+        input_json = json.dumps(args.get("input", {}))
+        gr = self._open(attempt, None, input_json, False, 64, None)
+        try:
+            if values:
+                gr.answer(_encode_values(values))
+            if budget is not None:
+                attempt.set_budget(_engine.budget_json(budget))
+        except BaseException:
+            attempt.settle(row["status"] if row["status"] != "running" else "failed", None, None)
+            raise
+        return _Driver(self, attempt, gr, None).drive(self._budget(budget, attempt))
+
+
+async def _off_loop(call: Callable[[], Any]) -> Any:
+    """Awaits a sync graph call run on a thread of its own (ASYNC-7)."""
+    # Outside a flow there is no frame and the thread runs with none: the helper handles a
+    # None frame, though its annotation is the narrower `Frame`.
+    return await _engine.run_on_thread_async(
+        call,
+        FRAME.get(),  # type: ignore[arg-type]
+        None,
+        lambda: RuntimeError("unreachable"),
+        "composeai-graph",
+    )
+
+
+def resume_graph_run(row: dict, answers: Mapping[str, Any] | None, budget: Any) -> GraphResult:
+    """`compose.resume()` of a graph run: routed to its graph by name."""
+    compiled = _GRAPHS.get(row["name"])
+    if compiled is None:
+        raise ConfigError(
+            f"graph {row['name']!r} is not compiled in this process -- import the module that "
+            "builds it (so its compile() runs) before calling resume()"
+        )
+    return compiled._continue_run(row, answers, budget)
+
+
+def find_run(run_id: str) -> tuple[Any, dict] | None:
+    """A run in the store of a compiled graph's storage (not the default store)."""
+    for compiled in list(_GRAPHS.values()):
+        if compiled._storage.url is None:
+            continue
+        store = compiled._store()
+        row = store.get_run(run_id)
+        if row is not None:
+            return store, row
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Threads (EXT-30 … EXT-32)
+
+
+class GraphThread:
+    """One durable run history of a graph, kept in its storage."""
+
+    def __init__(self, graph: CompiledGraph, thread_id: str, actor: str | None):
+        self.graph = graph
+        self.thread_id = thread_id
+        self.actor = actor
+
+    def __repr__(self) -> str:
+        return f"<GraphThread {self.thread_id!r} of {self.graph.name!r}>"
+
+    def _store(self):
+        return self.graph._store()
+
+    def _audit(self, action: str, checkpoint_id: str | None = None, store: Any = None) -> None:
+        if self.graph._audit:
+            store = store or self._store()
+            if checkpoint_id is None:
+                info = self._info(store)
+                checkpoint_id = info["head"] if info else None
+            _core.thread_audit_add(store, self.thread_id, self.actor, action, checkpoint_id)
+
+    def _info(self, store: Any) -> dict | None:
+        info = json.loads(_core.thread_info(store, self.thread_id))
+        if info is not None and (
+            info["graph"] != self.graph.name or info["fingerprint"] != self.graph.fingerprint
+        ):
+            raise GraphError(
+                f"thread {self.thread_id!r} cannot be used by graph {self.graph.name!r}: it was "
+                f"made by graph {info['graph']!r}"
+                + (" with another structure" if info["graph"] == self.graph.name else ""),
+                code="workflow_mismatch",
+                details={
+                    "thread_id": self.thread_id,
+                    "graph": info["graph"],
+                    "expected": self.graph.name,
+                },
+            )
+        return info
+
+    def _claim(self, store, mode: Literal["run", "resume", "retry"], run_id: str | None):
+        g = self.graph
+        wait = g._storage.on_busy == "wait"
+        delay = 0.005
+        while True:
+            try:
+                return json.loads(
+                    _core.thread_claim(store, self.thread_id, g.name, g.fingerprint, mode, run_id)
+                )
+            except ThreadBusyError:
+                if not wait:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+
+    def _start(self, store, input_json: str, budget: Any):
+        """Claims the thread and creates its new run in one transaction."""
+        g = self.graph
+        wait = g._storage.on_busy == "wait"
+        delay = 0.005
+        while True:
+            try:
+                return _core.thread_start(
+                    store,
+                    self.thread_id,
+                    g.name,
+                    g.fingerprint,
+                    _args_json(input_json, self.thread_id),
+                    _engine.budget_json(budget),
+                    _core.ulid(),
+                )
+            except ThreadBusyError:
+                if not wait:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+
+    def run(
+        self,
+        input: Mapping[str, Any] | None = None,
+        *,
+        max_steps: int = 64,
+        deadline: float | None = None,
+        budget: Any = None,
+    ) -> GraphResult:
+        """Runs from the start node on the stored state, `input` keys
+        replacing stored ones (EXT-30)."""
+        _engine.check_sync_facade()
+        g = self.graph
+        max_steps = _check_max_steps(max_steps)
+        until = _deadline_at(deadline)
+        input_json = _input_json(input)
+        store = self._store()
+        attempt = self._start(store, input_json, budget)
+        try:
+            gr = g._open(attempt, self.thread_id, input_json, True, max_steps, until)
+        except BaseException:
+            _core.thread_release(store, self.thread_id, "failed")
+            raise
+        try:
+            return _Driver(g, attempt, gr, self.thread_id).drive(budget)
+        finally:
+            self._audit("run", store=store)
+
+    def _continue(
+        self,
+        mode: Literal["resume", "retry"],
+        values: Mapping[str, Any] | None,
+        max_steps: int,
+        deadline: Any,
+        budget: Any,
+    ) -> GraphResult:
+        _engine.check_sync_facade()
+        g = self.graph
+        max_steps = _check_max_steps(max_steps)
+        until = _deadline_at(deadline)
+        store = self._store()
+        encoded = None
+        info = self._info(store)
+        if mode == "resume":
+            encoded = _encode_values(values)
+            _core.thread_check_resume(store, self.thread_id, [n for n, _ in encoded])
+        row = store.get_run(info["run_id"]) if info and info.get("run_id") else None
+        reused = row if row is not None and row["status"] in _RESUMABLE else None
+        new_run_id = None if reused is not None else _core.ulid()
+        before = self._claim(store, mode, new_run_id)
+        prior = "failed" if before["status"] in ("running", "interrupted") else before["status"]
+        try:
+            input_json = "{}"
+            if reused is not None:
+                attempt = store.resume(reused["run_id"])
+                args = _codec.loads(attempt.args_json) if attempt.args_json else {}
+                input_json = json.dumps(args.get("input", {}))
+            else:
+                attempt = g._start("{}", self.thread_id, budget, new_run_id)
+            gr = g._open(attempt, self.thread_id, input_json, False, max_steps, until)
+            if encoded is not None:
+                gr.answer(encoded)
+            if budget is not None:
+                attempt.set_budget(_engine.budget_json(budget))
+        except BaseException:
+            _core.thread_release(store, self.thread_id, prior)
+            raise
+        try:
+            return _Driver(g, attempt, gr, self.thread_id).drive(g._budget(budget, attempt))
+        finally:
+            self._audit(mode, store=store)
+
+    def resume(
+        self,
+        values: Mapping[str, Any],
+        *,
+        max_steps: int = 64,
+        deadline: float | None = None,
+        budget: Any = None,
+    ) -> GraphResult:
+        """Answers the suspended nodes and continues the run (EXT-30)."""
+        return self._continue("resume", values, max_steps, deadline, budget)
+
+    def retry(
+        self, *, max_steps: int = 64, deadline: float | None = None, budget: Any = None
+    ) -> GraphResult:
+        """Continues a failed or interrupted run from its last checkpoint;
+        saved nodes do not run again (EXT-30)."""
+        return self._continue("retry", None, max_steps, deadline, budget)
+
+    def state(self) -> dict:
+        """The thread's current state (empty for a new thread)."""
+        store = self._store()
+        self._info(store)
+        found = _core.thread_state(store, self.thread_id)
+        self._audit("state", store=store)
+        return {} if found is None else _decode(found[0])
+
+    def interrupts(self) -> list[GraphInterrupt]:
+        """What the suspended nodes asked (empty unless suspended)."""
+        store = self._store()
+        info = self._info(store)
+        self._audit("interrupts", store=store)
+        if info is None or info["status"] != "suspended":
+            return []
+        found = _core.thread_state(store, self.thread_id)
+        if found is None:
+            return []
+        progress = json.loads(found[1])
+        return [GraphInterrupt(p["node"], _codec.decode(p["payload"])) for p in progress["pending"]]
+
+    def history(self, limit: int = 20) -> list[dict]:
+        """The thread's checkpoints, newest first."""
+        store = self._store()
+        self._info(store)
+        rows = json.loads(_core.thread_history(store, self.thread_id, int(limit)))
+        self._audit("history", store=store)
+        return rows
+
+    def rewind(self, checkpoint_id: str) -> dict:
+        """Copies a checkpoint as the new head (history kept)."""
+        g = self.graph
+        store = self._store()
+        entry = json.loads(
+            _core.thread_rewind(store, self.thread_id, g.name, g.fingerprint, checkpoint_id)
+        )
+        self._audit("rewind", entry["id"], store)
+        return entry
+
+    def fork(self, checkpoint_id: str, new_thread_id: str) -> GraphThread:
+        """Starts a new thread from a checkpoint of this one."""
+        g = self.graph
+        if not isinstance(new_thread_id, str) or not new_thread_id:
+            raise ValueError(f"new_thread_id must be a non-empty str, got {new_thread_id!r}")
+        store = self._store()
+        entry = json.loads(
+            _core.thread_fork(
+                store, self.thread_id, g.name, g.fingerprint, checkpoint_id, new_thread_id
+            )
+        )
+        self._audit("fork", entry["id"], store)
+        forked = GraphThread(g, new_thread_id, self.actor)
+        forked._audit("forked", entry["id"], store)
+        return forked
+
+    def delete(self) -> bool:
+        """Deletes the thread and its checkpoints; True if it existed."""
+        g = self.graph
+        store = self._store()
+        existed = _core.thread_delete(store, self.thread_id, g.name, g.fingerprint)
+        if existed:
+            self._audit("delete", "", store)
+        return existed
+
+    def audit(self, limit: int = 50) -> list[dict]:
+        """The audit trail of this thread, newest first (EXT-32)."""
+        return json.loads(_core.thread_audit(self._store(), self.thread_id, int(limit)))
+
+    async def arun(self, input: Mapping[str, Any] | None = None, **options: Any) -> GraphResult:
+        return await _off_loop(lambda: self.run(input, **options))
+
+    async def aresume(self, values: Mapping[str, Any], **options: Any) -> GraphResult:
+        return await _off_loop(lambda: self.resume(values, **options))
+
+    async def aretry(self, **options: Any) -> GraphResult:
+        return await _off_loop(lambda: self.retry(**options))
+
+    async def astate(self) -> dict:
+        return await _off_loop(self.state)
+
+    async def ainterrupts(self) -> list[GraphInterrupt]:
+        return await _off_loop(self.interrupts)
+
+    async def ahistory(self, limit: int = 20) -> list[dict]:
+        return await _off_loop(lambda: self.history(limit))
+
+    async def arewind(self, checkpoint_id: str) -> dict:
+        return await _off_loop(lambda: self.rewind(checkpoint_id))
+
+    async def afork(self, checkpoint_id: str, new_thread_id: str) -> GraphThread:
+        return await _off_loop(lambda: self.fork(checkpoint_id, new_thread_id))
+
+    async def adelete(self) -> bool:
+        return await _off_loop(self.delete)
+
+    async def aaudit(self, limit: int = 50) -> list[dict]:
+        return await _off_loop(lambda: self.audit(limit))

@@ -1,0 +1,543 @@
+//! Checkpoint encoding and the thread tables (EXT-30, EXT-30a, EXT-31,
+//! EXT-32). A checkpoint stores its step's delta; a full snapshot is taken
+//! once the deltas since the last one add up to its size, so storage grows
+//! with the updates while rebuilding a state reads at most about twice its
+//! size.
+
+use super::reduce::{apply, Op, State};
+use super::{graph_error, plain_error};
+use crate::error::{CoreError, CoreResult};
+use rusqlite::{params, Connection, OptionalExtension, Transaction};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// Deltas below this many bytes since the last snapshot never trigger one.
+pub const MIN_SNAPSHOT_DELTA: usize = 4096;
+/// The longest delta chain, whatever the sizes.
+pub const MAX_CHAIN: usize = 1024;
+
+pub fn now_ms() -> i64 {
+    (crate::store::sqlite::now() * 1000.0) as i64
+}
+
+fn db(e: rusqlite::Error) -> CoreError {
+    CoreError::Store(format!("composeai store (graph tables): {e}"))
+}
+
+/// A node waiting for a person (EXT-29).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Pending {
+    pub node: String,
+    /// The step its execution began in: its journal scope `<node>@<step>`.
+    pub step: i64,
+    pub payload: Value,
+    pub attempt: i64,
+}
+
+/// Where a run stands after a checkpoint: what runs next.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Progress {
+    pub step: i64,
+    pub next: Vec<String>,
+    /// Per join (declaration order): the sources finished so far.
+    pub joins: Vec<Vec<String>>,
+    pub pending: Vec<Pending>,
+}
+
+/// One checkpoint row, as written.
+#[derive(Debug, Clone, Default)]
+pub struct Row {
+    pub checkpoint_id: String,
+    pub thread_id: Option<String>,
+    pub rid: Option<i64>,
+    pub parent_id: Option<String>,
+    pub version: i64,
+    pub source: String,
+    pub status: String,
+    pub run_id: Option<String>,
+    pub step: i64,
+    pub created_at_ms: i64,
+    pub delta_json: Option<String>,
+    pub snapshot_json: Option<String>,
+    pub meta_json: String,
+}
+
+impl Row {
+    /// The history entry (EXT-30 `history()`).
+    pub fn entry(&self) -> Value {
+        json!({
+            "id": self.checkpoint_id,
+            "parent_id": self.parent_id,
+            "version": self.version,
+            "source": self.source,
+            "status": self.status,
+            "run_id": self.run_id,
+            "step": self.step,
+            "created_at_ms": self.created_at_ms,
+        })
+    }
+}
+
+pub fn insert(tx: &Transaction<'_>, r: &Row) -> CoreResult<()> {
+    tx.prepare_cached(
+        "INSERT INTO graph_checkpoints(checkpoint_id, thread_id, rid, parent_id, version, source, \
+         status, run_id, step, created_at_ms, delta_json, snapshot_json, meta_json) \
+         VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            r.checkpoint_id,
+            r.thread_id,
+            r.rid,
+            r.parent_id,
+            r.version,
+            r.source,
+            r.status,
+            r.run_id,
+            r.step,
+            r.created_at_ms,
+            r.delta_json,
+            r.snapshot_json,
+            r.meta_json
+        ])
+    })
+    .map_err(db)?;
+    Ok(())
+}
+
+const ROW_COLUMNS: &str = "checkpoint_id, thread_id, rid, parent_id, version, source, status, \
+     run_id, step, created_at_ms, delta_json, snapshot_json, meta_json";
+
+fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
+    Ok(Row {
+        checkpoint_id: r.get(0)?,
+        thread_id: r.get(1)?,
+        rid: r.get(2)?,
+        parent_id: r.get(3)?,
+        version: r.get(4)?,
+        source: r.get(5)?,
+        status: r.get(6)?,
+        run_id: r.get(7)?,
+        step: r.get(8)?,
+        created_at_ms: r.get(9)?,
+        delta_json: r.get(10)?,
+        snapshot_json: r.get(11)?,
+        meta_json: r.get(12)?,
+    })
+}
+
+pub fn get(conn: &Connection, checkpoint_id: &str) -> CoreResult<Option<Row>> {
+    conn.prepare_cached(&format!(
+        "SELECT {ROW_COLUMNS} FROM graph_checkpoints WHERE checkpoint_id = ?1"
+    ))
+    .and_then(|mut st| st.query_row([checkpoint_id], read_row).optional())
+    .map_err(db)
+}
+
+/// The newest checkpoint of a thread-less run.
+pub fn run_head(conn: &Connection, rid: i64) -> CoreResult<Option<Row>> {
+    conn.prepare_cached(&format!(
+        "SELECT {ROW_COLUMNS} FROM graph_checkpoints WHERE rid = ?1 AND thread_id IS NULL \
+         ORDER BY version DESC LIMIT 1"
+    ))
+    .and_then(|mut st| st.query_row([rid], read_row).optional())
+    .map_err(db)
+}
+
+/// A state rebuilt at a checkpoint, with what the snapshot policy needs
+/// to continue the chain.
+#[derive(Debug, Clone)]
+pub struct Rebuilt {
+    pub row: Row,
+    pub state: State,
+    pub progress: Progress,
+    pub snapshot_bytes: usize,
+    pub delta_bytes: usize,
+    pub chain: usize,
+}
+
+fn corrupt(id: &str, what: &str) -> CoreError {
+    plain_error(
+        "checkpoint_corrupt",
+        format!("checkpoint '{id}' cannot be read: {what}"),
+    )
+}
+
+pub fn parse_progress(row: &Row) -> CoreResult<Progress> {
+    serde_json::from_str(&row.meta_json).map_err(|e| corrupt(&row.checkpoint_id, &e.to_string()))
+}
+
+/// Rebuilds the state at `checkpoint_id` from the nearest snapshot before
+/// it, applying the deltas in between.
+pub fn rebuild(conn: &Connection, checkpoint_id: &str) -> CoreResult<Option<Rebuilt>> {
+    let Some(head) = get(conn, checkpoint_id)? else {
+        return Ok(None);
+    };
+    let mut chain: Vec<Row> = Vec::new();
+    let mut cur = head.clone();
+    loop {
+        if cur.snapshot_json.is_some() {
+            break;
+        }
+        let parent = cur
+            .parent_id
+            .clone()
+            .ok_or_else(|| corrupt(&cur.checkpoint_id, "no snapshot before it"))?;
+        let next = get(conn, &parent)?
+            .ok_or_else(|| corrupt(&cur.checkpoint_id, "its parent is missing"))?;
+        chain.push(std::mem::replace(&mut cur, next));
+    }
+    let snapshot = cur.snapshot_json.as_deref().unwrap_or("{}");
+    let mut state: State =
+        serde_json::from_str(snapshot).map_err(|e| corrupt(&cur.checkpoint_id, &e.to_string()))?;
+    let mut delta_bytes = 0;
+    for row in chain.iter().rev() {
+        let delta = row.delta_json.as_deref().unwrap_or("[]");
+        delta_bytes += delta.len();
+        let ops: Vec<Value> =
+            serde_json::from_str(delta).map_err(|e| corrupt(&row.checkpoint_id, &e.to_string()))?;
+        for op in ops {
+            let op = Op::from_json(&op).ok_or_else(|| corrupt(&row.checkpoint_id, "bad delta"))?;
+            apply(&mut state, op)?;
+        }
+    }
+    let progress = parse_progress(&head)?;
+    Ok(Some(Rebuilt {
+        row: head,
+        state,
+        progress,
+        snapshot_bytes: snapshot.len(),
+        delta_bytes,
+        chain: chain.len(),
+    }))
+}
+
+/// Whether the next checkpoint should be a snapshot.
+pub fn wants_snapshot(snapshot_bytes: usize, delta_bytes: usize, chain: usize) -> bool {
+    delta_bytes >= snapshot_bytes.max(MIN_SNAPSHOT_DELTA) || chain >= MAX_CHAIN
+}
+
+// ---------------------------------------------------------------------------
+// Threads
+
+#[derive(Debug, Clone, Default)]
+pub struct Thread {
+    pub thread_id: String,
+    pub graph: String,
+    pub fingerprint: String,
+    pub head: Option<String>,
+    pub version: i64,
+    pub status: String,
+    pub run_id: Option<String>,
+    pub owner: Option<String>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+impl Thread {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "thread_id": self.thread_id,
+            "graph": self.graph,
+            "status": self.status,
+            "version": self.version,
+            "head": self.head,
+            "run_id": self.run_id,
+            "created_at_ms": self.created_at_ms,
+            "updated_at_ms": self.updated_at_ms,
+        })
+    }
+}
+
+/// A thread's head is its newest checkpoint: steps of a running thread add
+/// checkpoints without rewriting the thread row.
+const THREAD_COLUMNS: &str = "t.thread_id, t.graph, t.fingerprint, \
+     (SELECT c.checkpoint_id FROM graph_checkpoints c WHERE c.thread_id = t.thread_id \
+      ORDER BY c.version DESC LIMIT 1), \
+     coalesce((SELECT c.version FROM graph_checkpoints c WHERE c.thread_id = t.thread_id \
+      ORDER BY c.version DESC LIMIT 1), 0), \
+     t.status, t.run_id, t.owner, t.created_at_ms, t.updated_at_ms";
+
+fn read_thread(r: &rusqlite::Row<'_>) -> rusqlite::Result<Thread> {
+    Ok(Thread {
+        thread_id: r.get(0)?,
+        graph: r.get(1)?,
+        fingerprint: r.get(2)?,
+        head: r.get(3)?,
+        version: r.get(4)?,
+        status: r.get(5)?,
+        run_id: r.get(6)?,
+        owner: r.get(7)?,
+        created_at_ms: r.get(8)?,
+        updated_at_ms: r.get(9)?,
+    })
+}
+
+pub fn thread(conn: &Connection, thread_id: &str) -> CoreResult<Option<Thread>> {
+    conn.prepare_cached(&format!(
+        "SELECT {THREAD_COLUMNS} FROM graph_threads t WHERE t.thread_id = ?1"
+    ))
+    .and_then(|mut st| st.query_row([thread_id], read_thread).optional())
+    .map_err(db)
+}
+
+pub fn threads(conn: &Connection, graph: Option<&str>) -> CoreResult<Vec<Thread>> {
+    let mut st = conn
+        .prepare(&format!(
+            "SELECT {THREAD_COLUMNS} FROM graph_threads t WHERE ?1 IS NULL OR t.graph = ?1 \
+             ORDER BY t.updated_at_ms DESC, t.thread_id"
+        ))
+        .map_err(db)?;
+    let rows = st.query_map([graph], read_thread).map_err(db)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db)
+}
+
+/// Refuses a thread made by another graph or another structure.
+pub fn check_graph(t: &Thread, graph: &str, fingerprint: &str) -> CoreResult<()> {
+    if t.graph != graph || t.fingerprint != fingerprint {
+        let why = if t.graph != graph {
+            format!("it belongs to graph '{}'", t.graph)
+        } else {
+            "it was made by a graph of a different structure".to_string()
+        };
+        return Err(graph_error(
+            "workflow_mismatch",
+            format!(
+                "thread '{}' cannot be used by graph '{graph}': {why}",
+                t.thread_id
+            ),
+            json!({"thread_id": t.thread_id, "graph": t.graph, "expected": graph}),
+        ));
+    }
+    Ok(())
+}
+
+pub fn upsert_thread(tx: &Transaction<'_>, t: &Thread) -> CoreResult<()> {
+    tx.prepare_cached(
+        "INSERT INTO graph_threads(thread_id, graph, fingerprint, head, version, status, run_id, \
+         owner, created_at_ms, updated_at_ms) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
+         ON CONFLICT(thread_id) DO UPDATE SET head = ?4, version = ?5, status = ?6, run_id = ?7, \
+         owner = ?8, updated_at_ms = ?10",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            t.thread_id,
+            t.graph,
+            t.fingerprint,
+            t.head,
+            t.version,
+            t.status,
+            t.run_id,
+            t.owner,
+            t.created_at_ms,
+            t.updated_at_ms
+        ])
+    })
+    .map_err(db)?;
+    Ok(())
+}
+
+/// Moves a thread's head (a step of the run that holds it).
+pub fn set_head(
+    tx: &Transaction<'_>,
+    thread_id: &str,
+    head: &str,
+    version: i64,
+    status: &str,
+) -> CoreResult<()> {
+    let release = status != "running";
+    tx.prepare_cached(
+        "UPDATE graph_threads SET head = ?2, version = ?3, status = ?4, updated_at_ms = ?5, \
+         owner = CASE WHEN ?6 THEN NULL ELSE owner END WHERE thread_id = ?1",
+    )
+    .and_then(|mut st| st.execute(params![thread_id, head, version, status, now_ms(), release]))
+    .map_err(db)?;
+    Ok(())
+}
+
+pub fn set_status(tx: &Transaction<'_>, thread_id: &str, status: &str) -> CoreResult<()> {
+    tx.prepare_cached(
+        "UPDATE graph_threads SET status = ?2, owner = NULL, updated_at_ms = ?3 WHERE thread_id = ?1",
+    )
+    .and_then(|mut st| st.execute(params![thread_id, status, now_ms()]))
+    .map_err(db)?;
+    Ok(())
+}
+
+pub fn audit(
+    tx: &Transaction<'_>,
+    thread_id: &str,
+    actor: Option<&str>,
+    action: &str,
+    checkpoint_id: Option<&str>,
+) -> CoreResult<()> {
+    tx.prepare_cached(
+        "INSERT INTO graph_audit(thread_id, actor, action, checkpoint_id, at_ms) \
+         VALUES(?1, ?2, ?3, ?4, ?5)",
+    )
+    .and_then(|mut st| st.execute(params![thread_id, actor, action, checkpoint_id, now_ms()]))
+    .map_err(db)?;
+    Ok(())
+}
+
+pub fn audit_entries(conn: &Connection, thread_id: &str, limit: i64) -> CoreResult<Vec<Value>> {
+    let mut st = conn
+        .prepare_cached(
+            "SELECT thread_id, actor, action, checkpoint_id, at_ms FROM graph_audit \
+             WHERE thread_id = ?1 ORDER BY aid DESC LIMIT ?2",
+        )
+        .map_err(db)?;
+    let rows = st
+        .query_map(params![thread_id, limit], |r| {
+            Ok(json!({
+                "thread_id": r.get::<_, String>(0)?,
+                "actor": r.get::<_, Option<String>>(1)?,
+                "action": r.get::<_, String>(2)?,
+                "checkpoint_id": r.get::<_, Option<String>>(3)?,
+                "at_ms": r.get::<_, i64>(4)?,
+            }))
+        })
+        .map_err(db)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db)
+}
+
+/// The thread's checkpoints, newest first, following parent links from
+/// the head (so a rewound thread lists the copy, then what led to it).
+pub fn history(conn: &Connection, thread_id: &str, limit: i64) -> CoreResult<Vec<Row>> {
+    let mut st = conn
+        .prepare_cached(&format!(
+            "SELECT {ROW_COLUMNS} FROM graph_checkpoints WHERE thread_id = ?1 \
+             ORDER BY version DESC LIMIT ?2"
+        ))
+        .map_err(db)?;
+    let rows = st
+        .query_map(params![thread_id, limit], read_row)
+        .map_err(db)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db)
+}
+
+/// Deletes a thread and its checkpoints; true when it existed.
+pub fn delete_thread(tx: &Transaction<'_>, thread_id: &str) -> CoreResult<bool> {
+    tx.execute(
+        "DELETE FROM graph_checkpoints WHERE thread_id = ?1",
+        [thread_id],
+    )
+    .map_err(db)?;
+    let n = tx
+        .execute(
+            "DELETE FROM graph_threads WHERE thread_id = ?1",
+            [thread_id],
+        )
+        .map_err(db)?;
+    Ok(n > 0)
+}
+
+/// Deletes every thread not updated since `before_ms` (not one a live
+/// run holds); returns their ids.
+pub fn prune(tx: &Transaction<'_>, before_ms: i64) -> CoreResult<Vec<String>> {
+    let ids: Vec<String> = {
+        let mut st = tx
+            .prepare(
+                "SELECT thread_id FROM graph_threads WHERE updated_at_ms < ?1 \
+                 AND status != 'running' ORDER BY thread_id",
+            )
+            .map_err(db)?;
+        let rows = st.query_map([before_ms], |r| r.get(0)).map_err(db)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db)?
+    };
+    for id in &ids {
+        delete_thread(tx, id)?;
+    }
+    Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_snapshot_policy_keeps_deltas_within_the_snapshot_size() {
+        assert!(!wants_snapshot(100, 10, 3));
+        assert!(!wants_snapshot(100, 4000, 3));
+        assert!(wants_snapshot(100, 4096, 3));
+        assert!(!wants_snapshot(50_000, 40_000, 10));
+        assert!(wants_snapshot(50_000, 50_000, 10));
+        assert!(wants_snapshot(1 << 30, 0, MAX_CHAIN));
+    }
+
+    fn conn() -> Connection {
+        let c = Connection::open_in_memory().unwrap();
+        c.execute_batch(super::super::schema::GRAPH_SCHEMA).unwrap();
+        c
+    }
+
+    fn row(id: &str, parent: Option<&str>, delta: Option<&str>, snap: Option<&str>) -> Row {
+        Row {
+            checkpoint_id: id.into(),
+            thread_id: Some("t".into()),
+            parent_id: parent.map(str::to_string),
+            source: "step".into(),
+            status: "running".into(),
+            delta_json: delta.map(str::to_string),
+            snapshot_json: snap.map(str::to_string),
+            meta_json: r#"{"step":1,"next":["b"],"joins":[],"pending":[]}"#.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_state_is_rebuilt_from_the_nearest_snapshot_and_the_deltas_after_it() {
+        let mut c = conn();
+        let tx = c.transaction().unwrap();
+        insert(&tx, &row("c1", None, None, Some(r#"{"n":0,"log":["a"]}"#))).unwrap();
+        insert(
+            &tx,
+            &row(
+                "c2",
+                Some("c1"),
+                Some(r#"[["set","n",1],["extend","log",["b"]]]"#),
+                None,
+            ),
+        )
+        .unwrap();
+        insert(
+            &tx,
+            &row("c3", Some("c2"), Some(r#"[["extend","log",["c"]]]"#), None),
+        )
+        .unwrap();
+        insert(
+            &tx,
+            &row("c4", Some("c3"), None, Some(r#"{"n":9,"log":[]}"#)),
+        )
+        .unwrap();
+        insert(
+            &tx,
+            &row("c5", Some("c4"), Some(r#"[["set","n",10]]"#), None),
+        )
+        .unwrap();
+        tx.commit().unwrap();
+        let r = rebuild(&c, "c3").unwrap().unwrap();
+        assert_eq!(
+            Value::Object(r.state),
+            json!({"n": 1, "log": ["a", "b", "c"]})
+        );
+        assert_eq!(
+            (r.chain, r.progress.next.clone()),
+            (2, vec!["b".to_string()])
+        );
+        let r = rebuild(&c, "c5").unwrap().unwrap();
+        assert_eq!(Value::Object(r.state), json!({"n": 10, "log": []}));
+        assert_eq!(r.chain, 1);
+        assert!(rebuild(&c, "nope").unwrap().is_none());
+    }
+
+    #[test]
+    fn a_broken_chain_is_reported_not_guessed() {
+        let mut c = conn();
+        let tx = c.transaction().unwrap();
+        insert(&tx, &row("c2", Some("gone"), Some("[]"), None)).unwrap();
+        tx.commit().unwrap();
+        let err = rebuild(&c, "c2").unwrap_err();
+        assert!(err.to_string().contains("parent is missing"), "{err}");
+    }
+}

@@ -1,0 +1,386 @@
+"""Graph threads: state, history, rewind, fork, delete, retry, errors, audit, storage
+growth and the CLI (EXT-30 … EXT-33)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+from contextlib import closing
+
+import pytest
+
+from composeai import _engine
+from composeai.cli import main
+from composeai.graph import (
+    END,
+    Graph,
+    GraphError,
+    GraphInterrupt,
+    GraphStorageError,
+    GraphValidationError,
+    Storage,
+    ThreadBusyError,
+    ThreadSuspendedError,
+    suspend,
+)
+
+
+def read(path, sql: str) -> list:
+    """Reads a store the engine has open, read-only and closed at once: this
+    process's second SQLite library must never checkpoint or remove the
+    engine's WAL (it would, on closing a writable connection)."""
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        return db.execute(sql).fetchall()
+
+
+def counter_graph(name="counter", storage=None, audit=False):
+    wf = Graph(reducers={"log": "append"}, name=name)
+    wf.add_node("inc", lambda s: {"n": s.get("n", 0) + 1, "log": [s.get("tag", "-")]})
+    wf.start("inc").edge("inc", END)
+    return wf.compile(storage, audit=audit, replace=True)
+
+
+def review_graph(name="review", storage=None, audit=False):
+    def review(state, ctx):
+        if ctx.resume is None:
+            return suspend({"question": f"approve {state['text']}?"})
+        return {"verdict": ctx.resume}
+
+    wf = Graph(name=name)
+    wf.add_node("draft", lambda s: {"text": s["topic"].upper()})
+    wf.add_node("review", review)
+    wf.start("draft").edge("draft", "review").edge("review", END)
+    return wf.compile(storage, audit=audit, replace=True)
+
+
+def test_ext30_thread_is_lazy_and_runs_continue_from_the_stored_state(isolated_state):
+    app = counter_graph()
+    thread = app.thread("t1")
+    assert not isolated_state.exists(), "thread() does no I/O"
+    assert thread.state() == {}
+    first = thread.run({"tag": "a"})
+    assert first.state == {"tag": "a", "n": 1, "log": ["a"]}
+    assert first.checkpoint_id and first.version >= 1
+    second = thread.run({"tag": "b"})
+    assert second.state == {"tag": "b", "n": 2, "log": ["a", "b"]}
+    assert second.version > first.version
+    assert thread.state() == second.state
+    assert app.thread("t2").run().state == {"n": 1, "log": ["-"]}
+
+
+def test_ext30_history_rewind_fork_delete():
+    app = counter_graph()
+    thread = app.thread("h1")
+    thread.run({"tag": "a"})
+    mid = thread.run({"tag": "b"})
+    thread.run({"tag": "c"})
+    history = thread.history()
+    assert history[0]["id"] != mid.checkpoint_id
+    assert all(
+        set(h)
+        == {"id", "parent_id", "version", "source", "status", "run_id", "step", "created_at_ms"}
+        for h in history
+    )
+    assert [h["version"] for h in history] == sorted((h["version"] for h in history), reverse=True)
+    assert history[0]["parent_id"] == history[1]["id"]
+    assert len(thread.history(limit=2)) == 2
+    head = thread.rewind(mid.checkpoint_id)
+    assert head["source"] == "rewind" and head["parent_id"] == history[0]["id"]
+    assert thread.state()["log"] == ["a", "b"]
+    assert len(thread.history(limit=100)) == len(history) + 1, "history is kept"
+    assert thread.run({"tag": "d"}).state["log"] == ["a", "b", "d"]
+    with pytest.raises(GraphStorageError) as info:
+        thread.rewind("nope")
+    assert info.value.code == "checkpoint_not_found"
+    from composeai import _core
+
+    _engine.get_store().flush()
+    assert _core.take_span_write_error() is None, "a refused operation keeps queued spans"
+    forked = thread.fork(mid.checkpoint_id, "h1-fork")
+    assert forked.state()["log"] == ["a", "b"]
+    assert forked.run({"tag": "x"}).state["log"] == ["a", "b", "x"]
+    assert thread.state()["log"] == ["a", "b", "d"], "the original is untouched"
+    with pytest.raises(GraphStorageError) as info:
+        thread.fork(mid.checkpoint_id, "h1-fork")
+    assert info.value.code == "thread_exists"
+    assert forked.delete() is True
+    assert forked.delete() is False
+    assert forked.state() == {}
+
+
+def test_ext30_suspend_resume_and_interrupts():
+    app = review_graph()
+    thread = app.thread("r1")
+    paused = thread.run({"topic": "solar"})
+    assert paused.suspended and paused.state == {"topic": "solar", "text": "SOLAR"}
+    assert thread.interrupts() == [GraphInterrupt("review", {"question": "approve SOLAR?"})]
+    with pytest.raises(ThreadSuspendedError) as info:
+        thread.run({"topic": "again"})
+    assert info.value.code == "thread_suspended" and isinstance(info.value.details, dict)
+    with pytest.raises(GraphValidationError) as info:
+        thread.resume({"draft": "yes"})
+    assert info.value.code == "resume_invalid"
+    assert thread.interrupts(), "the thread keeps waiting"
+    done = thread.resume({"review": "yes"})
+    assert done.state["verdict"] == "yes" and thread.interrupts() == []
+    assert done.run_id == paused.run_id
+    again = thread.run({"topic": "wind"})
+    assert again.suspended and again.run_id != paused.run_id
+
+
+def test_ext30_retry_continues_without_rerunning_saved_nodes():
+    calls = []
+    fail = {"now": True}
+
+    def first(state):
+        calls.append("first")
+        return {"a": 1}
+
+    def second(state):
+        calls.append("second")
+        if fail["now"]:
+            raise RuntimeError("flaky")
+        return {"b": 2}
+
+    wf = Graph(name="flaky")
+    wf.add_node("first", first).add_node("second", second)
+    wf.start("first").edge("first", "second").edge("second", END)
+    app = wf.compile()
+    thread = app.thread("f1")
+    with pytest.raises(GraphError) as info:
+        thread.run()
+    assert info.value.code == "node_failed"
+    with pytest.raises(GraphError) as info:
+        thread.run()
+    assert info.value.code == "thread_interrupted"
+    fail["now"] = False
+    done = thread.retry()
+    assert done.state == {"a": 1, "b": 2}
+    assert calls == ["first", "second", "second"]
+    with pytest.raises(GraphError) as info:
+        thread.retry()
+    assert info.value.code == "nothing_to_retry"
+
+
+def test_ext31_a_second_concurrent_caller_is_busy_or_waits():
+    entered = threading.Event()
+    release = threading.Event()
+
+    def slow(state):
+        entered.set()
+        assert release.wait(30)
+        return {"done": state.get("done", 0) + 1}
+
+    def build(storage):
+        wf = Graph(name="slow").add_node("slow", slow).start("slow").edge("slow", END)
+        return wf.compile(storage, replace=True)
+
+    app = build(None)
+    outcome = {}
+    worker = threading.Thread(target=lambda: outcome.setdefault("r", app.thread("b1").run()))
+    worker.start()
+    assert entered.wait(30)
+    with pytest.raises(ThreadBusyError) as info:
+        app.thread("b1").run()
+    assert info.value.code == "thread_busy"
+    waiting = build(Storage(None, on_busy="wait"))
+    second = {}
+    entered.clear()
+    waiter = threading.Thread(target=lambda: second.setdefault("r", waiting.thread("b1").run()))
+    waiter.start()
+    release.set()
+    worker.join(30)
+    waiter.join(30)
+    assert outcome["r"].state["done"] == 1
+    assert second["r"].state["done"] == 2
+
+
+def test_ext31_a_thread_of_another_graph_is_workflow_mismatch():
+    counter_graph().thread("shared").run()
+    other = review_graph()
+    for call in (
+        lambda t: t.run({"topic": "x"}),
+        lambda t: t.state(),
+        lambda t: t.history(),
+        lambda t: t.delete(),
+    ):
+        with pytest.raises(GraphError) as info:
+            call(other.thread("shared"))
+        assert info.value.code == "workflow_mismatch"
+
+
+def test_ext32_audit_records_every_operation_with_its_actor():
+    app = review_graph(audit=True)
+    thread = app.thread("a1", actor="reviewer-7")
+    paused = thread.run({"topic": "t"})
+    thread.interrupts()
+    done = thread.resume({"review": "ok"})
+    thread.history()
+    entries = thread.audit()
+    assert [e["action"] for e in entries] == ["history", "resume", "interrupts", "run"]
+    assert {e["actor"] for e in entries} == {"reviewer-7"}
+    assert entries[1]["checkpoint_id"] == done.checkpoint_id
+    assert entries[3]["checkpoint_id"] == paused.checkpoint_id
+    assert all(isinstance(e["at_ms"], int) for e in entries)
+    assert len(thread.audit(limit=1)) == 1
+    plain = review_graph(name="noaudit")
+    plain.thread("a2").run({"topic": "t"})
+    assert plain.thread("a2").audit() == []
+
+
+def test_ext30_memory_and_sqlite_storage(tmp_path, isolated_state):
+    mem = counter_graph("mem", ":memory:")
+    assert mem.thread("m").run().state["n"] == 1
+    assert mem.thread("m").run().state["n"] == 2
+    path = tmp_path / "threads.db"
+    disk = counter_graph("disk", f"sqlite:///{path}")
+    disk.thread("d").run()
+    assert path.exists() and not isolated_state.exists()
+    assert read(path, "SELECT count(*) FROM graph_threads") == [(1,)]
+    with pytest.raises(Exception, match="PostgreSQL"):
+        Storage("postgresql://localhost/x")
+    with pytest.raises(Exception, match="store URL"):
+        Storage("mysql://x")
+
+
+def test_ext30a_checkpoints_store_deltas_and_periodic_snapshots():
+    """A thread whose state holds a growing message list: bytes per step do not grow."""
+    wf = Graph(reducers={"messages": "append"}, name="chat")
+    wf.add_node(
+        "say", lambda s: {"messages": [{"role": "user", "text": f"message {len(s['messages'])}"}]}
+    )
+    wf.start("say").edge("say", END)
+    app = wf.compile()
+    thread = app.thread("long")
+    history = [{"role": "user", "text": "x" * 80} for _ in range(200)]
+    thread.run({"messages": history})
+    path = _engine.get_store().path
+
+    def stored_bytes() -> int:
+        return read(
+            path,
+            "SELECT sum(length(coalesce(delta_json, '')) + length(coalesce(snapshot_json, '')) "
+            "+ length(meta_json)) FROM graph_checkpoints",
+        )[0][0]
+
+    base = stored_bytes()
+    for _ in range(100):
+        thread.run()
+    at_100 = stored_bytes()
+    for _ in range(300):
+        thread.run()
+    at_400 = stored_bytes()
+    # Bytes per step after N steps (all the thread's storage over its steps).
+    per_step_100 = at_100 / 101
+    per_step_400 = at_400 / 401
+    assert 0.5 < per_step_400 / per_step_100 < 2, (per_step_100, per_step_400)
+    state_bytes = len(json.dumps(thread.state()))
+    assert (at_400 - base) / 400 < state_bytes / 50, "far below a full state per step"
+    (kinds,) = read(
+        path,
+        "SELECT sum(snapshot_json IS NOT NULL), sum(delta_json IS NOT NULL) FROM graph_checkpoints",
+    )
+    assert kinds[0] >= 2 and kinds[1] > kinds[0] * 10
+    assert len(thread.state()["messages"]) == 601
+    assert thread.state()["messages"][-1]["text"] == "message 600"
+
+
+def test_ext33_cli_threads_history_rewind_and_prune(capsys):
+    app = counter_graph()
+    thread = app.thread("cli-1")
+    first = thread.run({"tag": "a"})
+    thread.run({"tag": "b"})
+    review_graph().thread("cli-2").run({"topic": "x"})
+    assert main(["threads"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and {ln.split()[0] for ln in lines} == {"cli-1", "cli-2"}
+    assert "suspended" in next(ln for ln in lines if ln.startswith("cli-2"))
+    assert main(["threads", "--graph", "counter", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["thread_id"] for r in rows] == ["cli-1"] and rows[0]["status"] == "idle"
+    assert main(["thread", "history", "cli-1", "--json"]) == 0
+    history = json.loads(capsys.readouterr().out)
+    assert history == thread.history()
+    assert main(["thread", "history", "cli-1"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith(history[0]["id"])
+    assert main(["thread", "rewind", "cli-1", first.checkpoint_id]) == 0
+    assert "rewound" in capsys.readouterr().out
+    assert thread.state()["log"] == ["a"]
+    assert main(["thread", "rewind", "cli-1", "bogus"]) == 1
+    assert capsys.readouterr().err.startswith("compose: thread 'cli-1' has no checkpoint 'bogus'")
+    assert main(["thread", "history", "nope"]) == 1
+    assert capsys.readouterr().err == "compose: no thread 'nope' in this storage\n"
+    assert main(["threads", "--prune", "--older-than", "1d"]) == 0
+    assert capsys.readouterr().out == "pruned 0 threads\n"
+    path = _engine.get_store().path
+    # A cutoff date in the future: every thread is older.
+    assert main(["threads", "--prune", "--older-than", "2999-01-01", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == ["cli-1", "cli-2"]
+    assert thread.state() == {}
+    assert read(path, "SELECT count(*) FROM graph_checkpoints") == [(0,)]
+    assert main(["threads", "--prune", "--older-than", "30d"]) == 0
+    assert capsys.readouterr().out == "pruned 0 threads\n"
+    assert main(["threads", "--prune"]) == 1
+    assert "--older-than" in capsys.readouterr().err
+
+
+def test_ext30_rewinding_to_a_suspended_checkpoint_waits_again_and_resumes_in_a_new_run():
+    app = review_graph(name="rewound")
+    thread = app.thread("rw")
+    paused = thread.run({"topic": "a"})
+    thread.resume({"review": "no"})
+    assert thread.interrupts() == []
+    thread.rewind(paused.checkpoint_id)
+    assert [i.node for i in thread.interrupts()] == ["review"]
+    again = thread.resume({"review": "yes"})
+    assert again.state["verdict"] == "yes" and again.run_id != paused.run_id
+
+
+def test_ext27_thread_methods_have_async_twins():
+    import asyncio
+
+    app = counter_graph(name="aio-thread")
+
+    async def main():
+        thread = app.thread("x")
+        first = await thread.arun({"tag": "a"})
+        state = await thread.astate()
+        history = await thread.ahistory()
+        return first, state, history
+
+    first, state, history = asyncio.run(main())
+    assert first.state == state and history[0]["id"] == first.checkpoint_id
+
+
+def test_ext0_3_a_version_2_store_gains_the_graph_tables_in_place(tmp_path):
+    path = tmp_path / "old" / "runs.db"
+    # Made by another process, so this one's second SQLite library is alone on the file.
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import composeai as c\n"
+                "@c.flow\ndef f():\n    return 1\n"
+                "f.run()\n"
+                "from composeai import _engine\n_engine.get_store().flush()\n"
+            ),
+        ],
+        env={**os.environ, "COMPOSE_DIR": str(path.parent)},
+        check=True,
+        timeout=60,
+    )
+    with closing(sqlite3.connect(path)) as db:
+        db.executescript(
+            "DROP TABLE graph_threads; DROP TABLE graph_checkpoints; DROP TABLE graph_audit; "
+            "PRAGMA user_version = 2;"
+        )
+        runs_before = db.execute("SELECT count(*) FROM runs").fetchone()[0]
+    app = counter_graph("v2b", f"sqlite:///{path}")
+    assert app.thread("new").run().state["n"] == 1
+    assert read(path, "PRAGMA user_version") == [(5,)]
+    assert read(path, "SELECT count(*) FROM runs") == [(runs_before + 1,)]
