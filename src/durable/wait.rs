@@ -308,7 +308,8 @@ impl Attempt {
         let rid = self.run.rid;
         let path = self.store().path().to_string();
         let sid = self.durable_conn(|c| last_signal_id(c, rid).at(&path))?;
-        let stored = self.commit_wait_step(&key, &sid.to_string(), spec.fence.as_ref(), |_| Ok(()))?;
+        let stored =
+            self.commit_wait_step(&key, &sid.to_string(), spec.fence.as_ref(), |_| Ok(()))?;
         stored
             .parse()
             .map_err(|_| CoreError::Serialization(format!("journal value of '{key}': {stored}")))

@@ -1189,12 +1189,61 @@ impl Store for PgStore {
     ) -> CoreResult<()> {
         Err(durable_unsupported())
     }
+
+    fn create_run_with(
+        &self,
+        _new: &NewRun,
+        _owner: &str,
+        _lease_until: f64,
+        _work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        _drain: bool,
+    ) -> CoreResult<RunRow> {
+        Err(graph_unsupported())
+    }
+
+    fn settle_with(
+        &self,
+        _rid: i64,
+        _owner: &str,
+        _settlement: &Settlement,
+        _work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<()> {
+        Err(graph_unsupported())
+    }
+
+    fn transact(
+        &self,
+        _work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<()> {
+        Err(graph_unsupported())
+    }
+
+    fn transact_only(
+        &self,
+        _work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+    ) -> CoreResult<()> {
+        Err(graph_unsupported())
+    }
+
+    fn read(
+        &self,
+        _work: &mut dyn FnMut(&rusqlite::Connection) -> CoreResult<()>,
+    ) -> CoreResult<()> {
+        Err(graph_unsupported())
+    }
 }
 
 pub fn durable_unsupported() -> CoreError {
-    CoreError::Config(
-        "durable sleeps, signals, awaited runs and cancel requests are not available on the \
-         PostgreSQL store in this release -- use the SQLite store (unset COMPOSE_STORE) for them"
-            .into(),
-    )
+    unsupported("durable sleeps, signals, awaited runs and cancel requests are")
+}
+
+fn graph_unsupported() -> CoreError {
+    unsupported("graph runs are")
+}
+
+fn unsupported(what: &str) -> CoreError {
+    CoreError::Config(format!(
+        "{what} not available on the PostgreSQL store in this release -- use the SQLite store \
+         (unset COMPOSE_STORE) for them"
+    ))
 }
