@@ -257,3 +257,26 @@ def test_store_11_writes_after_a_takeover_are_rejected(pg_cluster, pg_url, monke
     keys = psql(pg_cluster, f"SELECT step_key FROM {schema}.journal ORDER BY step_key")
     assert "one" in keys and "taken_over" not in keys
     assert psql(pg_cluster, f"SELECT status FROM {schema}.runs") == "running"
+
+
+def test_store_2_what_postgresql_does_not_run_yet_is_refused_clearly(pg_url, monkeypatch):
+    """Durable sleeps and graph runs are SQLite-only in this release: on
+    PostgreSQL they stop with a ConfigError naming the store to use, and
+    write nothing half-way."""
+    from composeai.graph import END, Graph
+
+    monkeypatch.setenv("COMPOSE_STORE", pg_url)
+
+    @compose.flow
+    def napper() -> int:
+        compose.sleep(0.01)
+        return 1
+
+    with pytest.raises(ConfigError, match="not available on the PostgreSQL store"):
+        napper()
+
+    wf = Graph()
+    wf.add_node("only", lambda state: {"done": True})
+    wf.start("only").edge("only", END)
+    with pytest.raises(ConfigError, match="not available on the PostgreSQL store"):
+        wf.compile().run({"x": 1})
