@@ -88,6 +88,9 @@ fn claim_in_process(run_id: &str) -> CoreResult<()> {
     Ok(())
 }
 
+/// Extra work done inside a settlement's transaction.
+type TxWork<'a> = dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()> + 'a;
+
 /// One attempt at executing a run, holding its lease.
 pub struct Attempt {
     store: Arc<dyn Store>,
@@ -466,11 +469,7 @@ impl Attempt {
 
     /// Stores without extra work settle through `Store::settle`, which every
     /// store implements on its own.
-    fn finish(
-        &self,
-        mut settlement: Settlement,
-        work: Option<&mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>>,
-    ) -> CoreResult<()> {
+    fn finish(&self, mut settlement: Settlement, work: Option<&mut TxWork<'_>>) -> CoreResult<()> {
         if self.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
