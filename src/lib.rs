@@ -9,5 +9,6 @@ pub mod ids;
 pub mod journal;
 pub mod py;
 pub mod run;
+pub mod runtime;
 pub mod store;
 pub mod trace;

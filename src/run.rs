@@ -88,6 +88,9 @@ fn claim_in_process(run_id: &str) -> CoreResult<()> {
     Ok(())
 }
 
+/// Extra work done inside a settlement's transaction.
+type TxWork<'a> = dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()> + 'a;
+
 /// One attempt at executing a run, holding its lease.
 pub struct Attempt {
     store: Arc<dyn Store>,
@@ -465,16 +468,22 @@ impl Attempt {
     /// Ends the attempt: persists the outcome and releases the lease. Every
     /// later journal access through this attempt is refused.
     pub fn settle(&self, settlement: Settlement) -> CoreResult<()> {
-        self.settle_with(settlement, &mut |_| Ok(()))
+        self.finish(settlement, None)
     }
 
     /// `settle` with `work` in the same transaction (a graph run's last
     /// checkpoint).
     pub fn settle_with(
         &self,
-        mut settlement: Settlement,
+        settlement: Settlement,
         work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
     ) -> CoreResult<()> {
+        self.finish(settlement, Some(work))
+    }
+
+    /// Stores without extra work settle through `Store::settle`, which every
+    /// store implements on its own.
+    fn finish(&self, mut settlement: Settlement, work: Option<&mut TxWork<'_>>) -> CoreResult<()> {
         if self.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
@@ -483,8 +492,12 @@ impl Attempt {
         }
         self.root_fence.revoke();
         active_runs().lock().remove(&self.run.run_id);
-        self.store
-            .settle_with(self.run.rid, owner_id(), &settlement, work)
+        match work {
+            Some(work) => self
+                .store
+                .settle_with(self.run.rid, owner_id(), &settlement, work),
+            None => self.store.settle(self.run.rid, owner_id(), &settlement),
+        }
     }
 }
 

@@ -1,3 +1,4 @@
+import itertools
 import os
 import sys
 
@@ -8,15 +9,82 @@ from composeai.testing import cassette  # noqa: F401
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+# Modules whose tests run on both stores (STORE-2): each test gets a fresh
+# schema of one throwaway PostgreSQL cluster per session.
+BOTH_STORES = {
+    "test_flows",
+    "test_resume",
+    "test_composition",
+    "test_agents",
+    "test_stores",
+    "test_map",
+    "test_async",
+    "test_budgets",
+    "test_chats",
+    "test_streams",
+    "test_tools",
+    "test_events",
+}
+
+_schemas = itertools.count()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "sqlite_file: the test reads the SQLite file itself, so it runs on SQLite only",
+    )
+
+
+def pytest_generate_tests(metafunc):
+    module = metafunc.module.__name__.rpartition(".")[2]
+    if module in BOTH_STORES and "store_kind" in metafunc.fixturenames:
+        metafunc.parametrize("store_kind", ["sqlite", "postgresql"], indirect=True)
+
+
+@pytest.fixture
+def store_kind(request):
+    """The store a test runs on: `sqlite` unless parametrized."""
+    return getattr(request, "param", "sqlite")
+
+
+@pytest.fixture(scope="session")
+def pg_cluster():
+    """A PostgreSQL cluster for the session; skipped without PostgreSQL,
+    except under CI where that is a failure."""
+    import _pg
+
+    bindir = _pg.find_bindir()
+    if bindir is None:
+        reason = (
+            "PostgreSQL (initdb, pg_ctl) is not installed: "
+            "apt-get install postgresql to run the PostgreSQL store tests"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(reason + " (required under CI)")
+        pytest.skip(reason)
+    cluster = _pg.Cluster(bindir).start()
+    yield cluster
+    cluster.stop()
+
 
 @pytest.fixture(autouse=True)
-def isolated_state(tmp_path, monkeypatch):
-    """Every test gets its own state directory and clean name registries."""
+def isolated_state(tmp_path, monkeypatch, store_kind, request):
+    """Every test gets its own state directory (and, on PostgreSQL, its own
+    schema) and clean name registries."""
     from composeai import _engine
     from composeai.flow import reset_registries
 
     monkeypatch.setenv("COMPOSE_DIR", str(tmp_path / "state"))
     monkeypatch.delenv("COMPOSE_TRACE_CONTENT", raising=False)
+    monkeypatch.setattr(_engine, "_configured_store", None)
+    if store_kind == "postgresql":
+        if request.node.get_closest_marker("sqlite_file"):
+            pytest.skip("inspects the SQLite file's tables directly")
+        cluster = request.getfixturevalue("pg_cluster")
+        monkeypatch.setenv("COMPOSE_STORE", cluster.url(f"t{os.getpid()}_{next(_schemas)}"))
+    else:
+        monkeypatch.delenv("COMPOSE_STORE", raising=False)
     _engine.reset_store()
     reset_registries()
     yield tmp_path / "state"

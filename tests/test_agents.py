@@ -1584,6 +1584,7 @@ def test_agent47_bad_return_is_a_config_error(bad):
 # =========================================================================== durability
 
 
+@pytest.mark.sqlite_file
 def test_agent51_agent_call_in_a_flow_is_one_journaled_step():
     model = FakeModel(["draft one", "draft two"])
 
@@ -1709,6 +1710,7 @@ def test_agent52_unencodable_arguments_fail_before_any_row():
     assert model.requests == []
 
 
+@pytest.mark.sqlite_file
 def test_agent52_failed_standalone_run_reraises_and_marks_the_row():
     err = ProviderError("nope")
     rows_before = len(run_rows())
@@ -2354,6 +2356,7 @@ def test_flow35_several_tool_bodies_pause_in_one_batch():
     ]
 
 
+@pytest.mark.sqlite_file
 def test_agent54_failed_standalone_run_without_snapshot_reruns_the_body():
     bodies: list = []
     model = FakeModel([raising(ProviderError("transient")), "second time lucky"])
@@ -2374,6 +2377,7 @@ def test_agent54_failed_standalone_run_without_snapshot_reruns_the_body():
     assert row(run_id)["status"] == "completed"
 
 
+@pytest.mark.sqlite_file
 def test_agent54_failed_standalone_run_resumes_from_its_last_snapshot():
     counted: list = []
 

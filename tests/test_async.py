@@ -662,6 +662,7 @@ def test_async6_sync_calls_in_an_async_body_driven_by_run_raise_but_approve_work
     assert set(journal(paused.id)) == {"__interrupt__:gate", "step#1"}
 
 
+@pytest.mark.sqlite_file
 def test_async6_uncaught_reentry_fails_the_run_with_the_exact_message():
     @compose.task
     def step(x: int) -> int:
@@ -869,6 +870,7 @@ def test_async7_wide_fan_out_of_blocking_items_inside_items_does_not_deadlock():
 # --------------------------------------------------------------------------- ASYNC-8
 
 
+@pytest.mark.sqlite_file
 def test_async8_nested_flows_both_directions():
     counts = {"t": 0, "inner_sync": 0, "inner_async": 0}
 
@@ -973,6 +975,7 @@ def _cancel_when(event: threading.Event, make):
     return asyncio.run(main())
 
 
+@pytest.mark.sqlite_file
 def test_async10_cancelling_an_inflight_arun_fails_the_row_revokes_the_zombie_and_resumes():
     attempts = []
     started = threading.Event()
@@ -1027,6 +1030,7 @@ def test_async10_cancelling_an_inflight_arun_fails_the_row_revokes_the_zombie_an
     assert journal(rid) == {"slow#1/after#1": 101, "slow#1": 101}
 
 
+@pytest.mark.sqlite_file
 def test_async10_cancelling_arun_of_a_sync_flow_body_revokes_its_thread():
     started = threading.Event()
     release = threading.Event()
@@ -1070,6 +1074,7 @@ def test_async10_cancelling_arun_of_a_sync_flow_body_revokes_its_thread():
     assert set(journal(rid)) == {"early#1", "record#1"}
 
 
+@pytest.mark.sqlite_file
 def test_async10_cancelling_an_astream_awaiter_fails_the_pipe_row():
     started = threading.Event()
     release = threading.Event()
@@ -1390,6 +1395,7 @@ def test_async16_async_body_reached_from_sync_code_during_shutdown_raises(tmp_pa
     )
 
 
+@pytest.mark.sqlite_file
 def test_async10_cancelling_a_standalone_agent_arun_fails_its_row_and_it_resumes():
     entered = threading.Event()
     calls = []

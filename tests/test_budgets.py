@@ -90,6 +90,7 @@ def test_budget1_requires_a_field():
 # --------------------------------------------------------------------------- BUDGET-5/6
 
 
+@pytest.mark.sqlite_file
 def test_budget6_tokens_message_and_the_tripping_call_already_happened():
     model = FakeModel(["one", "two"])  # default usage: 10 + 20 tokens
 
@@ -235,6 +236,7 @@ def test_budget2_accepted_on_sugar_arun_and_stream():
 # --------------------------------------------------------------------------- BUDGET-3: nesting
 
 
+@pytest.mark.sqlite_file
 def test_budget3_nested_agent_budget_inside_a_flow_budget():
     model = FakeModel(["a"])
 
@@ -253,6 +255,7 @@ def test_budget3_nested_agent_budget_inside_a_flow_budget():
     assert row(run_id)["status"] == "failed"
 
 
+@pytest.mark.sqlite_file
 def test_budget3_outer_flow_budget_trips_across_agent_steps():
     model = FakeModel(["a", "b", "c"])
 
@@ -277,6 +280,7 @@ def test_budget3_outer_flow_budget_trips_across_agent_steps():
     assert statuses == ["ok", "error"]
 
 
+@pytest.mark.sqlite_file
 def test_budget3_tripping_span_tree_statuses():
     model = FakeModel(["a"])
 

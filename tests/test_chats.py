@@ -479,6 +479,7 @@ def test_chat7_chat_started_in_one_process_continues_in_another(tmp_path):
     assert "belongs to agent 'companion', which is not registered" in third["error"]
 
 
+@pytest.mark.sqlite_file
 def test_chat7_chat_saved_by_0_11_0_is_migrated_and_continues(isolated_state):
     import json
     import sqlite3

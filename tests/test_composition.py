@@ -352,6 +352,7 @@ def test_comp6_names_and_types():
 # --------------------------------------------------------------------------- COMP-10 / COMP-11
 
 
+@pytest.mark.sqlite_file
 def test_comp11_pipe_run_creates_a_row():
     def extract(x: str) -> Facts:
         return Facts(name=x)
@@ -404,6 +405,7 @@ def test_comp11_aggregate_run_creates_a_row():
     assert (root.kind, root.name) == ("aggregate", "aggregate(a, b)")
 
 
+@pytest.mark.sqlite_file
 def test_comp11_failure_marks_the_row_failed_and_reraises_the_same_exception():
     boom = ValueError("stage two broke")
 
@@ -445,6 +447,7 @@ def test_comp11_failure_marks_the_row_failed_and_reraises_the_same_exception():
     ]
 
 
+@pytest.mark.sqlite_file
 def test_comp11_run_budget_applies_to_the_pipe_root_but_is_not_stored():
     a, _ = make_agent("comp11_budget_agent", ["one"])  # default usage 10 + 20
 
@@ -469,6 +472,7 @@ def test_comp11_run_budget_applies_to_the_pipe_root_but_is_not_stored():
     )
 
 
+@pytest.mark.sqlite_file
 def test_comp11_sugar_with_nothing_active_is_run_output():
     def one(x: int) -> int:
         return x + 1
@@ -485,6 +489,7 @@ def test_comp11_sugar_with_nothing_active_is_run_output():
     assert all_runs()[-1]["kind"] == "aggregate"
 
 
+@pytest.mark.sqlite_file
 def test_comp11_run_inside_a_flow_is_an_independent_run():
     def one(x: int) -> int:
         return x + 1
@@ -523,6 +528,7 @@ def test_comp11_run_inside_a_flow_is_an_independent_run():
 # --------------------------------------------------------------------------- COMP-12
 
 
+@pytest.mark.sqlite_file
 def test_comp12_pause_in_a_bare_pipe_deletes_everything_and_raises():
     calls = []
 
@@ -562,6 +568,7 @@ def test_comp12_pause_in_a_bare_pipe_deletes_everything_and_raises():
     assert table_counts()["runs"] == 0
 
 
+@pytest.mark.sqlite_file
 def test_comp12_pause_in_a_bare_aggregate_deletes_everything_and_raises():
     @compose.task
     def fine(x: str) -> str:
@@ -580,6 +587,7 @@ def test_comp12_pause_in_a_bare_aggregate_deletes_everything_and_raises():
     assert table_counts()["pending_interrupts"] == 0
 
 
+@pytest.mark.sqlite_file
 def test_comp12_pause_of_an_approval_gated_tool_deletes_agent_state_too():
     sent = []
 
@@ -616,6 +624,7 @@ def test_comp12_pause_of_an_approval_gated_tool_deletes_agent_state_too():
     }
 
 
+@pytest.mark.sqlite_file
 def test_comp12_pause_in_pipe_arun_is_refused_the_same_way():
     def gate(x: str) -> str:
         compose.approve("g")
@@ -635,6 +644,7 @@ def test_comp12_pause_in_pipe_arun_is_refused_the_same_way():
 # --------------------------------------------------------------------------- COMP-13
 
 
+@pytest.mark.sqlite_file
 def test_comp13_adoption_in_a_flow_is_a_span_with_rolled_up_usage_and_no_row():
     a, _ = make_agent("comp13_agent", ["drafted"], usage=usage(3, 4))
 
@@ -668,6 +678,7 @@ def test_comp13_adoption_in_a_flow_is_a_span_with_rolled_up_usage_and_no_row():
     assert {s["rid"] for s in persisted} == {persisted[0]["rid"]}
 
 
+@pytest.mark.sqlite_file
 def test_comp13_aggregate_adoption_in_a_flow():
     def a(x: int) -> int:
         return x + 1
@@ -688,6 +699,7 @@ def test_comp13_aggregate_adoption_in_a_flow():
     assert span.parent_span_id == root_of(result.trace).span_id
 
 
+@pytest.mark.sqlite_file
 def test_comp13_adoption_under_a_task_span_outside_any_flow():
     def one(x: int) -> int:
         return x + 1
@@ -714,6 +726,7 @@ def test_comp13_adoption_under_a_task_span_outside_any_flow():
     assert all(s[2] is None for s in spans)
 
 
+@pytest.mark.sqlite_file
 def test_comp13_enclosing_flow_budget_trips_inside_an_adopted_pipe():
     a, _ = make_agent("comp13_budget_a", ["one", "two"])  # 10 + 20 per call
     b, model_b = make_agent("comp13_budget_b", ["never"])
@@ -749,6 +762,7 @@ def test_comp13_enclosing_budget_trips_inside_an_adopted_aggregate_arun():
     assert str(info.value) == "budget exceeded on flow 'capped': tokens budget=10, used=30"
 
 
+@pytest.mark.sqlite_file
 def test_comp13_pause_in_an_adopted_pipe_propagates_and_resumes_through_the_flow():
     counts = {"first": 0, "middle": 0, "last": 0}
 
@@ -816,6 +830,7 @@ def test_comp13_pause_in_an_adopted_aggregate_propagates_to_the_flow():
     assert done.output == {"side": "v", "gate": "ok"}
 
 
+@pytest.mark.sqlite_file
 def test_comp13_nested_arun_returns_a_completed_run_with_a_fresh_id():
     a, _ = make_agent("comp13_arun_agent", ["text", "text"], usage=usage(2, 5))
 
@@ -924,6 +939,7 @@ def test_comp13_arun_with_nothing_active_is_an_independent_run():
 # --------------------------------------------------------------------------- COMP-14
 
 
+@pytest.mark.sqlite_file
 def test_comp14_sync_sugar_inside_an_async_flow_driven_by_run_raises():
     def one(x: int) -> int:
         return x
@@ -962,6 +978,7 @@ def test_comp14_sync_sugar_inside_an_async_flow_driven_by_run_raises():
 # --------------------------------------------------------------------------- COMP-15 / COMP-16
 
 
+@pytest.mark.sqlite_file
 def test_comp15_plain_callable_stage_gets_a_task_span_with_input_and_output():
     def double(x: int) -> int:
         return x * 2
@@ -1076,6 +1093,7 @@ def test_comp15_nested_pipeline_and_aggregate_stages_nest_spans():
     assert sorted(s.name for s in children(result.trace, agg_span)) == ["a", "b"]
 
 
+@pytest.mark.sqlite_file
 def test_comp16_boundaries_pipeline_input_and_stage_handoff():
     def first(x: int) -> Any:
         return "not an int"
@@ -1752,6 +1770,7 @@ def test_comp32_any_and_unannotated_are_untouched():
     assert compose.pipe(bare, liar)(1) == "not an int"
 
 
+@pytest.mark.sqlite_file
 def test_comp30_wrong_shape_into_a_pipe_with_an_agent_stage_never_calls_the_model():
     model = FakeModel(["never"])
 
@@ -1826,6 +1845,7 @@ def test_comp11_stream_is_an_independent_run_and_emits_run_finished():
     assert row(seen["run"].id)["kind"] == "pipe"
 
 
+@pytest.mark.sqlite_file
 def test_comp11_failed_stream_run_finished_failed():
     def bad(x: int) -> int:
         raise ValueError("nope")
@@ -1841,6 +1861,7 @@ def test_comp11_failed_stream_run_finished_failed():
     assert (r["kind"], r["status"]) == ("aggregate", "failed")
 
 
+@pytest.mark.sqlite_file
 def test_comp10_astream_outside_and_inside_a_flow():
     def one(x: int) -> int:
         return x + 1
@@ -1873,6 +1894,7 @@ def test_comp10_astream_outside_and_inside_a_flow():
 # --------------------------------------------------------------------------- COMP-13 in tool bodies
 
 
+@pytest.mark.sqlite_file
 def test_comp13_pipe_called_from_a_tool_body_joins_the_agent_run():
     def one(x: str) -> str:
         return x + "1"
@@ -1972,6 +1994,7 @@ def test_comp11_pipe_run_usage_is_the_rollup_of_its_llm_spans():
     assert (result.usage.input_tokens, result.usage.output_tokens) == (8, 10)
 
 
+@pytest.mark.sqlite_file
 def test_comp12_pause_through_stream_is_refused_and_leaves_nothing():
     def gate(x: int) -> int:
         compose.approve("s")

@@ -198,6 +198,7 @@ def test_flow4_duplicate_task_names_and_replace():
     assert rebound() == 3
 
 
+@pytest.mark.sqlite_file
 def test_flow6_task_outside_flow_persists_a_root_span_without_a_run():
     @compose.task
     def alone(x: int) -> int:
@@ -285,6 +286,7 @@ def test_flow10_run_inside_a_flow_starts_an_independent_run():
     assert seen["id"] != run.id
 
 
+@pytest.mark.sqlite_file
 def test_flow11_unencodable_args_create_nothing():
     @compose.flow
     def takes(x) -> int:
@@ -314,6 +316,7 @@ def test_flow12_completed_row_and_run_shape():
     assert run.usage == Usage()
 
 
+@pytest.mark.sqlite_file
 def test_flow12_failure_marks_row_and_propagates_the_same_exception():
     boom = RuntimeError("kaput")
 
@@ -423,6 +426,7 @@ def test_flow17_caller_gets_the_value_decoded_from_the_store():
     assert seen["point"] == Point(x=1, y=2)
 
 
+@pytest.mark.sqlite_file
 def test_flow18_unencodable_step_value_names_the_key_and_keeps_earlier_steps():
     @compose.task
     def good() -> int:
@@ -504,6 +508,7 @@ def test_flow24_async_twins_share_counters():
 # --- Nested flows -------------------------------------------------------------
 
 
+@pytest.mark.sqlite_file
 def test_flow50_nested_flow_is_one_step_replayed_without_running_its_body():
     calls = []
 
@@ -578,6 +583,7 @@ def test_flow52_budget_on_nested_flow_is_refused():
 # --- Ctrl-C -------------------------------------------------------------------
 
 
+@pytest.mark.sqlite_file
 def test_flow60_ctrl_c_marks_the_run_failed_cancelled_and_reraises():
     @compose.task
     def interrupted() -> int:
@@ -597,6 +603,7 @@ def test_flow60_ctrl_c_marks_the_run_failed_cancelled_and_reraises():
 # --- Spans are persisted when the run returns ------------------------------------
 
 
+@pytest.mark.sqlite_file
 def test_obs5_every_span_is_persisted_when_run_returns():
     @compose.task
     def t(x: int) -> int:

@@ -185,6 +185,7 @@ def test_flow35_only_the_first_pause_by_index_is_raised():
     assert done.output == ["b", "a"]
 
 
+@pytest.mark.sqlite_file
 def test_comp23_map_outside_a_run_persists_spans_without_a_run_row():
     compose.map(lambda x: x, [1, 2])
     db = sqlite3.connect(_engine.get_store().path)

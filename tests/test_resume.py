@@ -175,6 +175,7 @@ def test_flow41_fingerprint_mismatch_and_allow_code_change():
     assert done.output == "v2"
 
 
+@pytest.mark.sqlite_file
 def test_flow42_failed_runs_reexecute_and_budget_override_is_stored():
     state = {"fail": True}
     calls = []

@@ -108,6 +108,8 @@ _LAZY.update(
     }
 )
 _LAZY["RetryPolicy"] = ("._retry", "RetryPolicy")
+# Store selection (STORE-1) is an attribute too.
+_LAZY["configure"] = ("._engine", "configure")
 
 
 def __getattr__(name: str) -> Any:

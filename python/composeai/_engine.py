@@ -77,6 +77,41 @@ def state_dir() -> str:
     return os.environ.get("COMPOSE_DIR") or "./.compose"
 
 
+_configured_store: str | None = None
+
+
+def configure(*, store: str | None = None) -> None:
+    """STORE-1: selects the store (a URL, as for `COMPOSE_STORE`) before its
+    first use; a later call naming another store is a `ConfigError`."""
+    global _configured_store
+    if store is None:
+        return
+    _core.store_target(store, "")
+    with _store_lock:
+        current = _configured_store
+        if _store is not None:
+            current = current if current is not None else store_spec()
+        if current is not None and current != store:
+            shown = _core.store_target(current, _default_sqlite())[1]
+            raise ConfigError(
+                f"composeai.configure(store=...): the store is already {shown!r} -- "
+                "configure the store once, before the first run"
+            )
+        _configured_store = store
+
+
+def store_spec() -> str:
+    """The store in use: `configure(store=...)`, else `COMPOSE_STORE` (read
+    lazily), else '' (SQLite in COMPOSE_DIR)."""
+    if _configured_store is not None:
+        return _configured_store
+    return os.environ.get("COMPOSE_STORE", "")
+
+
+def _default_sqlite() -> str:
+    return os.path.join(state_dir(), "runs.db")
+
+
 def get_store():
     """The process's store, opened on first use (OBS-1)."""
     store = _store
@@ -89,9 +124,14 @@ def _open_store():
     global _store
     with _store_lock:
         if _store is None:
-            directory = state_dir()
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-            _store = _core.Store(os.path.join(directory, "runs.db"))
+            spec = store_spec()
+            kind, target = _core.store_target(spec, _default_sqlite())
+            if kind == "sqlite":
+                if not spec:
+                    os.makedirs(state_dir(), mode=0o700, exist_ok=True)
+                _store = _core.Store(target)
+            else:
+                _store = _core.Store(spec)
         return _store
 
 

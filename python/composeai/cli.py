@@ -49,8 +49,21 @@ def _state_dir() -> Path:
     return Path(os.environ.get("COMPOSE_DIR") or "./.compose")
 
 
+def _store_target() -> tuple[str, str]:
+    """`(kind, target)` of the configured store (STORE-1, STORE-2)."""
+    from . import _engine
+
+    return _core.store_target(_engine.store_spec(), str(_state_dir() / "runs.db"))
+
+
 def _db_path() -> str:
-    return str(_state_dir() / "runs.db")
+    kind, target = _store_target()
+    if kind != "sqlite":
+        raise ComposeError(
+            f"this command reads the SQLite store only; the configured store is {target} "
+            "(available there: compose path, compose migrate)"
+        )
+    return target
 
 
 def _parse_since(value: str) -> float:
@@ -302,7 +315,30 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def _cmd_path(args: argparse.Namespace) -> int:
-    print(str(_state_dir()))
+    kind, target = _store_target()
+    print(str(_state_dir()) if kind == "sqlite" and not _store_spec() else target)
+    return 0
+
+
+def _store_spec() -> str:
+    from . import _engine
+
+    return _engine.store_spec()
+
+
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    """STORE-3: applies (or with --dry-run reports) the store's schema version."""
+    found, now, latest = _core.migrate_store(
+        _store_spec(), str(_state_dir() / "runs.db"), args.dry_run
+    )
+    shown = _store_target()[1]
+    if args.dry_run:
+        todo = "up to date" if found == latest else f"would migrate to version {latest}"
+        print(f"{shown}: schema version {found}, {todo}")
+    elif found == now:
+        print(f"{shown}: schema version {now}, up to date")
+    else:
+        print(f"{shown}: migrated schema version {found} -> {now}")
     return 0
 
 
@@ -836,8 +872,12 @@ def _build_parser() -> argparse.ArgumentParser:
     rewind.add_argument("checkpoint_id", metavar="CHECKPOINT_ID")
     rewind.set_defaults(func=_cmd_thread_rewind, parser=rewind)
 
-    path = sub.add_parser("path", help="print the state directory")
+    path = sub.add_parser("path", help="print the state directory (or the store URL)")
     path.set_defaults(func=_cmd_path, parser=path)
+
+    migrate = sub.add_parser("migrate", help="create or upgrade the store's schema")
+    migrate.add_argument("--dry-run", action="store_true", help="only report the version")
+    migrate.set_defaults(func=_cmd_migrate, parser=migrate)
     return parser
 
 

@@ -1,8 +1,6 @@
 //! The wait decision of an attempt: sleep, receive, receive_all.
 
-use super::store::{
-    cancel_request, insert_timer, last_signal_id, signal_at, signals_after, take_timer,
-};
+use super::store::{insert_timer, last_signal_id, signal_at, signals_after, take_timer};
 use super::{clock, WaitRow, EPSILON, POLL};
 use crate::error::{AtPath, CoreError, CoreResult};
 use crate::journal::Fence;
@@ -158,9 +156,7 @@ impl Attempt {
             }
             *last = Some((Instant::now(), epoch));
         }
-        let rid = self.run.rid;
-        let path = self.store().path().to_string();
-        match self.durable_conn(|c| cancel_request(c, rid).at(&path))? {
+        match self.store().cancel_request(self.run.rid)? {
             Some(reason) => Err(CoreError::Cancelled(reason.unwrap_or_default())),
             None => Ok(()),
         }

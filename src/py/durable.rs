@@ -199,8 +199,11 @@ fn with_store<T>(
     store: &PyStore,
     f: impl FnOnce(&mut rusqlite::Connection, &str) -> CoreResult<T>,
 ) -> CoreResult<T> {
-    let path = crate::store::Store::path(&*store.inner).to_string();
-    store.inner.with_conn(|c| f(c, &path))
+    let Some(sqlite) = &store.sqlite else {
+        return Err(crate::store::postgres::durable_unsupported());
+    };
+    let path = crate::store::Store::path(&**sqlite).to_string();
+    sqlite.with_conn(|c| f(c, &path))
 }
 
 /// EXT-3: appends a signal in one commit; returns its sequence number.

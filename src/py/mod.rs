@@ -32,6 +32,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<attempt::PyFence>()?;
     m.add_class::<budget::PyBudgetMeter>()?;
     m.add_function(wrap_pyfunction!(new_ulid, m)?)?;
+    m.add_function(wrap_pyfunction!(store::store_target, m)?)?;
+    m.add_function(wrap_pyfunction!(store::migrate_store, m)?)?;
     m.add_function(wrap_pyfunction!(take_span_write_error, m)?)?;
     m.add_function(wrap_pyfunction!(errors::register_errors, m)?)?;
     m.add_function(wrap_pyfunction!(trace::render_tree, m)?)?;

@@ -1,11 +1,14 @@
-//! `Store`: the Python handle on one state directory's database.
+//! `Store`: the Python handle on the configured store (STORE-1): a SQLite
+//! file or a PostgreSQL database.
 
 use super::attempt::PyAttempt;
 use super::errors::IntoPy;
 use super::spans::span_from_py;
 use crate::run::Attempt;
 use crate::store::chat::ChatRow;
+use crate::store::postgres::PgStore;
 use crate::store::sqlite::SqliteStore;
+use crate::store::url::{self, StoreUrl};
 use crate::store::{InterruptRow, NewRun, RunRow, SpanRecord, Store};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -13,7 +16,46 @@ use std::sync::Arc;
 
 #[pyclass(name = "Store", module = "composeai._core", frozen)]
 pub struct PyStore {
-    pub inner: Arc<SqliteStore>,
+    pub inner: Arc<dyn Store>,
+    /// The SQLite store, for the durable primitives' own queries.
+    pub sqlite: Option<Arc<SqliteStore>>,
+}
+
+/// `(kind, target)` of a store specification: `("sqlite", path)` or
+/// `("postgresql", redacted URL)`; `default_sqlite` when it is empty.
+#[pyfunction]
+pub fn store_target(spec: &str, default_sqlite: &str) -> PyResult<(String, String)> {
+    Ok(match url::parse(spec, default_sqlite).py_err()? {
+        StoreUrl::Sqlite(p) => ("sqlite".into(), p),
+        StoreUrl::Postgres(pg) => ("postgresql".into(), pg.redacted),
+    })
+}
+
+/// `compose migrate` (STORE-3): brings the store's schema up to date (or,
+/// with `dry_run`, only reads it); returns `(version found, version now,
+/// latest version)`.
+#[pyfunction]
+#[pyo3(signature = (spec, default_sqlite, dry_run=false))]
+pub fn migrate_store(
+    py: Python<'_>,
+    spec: &str,
+    default_sqlite: &str,
+    dry_run: bool,
+) -> PyResult<(i64, i64, i64)> {
+    let parsed = url::parse(spec, default_sqlite).py_err()?;
+    py.allow_threads(|| match parsed {
+        StoreUrl::Sqlite(p) => crate::store::sqlite::migrate_file(&p, dry_run),
+        StoreUrl::Postgres(pg) => {
+            let store = PgStore::connect(pg)?;
+            let (found, now) = store.migrate(dry_run)?;
+            Ok((
+                found as i64,
+                now as i64,
+                crate::store::postgres::PG_SCHEMA_VERSION as i64,
+            ))
+        }
+    })
+    .py_err()
 }
 
 pub fn run_row_dict<'py>(py: Python<'py>, r: &RunRow) -> PyResult<Bound<'py, PyDict>> {
@@ -42,13 +84,40 @@ pub fn interrupt_tuple(p: InterruptRow) -> PendingTuple {
 
 #[pymethods]
 impl PyStore {
-    /// Opens the database at `path`, creating or migrating it.
+    /// Opens the store at `path` (a SQLite file path or a store URL),
+    /// creating or migrating it.
     #[new]
     fn open(py: Python<'_>, path: String) -> PyResult<Self> {
-        let store = py.allow_threads(|| SqliteStore::open(&path)).py_err()?;
-        Ok(PyStore {
-            inner: Arc::new(store),
+        // A plain path names a SQLite file, as before store URLs existed.
+        let parsed = if path.contains("://") {
+            url::parse(&path, "").py_err()?
+        } else {
+            StoreUrl::Sqlite(path)
+        };
+        py.allow_threads(|| match parsed {
+            StoreUrl::Sqlite(p) => {
+                let s = Arc::new(SqliteStore::open(&p)?);
+                Ok(PyStore {
+                    inner: s.clone(),
+                    sqlite: Some(s),
+                })
+            }
+            StoreUrl::Postgres(pg) => Ok(PyStore {
+                inner: Arc::new(PgStore::open(pg)?),
+                sqlite: None,
+            }),
         })
+        .py_err()
+    }
+
+    /// `"sqlite"` or `"postgresql"`.
+    #[getter]
+    fn kind(&self) -> &'static str {
+        if self.sqlite.is_some() {
+            "sqlite"
+        } else {
+            "postgresql"
+        }
     }
 
     #[getter]

@@ -6,8 +6,10 @@
 
 pub mod chat;
 mod migrate;
+pub mod postgres;
 pub mod query;
 pub mod sqlite;
+pub mod url;
 
 use crate::error::CoreResult;
 
@@ -236,6 +238,10 @@ pub trait Store: Send + Sync {
     fn save_chat(&self, chat: &chat::ChatRow) -> CoreResult<()>;
 
     fn load_chat(&self, chat_id: &str) -> CoreResult<Option<chat::ChatRow>>;
+
+    /// The run's stored cancel request (EXT-10): `Some(reason)` when one
+    /// is stored.
+    fn cancel_request(&self, rid: i64) -> CoreResult<Option<Option<String>>>;
 
     /// Runs `f` on the store's connection after writing everything queued
     /// (the durable primitives' own queries).

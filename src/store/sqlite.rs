@@ -128,6 +128,11 @@ impl Slot {
     pub fn outcome(&self) -> Option<StepResult> {
         self.0.lock().clone()
     }
+
+    /// A slot for a write that was applied before it was handed out.
+    pub fn filled(outcome: StepResult) -> Arc<Slot> {
+        Arc::new(Slot(Mutex::new(Some(outcome))))
+    }
 }
 
 /// Queued spans are written in the background once this many are waiting
@@ -196,6 +201,11 @@ impl Drop for SqliteStore {
 
 /// The first span-persistence failure of this process, for one warning.
 static SPAN_WRITE_ERROR: Mutex<Option<String>> = Mutex::new(None);
+
+/// Records a span-persistence failure (the first one is kept).
+pub fn record_span_write_error(message: String) {
+    SPAN_WRITE_ERROR.lock().get_or_insert(message);
+}
 
 /// Takes the recorded span-persistence failure, if any.
 pub fn take_span_write_error() -> Option<String> {
@@ -479,6 +489,24 @@ pub fn open_connection(path: &str, full_sync: bool) -> CoreResult<Connection> {
     .at(path)?;
     migrate::bring_up_to_date(&conn, path, version)?;
     Ok(conn)
+}
+
+/// `compose migrate` on a SQLite file: `(version found, version now,
+/// latest version)`; a dry run only reads the version.
+pub fn migrate_file(path: &str, dry_run: bool) -> CoreResult<(i64, i64, i64)> {
+    let found = if std::path::Path::new(path).exists() {
+        let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .at(path)?;
+        conn.query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| config(path, format!("not a readable composeai store ({e})")))?
+    } else {
+        0
+    };
+    if dry_run {
+        return Ok((found, found, SCHEMA_VERSION));
+    }
+    open_connection(path, false)?;
+    Ok((found, SCHEMA_VERSION, SCHEMA_VERSION))
 }
 
 fn create_private_file(path: &str) -> CoreResult<()> {
@@ -1022,6 +1050,11 @@ impl Store for SqliteStore {
     fn load_chat(&self, chat_id: &str) -> CoreResult<Option<super::chat::ChatRow>> {
         let w = self.lock_writer();
         super::chat::get(&w.conn, chat_id).at(&self.path)
+    }
+
+    fn cancel_request(&self, rid: i64) -> CoreResult<Option<Option<String>>> {
+        let w = self.lock_writer();
+        crate::durable::store::cancel_request(&w.conn, rid).at(&self.path)
     }
 
     fn exec(

@@ -1,0 +1,96 @@
+"""A throwaway PostgreSQL cluster for the tests and the bench (STORE-2).
+
+`initdb`/`pg_ctl` from the system's PostgreSQL, on a free loopback port and a
+temporary data directory removed on `stop()`. As root the server runs as the
+`postgres` system user (the server refuses to run as root).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+
+
+def find_bindir() -> str | None:
+    """The directory holding `initdb` and `pg_ctl`, or None."""
+    on_path = shutil.which("initdb")
+    if on_path and shutil.which("pg_ctl"):
+        return os.path.dirname(os.path.realpath(on_path))
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    return os.path.dirname(found[-1]) if found else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    def __init__(self, bindir: str, *, durable: bool = False) -> None:
+        self.bindir = bindir
+        self.durable = durable
+        self.dir = tempfile.mkdtemp(prefix="composeai-pg-")
+        self.data = os.path.join(self.dir, "data")
+        self.port = _free_port()
+        self.user = "composeai"
+        self._as: list[str] = []
+        if os.geteuid() == 0:
+            try:
+                owner = pwd.getpwnam("postgres")
+            except KeyError:
+                raise RuntimeError(
+                    "running as root needs a 'postgres' system user for the test server"
+                ) from None
+            os.chown(self.dir, owner.pw_uid, owner.pw_gid)
+            self._as = ["runuser", "-u", "postgres", "--"]
+
+    def _run(self, *cmd: str) -> None:
+        out = subprocess.run(
+            [*self._as, *cmd], capture_output=True, text=True, cwd=self.dir, check=False
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"{cmd[0]} failed: {out.stderr or out.stdout}")
+
+    def start(self) -> Cluster:
+        b = self.bindir
+        self._run(
+            f"{b}/initdb", "-D", self.data, "-U", self.user, "--auth=trust", "-E", "UTF8", "-N"
+        )
+        opts = [
+            f"-p {self.port}",
+            "-c listen_addresses=127.0.0.1",
+            f"-c unix_socket_directories={self.dir}",
+            "-c max_connections=300",
+            "-c shared_buffers=64MB",
+        ]
+        if not self.durable:
+            # Test servers trade crash safety of the server itself for speed.
+            opts += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
+        self._run(
+            f"{b}/pg_ctl",
+            "-D",
+            self.data,
+            "-l",
+            os.path.join(self.dir, "log"),
+            "-o",
+            " ".join(opts),
+            "-w",
+            "start",
+        )
+        return self
+
+    def url(self, schema: str = "composeai", **options: str) -> str:
+        query = "&".join(f"{k}={v}" for k, v in {"sslmode": "disable", **options}.items())
+        return f"postgresql://{self.user}@127.0.0.1:{self.port}/postgres?schema={schema}&{query}"
+
+    def stop(self) -> None:
+        try:
+            self._run(f"{self.bindir}/pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)

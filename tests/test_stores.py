@@ -1,0 +1,282 @@
+"""Store selection and the PostgreSQL store (stores.md STORE-1 … STORE-3, STORE-11).
+
+Tests taking `store_kind` run on SQLite and on a throwaway PostgreSQL cluster
+(see conftest.py); the others start PostgreSQL only where they need it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import composeai as compose
+from composeai import _core, _engine
+from composeai.errors import ConfigError
+
+
+def compose_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "composeai.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
+
+
+def psql(cluster, sql: str) -> str:
+    binary = os.path.join(cluster.bindir, "psql")
+    if not os.path.exists(binary):
+        binary = shutil.which("psql") or "psql"
+    out = subprocess.run(
+        [binary, "-qAt", cluster.url().split("?")[0], "-c", sql],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def test_store_1_unknown_url_is_a_config_error_without_the_password(monkeypatch):
+    monkeypatch.setenv("COMPOSE_STORE", "mysql://app:hunter2@db/runs")
+
+    @compose.flow
+    def f() -> int:
+        return 1
+
+    with pytest.raises(ConfigError) as e:
+        f()
+    assert "COMPOSE_STORE" in str(e.value) and "postgresql://" in str(e.value)
+    assert "hunter2" not in str(e.value) and "app:***@db" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u:pw@h:port/db",
+        "postgresql://u:pw@h/db?sslmode=maybe",
+        "postgresql://u:pw@h/db?schema=bad-name",
+        "postgresql://u:pw@h/db?pool_size=0",
+        "postgresql://u:pw@h/db?color=red",
+        "sqlite://",
+    ],
+)
+def test_store_1_bad_options_name_compose_store(url):
+    with pytest.raises(ConfigError, match="COMPOSE_STORE") as e:
+        _core.store_target(url, "")
+    assert ":pw@" not in str(e.value)
+
+
+def test_store_1_forms_resolve(tmp_path):
+    assert _core.store_target("", "/d/runs.db") == ("sqlite", "/d/runs.db")
+    assert _core.store_target("sqlite:///abs/x.db", "") == ("sqlite", "/abs/x.db")
+    assert _core.store_target("sqlite://rel/x.db", "") == ("sqlite", "rel/x.db")
+    kind, shown = _core.store_target("postgres://bob:s3cret@h:5433/db?application_name=w1", "")
+    assert (kind, shown) == ("postgresql", "postgres://bob:***@h:5433/db?application_name=w1")
+
+
+def test_store_1_sqlite_url_is_used(tmp_path, monkeypatch):
+    db = tmp_path / "elsewhere" / "mine.db"
+    monkeypatch.setenv("COMPOSE_STORE", f"sqlite://{db}")
+
+    @compose.flow
+    def f() -> int:
+        return 7
+
+    assert f() == 7
+    assert db.exists()
+    assert not (tmp_path / "state" / "runs.db").exists()
+
+
+def test_store_1_configure_before_first_use_and_not_twice(tmp_path):
+    db = tmp_path / "configured.db"
+    compose.configure(store=f"sqlite://{db}")
+    compose.configure(store=f"sqlite://{db}")
+
+    @compose.flow
+    def f() -> int:
+        return 3
+
+    assert f() == 3
+    assert db.exists()
+    with pytest.raises(ConfigError, match="already"):
+        compose.configure(store="postgresql://u:topsecret@h/db")
+    with pytest.raises(ConfigError) as e:
+        compose.configure(store="redis://h")
+    assert "COMPOSE_STORE" in str(e.value)
+
+
+def test_store_2_compose_path_prints_the_redacted_url():
+    out = compose_cli("path", env={"COMPOSE_STORE": "postgresql://bob:hunter2@db.example:5432/app"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "postgresql://bob:***@db.example:5432/app"
+
+
+def test_store_2_flow_steps_journal_and_replay(store_kind):
+    """STORE-2, STORE-30: the same flow on each store: steps journaled once,
+    a resumed run replays them without executing the bodies."""
+    calls = []
+
+    @compose.task
+    def double(x: int) -> int:
+        calls.append(x)
+        return 2 * x
+
+    @compose.flow
+    def pipeline(n: int) -> list[int]:
+        return [double(i) for i in range(n)]
+
+    handle = pipeline.run(4)
+    assert handle.output == [0, 2, 4, 6]
+    assert calls == [0, 1, 2, 3]
+    journal = dict(_engine.get_store().journal(handle.id))
+    assert len([k for k in journal if "double" in k]) == 4
+    assert _engine.get_store().kind == store_kind
+
+
+def test_store_2_a_paused_run_resumes_in_a_new_process(store_kind, tmp_path):
+    """The run row, journal and pending interrupt live in the store, so
+    another process resumes the run."""
+    (tmp_path / "pflow.py").write_text(
+        "import composeai as compose\n"
+        "@compose.task\n"
+        "def shout(s: str) -> str:\n"
+        "    return s.upper()\n"
+        "@compose.flow\n"
+        "def greet(name: str) -> str:\n"
+        "    a = shout(name)\n"
+        "    b = compose.approve('ok')\n"
+        "    return f'{a}:{b}'\n"
+    )
+    env = {"PYTHONPATH": str(tmp_path)}
+    code = "import pflow; h = pflow.greet.run('ann'); print(h.status, h.id)"
+    first = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, **env},
+        timeout=120,
+    )
+    assert first.returncode == 0, first.stderr
+    status, run_id = first.stdout.split()
+    assert status == "paused"
+    code = (
+        "import pflow, composeai as compose\n"
+        f"r = compose.resume({run_id!r}, answers={{'ok': True}})\n"
+        "print(r.status, r.output)"
+    )
+    second = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, **env},
+        timeout=120,
+    )
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.split() == ["completed", "ANN:True"]
+
+
+@pytest.fixture
+def pg_url(pg_cluster, request):
+    name = "m" + "".join(c for c in request.node.name if c.isalnum())[-40:].lower()
+    return pg_cluster.url(name)
+
+
+def test_store_3_compose_migrate_dry_run_then_apply(pg_url):
+    env = {"COMPOSE_STORE": pg_url}
+    dry = compose_cli("migrate", "--dry-run", env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert "schema version 0, would migrate to version 1" in dry.stdout
+    applied = compose_cli("migrate", env=env)
+    assert "migrated schema version 0 -> 1" in applied.stdout, applied.stderr
+    again = compose_cli("migrate", env=env)
+    assert "schema version 1, up to date" in again.stdout, again.stderr
+
+
+def test_store_3_eight_processes_migrate_an_empty_database_once(pg_url):
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "composeai.cli", "migrate"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "COMPOSE_STORE": pg_url},
+        )
+        for _ in range(8)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
+    migrated = [o for o, _ in outs if "migrated schema version 0 -> 1" in o]
+    assert len(migrated) == 1, outs
+    assert sum("up to date" in o for o, _ in outs) == 7
+
+
+def test_store_3_a_newer_schema_is_refused(pg_cluster, pg_url, monkeypatch):
+    assert compose_cli("migrate", env={"COMPOSE_STORE": pg_url}).returncode == 0
+    schema = pg_url.split("schema=")[1].split("&")[0]
+    psql(pg_cluster, f"UPDATE {schema}.schema_version SET version = 99")
+    monkeypatch.setenv("COMPOSE_STORE", pg_url)
+
+    @compose.flow
+    def f() -> int:
+        return 1
+
+    with pytest.raises(ConfigError, match="schema version 99, newer than this composeai"):
+        f()
+    assert psql(pg_cluster, f"SELECT count(*) FROM {schema}.runs") == "0"
+
+
+def test_store_11_writes_after_a_takeover_are_rejected(pg_cluster, pg_url, monkeypatch):
+    """A step committed after another owner took the lease stores nothing
+    and stops the attempt with a ConfigError."""
+    monkeypatch.setenv("COMPOSE_STORE", pg_url)
+    schema = pg_url.split("schema=")[1].split("&")[0]
+
+    @compose.task
+    def one() -> int:
+        return 1
+
+    @compose.task
+    def taken_over() -> int:
+        psql(pg_cluster, f"UPDATE {schema}.runs SET lease_owner = 'elsewhere:1:1:x'")
+        return 2
+
+    @compose.flow
+    def f() -> int:
+        return one() + taken_over()
+
+    with pytest.raises(ConfigError, match="moved to another owner"):
+        f()
+    keys = psql(pg_cluster, f"SELECT step_key FROM {schema}.journal ORDER BY step_key")
+    assert "one" in keys and "taken_over" not in keys
+    assert psql(pg_cluster, f"SELECT status FROM {schema}.runs") == "running"
+
+
+def test_store_2_what_postgresql_does_not_run_yet_is_refused_clearly(pg_url, monkeypatch):
+    """Durable sleeps and graph runs are SQLite-only in this release: on
+    PostgreSQL they stop with a ConfigError naming the store to use, and
+    write nothing half-way."""
+    from composeai.graph import END, Graph
+
+    monkeypatch.setenv("COMPOSE_STORE", pg_url)
+
+    @compose.flow
+    def napper() -> int:
+        compose.sleep(0.01)
+        return 1
+
+    with pytest.raises(ConfigError, match="not available on the PostgreSQL store"):
+        napper()
+
+    wf = Graph()
+    wf.add_node("only", lambda state: {"done": True})
+    wf.start("only").edge("only", END)
+    with pytest.raises(ConfigError, match="not available on the PostgreSQL store"):
+        wf.compile().run({"x": 1})
