@@ -7,6 +7,7 @@ pub mod error;
 pub mod graph;
 pub mod ids;
 pub mod journal;
+pub mod lease;
 pub mod py;
 pub mod run;
 pub mod runtime;

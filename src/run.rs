@@ -13,17 +13,20 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-/// How long a lease stays valid without its holder being provably alive.
-/// Same-host holders are checked by process id, so this only matters for a
-/// holder on another machine sharing the store.
-pub const LEASE_SECONDS: f64 = 60.0;
-
-/// This process's identity in lease rows: `host:pid:start-time`.
+/// This process's identity in lease rows: `host:pid:start-time:nonce`
+/// (STORE-10). The nonce tells apart processes that share host name, pid
+/// and start time (containers started together).
 pub fn owner_id() -> &'static str {
     static OWNER: OnceLock<String> = OnceLock::new();
     OWNER.get_or_init(|| {
         let pid = std::process::id();
-        format!("{}:{}:{}", hostname(), pid, process_start(pid).unwrap_or(0))
+        format!(
+            "{}:{}:{}:{}",
+            hostname(),
+            pid,
+            process_start(pid).unwrap_or(0),
+            crate::ids::new_ulid()
+        )
     })
 }
 
@@ -54,19 +57,20 @@ fn process_start(pid: u32) -> Option<u64> {
     fields.nth(18)?.parse().ok()
 }
 
-/// Whether the lease held by `holder` until `until` is still live.
+/// Whether the lease held by `holder` until `until` is still live: not
+/// expired, and, when the holder is on this host, its process still
+/// running (a crashed run on this machine resumes without waiting).
 pub fn lease_is_live(holder: &str, until: f64) -> bool {
-    let mut parts = holder.rsplitn(3, ':');
-    let (start, pid, host) = (parts.next(), parts.next(), parts.next());
+    let mut parts = holder.rsplitn(4, ':');
+    let (_nonce, start, pid, host) = (parts.next(), parts.next(), parts.next(), parts.next());
     if let (Some(start), Some(pid), Some(host)) = (start, pid, host) {
         if host == hostname() {
-            let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) else {
-                return until > now();
-            };
-            return match process_start(pid) {
-                Some(s) => start == 0 || s == start,
-                None => false,
-            };
+            if let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) {
+                match process_start(pid) {
+                    Some(s) if start == 0 || s == start => {}
+                    _ => return false,
+                }
+            }
         }
     }
     until > now()
@@ -86,6 +90,12 @@ fn claim_in_process(run_id: &str) -> CoreResult<()> {
         )));
     }
     Ok(())
+}
+
+/// What `Attempt::begin_commit` hands an async driver.
+pub enum Commit {
+    Stored(Arc<str>),
+    Pending(futures_util::future::BoxFuture<'static, CoreResult<Option<String>>>),
 }
 
 /// Extra work done inside a settlement's transaction.
@@ -110,14 +120,17 @@ pub struct Attempt {
     saved_state: AtomicBool,
     /// Signal cursors, the parked wait and cancel polling (EXT-1 … EXT-10).
     pub(crate) durable: crate::durable::AttemptState,
+    /// Renewed by the heartbeat until the attempt ends.
+    lease: Mutex<Option<crate::lease::Lease>>,
 }
 
 impl Attempt {
     /// Creates a run and its first attempt.
     pub fn start(store: Arc<dyn Store>, new: NewRun) -> CoreResult<Attempt> {
+        let seconds = crate::lease::lease_seconds()?;
         claim_in_process(&new.run_id)?;
-        match store.create_run(&new, owner_id(), now() + LEASE_SECONDS) {
-            Ok(run) => Ok(Attempt::new(store, run, Journal::default(), true)),
+        match store.create_run(&new, owner_id(), now() + seconds) {
+            Ok(run) => Ok(Attempt::new(store, run, Journal::default(), true, seconds)),
             Err(e) => {
                 active_runs().lock().remove(&new.run_id);
                 Err(e)
@@ -132,9 +145,10 @@ impl Attempt {
         new: NewRun,
         work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
     ) -> CoreResult<Attempt> {
+        let seconds = crate::lease::lease_seconds()?;
         claim_in_process(&new.run_id)?;
-        match store.create_run_with(&new, owner_id(), now() + LEASE_SECONDS, work, false) {
-            Ok(run) => Ok(Attempt::new(store, run, Journal::default(), true)),
+        match store.create_run_with(&new, owner_id(), now() + seconds, work, false) {
+            Ok(run) => Ok(Attempt::new(store, run, Journal::default(), true, seconds)),
             Err(e) => {
                 active_runs().lock().remove(&new.run_id);
                 Err(e)
@@ -144,9 +158,31 @@ impl Attempt {
 
     /// Takes the lease of an existing run and loads its journal once.
     pub fn resume(store: Arc<dyn Store>, run_id: &str) -> CoreResult<Attempt> {
+        Attempt::take(store, run_id, crate::lease::Takeover::Manual)
+    }
+
+    /// `resume` for a worker continuing a due run: taking it from a dead
+    /// holder counts against `COMPOSE_MAX_RECOVERY_ATTEMPTS` (STORE-12).
+    pub fn recover(store: Arc<dyn Store>, run_id: &str) -> CoreResult<Attempt> {
+        let max = crate::lease::max_recovery_attempts()?;
+        Attempt::take(store, run_id, crate::lease::Takeover::Recover { max })
+    }
+
+    fn take(
+        store: Arc<dyn Store>,
+        run_id: &str,
+        takeover: crate::lease::Takeover,
+    ) -> CoreResult<Attempt> {
+        let seconds = crate::lease::lease_seconds()?;
         claim_in_process(run_id)?;
-        match store.acquire(run_id, owner_id(), now() + LEASE_SECONDS, &lease_is_live) {
-            Ok((run, entries)) => Ok(Attempt::new(store, run, Journal::new(entries), false)),
+        match store.acquire(run_id, owner_id(), now() + seconds, &lease_is_live, takeover) {
+            Ok((run, entries)) => Ok(Attempt::new(
+                store,
+                run,
+                Journal::new(entries),
+                false,
+                seconds,
+            )),
             Err(e) => {
                 active_runs().lock().remove(run_id);
                 Err(e)
@@ -154,7 +190,14 @@ impl Attempt {
         }
     }
 
-    fn new(store: Arc<dyn Store>, run: RunRow, journal: Journal, first: bool) -> Attempt {
+    fn new(
+        store: Arc<dyn Store>,
+        run: RunRow,
+        journal: Journal,
+        first: bool,
+        seconds: f64,
+    ) -> Attempt {
+        let lease = crate::lease::register(store.clone(), run.rid, seconds);
         let durable = crate::durable::AttemptState::default();
         if first {
             // The run row was created just now, with no cancel request: the
@@ -172,6 +215,7 @@ impl Attempt {
             prior: Mutex::new(None),
             saved_state: AtomicBool::new(false),
             durable,
+            lease: Mutex::new(Some(lease)),
         }
     }
 
@@ -192,6 +236,9 @@ impl Attempt {
         }
         if fence.is_some_and(|f| f.is_revoked()) {
             return Err(CoreError::Revoked("the stage was abandoned".into()));
+        }
+        if self.lease.lock().as_ref().is_some_and(|l| l.is_lost()) {
+            return Err(crate::lease::moved(&self.run.run_id));
         }
         Ok(())
     }
@@ -256,6 +303,39 @@ impl Attempt {
         let winner = self.store.commit_step(self.run.rid, key, value, record)?;
         let stored: Arc<str> = Arc::from(winner.as_deref().unwrap_or(value));
         Ok(self.journal.lock().record(key, stored))
+    }
+
+    /// `commit` for an async driver: the stored value at once (a journal
+    /// hit), or the store's commit as a future to await off the event loop,
+    /// whose outcome `end_commit` records.
+    pub fn begin_commit(
+        &self,
+        key: &str,
+        value: &str,
+        span: Option<SpanRow>,
+        fence: Option<&Fence>,
+    ) -> CoreResult<Commit> {
+        self.check(fence)?;
+        if let Some(existing) = self.journal.lock().get(key) {
+            if let Some(s) = span {
+                self.queue_span(s);
+            }
+            return Ok(Commit::Stored(existing));
+        }
+        let record = span.map(|s| self.record(s, Some(value)));
+        Ok(Commit::Pending(self.store.commit_step_future(
+            self.run.rid,
+            key.to_string(),
+            value.to_string(),
+            record,
+        )))
+    }
+
+    /// Records the outcome of a `begin_commit` future; returns the stored
+    /// value.
+    pub fn end_commit(&self, key: &str, value: &str, winner: Option<String>) -> Arc<str> {
+        let stored: Arc<str> = Arc::from(winner.as_deref().unwrap_or(value));
+        self.journal.lock().record(key, stored)
     }
 
     /// Journals `entries` (first write wins) and runs `work`, in one
@@ -460,6 +540,7 @@ impl Attempt {
             return Ok(());
         }
         self.root_fence.revoke();
+        self.lease.lock().take();
         active_runs().lock().remove(&self.run.run_id);
         self.store.flush()?;
         self.store.delete_run(self.run.rid)
@@ -491,7 +572,11 @@ impl Attempt {
             settlement.wait = self.durable.take_parked();
         }
         self.root_fence.revoke();
+        let lost = self.lease.lock().take().is_some_and(|l| l.is_lost());
         active_runs().lock().remove(&self.run.run_id);
+        if lost {
+            return Err(crate::lease::moved(&self.run.run_id));
+        }
         match work {
             Some(work) => self
                 .store
@@ -619,16 +704,17 @@ mod tests {
         drop(a);
         let live = |_: &str, _: f64| true;
         let dead = |_: &str, _: f64| false;
+        let manual = crate::lease::Takeover::Manual;
         store
-            .acquire(&run_id, "otherhost:1:1", now() + 60.0, &dead)
+            .acquire(&run_id, "otherhost:1:1:n", now() + 60.0, &dead, manual)
             .unwrap();
         let err = store
-            .acquire(&run_id, owner_id(), now() + 60.0, &live)
+            .acquire(&run_id, owner_id(), now() + 60.0, &live, manual)
             .err()
             .unwrap();
-        assert!(err.to_string().contains("otherhost:1:1"), "{err}");
+        assert!(err.to_string().contains("otherhost:1:1:n"), "{err}");
         store
-            .acquire(&run_id, owner_id(), now() + 60.0, &dead)
+            .acquire(&run_id, owner_id(), now() + 60.0, &dead, manual)
             .unwrap();
     }
 
@@ -656,16 +742,92 @@ mod tests {
         ));
     }
 
+    /// STORE-10: a lease is dead once expired, or at once when its holder
+    /// is a process of this host that is gone.
     #[test]
-    fn own_process_lease_is_live_and_dead_pid_is_not() {
-        assert!(lease_is_live(owner_id(), 0.0));
+    fn leases_die_by_expiry_or_with_their_process_on_this_host() {
+        assert_eq!(owner_id().split(':').count(), 4);
+        assert!(lease_is_live(owner_id(), now() + 100.0));
+        assert!(!lease_is_live(owner_id(), now() - 1.0));
         let host = hostname();
         assert!(!lease_is_live(
-            &format!("{host}:4000000000:5"),
+            &format!("{host}:4000000000:5:n"),
             now() + 100.0
         ));
-        assert!(lease_is_live("elsewhere:1:1", now() + 100.0));
-        assert!(!lease_is_live("elsewhere:1:1", now() - 1.0));
+        assert!(lease_is_live("elsewhere:1:1:n", now() + 100.0));
+        assert!(!lease_is_live("elsewhere:1:1:n", now() - 1.0));
+    }
+
+    /// STORE-12: worker takeovers from a dead holder count; past the limit
+    /// the run is failed instead, and a manual resume still works.
+    #[test]
+    fn recoveries_past_the_limit_fail_the_run_and_a_manual_resume_works() {
+        use crate::lease::Takeover;
+        let (_d, store) = temp_store();
+        let a = Attempt::start(store.clone(), new_run("f")).unwrap();
+        let run_id = a.run.run_id.clone();
+        drop(a);
+        let dead = |_: &str, _: f64| false;
+        let recover = Takeover::Recover { max: 2 };
+        for i in 0..2 {
+            let holder = format!("gone:{i}:1:n");
+            store
+                .acquire(&run_id, &holder, now() + 60.0, &dead, recover)
+                .unwrap();
+        }
+        let err = store
+            .acquire(&run_id, owner_id(), now() + 60.0, &dead, recover)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("recovery attempts exhausted"), "{err}");
+        let row = store.get_run(&run_id).unwrap().unwrap();
+        assert_eq!(row.status, "failed");
+        assert!(row.error_json.unwrap().contains("recovery attempts exhausted"));
+        let b = Attempt::resume(store.clone(), &run_id).unwrap();
+        b.settle(Settlement {
+            status: "completed".into(),
+            output_json: Some("1".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        // Settling starts the count again.
+        store
+            .acquire(&run_id, "gone:9:1:n", now() + 60.0, &dead, recover)
+            .unwrap();
+        store
+            .acquire(&run_id, owner_id(), now() + 60.0, &dead, recover)
+            .unwrap();
+    }
+
+    /// STORE-11: the heartbeat renews only leases this process holds; a run
+    /// taken over is reported lost and its attempt stops with the error.
+    #[test]
+    fn a_taken_over_attempt_is_lost_at_its_next_renewal() {
+        let (_d, store) = temp_store();
+        let a = Attempt::start(store.clone(), new_run("f")).unwrap();
+        assert_eq!(
+            store
+                .renew_leases(owner_id(), now() + 60.0, &[a.run.rid, 999])
+                .unwrap(),
+            vec![a.run.rid]
+        );
+        let dead = |_: &str, _: f64| false;
+        store
+            .acquire(
+                &a.run.run_id,
+                "other:1:1:n",
+                now() + 60.0,
+                &dead,
+                crate::lease::Takeover::Manual,
+            )
+            .unwrap();
+        assert!(store
+            .renew_leases(owner_id(), now() + 60.0, &[a.run.rid])
+            .unwrap()
+            .is_empty());
+        let err = a.commit("t#1", "1", None, None).unwrap_err();
+        assert!(err.to_string().contains("moved to another owner"), "{err}");
+        assert!(store.journal(a.run.rid).unwrap().is_empty());
     }
 
     #[test]

@@ -140,6 +140,19 @@ class Attempt:
     ) -> str:
         """Journals `value_json` under `key` durably; returns the stored value (first write
         wins)."""
+    @property
+    def remote(self) -> bool:
+        """Whether commits wait on a server (the async driver then uses `acommit`)."""
+    def acommit(
+        self,
+        key: str,
+        value_json: str,
+        span: _SpanRecord | None,
+        fence: Fence | None,
+        future: Any,
+    ) -> None:
+        """`commit` that resolves `future` (an asyncio future of the running loop) with the
+        stored value from the core's runtime."""
     def commit_deferred(
         self,
         key: str,
@@ -198,7 +211,7 @@ class Store:
         run_id: str | None = None,
         trace_id: str | None = None,
     ) -> Attempt: ...
-    def resume(self, run_id: str) -> Attempt: ...
+    def resume(self, run_id: str, recover: bool = False) -> Attempt: ...
     def get_run(self, run_id: str) -> _RunRow | None: ...
     def pending(self, run_id: str) -> list[_PendingTuple]: ...
     def journal(self, run_id: str) -> list[tuple[str, str]]: ...

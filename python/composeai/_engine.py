@@ -170,6 +170,7 @@ class RunState:
         "kind",
         "name",
         "park",
+        "remote",
         "run_id",
         "started",
         "trace",
@@ -187,6 +188,8 @@ class RunState:
         # Durable waits park the run (settle it paused) instead of blocking
         # this process (`wait=False`, the worker).
         self.park = park
+        # Commits wait on a server: async steps await them off the loop.
+        self.remote = attempt.remote
         self.kind = attempt.kind
         self.run_id = attempt.run_id
         self.trace_id = attempt.trace_id
@@ -652,28 +655,57 @@ def begin_step(frame: Frame, kind: str, name: str, span_input: Any = None) -> St
     return StepStart(frame, key, span, None, inner)
 
 
-def finish_step(step: StepStart, value: Any) -> Any:
-    """Journals the step's value and span in one durable commit and returns
-    the value decoded from what was stored (FLOW-17, FLOW-18)."""
-    run = step.frame.run
+def _step_record(step: StepStart, value: Any) -> tuple[str, Any, bool]:
+    """`(value_json, span row, capture)` of a finished step, its span closed."""
     span = step.span
     try:
         value_json = encode_step(step.key, value)
     except SerializationError as exc:
-        fail_span(run, span, exc)
+        fail_span(step.frame.run, span, exc)
         raise
     span.ended_at = time.time()
     span.status = "ok"
     capture = _capture()
-    row = span_row(span, value_json if capture else None)
+    return value_json, span_row(span, value_json if capture else None), capture
+
+
+def finish_step(step: StepStart, value: Any) -> Any:
+    """Journals the step's value and span in one durable commit and returns
+    the value decoded from what was stored (FLOW-17, FLOW-18)."""
+    run = step.frame.run
+    value_json, row, capture = _step_record(step, value)
     if step.frame.defer:
         stored = run.attempt.commit_deferred(step.key, value_json, row, step.frame.fence)
     else:
         stored = run.attempt.commit(step.key, value_json, row, step.frame.fence)
     result = _codec.loads(stored)
     if capture:
-        span.output = result
+        step.span.output = result
     return result
+
+
+async def afinish_step(step: StepStart, value: Any) -> Any:
+    """`finish_step` on a server-backed store: the loop keeps running while
+    the commit travels (the core resolves the future)."""
+    import asyncio
+
+    value_json, row, capture = _step_record(step, value)
+    future = asyncio.get_running_loop().create_future()
+    step.frame.run.attempt.acommit(step.key, value_json, row, step.frame.fence, future)
+    result = _codec.loads(await future)
+    if capture:
+        step.span.output = result
+    return result
+
+
+def resolve_future(future: Any, ok: bool, value: Any) -> None:
+    """Called on the loop by the core once an `acommit` finished."""
+    if future.done():
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
 
 
 FAILED = "$failed"
@@ -742,6 +774,8 @@ async def ajournaled_step(
         raise
     finally:
         FRAME.reset(token)
+    if frame.run.remote:
+        return await afinish_step(step, value)
     return finish_step(step, value)
 
 

@@ -678,11 +678,14 @@ def resolve_pending_answers(run_id: str, answers: dict[str, Any] | None) -> list
     return _resolve_answers(answers, pending_ids)
 
 
-def begin_resume(run_id: str, resolved: list, budget: Any, span_kind: str, name: str):
+def begin_resume(
+    run_id: str, resolved: list, budget: Any, span_kind: str, name: str, recover: bool = False
+):
     """Takes the lease, applies the budget override and the answers, decodes
     the stored arguments, and builds the budget meter seeded with earlier
-    attempts' spend (FLOW-42, BUDGET-7/8). Returns `(run, payload, meter)`."""
-    attempt = _engine.get_store().resume(run_id)
+    attempts' spend (FLOW-42, BUDGET-7/8). Returns `(run, payload, meter)`.
+    `recover`: a worker continuing a due run (STORE-12's limit applies)."""
+    attempt = _engine.get_store().resume(run_id, recover)
     try:
         if budget is not None:
             attempt.set_budget(_engine.budget_json(budget))
@@ -701,8 +704,10 @@ def begin_resume(run_id: str, resolved: list, budget: Any, span_kind: str, name:
     return _engine.RunState(attempt, name), payload, meter
 
 
-def _begin_resume(flow_obj: Flow, run_id: str, resolved, budget, wait: bool = True):
-    run, payload, meter = begin_resume(run_id, resolved, budget, "flow", flow_obj.name)
+def _begin_resume(
+    flow_obj: Flow, run_id: str, resolved, budget, wait: bool = True, recover: bool = False
+):
+    run, payload, meter = begin_resume(run_id, resolved, budget, "flow", flow_obj.name, recover)
     run.park = not wait
     return run, tuple(payload.get("args", ())), dict(payload.get("kwargs", {})), meter
 
@@ -729,7 +734,9 @@ def continue_due(run_id: str) -> Run[Any]:
     flow_obj, resolved, done = _prepare_resume(run_id, None, False, (None, None, None))
     if done is not None:
         raise NotDue(run_id)
-    run, args, kwargs, meter = _begin_resume(flow_obj, run_id, resolved, None, wait=False)
+    run, args, kwargs, meter = _begin_resume(
+        flow_obj, run_id, resolved, None, wait=False, recover=True
+    )
     attempt = run.attempt
     if attempt.status not in _CONTINUABLE:
         # Settled between the check above and the lease: give the lease back

@@ -136,6 +136,9 @@ impl Attempt {
             let tx = c
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .at(&path)?;
+            if let Some(run_id) = crate::store::sqlite::moved_away(&tx, rid).at(&path)? {
+                return Err(crate::lease::moved(&run_id));
+            }
             let winner = crate::store::sqlite::insert_journal(&tx, rid, key, value).at(&path)?;
             extra(&tx).at(&path)?;
             tx.commit().at(&path)?;

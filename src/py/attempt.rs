@@ -6,11 +6,16 @@ use super::errors::IntoPy;
 use super::spans::span_from_py;
 use super::store::{interrupt_tuple, PendingTuple};
 use crate::journal::Fence;
-use crate::run::Attempt;
+use super::errors::to_py;
+use crate::run::{Attempt, Commit};
 use crate::store::{AgentStateRow, InterruptRow, Settlement};
+use pyo3::sync::GILOnceCell;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 use std::sync::Arc;
+
+/// `composeai._engine.resolve_future`, looked up once.
+static RESOLVE: GILOnceCell<PyObject> = GILOnceCell::new();
 
 #[pyclass(name = "Fence", module = "composeai._core", frozen)]
 #[derive(Clone)]
@@ -167,6 +172,68 @@ impl PyAttempt {
             .allow_threads(move || inner.commit(key, value_json, span, fence.as_ref()))
             .py_err()?;
         Ok(PyString::new(py, &stored))
+    }
+
+    /// Whether commits wait on a server: the async driver then awaits
+    /// `acommit` rather than blocking its event loop on `commit`.
+    #[getter]
+    fn remote(&self) -> bool {
+        self.inner.store().remote()
+    }
+
+    /// `commit` for the async driver: resolves `future` (of the running
+    /// loop) with the stored value, or the error, from the core's runtime
+    /// once the server answered; the loop runs meanwhile.
+    #[pyo3(signature = (key, value_json, span, fence, future))]
+    fn acommit<'py>(
+        &self,
+        py: Python<'py>,
+        key: String,
+        value_json: String,
+        span: Option<&Bound<'py, PyAny>>,
+        fence: Option<&PyFence>,
+        future: Bound<'py, PyAny>,
+    ) -> PyResult<()> {
+        let span = span.map(span_from_py).transpose()?;
+        let pending = match self
+            .inner
+            .begin_commit(&key, &value_json, span, fence.map(|f| &f.inner))
+            .py_err()?
+        {
+            Commit::Stored(v) => {
+                future.call_method1("set_result", (PyString::new(py, &v),))?;
+                return Ok(());
+            }
+            Commit::Pending(p) => p,
+        };
+        let event_loop = future.call_method0("get_loop")?.unbind();
+        let future = future.unbind();
+        let resolve = RESOLVE
+            .get_or_try_init(py, || {
+                py.import("composeai._engine")?
+                    .getattr("resolve_future")
+                    .map(Bound::unbind)
+            })?
+            .clone_ref(py);
+        let inner = self.inner.clone();
+        crate::runtime::runtime().spawn(async move {
+            let outcome = pending
+                .await
+                .map(|winner| inner.end_commit(&key, &value_json, winner));
+            Python::with_gil(|py| {
+                let (ok, value): (bool, PyObject) = match outcome {
+                    Ok(v) => (true, PyString::new(py, &v).into_any().unbind()),
+                    Err(e) => (false, to_py(e).into_value(py).into_any()),
+                };
+                // A closed loop has nobody left to tell.
+                let _ = event_loop.call_method1(
+                    py,
+                    "call_soon_threadsafe",
+                    (resolve, future, ok, value),
+                );
+            });
+        });
+        Ok(())
     }
 
     /// Like `commit`, but durable soon rather than before returning; `sync`

@@ -260,6 +260,11 @@ pub fn due_runs(
     let at = now.unwrap_or_else(clock::now);
     let rows = py
         .allow_threads(|| {
+            if let Some(pg) = &store.pg {
+                // Durable waits are SQLite's alone so far: on PostgreSQL
+                // the due runs are those to recover.
+                return pg.orphaned_runs(limit, &lease_is_live);
+            }
             with_store(store, |c, p| {
                 durable::due_runs(c, at, limit, &lease_is_live).at(p)
             })
@@ -274,8 +279,17 @@ pub fn due_runs(
 /// The earliest wake time of a parked run later than `after`.
 #[pyfunction]
 pub fn next_wake(py: Python<'_>, store: &PyStore, after: f64) -> PyResult<Option<f64>> {
-    py.allow_threads(|| with_store(store, |c, p| durable::next_wake(c, after).at(p)))
-        .py_err()
+    py.allow_threads(|| {
+        if let Some(pg) = &store.pg {
+            // When another process's lease lapses (wall time, as engine
+            // time), its run may be due for recovery.
+            let wall = crate::store::sqlite::now();
+            let expiry = pg.next_lease_expiry(owner_id(), wall)?;
+            return Ok(expiry.map(|t| after.max(clock::now() + (t - wall)) + durable::EPSILON));
+        }
+        with_store(store, |c, p| durable::next_wake(c, after).at(p))
+    })
+    .py_err()
 }
 
 /// `(step_key, wake_at, signal_name)` of a parked run's wait, or `None`.
@@ -329,6 +343,11 @@ pub fn wait_for_work(
     max_seconds: f64,
 ) -> PyResult<bool> {
     let version = |s: &PyStore| {
+        if s.pg.is_some() {
+            // Other processes' commits are not watched here on PostgreSQL:
+            // the caller's timeout is the polling fallback.
+            return Ok(0);
+        }
         with_store(s, |c, p| {
             c.query_row("PRAGMA data_version", [], |r| r.get::<_, i64>(0))
                 .at(p)
@@ -361,6 +380,9 @@ pub fn wait_for_work(
 #[pyfunction]
 pub fn release_leases(py: Python<'_>, store: &PyStore) -> PyResult<usize> {
     py.allow_threads(|| {
+        if let Some(pg) = &store.pg {
+            return pg.release_leases(owner_id());
+        }
         with_store(store, |c, p| {
             c.execute(
                 "UPDATE runs SET status = 'running', lease_owner = NULL, lease_until = NULL \

@@ -19,6 +19,8 @@ pub struct PyStore {
     pub inner: Arc<dyn Store>,
     /// The SQLite store, for the durable primitives' own queries.
     pub sqlite: Option<Arc<SqliteStore>>,
+    /// The PostgreSQL store, for the worker's own queries.
+    pub pg: Option<Arc<PgStore>>,
 }
 
 /// `(kind, target)` of a store specification: `("sqlite", path)` or
@@ -100,12 +102,17 @@ impl PyStore {
                 Ok(PyStore {
                     inner: s.clone(),
                     sqlite: Some(s),
+                    pg: None,
                 })
             }
-            StoreUrl::Postgres(pg) => Ok(PyStore {
-                inner: Arc::new(PgStore::open(pg)?),
-                sqlite: None,
-            }),
+            StoreUrl::Postgres(pg) => {
+                let s = Arc::new(PgStore::open(pg)?);
+                Ok(PyStore {
+                    inner: s.clone(),
+                    sqlite: None,
+                    pg: Some(s),
+                })
+            }
         })
         .py_err()
     }
@@ -154,11 +161,20 @@ impl PyStore {
         Ok(PyAttempt::new(attempt))
     }
 
-    /// Takes the lease of an existing run and loads its journal.
-    fn resume(&self, py: Python<'_>, run_id: String) -> PyResult<PyAttempt> {
+    /// Takes the lease of an existing run and loads its journal. With
+    /// `recover` (a worker continuing a due run), taking it from a dead
+    /// holder counts against the recovery limit (STORE-12).
+    #[pyo3(signature = (run_id, recover=false))]
+    fn resume(&self, py: Python<'_>, run_id: String, recover: bool) -> PyResult<PyAttempt> {
         let store: Arc<dyn Store> = self.inner.clone();
         let attempt = py
-            .allow_threads(|| Attempt::resume(store, &run_id))
+            .allow_threads(|| {
+                if recover {
+                    Attempt::recover(store, &run_id)
+                } else {
+                    Attempt::resume(store, &run_id)
+                }
+            })
             .py_err()?;
         Ok(PyAttempt::new(attempt))
     }

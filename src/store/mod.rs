@@ -154,14 +154,22 @@ pub trait Store: Send + Sync {
     ) -> CoreResult<RunRow>;
 
     /// Takes the lease on an existing run (refused while `live` says the
-    /// current holder is alive) and loads its whole journal.
+    /// current holder is alive) and loads its whole journal. `takeover`
+    /// says whether taking it from a dead holder counts as a recovery
+    /// (STORE-12): past the limit the run is failed in the same
+    /// transaction and the lease is not taken.
     fn acquire(
         &self,
         run_id: &str,
         owner: &str,
         lease_until: f64,
         live: LeaseCheck<'_>,
+        takeover: crate::lease::Takeover,
     ) -> CoreResult<(RunRow, Vec<(String, String)>)>;
+
+    /// Extends to `until` the leases `owner` still holds among `rids`, in
+    /// one statement; returns the runs renewed (the others moved on).
+    fn renew_leases(&self, owner: &str, until: f64, rids: &[i64]) -> CoreResult<Vec<i64>>;
 
     /// Journals `value` under `key` (first write wins) together with the
     /// step's span, durably, before returning. Returns the stored value when
@@ -173,6 +181,26 @@ pub trait Store: Send + Sync {
         value: &str,
         span: Option<SpanRecord>,
     ) -> CoreResult<Option<String>>;
+
+    /// Whether a step commit waits on a server: an async driver then awaits
+    /// `commit_step_future` instead of blocking its event loop.
+    fn remote(&self) -> bool {
+        false
+    }
+
+    /// `commit_step` as a future the core's runtime drives (a server-backed
+    /// store); by default it commits in place and is ready at once.
+    fn commit_step_future(
+        &self,
+        rid: i64,
+        key: String,
+        value: String,
+        span: Option<SpanRecord>,
+    ) -> futures_util::future::BoxFuture<'static, CoreResult<Option<String>>> {
+        Box::pin(std::future::ready(
+            self.commit_step(rid, &key, &value, span),
+        ))
+    }
 
     /// Queues a span; it is written with the next commit or `flush`, or in
     /// the background once enough are waiting.

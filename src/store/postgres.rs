@@ -9,6 +9,7 @@
 //! same pipelined batch.
 
 use super::url::{PgUrl, SslMode};
+use crate::lease::Takeover;
 use super::{
     chat::ChatRow, AgentStateRow, InterruptRow, LeaseCheck, NewRun, PriorSpend, RunRow, Settlement,
     SpanRecord, Store,
@@ -28,7 +29,7 @@ use tokio_postgres::types::ToSql;
 
 /// Versions of the PostgreSQL schema (its own series; step `n` brings a
 /// schema at `n - 1` to `n`).
-pub const PG_SCHEMA_VERSION: i32 = 1;
+pub const PG_SCHEMA_VERSION: i32 = crate::lease::PG_SCHEMA_VERSION;
 
 const PG_SCHEMA_V1: &str = r#"
 CREATE TABLE runs(
@@ -116,7 +117,9 @@ CREATE TABLE cancel_requests(
 );
 "#;
 
-const MIGRATIONS: [&str; 1] = [PG_SCHEMA_V1];
+/// `(version, DDL)` of each step, in order; a schema at version `v` gets
+/// every step above `v`.
+const MIGRATIONS: [(i32, &str); 2] = [(1, PG_SCHEMA_V1), (4, crate::lease::PG_SCHEMA)];
 
 /// The fence every write of an attempt carries: `$1` is the run, `$2` this
 /// process's owner id. Rows are locked against a concurrent takeover.
@@ -171,12 +174,15 @@ fn describe(e: &tokio_postgres::Error) -> String {
     }
 }
 
-fn moved(run_id: Option<&str>, rid: i64) -> CoreError {
-    let which = run_id.map_or_else(|| format!("#{rid}"), |r| format!("'{r}'"));
-    CoreError::Config(format!(
-        "run {which} moved to another owner: this attempt's lease was taken over, so nothing \
-         it does from now on is stored -- the new owner continues the run"
-    ))
+/// The error of a write refused because run `rid` moved to another owner.
+async fn moved<C: GenericClient>(c: &C, rid: i64) -> CoreError {
+    let run_id = c
+        .query_opt("SELECT run_id FROM runs WHERE rid = $1", &[&rid])
+        .await
+        .ok()
+        .flatten()
+        .map_or_else(|| format!("#{rid}"), |r| r.get(0));
+    crate::lease::moved(&run_id)
 }
 
 fn id_bytes(id: &str) -> Vec<u8> {
@@ -594,7 +600,7 @@ impl PgInner {
             ))
             .await
             .map_err(self.err())?;
-            for step in &MIGRATIONS[found as usize..] {
+            for (_, step) in MIGRATIONS.iter().filter(|(v, _)| *v > found) {
                 tx.batch_execute(step).await.map_err(self.err())?;
             }
             tx.execute("DELETE FROM schema_version", &[])
@@ -635,6 +641,114 @@ impl PgInner {
             r.map_err(self.err())?;
         }
         Ok(())
+    }
+
+    /// STORE-12 bookkeeping inside `acquire` (see the SQLite store's
+    /// `count_recovery`): `Some(max)` when the run is to be failed.
+    async fn count_recovery(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        rid: i64,
+        takeover: Takeover,
+        recovering: bool,
+    ) -> CoreResult<Option<u32>> {
+        match takeover {
+            Takeover::Manual => {
+                tx.execute("DELETE FROM run_recoveries WHERE rid = $1", &[&rid])
+                    .await
+                    .map_err(self.err())?;
+                Ok(None)
+            }
+            Takeover::Recover { .. } if !recovering => Ok(None),
+            Takeover::Recover { max } => {
+                let count: i32 = tx
+                    .query_opt("SELECT count FROM run_recoveries WHERE rid = $1", &[&rid])
+                    .await
+                    .map_err(self.err())?
+                    .map_or(0, |r| r.get(0));
+                if i64::from(count) >= i64::from(max) {
+                    return Ok(Some(max));
+                }
+                tx.execute(
+                    "INSERT INTO run_recoveries(rid, count) VALUES($1, 1) \
+                     ON CONFLICT (rid) DO UPDATE SET count = run_recoveries.count + 1",
+                    &[&rid],
+                )
+                .await
+                .map_err(self.err())?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Runs an attempt was executing whose lease holder is dead (STORE-12),
+    /// or left `running` with no holder by a stopping worker: what a
+    /// worker continues; at most `limit`, longest expired first.
+    pub fn orphaned_runs(
+        &self,
+        limit: usize,
+        live: LeaseCheck<'_>,
+    ) -> CoreResult<Vec<crate::durable::DueRun>> {
+        let rows = block_on(async {
+            let c = self.client().await?;
+            c.query(
+                "SELECT run_id, kind, name, lease_owner, lease_until FROM runs \
+                 WHERE lease_owner IS NOT NULL AND status IN ('running', 'paused') \
+                 UNION ALL SELECT run_id, kind, name, NULL, NULL FROM runs \
+                 WHERE status = 'running' AND lease_owner IS NULL ORDER BY 5 NULLS FIRST",
+                &[],
+            )
+            .await
+            .map_err(self.err())
+        })?;
+        Ok(rows
+            .iter()
+            .filter(|r| {
+                let holder: Option<String> = r.get(3);
+                !holder.is_some_and(|h| live(&h, r.get::<_, Option<f64>>(4).unwrap_or(0.0)))
+            })
+            .take(limit)
+            .map(|r| crate::durable::DueRun {
+                run_id: r.get(0),
+                kind: r.get(1),
+                name: r.get(2),
+                reason: "recovered",
+                module: None,
+            })
+            .collect())
+    }
+
+    /// The earliest expiry (wall time) after `after` of a lease held by
+    /// another process than `owner`: when a worker should look for a run
+    /// to recover.
+    pub fn next_lease_expiry(&self, owner: &str, after: f64) -> CoreResult<Option<f64>> {
+        block_on(async {
+            let c = self.client().await?;
+            Ok(c.query_one(
+                "SELECT MIN(lease_until) FROM runs WHERE lease_owner IS NOT NULL \
+                 AND lease_owner <> $1 AND lease_until > $2 AND status IN ('running', 'paused')",
+                &[&owner, &after],
+            )
+            .await
+            .map_err(self.err())?
+            .get(0))
+        })
+    }
+
+    /// Gives up `owner`'s leases (a worker stopping mid-run): each run is
+    /// left `running` with no holder, for any worker to continue.
+    pub fn release_leases(&self, owner: &str) -> CoreResult<usize> {
+        block_on(async {
+            let c = self.client().await?;
+            c.execute(
+                "UPDATE runs SET status = 'running', lease_owner = NULL, lease_until = NULL \
+                 WHERE lease_owner = $1",
+                &[&owner],
+            )
+            .await
+            .map(|n| n as usize)
+            .map_err(self.err())
+        })
     }
 
     async fn commit_step_async(
@@ -681,7 +795,7 @@ impl PgInner {
         }
         let run_id: Option<String> = row.get(0);
         if run_id.is_none() {
-            return Err(moved(None, rid));
+            return Err(moved(&c, rid).await);
         }
         let stored: Option<String> = row.get(1);
         Ok(stored.filter(|s| s != value))
@@ -797,6 +911,7 @@ impl Store for PgStore {
         owner: &str,
         lease_until: f64,
         live: LeaseCheck<'_>,
+        takeover: Takeover,
     ) -> CoreResult<(RunRow, Vec<(String, String)>)> {
         self.flush()?;
         block_on(async {
@@ -816,14 +931,29 @@ impl Store for PgStore {
             let run = read_run(&row);
             let holder: Option<String> = row.get(13);
             let until: Option<f64> = row.get(14);
-            if let Some(holder) = holder {
-                if holder != owner && live(&holder, until.unwrap_or(0.0)) {
+            if let Some(holder) = &holder {
+                if holder != owner && live(holder, until.unwrap_or(0.0)) {
                     return Err(CoreError::Config(format!(
                         "run '{run_id}' is already being executed by another process ({holder}) \
                          -- one process executes a run at a time; resume it after that process \
                          has finished or exited"
                     )));
                 }
+            }
+            let recovering = holder.is_some_and(|h| h != owner);
+            if let Some(max) = self.count_recovery(&tx, run.rid, takeover, recovering).await? {
+                tx.execute(
+                    "UPDATE runs SET status = 'failed', error_json = $1, updated_at = $2, \
+                     lease_owner = NULL, lease_until = NULL WHERE rid = $3",
+                    &[&crate::lease::exhausted_error_json(), &now(), &run.rid],
+                )
+                .await
+                .map_err(self.err())?;
+                tx.execute("DELETE FROM cancel_requests WHERE rid = $1", &[&run.rid])
+                    .await
+                    .map_err(self.err())?;
+                tx.commit().await.map_err(self.err())?;
+                return Err(crate::lease::exhausted(run_id, max));
             }
             tx.execute(
                 "UPDATE runs SET lease_owner = $1, lease_until = $2 WHERE rid = $3",
@@ -843,6 +973,40 @@ impl Store for PgStore {
                 .collect();
             tx.commit().await.map_err(self.err())?;
             Ok((run, journal))
+        })
+    }
+
+    fn remote(&self) -> bool {
+        true
+    }
+
+    fn commit_step_future(
+        &self,
+        rid: i64,
+        key: String,
+        value: String,
+        span: Option<SpanRecord>,
+    ) -> futures_util::future::BoxFuture<'static, CoreResult<Option<String>>> {
+        let inner = Arc::clone(&self.inner);
+        Box::pin(async move { inner.commit_step_async(rid, &key, &value, span).await })
+    }
+
+    fn renew_leases(&self, owner: &str, until: f64, rids: &[i64]) -> CoreResult<Vec<i64>> {
+        block_on(async {
+            let c = self.client().await?;
+            let st = c
+                .prepare_cached(
+                    "UPDATE runs SET lease_until = $1 WHERE lease_owner = $2 AND rid = ANY($3) \
+                     RETURNING rid",
+                )
+                .await
+                .map_err(self.err())?;
+            Ok(c.query(&st, &[&until, &owner, &rids])
+                .await
+                .map_err(self.err())?
+                .iter()
+                .map(|r| r.get(0))
+                .collect())
         })
     }
 
@@ -895,7 +1059,8 @@ impl Store for PgStore {
             let t = now();
             let n = tx
                 .execute(
-                    "UPDATE runs SET status = $1, output_json = $2, error_json = $3, \
+                    "WITH r AS (DELETE FROM run_recoveries WHERE rid = $5) \
+                     UPDATE runs SET status = $1, output_json = $2, error_json = $3, \
                      updated_at = $4, lease_owner = NULL, lease_until = NULL WHERE rid = $5 AND \
                      (lease_owner IS NULL OR lease_owner = $6)",
                     &[&s.status, &s.output_json, &s.error_json, &t, &rid, &owner],
@@ -903,7 +1068,7 @@ impl Store for PgStore {
                 .await
                 .map_err(self.err())?;
             if n == 0 {
-                return Err(moved(None, rid));
+                return Err(moved(&tx, rid).await);
             }
             for a in &s.agent_states {
                 write_agent_state(&tx, rid, a, t)
@@ -1000,6 +1165,7 @@ impl Store for PgStore {
                 "DELETE FROM pending_interrupts WHERE rid = $1",
                 "DELETE FROM agent_state WHERE rid = $1",
                 "DELETE FROM cancel_requests WHERE rid = $1",
+                "DELETE FROM run_recoveries WHERE rid = $1",
                 "DELETE FROM runs WHERE rid = $1",
             ] {
                 tx.execute(sql, &[&rid]).await.map_err(self.err())?;
@@ -1015,7 +1181,7 @@ impl Store for PgStore {
                 .await
                 .map_err(self.err())?;
             if n == 0 {
-                return Err(moved(None, rid));
+                return Err(moved(&c, rid).await);
             }
             Ok(())
         })

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = crate::lease::SQLITE_SCHEMA_VERSION;
 
 pub fn now() -> f64 {
     SystemTime::now()
@@ -355,7 +355,7 @@ impl Inner {
     ) -> CoreResult<()> {
         let path = self.path.clone();
         let Writer { conn, traces, .. } = w;
-        let mut results: Vec<(Arc<Slot>, Option<String>)> = Vec::new();
+        let mut results: Vec<(Arc<Slot>, CoreResult<Option<String>>)> = Vec::new();
         let mut extra_failed = false;
         let mut outcome = (|| -> CoreResult<()> {
             let tx = conn
@@ -386,7 +386,7 @@ impl Inner {
         match outcome {
             Ok(()) => {
                 for (slot, winner) in results {
-                    *slot.0.lock() = Some(Ok(winner));
+                    *slot.0.lock() = Some(winner);
                 }
                 extra_error.map_or(Ok(()), Err)
             }
@@ -420,13 +420,82 @@ impl Inner {
     }
 }
 
-/// Applies queued journal writes and spans inside `tx`.
+/// `Some(run_id)` when run `rid` is leased to another process than this
+/// one (STORE-11): its attempt here was taken over and may write nothing.
+pub(crate) fn moved_away(tx: &Connection, rid: i64) -> rusqlite::Result<Option<String>> {
+    let row: Option<(String, Option<String>)> = tx
+        .prepare_cached("SELECT run_id, lease_owner FROM runs WHERE rid = ?1")?
+        .query_row([rid], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    Ok(row.and_then(|(run_id, holder)| {
+        holder
+            .is_some_and(|h| h != crate::run::owner_id())
+            .then_some(run_id)
+    }))
+}
+
+/// The error for a write refused because run `rid` moved on.
+fn moved_rid(tx: &Connection, rid: i64) -> CoreError {
+    let run_id = tx
+        .query_row("SELECT run_id FROM runs WHERE rid = ?1", [rid], |r| {
+            r.get::<_, String>(0)
+        })
+        .unwrap_or_else(|_| format!("#{rid}"));
+    crate::lease::moved(&run_id)
+}
+
+/// STORE-12 bookkeeping inside `acquire`: a worker's takeover from a dead
+/// holder is counted; returns `Some(max)` when the limit is reached (the
+/// run is to be failed). A manual takeover starts the count again.
+fn count_recovery(
+    tx: &Connection,
+    rid: i64,
+    takeover: crate::lease::Takeover,
+    recovering: bool,
+) -> rusqlite::Result<Option<u32>> {
+    match takeover {
+        crate::lease::Takeover::Manual => {
+            tx.prepare_cached("DELETE FROM run_recoveries WHERE rid = ?1")?
+                .execute([rid])?;
+            Ok(None)
+        }
+        crate::lease::Takeover::Recover { .. } if !recovering => Ok(None),
+        crate::lease::Takeover::Recover { max } => {
+            let count: i64 = tx
+                .prepare_cached("SELECT count FROM run_recoveries WHERE rid = ?1")?
+                .query_row([rid], |r| r.get(0))
+                .optional()?
+                .unwrap_or(0);
+            if count >= i64::from(max) {
+                return Ok(Some(max));
+            }
+            tx.prepare_cached(
+                "INSERT INTO run_recoveries(rid, count) VALUES(?1, 1) \
+                 ON CONFLICT(rid) DO UPDATE SET count = count + 1",
+            )?
+            .execute([rid])?;
+            Ok(None)
+        }
+    }
+}
+
+/// Applies queued journal writes and spans inside `tx`, those of runs
+/// another process took over refused.
 fn write_ops(
     tx: &rusqlite::Transaction<'_>,
     traces: &mut HashMap<String, i64>,
     ops: &[Op],
-    results: &mut Vec<(Arc<Slot>, Option<String>)>,
+    results: &mut Vec<(Arc<Slot>, CoreResult<Option<String>>)>,
 ) -> rusqlite::Result<()> {
+    let mut moved: HashMap<i64, Option<String>> = HashMap::new();
+    let mut moved_run = |rid: i64| -> rusqlite::Result<Option<String>> {
+        if let Some(m) = moved.get(&rid) {
+            return Ok(m.clone());
+        }
+        let m = moved_away(tx, rid)?;
+        moved.insert(rid, m.clone());
+        Ok(m)
+    };
     for op in ops {
         match op {
             Op::Step {
@@ -435,10 +504,21 @@ fn write_ops(
                 value,
                 slot,
             } => {
+                if let Some(run_id) = moved_run(*rid)? {
+                    results.push((slot.clone(), Err(crate::lease::moved(&run_id))));
+                    continue;
+                }
                 let winner = insert_journal(tx, *rid, key, value)?;
-                results.push((slot.clone(), winner));
+                results.push((slot.clone(), Ok(winner)));
             }
-            Op::Span(rec) => insert_span(tx, traces, rec)?,
+            Op::Span(rec) => {
+                if let Some(rid) = rec.rid {
+                    if moved_run(rid)?.is_some() {
+                        continue;
+                    }
+                }
+                insert_span(tx, traces, rec)?
+            }
         }
     }
     Ok(())
@@ -694,6 +774,7 @@ impl Store for SqliteStore {
         owner: &str,
         lease_until: f64,
         live: LeaseCheck<'_>,
+        takeover: crate::lease::Takeover,
     ) -> CoreResult<(RunRow, Vec<(String, String)>)> {
         let mut w = self.lock_writer();
         self.drain(&mut w)?;
@@ -712,14 +793,26 @@ impl Store for SqliteStore {
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .at(&path)?;
-        if let Some(holder) = holder {
-            if holder != owner && live(&holder, until.unwrap_or(0.0)) {
+        if let Some(holder) = &holder {
+            if holder != owner && live(holder, until.unwrap_or(0.0)) {
                 return Err(CoreError::Config(format!(
                     "run '{run_id}' is already being executed by another process ({holder}) -- \
                      one process executes a run at a time; resume it after that process has \
                      finished or exited"
                 )));
             }
+        }
+        let recovering = holder.is_some_and(|h| h != owner);
+        if let Some(max) = count_recovery(&tx, row.rid, takeover, recovering).at(&path)? {
+            tx.execute(
+                "UPDATE runs SET status = 'failed', error_json = ?1, updated_at = ?2, \
+                 lease_owner = NULL, lease_until = NULL WHERE rid = ?3",
+                params![crate::lease::exhausted_error_json(), now(), row.rid],
+            )
+            .at(&path)?;
+            crate::durable::store::on_settle(&tx, row.rid, "failed", None).at(&path)?;
+            tx.commit().at(&path)?;
+            return Err(crate::lease::exhausted(run_id, max));
         }
         tx.execute(
             "UPDATE runs SET lease_owner = ?1, lease_until = ?2 WHERE rid = ?3",
@@ -730,6 +823,27 @@ impl Store for SqliteStore {
         let journal = read_journal(&tx, row.rid).at(&path)?;
         tx.commit().at(&path)?;
         Ok((row, journal))
+    }
+
+    fn renew_leases(&self, owner: &str, until: f64, rids: &[i64]) -> CoreResult<Vec<i64>> {
+        let list = rids
+            .iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let path = self.path.clone();
+        self.with_conn(|c| {
+            let mut st = c
+                .prepare(&format!(
+                    "UPDATE runs SET lease_until = ?1 WHERE lease_owner = ?2 AND rid IN ({list}) \
+                     RETURNING rid"
+                ))
+                .at(&path)?;
+            let rows = st
+                .query_map(params![until, owner], |r| r.get(0))
+                .at(&path)?;
+            rows.collect::<rusqlite::Result<Vec<i64>>>().at(&path)
+        })
     }
 
     fn commit_step(
@@ -812,7 +926,7 @@ impl Store for SqliteStore {
         let path = self.path.clone();
         self.apply(&mut w, ops, |tx| {
             let t = now();
-            tx.prepare_cached(
+            let n = tx.prepare_cached(
                 "UPDATE runs SET status = ?1, output_json = ?2, error_json = ?3, updated_at = ?4, \
                  lease_owner = NULL, lease_until = NULL WHERE rid = ?5 AND \
                  (lease_owner IS NULL OR lease_owner = ?6)",
@@ -828,6 +942,12 @@ impl Store for SqliteStore {
                 ])
             })
             .at(&path)?;
+            if n == 0 {
+                return Err(moved_rid(tx, rid));
+            }
+            tx.prepare_cached("DELETE FROM run_recoveries WHERE rid = ?1")
+                .and_then(|mut st| st.execute([rid]))
+                .at(&path)?;
             for a in &s.agent_states {
                 write_agent_state(tx, rid, a, t).at(&path)?;
             }
@@ -893,6 +1013,7 @@ impl Store for SqliteStore {
                  DELETE FROM journal WHERE rid = {rid}; \
                  DELETE FROM pending_interrupts WHERE rid = {rid}; \
                  DELETE FROM agent_state WHERE rid = {rid}; \
+                 DELETE FROM run_recoveries WHERE rid = {rid}; \
                  DELETE FROM runs WHERE rid = {rid}; {}",
                 crate::durable::schema::delete_sql(rid)
             ))

@@ -1,0 +1,260 @@
+//! Lease settings and the heartbeat (STORE-10, STORE-11).
+//!
+//! One thread per process renews the leases of every attempt it executes,
+//! a third of the lease length before each would lapse, in one statement
+//! per store. The renewal is itself fenced (it only extends leases this
+//! process still holds): a run missing from what the store renewed was
+//! taken over, and its attempt is marked lost so that it stops at its next
+//! step boundary or blocked wait.
+
+use crate::error::{CoreError, CoreResult};
+use crate::store::Store;
+use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+pub const DEFAULT_LEASE_SECONDS: f64 = 30.0;
+pub const DEFAULT_MAX_RECOVERY_ATTEMPTS: u32 = 5;
+
+/// The reason a run is failed with once it was recovered too often.
+pub const RECOVERY_EXHAUSTED: &str = "recovery attempts exhausted";
+
+/// `COMPOSE_LEASE_SECONDS`, read at each use (tests and workers set it per
+/// process); a positive number of seconds.
+pub fn lease_seconds() -> CoreResult<f64> {
+    parse_lease_seconds(std::env::var("COMPOSE_LEASE_SECONDS").ok().as_deref())
+}
+
+/// `COMPOSE_MAX_RECOVERY_ATTEMPTS`, read at each use; a whole number >= 0.
+pub fn max_recovery_attempts() -> CoreResult<u32> {
+    parse_max_recovery(
+        std::env::var("COMPOSE_MAX_RECOVERY_ATTEMPTS")
+            .ok()
+            .as_deref(),
+    )
+}
+
+fn parse_lease_seconds(value: Option<&str>) -> CoreResult<f64> {
+    match value.map(str::trim) {
+        None | Some("") => Ok(DEFAULT_LEASE_SECONDS),
+        Some(v) => match v.parse::<f64>() {
+            Ok(s) if s.is_finite() && s > 0.0 => Ok(s),
+            _ => Err(CoreError::Config(format!(
+                "COMPOSE_LEASE_SECONDS must be a positive number of seconds, got '{v}'"
+            ))),
+        },
+    }
+}
+
+fn parse_max_recovery(value: Option<&str>) -> CoreResult<u32> {
+    match value.map(str::trim) {
+        None | Some("") => Ok(DEFAULT_MAX_RECOVERY_ATTEMPTS),
+        Some(v) => v.parse::<u32>().map_err(|_| {
+            CoreError::Config(format!(
+                "COMPOSE_MAX_RECOVERY_ATTEMPTS must be a whole number of attempts (0 or more), \
+                 got '{v}'"
+            ))
+        }),
+    }
+}
+
+/// SQLite schema step 7 and PostgreSQL schema step 4: how often each run
+/// was recovered since it last settled (STORE-12). Idempotent.
+pub const SQLITE_SCHEMA_VERSION: i64 = 7;
+pub const SQLITE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS run_recoveries(\
+     rid INTEGER PRIMARY KEY, count INTEGER NOT NULL);";
+pub const PG_SCHEMA_VERSION: i32 = 4;
+pub const PG_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS run_recoveries(\
+     rid BIGINT PRIMARY KEY, count INTEGER NOT NULL); \
+     CREATE INDEX IF NOT EXISTS runs_leased ON runs(lease_until) WHERE lease_owner IS NOT NULL;";
+
+/// What `acquire` does about earlier attempts whose holder died.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Takeover {
+    /// By hand: the run's recovery count starts again.
+    Manual,
+    /// By a worker: a takeover from a dead holder counts as a recovery, and
+    /// once `max` were counted the run is failed instead.
+    Recover { max: u32 },
+}
+
+/// The error_json of a run failed by the recovery limit.
+pub fn exhausted_error_json() -> String {
+    serde_json::json!({"type": "RecoveryError", "message": RECOVERY_EXHAUSTED}).to_string()
+}
+
+/// What the caller of an exhausted takeover is told.
+pub fn exhausted(run_id: &str, max: u32) -> CoreError {
+    CoreError::Config(format!(
+        "run '{run_id}' failed: {RECOVERY_EXHAUSTED} (recovered {max} times without settling; \
+         COMPOSE_MAX_RECOVERY_ATTEMPTS={max}) -- resume it by hand to try again"
+    ))
+}
+
+/// The error an attempt stops with once its run moved to another owner.
+pub fn moved(run_id: &str) -> CoreError {
+    CoreError::Config(format!(
+        "run '{run_id}' moved to another owner: this attempt's lease was taken over, so nothing \
+         it does from now on is stored -- the new owner continues the run"
+    ))
+}
+
+struct Entry {
+    store: Arc<dyn Store>,
+    rid: i64,
+    seconds: f64,
+    due: Instant,
+    lost: Arc<AtomicBool>,
+}
+
+#[derive(Default)]
+struct Beat {
+    entries: HashMap<u64, Entry>,
+    next_token: u64,
+    started: bool,
+}
+
+fn beat() -> &'static (Mutex<Beat>, Condvar) {
+    static BEAT: OnceLock<(Mutex<Beat>, Condvar)> = OnceLock::new();
+    BEAT.get_or_init(|| (Mutex::new(Beat::default()), Condvar::new()))
+}
+
+/// An attempt's registration with the heartbeat; dropping it stops the
+/// renewals.
+pub struct Lease {
+    token: u64,
+    lost: Arc<AtomicBool>,
+}
+
+impl Lease {
+    /// Whether the store no longer lists this process as the holder.
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        beat().0.lock().entries.remove(&self.token);
+    }
+}
+
+/// Starts renewing the lease of run `rid` on `store` (taken just now for
+/// `seconds`).
+pub fn register(store: Arc<dyn Store>, rid: i64, seconds: f64) -> Lease {
+    let (lock, wake) = beat();
+    let lost = Arc::new(AtomicBool::new(false));
+    let mut b = lock.lock();
+    let token = b.next_token;
+    b.next_token += 1;
+    b.entries.insert(
+        token,
+        Entry {
+            store,
+            rid,
+            seconds,
+            due: Instant::now() + Duration::from_secs_f64(seconds / 3.0),
+            lost: lost.clone(),
+        },
+    );
+    if !b.started {
+        b.started = true;
+        std::thread::Builder::new()
+            .name("composeai-heartbeat".into())
+            .spawn(run)
+            .expect("composeai cannot start its heartbeat thread");
+    }
+    drop(b);
+    wake.notify_all();
+    Lease { token, lost }
+}
+
+/// A failed renewal (the store unreachable) is tried again after this.
+const RETRY: Duration = Duration::from_secs(1);
+
+fn run() {
+    let (lock, wake) = beat();
+    loop {
+        let due = {
+            let mut b = lock.lock();
+            loop {
+                let now = Instant::now();
+                match b.entries.values().map(|e| e.due).min() {
+                    None => wake.wait(&mut b),
+                    Some(at) if at <= now => break,
+                    Some(at) => {
+                        wake.wait_until(&mut b, at);
+                    }
+                }
+            }
+            let now = Instant::now();
+            let mut groups: Vec<(Arc<dyn Store>, f64, Vec<(u64, i64)>)> = Vec::new();
+            for (token, e) in b.entries.iter_mut().filter(|(_, e)| e.due <= now) {
+                // Pushed back now so that a slow store is not asked again
+                // before it answered.
+                e.due = now + Duration::from_secs_f64(e.seconds / 3.0);
+                match groups
+                    .iter_mut()
+                    .find(|g| Arc::ptr_eq(&g.0, &e.store) && g.1 == e.seconds)
+                {
+                    Some(g) => g.2.push((*token, e.rid)),
+                    None => groups.push((e.store.clone(), e.seconds, vec![(*token, e.rid)])),
+                }
+            }
+            groups
+        };
+        for (store, seconds, members) in due {
+            let rids: Vec<i64> = members.iter().map(|m| m.1).collect();
+            let until = crate::store::sqlite::now() + seconds;
+            let outcome = store.renew_leases(crate::run::owner_id(), until, &rids);
+            let mut b = lock.lock();
+            match outcome {
+                Ok(renewed) => {
+                    let mut any_lost = false;
+                    for (token, rid) in members {
+                        if !renewed.contains(&rid) {
+                            if let Some(e) = b.entries.remove(&token) {
+                                e.lost.store(true, Ordering::Release);
+                                any_lost = true;
+                            }
+                        }
+                    }
+                    if any_lost {
+                        drop(b);
+                        // Blocked waits of the lost attempts look again.
+                        crate::durable::clock::poke();
+                    }
+                }
+                Err(_) => {
+                    for (token, _) in members {
+                        if let Some(e) = b.entries.get_mut(&token) {
+                            e.due = e.due.min(Instant::now() + RETRY);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_parse_and_bad_values_name_the_variable() {
+        assert_eq!(parse_lease_seconds(Some("0.5")).unwrap(), 0.5);
+        assert_eq!(parse_lease_seconds(None).unwrap(), DEFAULT_LEASE_SECONDS);
+        assert_eq!(parse_lease_seconds(Some(" ")).unwrap(), DEFAULT_LEASE_SECONDS);
+        for bad in ["abc", "0", "-1", "inf"] {
+            let e = parse_lease_seconds(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("COMPOSE_LEASE_SECONDS") && e.contains(bad), "{e}");
+        }
+        assert_eq!(parse_max_recovery(Some("2")).unwrap(), 2);
+        assert_eq!(parse_max_recovery(None).unwrap(), 5);
+        let e = parse_max_recovery(Some("x")).unwrap_err().to_string();
+        assert!(e.contains("COMPOSE_MAX_RECOVERY_ATTEMPTS") && e.contains("'x'"), "{e}");
+    }
+}
