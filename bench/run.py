@@ -602,6 +602,29 @@ def obs_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
+def pg_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """P4 on a PostgreSQL cluster the bench starts (p_postgres.py; the whole
+    P0-P2 series with DBOS beside it: `python bench/p_postgres.py`)."""
+    argv = [sys.executable, os.path.join(BENCH_DIR, "p_postgres.py"), "--p4-only"]
+    p = run_json([*argv, "--repeat", str(max(args.repeat, 3))], base_env())
+    ms = p["p4_ms_after_expiry"]
+    return [
+        row(
+            "P4",
+            f"takeover: a killed holder's lease expiry to its run's next step on another "
+            f"worker, median of {len(p['p4_ms_all'])} (lease {p['p4_lease_seconds']:g} s, "
+            f"from {p['p4_from']})",
+            ms,
+            "ms",
+            "<= 1000",
+            ms / 1000,
+            "value / target",
+            ms <= 1000,
+            p,
+        )
+    ]
+
+
 def fmt(value: Any) -> str:
     if value is None:
         return ""
@@ -664,6 +687,7 @@ def main() -> None:
         action="store_false",
         help="skip the side-by-side peers (LangGraph), whose venvs are installed on first use",
     )
+    p.add_argument("--pg", action="store_true", help="also P4 on a PostgreSQL cluster started here")
     p.add_argument("--obs", action="store_true", help="also OBS-CLI: the CLI against a large store")
     p.add_argument("--obs-only", action="store_true", help="only the OBS-CLI rows")
     p.add_argument("--obs-runs", type=int, default=10_000)
@@ -678,6 +702,8 @@ def main() -> None:
         if args.obs_only
         else collect(args) + adapter_rows(args) + durable_rows(args) + graph_rows(args)
     )
+    if args.pg:
+        rows += pg_rows(args)
     if args.obs or args.obs_only:
         rows += obs_rows(args)
     log(

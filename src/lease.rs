@@ -114,6 +114,9 @@ struct Beat {
     entries: HashMap<u64, Entry>,
     next_token: u64,
     started: bool,
+    /// When the heartbeat thread wakes next (`Some(None)`: when woken),
+    /// `None` while it is renewing (it looks at the entries again after).
+    sleeping: Option<Option<Instant>>,
 }
 
 fn beat() -> &'static (Mutex<Beat>, Condvar) {
@@ -149,13 +152,14 @@ pub fn register(store: Arc<dyn Store>, rid: i64, seconds: f64) -> Lease {
     let mut b = lock.lock();
     let token = b.next_token;
     b.next_token += 1;
+    let due = Instant::now() + Duration::from_secs_f64(seconds / 3.0);
     b.entries.insert(
         token,
         Entry {
             store,
             rid,
             seconds,
-            due: Instant::now() + Duration::from_secs_f64(seconds / 3.0),
+            due,
             lost: lost.clone(),
         },
     );
@@ -166,8 +170,17 @@ pub fn register(store: Arc<dyn Store>, rid: i64, seconds: f64) -> Lease {
             .spawn(run)
             .expect("composeai cannot start its heartbeat thread");
     }
+    // Woken only when this lease is due before it would wake anyway (a
+    // short-lived run costs no context switch).
+    let wake_now = match b.sleeping {
+        Some(None) => true,
+        Some(Some(at)) => due < at,
+        None => false,
+    };
     drop(b);
-    wake.notify_all();
+    if wake_now {
+        wake.notify_all();
+    }
     Lease { token, lost }
 }
 
@@ -181,7 +194,9 @@ fn run() {
             let mut b = lock.lock();
             loop {
                 let now = Instant::now();
-                match b.entries.values().map(|e| e.due).min() {
+                let next = b.entries.values().map(|e| e.due).min();
+                b.sleeping = Some(next);
+                match next {
                     None => wake.wait(&mut b),
                     Some(at) if at <= now => break,
                     Some(at) => {
@@ -189,6 +204,7 @@ fn run() {
                     }
                 }
             }
+            b.sleeping = None;
             let now = Instant::now();
             let mut groups: Vec<(Arc<dyn Store>, f64, Vec<(u64, i64)>)> = Vec::new();
             for (token, e) in b.entries.iter_mut().filter(|(_, e)| e.due <= now) {

@@ -61,9 +61,14 @@ fn process_start(pid: u32) -> Option<u64> {
 /// expired, and, when the holder is on this host, its process still
 /// running (a crashed run on this machine resumes without waiting).
 pub fn lease_is_live(holder: &str, until: f64) -> bool {
-    let mut parts = holder.rsplitn(4, ':');
-    let (_nonce, start, pid, host) = (parts.next(), parts.next(), parts.next(), parts.next());
-    if let (Some(start), Some(pid), Some(host)) = (start, pid, host) {
+    let parts: Vec<&str> = holder.rsplitn(4, ':').collect();
+    // `host:pid:start:nonce`, or `host:pid:start` from an older release.
+    let ids = match parts[..] {
+        [_nonce, start, pid, host] => Some((host, pid, start)),
+        [start, pid, host] => Some((host, pid, start)),
+        _ => None,
+    };
+    if let Some((host, pid, start)) = ids {
         if host == hostname() {
             if let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) {
                 match process_start(pid) {

@@ -27,6 +27,7 @@ FLOWS = """\
 import os
 import time
 
+import composeai as compose
 from composeai import flow, task
 
 
@@ -47,6 +48,13 @@ def slow(label: str) -> str:
 @flow
 def chain(label: str) -> list:
     return [step(label, 1), slow(label), step(label, 2)]
+
+
+@flow
+def napper(label: str) -> int:
+    step(label, 1)
+    compose.sleep(float(os.environ.get("NAP", "0")))
+    return step(label, 2)
 """
 
 LEASE = "1"
@@ -223,15 +231,35 @@ def test_store_10_a_heartbeat_keeps_a_live_lease_that_outlasts_its_length(backen
     assert_each_step_stored_once(b)
 
 
+def test_store_10_the_lease_is_renewed_while_the_attempt_blocks_on_a_timer(tmp_path):
+    """STORE-10: a run blocked in place on `compose.sleep` three times longer
+    than its lease keeps it: a worker watching never takes the run over.
+    (Durable sleeps run on the SQLite store.)"""
+    box = _proc.Sandbox(tmp_path)
+    box.write_module("lflows", FLOWS)
+    b = Backend("sqlite", box)
+    w = worker(b, None, PROC="W")
+    body = """
+        import lflows
+        run = lflows.napper.run("x")
+        emit(status=run.status, output=run.output)
+        """
+    done = box.run(body, **b.env(), NAP="3", PROC="S").ok()
+    assert done == {"status": "completed", "output": 2}
+    log = stop(w).stdout
+    assert "started" not in log, log
+    assert by(b, "step") == ["S", "S"]
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 def test_store_12_a_worker_killed_on_another_machine_is_continued_after_its_lease_expires(
     backend,
 ):
     """STORE-10/12: processes on three simulated machines. S dies -9 in its
     slow step; worker A (machine-a) continues the run once S's lease
     expired and is itself killed -9 there; worker B (machine-b) continues it
-    after A's lease expired and completes it from the journal."""
-    if backend.kind == "sqlite":
-        pytest.skip("a SQLite store is not shared between machines")
+    after A's lease expired and completes it from the journal. (PostgreSQL
+    only: a SQLite store is not shared between machines.)"""
     if not can_simulate_hosts():
         pytest.skip("simulating other machines needs `unshare -u` (root, util-linux)")
     b = backend

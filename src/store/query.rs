@@ -752,7 +752,7 @@ mod tests {
                     name: name.into(),
                     ..Default::default()
                 },
-                "owner",
+                crate::run::owner_id(),
                 0.0,
             )
             .unwrap()
@@ -762,7 +762,7 @@ mod tests {
         store
             .settle(
                 rid,
-                "owner",
+                crate::run::owner_id(),
                 &Settlement {
                     status: status.into(),
                     output_json: None,
