@@ -60,14 +60,20 @@ fn parse_max_recovery(value: Option<&str>) -> CoreResult<u32> {
     }
 }
 
-/// SQLite schema step 7 and PostgreSQL schema step 4: how often each run
-/// was recovered since it last settled (STORE-12). Idempotent.
+/// SQLite schema step 7 and PostgreSQL schema step 4 (idempotent): how
+/// often each run was recovered since it last settled (STORE-12), and the
+/// holders whose lease of a run was taken over, whose late spans are then
+/// refused even once the run has settled (STORE-11).
 pub const SQLITE_SCHEMA_VERSION: i64 = 7;
 pub const SQLITE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS run_recoveries(\
-     rid INTEGER PRIMARY KEY, count INTEGER NOT NULL);";
+     rid INTEGER PRIMARY KEY, count INTEGER NOT NULL); \
+     CREATE TABLE IF NOT EXISTS lease_takeovers(rid INTEGER NOT NULL, owner TEXT NOT NULL, \
+     PRIMARY KEY(rid, owner)) WITHOUT ROWID;";
 pub const PG_SCHEMA_VERSION: i32 = 4;
 pub const PG_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS run_recoveries(\
      rid BIGINT PRIMARY KEY, count INTEGER NOT NULL); \
+     CREATE TABLE IF NOT EXISTS lease_takeovers(rid BIGINT NOT NULL, owner TEXT NOT NULL, \
+     PRIMARY KEY(rid, owner)); \
      CREATE INDEX IF NOT EXISTS runs_leased ON runs(lease_until) WHERE lease_owner IS NOT NULL;";
 
 /// What `acquire` does about earlier attempts whose holder died.

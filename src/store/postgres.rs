@@ -121,10 +121,11 @@ CREATE TABLE cancel_requests(
 /// every step above `v`.
 const MIGRATIONS: [(i32, &str); 2] = [(1, PG_SCHEMA_V1), (4, crate::lease::PG_SCHEMA)];
 
-/// The fence every write of an attempt carries: `$1` is the run, `$2` this
-/// process's owner id. Rows are locked against a concurrent takeover.
-const FENCE: &str = "f AS (SELECT rid, run_id FROM runs WHERE rid = $1 AND \
-                     (lease_owner = $2 OR lease_owner IS NULL) FOR SHARE)";
+/// The fence every journal and snapshot write of an attempt carries: `$1`
+/// is the run, `$2` this process's owner id, which must hold the lease. The
+/// row is locked against a concurrent takeover.
+const FENCE: &str =
+    "f AS (SELECT rid, run_id FROM runs WHERE rid = $1 AND lease_owner = $2 FOR SHARE)";
 
 const SPAN_COLUMNS: &str = "trace_id, rid, span_id, parent, kind, name, started_at, ended_at, \
      status, flags, step_key, attributes_json, error_json, input_tokens, output_tokens, \
@@ -292,12 +293,14 @@ fn span_placeholders(first: usize) -> String {
         .join(", ")
 }
 
-/// Inserts a span unless another owner holds its run (spans of no run are
-/// always written).
+/// Inserts a span unless another owner holds its run, or the run was
+/// released after this process's lease of it was taken over (spans of no
+/// run are always written; those of a run this process settled may trail).
 fn span_insert_sql() -> String {
     format!(
         "INSERT INTO spans({SPAN_COLUMNS}) SELECT {} WHERE $2::BIGINT IS NULL OR EXISTS (\
-         SELECT 1 FROM runs WHERE rid = $2 AND (lease_owner = $23 OR lease_owner IS NULL))",
+         SELECT 1 FROM runs WHERE rid = $2 AND (lease_owner = $23 OR (lease_owner IS NULL \
+         AND NOT EXISTS (SELECT 1 FROM lease_takeovers t WHERE t.rid = $2 AND t.owner = $23))))",
         span_placeholders(1)
     )
 }
@@ -940,7 +943,15 @@ impl Store for PgStore {
                     )));
                 }
             }
-            let recovering = holder.is_some_and(|h| h != owner);
+            let recovering = holder.as_deref().is_some_and(|h| h != owner);
+            if let Some(h) = holder.as_deref().filter(|h| *h != owner) {
+                tx.execute(
+                    "INSERT INTO lease_takeovers(rid, owner) VALUES($1, $2) ON CONFLICT DO NOTHING",
+                    &[&run.rid, &h],
+                )
+                .await
+                .map_err(self.err())?;
+            }
             if let Some(max) = self.count_recovery(&tx, run.rid, takeover, recovering).await? {
                 tx.execute(
                     "UPDATE runs SET status = 'failed', error_json = $1, updated_at = $2, \
@@ -1062,7 +1073,7 @@ impl Store for PgStore {
                     "WITH r AS (DELETE FROM run_recoveries WHERE rid = $5) \
                      UPDATE runs SET status = $1, output_json = $2, error_json = $3, \
                      updated_at = $4, lease_owner = NULL, lease_until = NULL WHERE rid = $5 AND \
-                     (lease_owner IS NULL OR lease_owner = $6)",
+                     lease_owner = $6",
                     &[&s.status, &s.output_json, &s.error_json, &t, &rid, &owner],
                 )
                 .await
@@ -1166,6 +1177,7 @@ impl Store for PgStore {
                 "DELETE FROM agent_state WHERE rid = $1",
                 "DELETE FROM cancel_requests WHERE rid = $1",
                 "DELETE FROM run_recoveries WHERE rid = $1",
+                "DELETE FROM lease_takeovers WHERE rid = $1",
                 "DELETE FROM runs WHERE rid = $1",
             ] {
                 tx.execute(sql, &[&rid]).await.map_err(self.err())?;

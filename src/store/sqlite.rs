@@ -420,18 +420,36 @@ impl Inner {
     }
 }
 
-/// `Some(run_id)` when run `rid` is leased to another process than this
-/// one (STORE-11): its attempt here was taken over and may write nothing.
+/// `Some(run_id)` when run `rid` is not leased to this process (STORE-11):
+/// an attempt here may journal or settle nothing then. A missing run
+/// refuses nothing.
 pub(crate) fn moved_away(tx: &Connection, rid: i64) -> rusqlite::Result<Option<String>> {
     let row: Option<(String, Option<String>)> = tx
         .prepare_cached("SELECT run_id, lease_owner FROM runs WHERE rid = ?1")?
         .query_row([rid], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     Ok(row.and_then(|(run_id, holder)| {
-        holder
-            .is_some_and(|h| h != crate::run::owner_id())
-            .then_some(run_id)
+        (holder.as_deref() != Some(crate::run::owner_id())).then_some(run_id)
     }))
+}
+
+/// Whether a span of run `rid` from this process is refused: the run is
+/// leased to another process, or was released after this process's lease
+/// of it was taken over. (Spans of a run this process settled itself may
+/// still be on their way.)
+fn span_refused(tx: &Connection, rid: i64) -> rusqlite::Result<bool> {
+    let me = crate::run::owner_id();
+    let holder: Option<Option<String>> = tx
+        .prepare_cached("SELECT lease_owner FROM runs WHERE rid = ?1")?
+        .query_row([rid], |r| r.get(0))
+        .optional()?;
+    match holder {
+        None => Ok(false),
+        Some(Some(h)) => Ok(h != me),
+        Some(None) => tx
+            .prepare_cached("SELECT 1 FROM lease_takeovers WHERE rid = ?1 AND owner = ?2")?
+            .exists(params![rid, me]),
+    }
 }
 
 /// The error for a write refused because run `rid` moved on.
@@ -496,6 +514,7 @@ fn write_ops(
         moved.insert(rid, m.clone());
         Ok(m)
     };
+    let mut refused: HashMap<i64, bool> = HashMap::new();
     for op in ops {
         match op {
             Op::Step {
@@ -513,7 +532,15 @@ fn write_ops(
             }
             Op::Span(rec) => {
                 if let Some(rid) = rec.rid {
-                    if moved_run(rid)?.is_some() {
+                    let no = match refused.get(&rid) {
+                        Some(no) => *no,
+                        None => {
+                            let no = span_refused(tx, rid)?;
+                            refused.insert(rid, no);
+                            no
+                        }
+                    };
+                    if no {
                         continue;
                     }
                 }
@@ -802,7 +829,12 @@ impl Store for SqliteStore {
                 )));
             }
         }
-        let recovering = holder.is_some_and(|h| h != owner);
+        let recovering = holder.as_deref().is_some_and(|h| h != owner);
+        if let Some(h) = holder.as_deref().filter(|h| *h != owner) {
+            tx.prepare_cached("INSERT OR IGNORE INTO lease_takeovers(rid, owner) VALUES(?1, ?2)")
+                .and_then(|mut st| st.execute(params![row.rid, h]))
+                .at(&path)?;
+        }
         if let Some(max) = count_recovery(&tx, row.rid, takeover, recovering).at(&path)? {
             tx.execute(
                 "UPDATE runs SET status = 'failed', error_json = ?1, updated_at = ?2, \
@@ -928,8 +960,7 @@ impl Store for SqliteStore {
             let t = now();
             let n = tx.prepare_cached(
                 "UPDATE runs SET status = ?1, output_json = ?2, error_json = ?3, updated_at = ?4, \
-                 lease_owner = NULL, lease_until = NULL WHERE rid = ?5 AND \
-                 (lease_owner IS NULL OR lease_owner = ?6)",
+                 lease_owner = NULL, lease_until = NULL WHERE rid = ?5 AND lease_owner = ?6",
             )
             .and_then(|mut st| {
                 st.execute(params![
@@ -1014,6 +1045,7 @@ impl Store for SqliteStore {
                  DELETE FROM pending_interrupts WHERE rid = {rid}; \
                  DELETE FROM agent_state WHERE rid = {rid}; \
                  DELETE FROM run_recoveries WHERE rid = {rid}; \
+                 DELETE FROM lease_takeovers WHERE rid = {rid}; \
                  DELETE FROM runs WHERE rid = {rid}; {}",
                 crate::durable::schema::delete_sql(rid)
             ))
