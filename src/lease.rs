@@ -190,6 +190,9 @@ pub fn register(store: Arc<dyn Store>, rid: i64, seconds: f64) -> Lease {
     Lease { token, lost }
 }
 
+/// Leases renewed together: one store, one length, `(token, rid)` each.
+type Group = (Arc<dyn Store>, f64, Vec<(u64, i64)>);
+
 /// A failed renewal (the store unreachable) is tried again after this.
 const RETRY: Duration = Duration::from_secs(1);
 
@@ -212,7 +215,7 @@ fn run() {
             }
             b.sleeping = None;
             let now = Instant::now();
-            let mut groups: Vec<(Arc<dyn Store>, f64, Vec<(u64, i64)>)> = Vec::new();
+            let mut groups: Vec<Group> = Vec::new();
             for (token, e) in b.entries.iter_mut().filter(|(_, e)| e.due <= now) {
                 // Pushed back now so that a slow store is not asked again
                 // before it answered.
@@ -269,14 +272,23 @@ mod tests {
     fn settings_parse_and_bad_values_name_the_variable() {
         assert_eq!(parse_lease_seconds(Some("0.5")).unwrap(), 0.5);
         assert_eq!(parse_lease_seconds(None).unwrap(), DEFAULT_LEASE_SECONDS);
-        assert_eq!(parse_lease_seconds(Some(" ")).unwrap(), DEFAULT_LEASE_SECONDS);
+        assert_eq!(
+            parse_lease_seconds(Some(" ")).unwrap(),
+            DEFAULT_LEASE_SECONDS
+        );
         for bad in ["abc", "0", "-1", "inf"] {
             let e = parse_lease_seconds(Some(bad)).unwrap_err().to_string();
-            assert!(e.contains("COMPOSE_LEASE_SECONDS") && e.contains(bad), "{e}");
+            assert!(
+                e.contains("COMPOSE_LEASE_SECONDS") && e.contains(bad),
+                "{e}"
+            );
         }
         assert_eq!(parse_max_recovery(Some("2")).unwrap(), 2);
         assert_eq!(parse_max_recovery(None).unwrap(), 5);
         let e = parse_max_recovery(Some("x")).unwrap_err().to_string();
-        assert!(e.contains("COMPOSE_MAX_RECOVERY_ATTEMPTS") && e.contains("'x'"), "{e}");
+        assert!(
+            e.contains("COMPOSE_MAX_RECOVERY_ATTEMPTS") && e.contains("'x'"),
+            "{e}"
+        );
     }
 }

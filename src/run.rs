@@ -180,7 +180,13 @@ impl Attempt {
     ) -> CoreResult<Attempt> {
         let seconds = crate::lease::lease_seconds()?;
         claim_in_process(run_id)?;
-        match store.acquire(run_id, owner_id(), now() + seconds, &lease_is_live, takeover) {
+        match store.acquire(
+            run_id,
+            owner_id(),
+            now() + seconds,
+            &lease_is_live,
+            takeover,
+        ) {
             Ok((run, entries)) => Ok(Attempt::new(
                 store,
                 run,
@@ -784,10 +790,16 @@ mod tests {
             .acquire(&run_id, owner_id(), now() + 60.0, &dead, recover)
             .err()
             .unwrap();
-        assert!(err.to_string().contains("recovery attempts exhausted"), "{err}");
+        assert!(
+            err.to_string().contains("recovery attempts exhausted"),
+            "{err}"
+        );
         let row = store.get_run(&run_id).unwrap().unwrap();
         assert_eq!(row.status, "failed");
-        assert!(row.error_json.unwrap().contains("recovery attempts exhausted"));
+        assert!(row
+            .error_json
+            .unwrap()
+            .contains("recovery attempts exhausted"));
         let b = Attempt::resume(store.clone(), &run_id).unwrap();
         b.settle(Settlement {
             status: "completed".into(),

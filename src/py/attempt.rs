@@ -2,15 +2,15 @@
 //! Python reserves a key, runs the body on a miss, and commits the value;
 //! the core decides replay, first-write-wins and journal access.
 
+use super::errors::to_py;
 use super::errors::IntoPy;
 use super::spans::span_from_py;
 use super::store::{interrupt_tuple, PendingTuple};
 use crate::journal::Fence;
-use super::errors::to_py;
 use crate::run::{Attempt, Commit};
 use crate::store::{AgentStateRow, InterruptRow, Settlement};
-use pyo3::sync::GILOnceCell;
 use pyo3::prelude::*;
+use pyo3::sync::GILOnceCell;
 use pyo3::types::PyString;
 use std::sync::Arc;
 

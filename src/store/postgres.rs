@@ -9,13 +9,13 @@
 //! same pipelined batch.
 
 use super::url::{PgUrl, SslMode};
-use crate::lease::Takeover;
 use super::{
     chat::ChatRow, AgentStateRow, InterruptRow, LeaseCheck, NewRun, PriorSpend, RunRow, Settlement,
     SpanRecord, Store,
 };
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{decode_id, encode_id, StoredId};
+use crate::lease::Takeover;
 use crate::runtime::{block_on, runtime};
 use crate::store::sqlite::{now, Slot, FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
 use deadpool_postgres::GenericClient;
@@ -952,7 +952,10 @@ impl Store for PgStore {
                 .await
                 .map_err(self.err())?;
             }
-            if let Some(max) = self.count_recovery(&tx, run.rid, takeover, recovering).await? {
+            if let Some(max) = self
+                .count_recovery(&tx, run.rid, takeover, recovering)
+                .await?
+            {
                 tx.execute(
                     "UPDATE runs SET status = 'failed', error_json = $1, updated_at = $2, \
                      lease_owner = NULL, lease_until = NULL WHERE rid = $3",
