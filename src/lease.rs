@@ -74,7 +74,7 @@ pub const PG_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS run_recoveries(\
      rid BIGINT PRIMARY KEY, count INTEGER NOT NULL); \
      CREATE TABLE IF NOT EXISTS lease_takeovers(rid BIGINT NOT NULL, owner TEXT NOT NULL, \
      PRIMARY KEY(rid, owner)); \
-     CREATE INDEX IF NOT EXISTS runs_leased ON runs(lease_until) WHERE lease_owner IS NOT NULL;";
+     CREATE INDEX IF NOT EXISTS runs_by_lease_expiry ON runs(lease_until) WHERE lease_owner IS NOT NULL;";
 
 /// What `acquire` does about earlier attempts whose holder died.
 #[derive(Debug, Clone, Copy, PartialEq)]
