@@ -1071,6 +1071,12 @@ impl Store for PgStore {
             let tx = c.transaction().await.map_err(self.err())?;
             self.write_spans(&tx, &spans).await?;
             let t = now();
+            // Fenced on the lease, so written while the run still holds it.
+            for a in &s.agent_states {
+                write_agent_state(&tx, rid, a, t)
+                    .await
+                    .map_err(self.err())?;
+            }
             let n = tx
                 .execute(
                     "WITH r AS (DELETE FROM run_recoveries WHERE rid = $5) \
@@ -1083,11 +1089,6 @@ impl Store for PgStore {
                 .map_err(self.err())?;
             if n == 0 {
                 return Err(moved(&tx, rid).await);
-            }
-            for a in &s.agent_states {
-                write_agent_state(&tx, rid, a, t)
-                    .await
-                    .map_err(self.err())?;
             }
             if ["completed", "failed", "cancelled"].contains(&s.status.as_str()) {
                 tx.execute("DELETE FROM cancel_requests WHERE rid = $1", &[&rid])
