@@ -276,7 +276,8 @@ pub fn due_runs(
         .collect())
 }
 
-/// The earliest wake time of a parked run later than `after`.
+/// The earliest wake time of a parked run later than `after` (on
+/// PostgreSQL: the next expiry of another process's lease, STORE-12).
 #[pyfunction]
 pub fn next_wake(py: Python<'_>, store: &PyStore, after: f64) -> PyResult<Option<f64>> {
     py.allow_threads(|| {
