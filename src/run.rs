@@ -847,6 +847,51 @@ mod tests {
         assert!(store.journal(a.run.rid).unwrap().is_empty());
     }
 
+    /// STORE-11: once the run moved on (and even after the new owner
+    /// settled it), the old attempt journals, settles and traces nothing.
+    #[test]
+    fn an_attempt_taken_over_stores_nothing_even_after_the_run_settled() {
+        let dir = tempdir::Dir::new();
+        let path = dir.path("runs.db");
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+        let a = Attempt::start(store.clone(), new_run("f")).unwrap();
+        let dead = |_: &str, _: f64| false;
+        let other = "other:1:1:n";
+        store
+            .acquire(
+                &a.run.run_id,
+                other,
+                now() + 60.0,
+                &dead,
+                crate::lease::Takeover::Manual,
+            )
+            .unwrap();
+        let done = Settlement {
+            status: "completed".into(),
+            output_json: Some("1".into()),
+            ..Default::default()
+        };
+        store.settle(a.run.rid, other, &done).unwrap();
+        a.queue_span(span("t#1", "2"));
+        store.flush().unwrap();
+        assert_eq!(span_count(&path), 0);
+        let err = a.commit("t#1", "2", None, None).unwrap_err();
+        assert!(err.to_string().contains("moved to another owner"), "{err}");
+        let err = a
+            .settle(Settlement {
+                status: "failed".into(),
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("moved to another owner"), "{err}");
+        let row = store.get_run(&a.run.run_id).unwrap().unwrap();
+        assert_eq!(
+            (row.status.as_str(), row.output_json.as_deref()),
+            ("completed", Some("1"))
+        );
+        assert!(store.journal(a.run.rid).unwrap().is_empty());
+    }
+
     #[test]
     fn deferred_commits_are_durable_after_sync() {
         let (_d, store) = temp_store();
