@@ -101,6 +101,11 @@ pub struct Attempt {
     root_fence: Fence,
     /// Journal writes committed in the background, not yet confirmed.
     deferred: Mutex<Vec<Arc<Slot>>>,
+    /// Batch durability: unfenced steps are handed back before they are
+    /// durable and group-committed by the store's writer.
+    batch: AtomicBool,
+    /// Shared by every batched write: keeps the first failure.
+    batch_slot: Arc<Slot>,
     /// The run's first attempt: there is no earlier spend to read.
     first: bool,
     /// Earlier attempts' spend, read on first need.
@@ -168,11 +173,18 @@ impl Attempt {
             closed: AtomicBool::new(false),
             root_fence: Fence::root(),
             deferred: Mutex::new(Vec::new()),
+            batch: AtomicBool::new(false),
+            batch_slot: Arc::new(Slot::default()),
             first,
             prior: Mutex::new(None),
             saved_state: AtomicBool::new(false),
             durable,
         }
+    }
+
+    /// The run's first attempt (a fresh run row).
+    pub fn is_first(&self) -> bool {
+        self.first
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -236,8 +248,39 @@ impl Attempt {
         Ok(self.journal.lock().get(key))
     }
 
+    /// Switches this attempt to batch durability (refused by a store
+    /// without it).
+    pub fn set_batch(&self) -> CoreResult<()> {
+        if !self.store.supports_batch() {
+            return Err(CoreError::Config(format!(
+                "composeai store '{}': durability 'batch' is not supported by this store yet -- \
+                 use durability 'step' (the default)",
+                self.store.path()
+            )));
+        }
+        self.batch.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Whether a commit under `fence` is batched: only the unfenced steps
+    /// of the flow body itself; a fenced write (a stage's thread, which may
+    /// be abandoned) commits synchronously.
+    pub fn batches(&self, fence: Option<&Fence>) -> bool {
+        fence.is_none() && self.batch.load(Ordering::Relaxed)
+    }
+
+    /// The first failure of a batched write, which ends the attempt.
+    fn batch_failure(&self) -> CoreResult<()> {
+        match self.batch_slot.outcome() {
+            Some(Err(e)) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// Journals `value` under `key` with its span, durably, and returns the
-    /// stored value (an earlier write wins).
+    /// stored value (an earlier write wins). Under batch durability an
+    /// unfenced step is queued instead and durable within the store's batch
+    /// latency, in order with every other write.
     pub fn commit(
         &self,
         key: &str,
@@ -251,6 +294,14 @@ impl Attempt {
                 self.queue_span(s);
             }
             return Ok(existing);
+        }
+        if self.batches(fence) {
+            self.batch_failure()?;
+            let stored = self.journal.lock().record(key, Arc::from(value));
+            let record = span.map(|s| self.record(s, Some(value)));
+            self.store
+                .commit_batched(self.run.rid, key, value, record, &self.batch_slot)?;
+            return Ok(stored);
         }
         let record = span.map(|s| self.record(s, Some(value)));
         let winner = self.store.commit_step(self.run.rid, key, value, record)?;
@@ -484,6 +535,12 @@ impl Attempt {
     /// Stores without extra work settle through `Store::settle`, which every
     /// store implements on its own.
     fn finish(&self, mut settlement: Settlement, work: Option<&mut TxWork<'_>>) -> CoreResult<()> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        // A lost batched step must not be settled over: the attempt fails
+        // with the store's error and the run stays resumable.
+        self.batch_failure()?;
         if self.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }

@@ -148,6 +148,8 @@ class Attempt:
         fence: Fence | None = None,
     ) -> str:
         """Like `commit`, durable soon rather than before returning (see `sync`)."""
+    def set_batch(self) -> None:
+        """Batch durability: unfenced steps are group-committed in the background."""
     def sync(self) -> None: ...
     def replayed(
         self,

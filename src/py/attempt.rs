@@ -48,6 +48,19 @@ fn agent_state_row(t: AgentStateTuple) -> AgentStateRow {
     }
 }
 
+type StepSpanTuple = (
+    String,
+    Option<String>,
+    String,
+    f64,
+    Option<f64>,
+    bool,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+
 #[pyclass(name = "Attempt", module = "composeai._core", frozen)]
 pub struct PyAttempt {
     pub(crate) inner: Arc<Attempt>,
@@ -161,6 +174,11 @@ impl PyAttempt {
         fence: Option<&PyFence>,
     ) -> PyResult<Bound<'py, PyString>> {
         let span = span.map(span_from_py).transpose()?;
+        if self.inner.batches(fence.map(|f| &f.inner)) {
+            // Only queued: no I/O to release the GIL for.
+            let stored = self.inner.commit(key, value_json, span, None).py_err()?;
+            return Ok(PyString::new(py, &stored));
+        }
         let fence = fence.map(|f| f.inner.clone());
         let inner = self.inner.clone();
         let stored = py
@@ -186,6 +204,50 @@ impl PyAttempt {
             .commit_deferred(key, value_json, span, fence.map(|f| &f.inner))
             .py_err()?;
         Ok(PyString::new(py, &stored))
+    }
+
+    /// Where this attempt's spans begin in the store: 0 for a first
+    /// attempt (a new run has none), `None` when the store cannot read
+    /// spans back (see `step_spans`).
+    fn span_mark(&self, py: Python<'_>) -> PyResult<Option<i64>> {
+        let store = self.inner.store().clone();
+        if !self.inner.is_first() {
+            return py.allow_threads(move || store.span_mark()).py_err();
+        }
+        Ok(store.reads_spans().then_some(0))
+    }
+
+    /// This run's `ok` task-step spans stored after `mark`, in write order:
+    /// `(span_id, parent_span_id, name, started_at, ended_at, replayed,
+    /// step_key, attributes_json, input_json, output_json)`.
+    fn step_spans(&self, py: Python<'_>, mark: i64) -> PyResult<Vec<StepSpanTuple>> {
+        let store = self.inner.store().clone();
+        let rid = self.inner.run.rid;
+        let rows = py
+            .allow_threads(move || store.step_spans(rid, mark))
+            .py_err()?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                (
+                    r.span_id,
+                    r.parent_span_id,
+                    r.name,
+                    r.started_at,
+                    r.ended_at,
+                    r.replayed,
+                    r.step_key,
+                    r.attributes_json,
+                    r.input_json,
+                    r.output_json,
+                )
+            })
+            .collect())
+    }
+
+    /// Switches the attempt to batch durability (`durability="batch"`).
+    fn set_batch(&self) -> PyResult<()> {
+        self.inner.set_batch().py_err()
     }
 
     /// Waits until every deferred journal write of this attempt is durable.
