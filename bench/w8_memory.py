@@ -9,6 +9,7 @@ paused), then resumes it here, replaying every step.
 
 from __future__ import annotations
 
+import argparse
 import os
 import resource
 import subprocess
@@ -47,7 +48,7 @@ def warmup():
 def main() -> None:
     p = parser(__doc__.splitlines()[0], 10_000)
     p.add_argument("--phase", choices=("run", "resume"), default="run")
-    p.add_argument("--child", action="store_true", help=argparse_suppress())
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     n = args.n
     if args.child:
@@ -90,12 +91,6 @@ def main() -> None:
             "bytes_per_step": round(grown / n, 1),
         }
     )
-
-
-def argparse_suppress() -> str:
-    import argparse
-
-    return argparse.SUPPRESS
 
 
 if __name__ == "__main__":
