@@ -431,3 +431,25 @@ def test_resumed_run_trace_holds_this_attempts_replayed_spans_only():
     assert [s.output for s in spans[1:]] == [1, 2, 3]
     # Traces built by hand keep their list as given.
     assert Trace("t", spans[:2]).spans == spans[:2]
+
+
+@pytest.mark.parametrize("store_kind", ["postgresql"], indirect=True)
+def test_batch_mode_is_refused_on_postgresql(store_kind):
+    @compose.task
+    def one():
+        return 1
+
+    @compose.flow(durability="batch")
+    def batched():
+        return one()
+
+    @compose.flow
+    def stepwise():
+        return one()
+
+    with pytest.raises(ConfigError, match="durability 'batch' is not supported") as info:
+        batched.run()
+    assert "'step'" in str(info.value)
+    # The default mode keeps every span in memory there.
+    run = stepwise.run()
+    assert run.output == 1 and [s.kind for s in run.trace.spans] == ["flow", "task"]

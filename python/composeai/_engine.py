@@ -184,7 +184,20 @@ def durability_from_env() -> str:
 _FLUSH_AT_EXIT = False
 
 
-def use_batch(run: RunState) -> None:
+def apply_durability(run: Any, durability: str | None) -> None:
+    """Sets up a flow attempt before its body runs: its durability mode
+    (`durability`, else `COMPOSE_DURABILITY`) and where its step spans are
+    kept. A refused mode fails the attempt (nothing else ran) and raises."""
+    try:
+        if (durability or durability_from_env()) == "batch":
+            _use_batch(run)
+        keep_step_spans_in_store(run)
+    except BaseException as exc:
+        run.attempt.settle("failed", None, error_json(exc))
+        raise
+
+
+def _use_batch(run: Any) -> None:
     """Switches the attempt to batch durability; batched steps still queued
     at interpreter exit are committed then."""
     global _FLUSH_AT_EXIT

@@ -344,9 +344,7 @@ class Flow(Generic[P, R]):
     def _drive(self, run, args: tuple, kwargs: dict, meter=None):
         _core.set_module(run.attempt, self.fn.__module__)
         run.journal_failures = self.journal_failures
-        if (self.durability or _engine.durability_from_env()) == "batch":
-            _engine.use_batch(run)
-        _engine.keep_step_spans_in_store(run)
+        _engine.apply_durability(run, self.durability)
         root = self._root(run, args, kwargs)
         token = _engine.BUDGETS.set((meter,)) if meter is not None else None
         try:
@@ -385,9 +383,7 @@ class Flow(Generic[P, R]):
     async def _adrive(self, run, args: tuple, kwargs: dict, meter=None):
         _core.set_module(run.attempt, self.fn.__module__)
         run.journal_failures = self.journal_failures
-        if (self.durability or _engine.durability_from_env()) == "batch":
-            _engine.use_batch(run)
-        _engine.keep_step_spans_in_store(run)
+        _engine.apply_durability(run, self.durability)
         root = self._root(run, args, kwargs)
         token = _engine.BUDGETS.set((meter,)) if meter is not None else None
         try:
