@@ -864,6 +864,71 @@ mod tests {
     }
 
     #[test]
+    fn batched_steps_are_handed_back_at_once_and_committed_by_the_writer_in_order() {
+        let (_d, store) = temp_store();
+        let a = Attempt::start(store.clone(), new_run("f")).unwrap();
+        a.set_batch().unwrap();
+        assert!(a.batches(None) && !a.batches(Some(&a.root_fence().child())));
+        for i in 1..=300 {
+            let key = format!("t#{i}");
+            let stored = a.commit(&key, &i.to_string(), Some(span(&key, "x")), None);
+            assert_eq!(&*stored.unwrap(), i.to_string());
+        }
+        // The writer commits on its own, within its latency; a read of the
+        // journal by this process commits whatever is still pending first.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut count = 0;
+        while std::time::Instant::now() < deadline {
+            let conn = rusqlite::Connection::open(store.path()).unwrap();
+            count = conn
+                .query_row("SELECT count(*) FROM journal", [], |r| r.get::<_, i64>(0))
+                .unwrap();
+            if count == 300 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(count, 300);
+        let journal = store.journal(a.run.rid).unwrap();
+        assert_eq!(journal.len(), 300);
+    }
+
+    #[test]
+    fn a_lost_batch_poisons_later_steps_and_the_settlement() {
+        let dir = tempdir::Dir::new();
+        let path = dir.path("runs.db");
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+        let a = Attempt::start(store.clone(), new_run("f")).unwrap();
+        a.set_batch().unwrap();
+        a.commit("t#1", "1", None, None).unwrap();
+        store.flush().unwrap();
+        // Another connection renames the table the journal goes to.
+        let other = rusqlite::Connection::open(&path).unwrap();
+        other
+            .execute_batch("ALTER TABLE journal RENAME TO journal_away")
+            .unwrap();
+        a.commit("t#2", "2", None, None).unwrap();
+        // Fails here or in the background writer: either way the slot
+        // holds the failure once the flush returns.
+        let _ = store.flush();
+        other
+            .execute_batch("ALTER TABLE journal_away RENAME TO journal")
+            .unwrap();
+        assert!(a.commit("t#3", "3", None, None).is_err());
+        let settled = a.settle(Settlement {
+            status: "completed".into(),
+            ..Default::default()
+        });
+        assert!(settled.is_err(), "a run with a lost step is not settled");
+        store.flush().unwrap();
+        assert_eq!(
+            store.journal(a.run.rid).unwrap(),
+            vec![("t#1".into(), "1".into())],
+            "nothing after the lost step was stored"
+        );
+    }
+
+    #[test]
     fn a_failed_span_write_is_recorded_once_for_a_warning() {
         let dir = tempdir::Dir::new();
         let path = dir.path("runs.db");

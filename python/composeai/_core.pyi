@@ -148,6 +148,25 @@ class Attempt:
         fence: Fence | None = None,
     ) -> str:
         """Like `commit`, durable soon rather than before returning (see `sync`)."""
+    def span_mark(self) -> int | None:
+        """Where this attempt's spans begin in the store (None: spans are not read back)."""
+    def step_spans(
+        self, mark: int
+    ) -> list[
+        tuple[
+            str,
+            str | None,
+            str,
+            float,
+            float | None,
+            bool,
+            str | None,
+            str | None,
+            str | None,
+            str | None,
+        ]
+    ]:
+        """This run's `ok` task-step spans stored after `mark`, in write order."""
     def set_batch(self) -> None:
         """Batch durability: unfenced steps are group-committed in the background."""
     def sync(self) -> None: ...
