@@ -303,13 +303,14 @@ def attach_step_spans(run: RunState) -> None:
     mark = run.span_mark
     if mark is None:
         return
-    attempt, trace_id = run.attempt, run.trace_id
+    run_id, trace_id = run.run_id, run.trace_id
 
     def load(kept: list[Span]) -> list[Span]:
+        # Read through the process's store at the time, never a store
+        # object kept alive by the trace.
+        rows = get_store().step_spans(run_id, mark)
         ids = {s.span_id for s in kept}
-        stored = [
-            _step_span(trace_id, row) for row in attempt.step_spans(mark) if row[0] not in ids
-        ]
+        stored = [_step_span(trace_id, row) for row in rows if row[0] not in ids]
         merged = kept + stored
         merged.sort(key=_span_order)
         return merged

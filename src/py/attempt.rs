@@ -48,19 +48,6 @@ fn agent_state_row(t: AgentStateTuple) -> AgentStateRow {
     }
 }
 
-type StepSpanTuple = (
-    String,
-    Option<String>,
-    String,
-    f64,
-    Option<f64>,
-    bool,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-);
-
 #[pyclass(name = "Attempt", module = "composeai._core", frozen)]
 pub struct PyAttempt {
     pub(crate) inner: Arc<Attempt>,
@@ -215,34 +202,6 @@ impl PyAttempt {
             return py.allow_threads(move || store.span_mark()).py_err();
         }
         Ok(store.reads_spans().then_some(0))
-    }
-
-    /// This run's `ok` task-step spans stored after `mark`, in write order:
-    /// `(span_id, parent_span_id, name, started_at, ended_at, replayed,
-    /// step_key, attributes_json, input_json, output_json)`.
-    fn step_spans(&self, py: Python<'_>, mark: i64) -> PyResult<Vec<StepSpanTuple>> {
-        let store = self.inner.store().clone();
-        let rid = self.inner.run.rid;
-        let rows = py
-            .allow_threads(move || store.step_spans(rid, mark))
-            .py_err()?;
-        Ok(rows
-            .into_iter()
-            .map(|r| {
-                (
-                    r.span_id,
-                    r.parent_span_id,
-                    r.name,
-                    r.started_at,
-                    r.ended_at,
-                    r.replayed,
-                    r.step_key,
-                    r.attributes_json,
-                    r.input_json,
-                    r.output_json,
-                )
-            })
-            .collect())
     }
 
     /// Switches the attempt to batch durability (`durability="batch"`).
