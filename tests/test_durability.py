@@ -453,3 +453,18 @@ def test_batch_mode_is_refused_on_postgresql(store_kind):
     # The default mode keeps every span in memory there.
     run = stepwise.run()
     assert run.output == 1 and [s.kind for s in run.trace.spans] == ["flow", "task"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[], [5, -3, 0], [True, False, None], ["abc", 'q"u\\o\n\t\x01'], ["é"], [1.5], [10**30], [[1]]],
+)
+def test_step_input_fast_path_writes_what_the_lenient_encoder_writes(args):
+    """OBS-4/OBS-17: a step span's stored input is the lenient encoding, with or without the
+    fast path for plain arguments."""
+    from composeai import _codec
+
+    value = {"args": args, "kwargs": {}}
+    fast = _engine._plain_args_json(value)
+    assert fast is None or fast == _codec.dumps_lenient(value)
+    assert _engine._plain_args_json({"args": args, "kwargs": {"k": 1}}) is None

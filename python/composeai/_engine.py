@@ -9,6 +9,7 @@ so that nested calls, threads and tasks see it.
 from __future__ import annotations
 
 import atexit
+import json.encoder
 import os
 import sys
 import threading
@@ -487,7 +488,7 @@ def span_row(span: Span, output_json: str | None = None, input_json: str | None 
         )
     )
     if input_json is None and span.input is not None:
-        input_json = _codec.dumps_lenient(span.input)
+        input_json = _plain_args_json(span.input) or _codec.dumps_lenient(span.input)
     if output_json is None and span.output is not None:
         output_json = _codec.dumps_lenient(span.output)
     return (
@@ -506,6 +507,41 @@ def span_row(span: Span, output_json: str | None = None, input_json: str | None 
         input_json,
         output_json,
     )
+
+
+_encode_ascii_str = json.encoder.encode_basestring
+
+
+def _plain_args_json(value: Any) -> str | None:
+    """The text `dumps_lenient` writes for a step's input `{"args": [...],
+    "kwargs": {}}` whose arguments are ints, bools, None or ASCII strings
+    (the common case, written without the general encoder); None for any
+    other input."""
+    if type(value) is not dict or len(value) != 2:
+        return None
+    args = value.get("args")
+    if type(args) is not list or value.get("kwargs") != {} or type(value["kwargs"]) is not dict:
+        return None
+    parts = []
+    for a in args:
+        t = type(a)
+        if t is int:
+            if not -_BIG_INT < a < _BIG_INT:
+                return None
+            parts.append(int.__repr__(a))
+        elif t is str and a.isascii():
+            parts.append(_encode_ascii_str(a))
+        elif a is None:
+            parts.append("null")
+        elif t is bool:
+            parts.append("true" if a else "false")
+        else:
+            return None
+    return '{"args":[' + ",".join(parts) + '],"kwargs":{}}'
+
+
+# Ints beyond this go through the general encoder (which knows the digit limit).
+_BIG_INT = 10**18
 
 
 def persist_span(run: RunState | None, span: Span, output_json: str | None = None) -> None:
