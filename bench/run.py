@@ -77,13 +77,17 @@ def base_env(sync: str = "normal") -> dict[str, str]:
     return env
 
 
-def workload(script: str, n: int, repeat: int = 1, sync: str = "normal", extra=()) -> dict:
+def workload(
+    script: str, n: int, repeat: int = 1, sync: str = "normal", extra=(), env: dict | None = None
+) -> dict:
     argv = [sys.executable, os.path.join(BENCH_DIR, script), "--n", str(n), *extra]
-    label = f"{script} --n {n}" + (" (COMPOSE_SYNC=full)" if sync == "full" else "")
+    label = f"{script} --n {n} {' '.join(extra)}".rstrip()
+    label += " (COMPOSE_SYNC=full)" if sync == "full" else ""
+    label += "".join(f" ({k}={v})" for k, v in (env or {}).items())
     records = []
     for i in range(repeat):
         t0 = time.perf_counter()
-        records.append(run_json(argv, base_env(sync)))
+        records.append(run_json(argv, {**base_env(sync), **(env or {})}))
         log(f"{label} [{i + 1}/{repeat}] {time.perf_counter() - t0:.1f}s")
     return best_record(records)
 
@@ -158,6 +162,12 @@ def collect(args: argparse.Namespace) -> list[dict[str, Any]]:
     w1 = workload("w1_steps.py", args.n_w1, r)
     w1_big = workload("w1_steps.py", args.n_w1_big, max(1, r - 1))
     w1_full = workload("w1_steps.py", args.n_w1, r_full, sync="full")
+    w1_batch = workload("w1_steps.py", args.n_w1, r, env={"COMPOSE_DURABILITY": "batch"})
+    w8 = {
+        (phase, n): workload("w8_memory.py", n, 1, extra=("--phase", phase))
+        for n in (10_000, args.n_w1_big)
+        for phase in ("run", "resume")
+    }
     w2 = workload("w2_resume.py", args.n_w2, 1)
     w3 = workload("w3_map.py", args.n_w3, r)
     w3_one = workload("w3_map.py", args.n_w3, r, extra=("--max-workers", "1"))
@@ -232,6 +242,17 @@ def collect(args: argparse.Namespace) -> list[dict[str, Any]]:
             f"N={w1_big['n']} / N={n1}",
             scale <= 1.5,
             w1_big,
+        ),
+        row(
+            "W1-batch",
+            f"journaled step, N={w1_batch['n']}, COMPOSE_DURABILITY=batch",
+            w1_batch["us_per_step"],
+            "us/step",
+            "<= 6",
+            w1_batch["us_per_step"] / step,
+            "W1-batch / W1",
+            w1_batch["us_per_step"] <= 6,
+            w1_batch,
         ),
         row(
             "W1-full",
@@ -386,6 +407,20 @@ def collect(args: argparse.Namespace) -> list[dict[str, Any]]:
             "",
             w6["bytes_per_step"] <= 300,
             w6,
+        ),
+        *(
+            row(
+                "W8",
+                f"peak RSS growth of the {phase}, N={n} (fresh process)",
+                rec["bytes_per_step"],
+                "bytes/step",
+                "<= 30 MB in all" if n >= 100_000 else "",
+                rec["peak_rss_growth_mb"],
+                "MB in all",
+                rec["peak_rss_growth_mb"] <= 30 if n >= 100_000 else None,
+                rec,
+            )
+            for (phase, n), rec in w8.items()
         ),
     ]
 

@@ -116,6 +116,11 @@ pub struct Attempt {
     root_fence: Fence,
     /// Journal writes committed in the background, not yet confirmed.
     deferred: Mutex<Vec<Arc<Slot>>>,
+    /// Batch durability: unfenced steps are handed back before they are
+    /// durable and group-committed by the store's writer.
+    batch: AtomicBool,
+    /// Shared by every batched write: keeps the first failure.
+    batch_slot: Arc<Slot>,
     /// The run's first attempt: there is no earlier spend to read.
     first: bool,
     /// Earlier attempts' spend, read on first need.
@@ -222,12 +227,19 @@ impl Attempt {
             closed: AtomicBool::new(false),
             root_fence: Fence::root(),
             deferred: Mutex::new(Vec::new()),
+            batch: AtomicBool::new(false),
+            batch_slot: Arc::new(Slot::default()),
             first,
             prior: Mutex::new(None),
             saved_state: AtomicBool::new(false),
             durable,
             lease: Mutex::new(Some(lease)),
         }
+    }
+
+    /// The run's first attempt (a fresh run row).
+    pub fn is_first(&self) -> bool {
+        self.first
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -294,8 +306,39 @@ impl Attempt {
         Ok(self.journal.lock().get(key))
     }
 
+    /// Switches this attempt to batch durability (refused by a store
+    /// without it).
+    pub fn set_batch(&self) -> CoreResult<()> {
+        if !self.store.supports_batch() {
+            return Err(CoreError::Config(format!(
+                "composeai store '{}': durability 'batch' is not supported by this store yet -- \
+                 use durability 'step' (the default)",
+                self.store.path()
+            )));
+        }
+        self.batch.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Whether a commit under `fence` is batched: only the unfenced steps
+    /// of the flow body itself; a fenced write (a stage's thread, which may
+    /// be abandoned) commits synchronously.
+    pub fn batches(&self, fence: Option<&Fence>) -> bool {
+        fence.is_none() && self.batch.load(Ordering::Relaxed)
+    }
+
+    /// The first failure of a batched write, which ends the attempt.
+    fn batch_failure(&self) -> CoreResult<()> {
+        match self.batch_slot.outcome() {
+            Some(Err(e)) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// Journals `value` under `key` with its span, durably, and returns the
-    /// stored value (an earlier write wins).
+    /// stored value (an earlier write wins). Under batch durability an
+    /// unfenced step is queued instead and durable within the store's batch
+    /// latency, in order with every other write.
     pub fn commit(
         &self,
         key: &str,
@@ -309,6 +352,14 @@ impl Attempt {
                 self.queue_span(s);
             }
             return Ok(existing);
+        }
+        if self.batches(fence) {
+            self.batch_failure()?;
+            let stored = self.journal.lock().record(key, Arc::from(value));
+            let record = span.map(|s| self.record(s, Some(value)));
+            self.store
+                .commit_batched(self.run.rid, key, value, record, &self.batch_slot)?;
+            return Ok(stored);
         }
         let record = span.map(|s| self.record(s, Some(value)));
         let winner = self.store.commit_step(self.run.rid, key, value, record)?;
@@ -576,6 +627,12 @@ impl Attempt {
     /// Stores without extra work settle through `Store::settle`, which every
     /// store implements on its own.
     fn finish(&self, mut settlement: Settlement, work: Option<&mut TxWork<'_>>) -> CoreResult<()> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        // A lost batched step must not be settled over: the attempt fails
+        // with the store's error and the run stays resumable.
+        self.batch_failure()?;
         if self.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
@@ -1028,6 +1085,71 @@ mod tests {
         assert_eq!(b.prior_llm_usage(None).unwrap(), (17, 0.75));
         assert_eq!(b.prior_llm_usage(Some("writer#2")).unwrap(), (7, 0.25));
         assert_eq!(b.prior_llm_usage(Some("writer#9")).unwrap(), (0, 0.0));
+    }
+
+    #[test]
+    fn batched_steps_are_handed_back_at_once_and_committed_by_the_writer_in_order() {
+        let (_d, store) = temp_store();
+        let a = Attempt::start(store.clone(), new_run("f")).unwrap();
+        a.set_batch().unwrap();
+        assert!(a.batches(None) && !a.batches(Some(&a.root_fence().child())));
+        for i in 1..=300 {
+            let key = format!("t#{i}");
+            let stored = a.commit(&key, &i.to_string(), Some(span(&key, "x")), None);
+            assert_eq!(&*stored.unwrap(), i.to_string());
+        }
+        // The writer commits on its own, within its latency; a read of the
+        // journal by this process commits whatever is still pending first.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut count = 0;
+        while std::time::Instant::now() < deadline {
+            let conn = rusqlite::Connection::open(store.path()).unwrap();
+            count = conn
+                .query_row("SELECT count(*) FROM journal", [], |r| r.get::<_, i64>(0))
+                .unwrap();
+            if count == 300 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(count, 300);
+        let journal = store.journal(a.run.rid).unwrap();
+        assert_eq!(journal.len(), 300);
+    }
+
+    #[test]
+    fn a_lost_batch_poisons_later_steps_and_the_settlement() {
+        let dir = tempdir::Dir::new();
+        let path = dir.path("runs.db");
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+        let a = Attempt::start(store.clone(), new_run("f")).unwrap();
+        a.set_batch().unwrap();
+        a.commit("t#1", "1", None, None).unwrap();
+        store.flush().unwrap();
+        // Another connection renames the table the journal goes to.
+        let other = rusqlite::Connection::open(&path).unwrap();
+        other
+            .execute_batch("ALTER TABLE journal RENAME TO journal_away")
+            .unwrap();
+        a.commit("t#2", "2", None, None).unwrap();
+        // Fails here or in the background writer: either way the slot
+        // holds the failure once the flush returns.
+        let _ = store.flush();
+        other
+            .execute_batch("ALTER TABLE journal_away RENAME TO journal")
+            .unwrap();
+        assert!(a.commit("t#3", "3", None, None).is_err());
+        let settled = a.settle(Settlement {
+            status: "completed".into(),
+            ..Default::default()
+        });
+        assert!(settled.is_err(), "a run with a lost step is not settled");
+        store.flush().unwrap();
+        assert_eq!(
+            store.journal(a.run.rid).unwrap(),
+            vec![("t#1".into(), "1".into())],
+            "nothing after the lost step was stored"
+        );
     }
 
     #[test]

@@ -161,6 +161,10 @@ class Attempt:
         fence: Fence | None = None,
     ) -> str:
         """Like `commit`, durable soon rather than before returning (see `sync`)."""
+    def span_mark(self) -> int | None:
+        """Where this attempt's spans begin in the store (None: spans are not read back)."""
+    def set_batch(self) -> None:
+        """Batch durability: unfenced steps are group-committed in the background."""
     def sync(self) -> None: ...
     def replayed(
         self,
@@ -226,6 +230,23 @@ class Store:
         created_at: float,
     ) -> None: ...
     def load_chat(self, chat_id: str) -> dict[str, Any] | None: ...
+    def step_spans(
+        self, run_id: str, mark: int
+    ) -> list[
+        tuple[
+            str,
+            str | None,
+            str,
+            float,
+            float | None,
+            bool,
+            str | None,
+            str | None,
+            str | None,
+            str | None,
+        ]
+    ]:
+        """The run's `ok` task-step spans stored after `mark`, in write order."""
     def flush(self) -> None: ...
 
 @final

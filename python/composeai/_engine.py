@@ -8,6 +8,8 @@ so that nested calls, threads and tasks see it.
 
 from __future__ import annotations
 
+import atexit
+import json.encoder
 import os
 import sys
 import threading
@@ -158,6 +160,64 @@ def _check_span_writes() -> None:
 
 
 # ---------------------------------------------------------------------------
+# Durability modes
+
+DURABILITY_MODES = ("step", "batch")
+
+
+def check_durability(value: Any, where: str) -> str:
+    if value not in DURABILITY_MODES:
+        raise ConfigError(
+            f"{where} must be 'step' or 'batch', got {value!r} -- 'step' (the default) commits "
+            "each step before handing back its value; 'batch' group-commits steps in the "
+            "background within 10 ms"
+        )
+    return value
+
+
+def durability_from_env() -> str:
+    value = os.environ.get("COMPOSE_DURABILITY")
+    if not value:
+        return "step"
+    return check_durability(value, "COMPOSE_DURABILITY")
+
+
+_FLUSH_AT_EXIT = False
+
+
+def apply_durability(run: Any, durability: str | None) -> None:
+    """Sets up a flow attempt before its body runs: its durability mode
+    (`durability`, else `COMPOSE_DURABILITY`) and where its step spans are
+    kept. A refused mode fails the attempt (nothing else ran) and raises."""
+    try:
+        if (durability or durability_from_env()) == "batch":
+            _use_batch(run)
+        keep_step_spans_in_store(run)
+    except BaseException as exc:
+        run.attempt.settle("failed", None, error_json(exc))
+        raise
+
+
+def _use_batch(run: Any) -> None:
+    """Switches the attempt to batch durability; batched steps still queued
+    at interpreter exit are committed then."""
+    global _FLUSH_AT_EXIT
+    run.attempt.set_batch()
+    if not _FLUSH_AT_EXIT:
+        _FLUSH_AT_EXIT = True
+        atexit.register(_flush_at_exit)
+
+
+def _flush_at_exit() -> None:
+    store = _store
+    if store is not None:
+        try:
+            store.flush()
+        except Exception:  # noqa: BLE001, S110 -- nothing left to report to at exit
+            pass
+
+
+# ---------------------------------------------------------------------------
 # The ambient frame
 
 
@@ -172,6 +232,7 @@ class RunState:
         "park",
         "remote",
         "run_id",
+        "span_mark",
         "started",
         "trace",
         "trace_id",
@@ -195,6 +256,74 @@ class RunState:
         self.trace_id = attempt.trace_id
         self.trace = Trace(self.trace_id)
         self.name = name
+        # Set (see `keep_step_spans_in_store`): the spans of plain task
+        # steps are not kept in `trace` while the run executes; the finished
+        # run's trace reads them from the store, written after this mark.
+        self.span_mark = None
+
+
+def keep_step_spans_in_store(run: RunState) -> None:
+    """A flow run holds no per-step span objects (memory stays flat in run
+    length) when the store can read them back."""
+    run.span_mark = run.attempt.span_mark()
+
+
+def _step_span(trace_id: str, row: tuple) -> Span:
+    span_id, parent, name, started, ended, replayed, key, attrs, inp, out = row
+    attributes = {} if attrs is None else _stored_payload(attrs)
+    if key is not None:
+        attributes = {"step_key": key, **attributes}
+    return Span(
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_span_id=parent,
+        kind="task",
+        name=name,
+        started_at=started,
+        ended_at=ended,
+        status="ok",
+        input=None if inp is None else _stored_payload(inp),
+        output=None if out is None else _stored_payload(out),
+        attributes=attributes,
+        replayed=replayed,
+    )
+
+
+def _stored_payload(text: str) -> Any:
+    """A span payload as stored (leniently encoded): decoded like a journal
+    value, or as plain JSON when it names a type this process lacks."""
+    try:
+        return _codec.loads(text)
+    except Exception:  # noqa: BLE001 -- payloads are observability, never fatal
+        import json
+
+        return json.loads(text)
+
+
+def attach_step_spans(run: RunState) -> None:
+    """Makes the finished run's trace read its task-step spans from the
+    store on first access, merged in start (span id) order with the spans
+    kept in memory."""
+    mark = run.span_mark
+    if mark is None:
+        return
+    run_id, trace_id = run.run_id, run.trace_id
+
+    def load(kept: list[Span]) -> list[Span]:
+        # Read through the process's store at the time, never a store
+        # object kept alive by the trace.
+        rows = get_store().step_spans(run_id, mark)
+        ids = {s.span_id for s in kept}
+        stored = [_step_span(trace_id, row) for row in rows if row[0] not in ids]
+        merged = kept + stored
+        merged.sort(key=_span_order)
+        return merged
+
+    run.trace._load = load
+
+
+def _span_order(span: Span) -> str:
+    return span.span_id
 
 
 class Frame:
@@ -362,7 +491,7 @@ def span_row(span: Span, output_json: str | None = None, input_json: str | None 
         )
     )
     if input_json is None and span.input is not None:
-        input_json = _codec.dumps_lenient(span.input)
+        input_json = _plain_args_json(span.input) or _codec.dumps_lenient(span.input)
     if output_json is None and span.output is not None:
         output_json = _codec.dumps_lenient(span.output)
     return (
@@ -381,6 +510,41 @@ def span_row(span: Span, output_json: str | None = None, input_json: str | None 
         input_json,
         output_json,
     )
+
+
+_encode_ascii_str = json.encoder.encode_basestring
+
+
+def _plain_args_json(value: Any) -> str | None:
+    """The text `dumps_lenient` writes for a step's input `{"args": [...],
+    "kwargs": {}}` whose arguments are ints, bools, None or ASCII strings
+    (the common case, written without the general encoder); None for any
+    other input."""
+    if type(value) is not dict or len(value) != 2:
+        return None
+    args = value.get("args")
+    if type(args) is not list or value.get("kwargs") != {} or type(value["kwargs"]) is not dict:
+        return None
+    parts = []
+    for a in args:
+        t = type(a)
+        if t is int:
+            if not -_BIG_INT < a < _BIG_INT:
+                return None
+            parts.append(int.__repr__(a))
+        elif t is str and a.isascii():
+            parts.append(_encode_ascii_str(a))
+        elif a is None:
+            parts.append("null")
+        elif t is bool:
+            parts.append("true" if a else "false")
+        else:
+            return None
+    return '{"args":[' + ",".join(parts) + '],"kwargs":{}}'
+
+
+# Ints beyond this go through the general encoder (which knows the digit limit).
+_BIG_INT = 10**18
 
 
 def persist_span(run: RunState | None, span: Span, output_json: str | None = None) -> None:
@@ -606,9 +770,13 @@ class StepStart:
         self.inner = inner
 
 
-def begin_step(frame: Frame, kind: str, name: str, span_input: Any = None) -> StepStart:
+def begin_step(
+    frame: Frame, kind: str, name: str, span_input: Any = None, keep: bool = True
+) -> StepStart:
     """Reserves the step's key. A hit is replayed here: the span is recorded
-    as replayed and nothing else runs (FLOW-16)."""
+    as replayed and nothing else runs (FLOW-16). Without `keep`, the span
+    is persisted but not added to the in-memory trace (see
+    `keep_step_spans_in_store`)."""
     if _streams_loaded():
         _check_cancel()
     attempt = frame.run.attempt
@@ -631,7 +799,8 @@ def begin_step(frame: Frame, kind: str, name: str, span_input: Any = None) -> St
             attributes={"step_key": key},
             replayed=True,
         )
-        frame.trace.spans.append(span)
+        if keep:
+            frame.trace.spans.append(span)
         attempt.replayed(span.span_id, parent.span_id, kind, name, now, key, capture)
         if _events.current_bus() is not None:
             _emit("span_started", span, {"kind": kind})
@@ -646,7 +815,8 @@ def begin_step(frame: Frame, kind: str, name: str, span_input: Any = None) -> St
         started_at=now,
         attributes={"step_key": key},
     )
-    frame.trace.spans.append(span)
+    if keep:
+        frame.trace.spans.append(span)
     if _events.current_bus() is not None:
         _emit("span_started", span, {"kind": kind})
     if span_input is not None and _capture():
@@ -737,7 +907,8 @@ def journaled_step(
 ) -> Any:
     """One journaled step on the sync path: replay, or run
     `execute(inner_frame, args, kwargs)` then commit."""
-    step = begin_step(frame, kind, name)
+    keep = kind != "task" or frame.run.span_mark is None
+    step = begin_step(frame, kind, name, None, keep)
     if step.inner is None:
         return replayed_value(frame, step)
     if _capture():
@@ -747,6 +918,9 @@ def journaled_step(
         value = execute(step.inner, args, kwargs)
     except BaseException as exc:
         fail_span(frame.run, step.span, exc)
+        if not keep:
+            # Only `ok` step spans are read back from the store.
+            frame.trace.add(step.span)
         if frame.run.journal_failures and isinstance(exc, Exception):
             raise_journaled_failure(step, exc)
         raise
@@ -759,7 +933,8 @@ async def ajournaled_step(
     frame: Frame, kind: str, name: str, execute: Callable[..., Any], args: tuple, kwargs: dict
 ) -> Any:
     """The async twin of `journaled_step`: `execute` returns an awaitable."""
-    step = begin_step(frame, kind, name)
+    keep = kind != "task" or frame.run.span_mark is None
+    step = begin_step(frame, kind, name, None, keep)
     if step.inner is None:
         return replayed_value(frame, step)
     if _capture():
@@ -769,6 +944,8 @@ async def ajournaled_step(
         value = await execute(step.inner, args, kwargs)
     except BaseException as exc:
         fail_span(frame.run, step.span, exc)
+        if not keep:
+            frame.trace.add(step.span)
         if frame.run.journal_failures and isinstance(exc, Exception):
             raise_journaled_failure(step, exc)
         raise
@@ -1023,6 +1200,7 @@ def make_run_result(run: RunState, outcome, usage: Any = None, messages: Any = N
     """The `Run` of a settled top-level run; `usage`/`messages` default to
     the attempt's llm rollup and an empty conversation."""
     status, output, pause = outcome
+    attach_step_spans(run)
     if status == "cancelled":
         return Run(
             id=run.run_id, status="cancelled", output=None, usage=None, trace=run.trace, messages=[]
@@ -1051,8 +1229,9 @@ def make_run_result(run: RunState, outcome, usage: Any = None, messages: Any = N
 def subtree_usage(trace: Trace, root: Span):
     """Usage of the `llm` spans under `root`, or `None` when there are none.
     Spans are in start order, so the subtree follows `root`: only spans
-    opened since `root` are visited (no quadratic work in run length)."""
-    spans = trace.spans
+    opened since `root` are visited (no quadratic work in run length).
+    `llm` spans are always kept in memory, so this never reads the store."""
+    spans = trace._spans
     start = len(spans) - 1
     while start >= 0 and spans[start] is not root:
         start -= 1
@@ -1070,9 +1249,9 @@ def subtree_usage(trace: Trace, root: Span):
 
 def rollup_usage(trace: Trace):
     """Usage of the attempt's `llm` spans, or `None` ("nothing yet") when it
-    made no model call."""
+    made no model call (from the spans in memory: `llm` spans always are)."""
     total = None
-    for span in trace.spans:
+    for span in trace._spans:
         if span.kind == "llm" and span.usage is not None:
             total = span.usage if total is None else total + span.usage
     return total

@@ -283,11 +283,14 @@ class Flow(Generic[P, R]):
         name: str,
         journal_failures: bool = False,
         retry: Any = None,
+        durability: str | None = None,
     ):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = name
         self.journal_failures = journal_failures
+        # None: `COMPOSE_DURABILITY`, read at each run.
+        self.durability = durability
         # EXT-8: None (= RetryPolicy.NONE) or a policy with several attempts.
         self.retry = retry if retry is not None and retry.max_attempts > 1 else None
         self.fingerprint = _fingerprint(fn)
@@ -341,6 +344,7 @@ class Flow(Generic[P, R]):
     def _drive(self, run, args: tuple, kwargs: dict, meter=None):
         _core.set_module(run.attempt, self.fn.__module__)
         run.journal_failures = self.journal_failures
+        _engine.apply_durability(run, self.durability)
         root = self._root(run, args, kwargs)
         token = _engine.BUDGETS.set((meter,)) if meter is not None else None
         try:
@@ -379,6 +383,7 @@ class Flow(Generic[P, R]):
     async def _adrive(self, run, args: tuple, kwargs: dict, meter=None):
         _core.set_module(run.attempt, self.fn.__module__)
         run.journal_failures = self.journal_failures
+        _engine.apply_durability(run, self.durability)
         root = self._root(run, args, kwargs)
         token = _engine.BUDGETS.set((meter,)) if meter is not None else None
         try:
@@ -495,12 +500,19 @@ def flow(
     replace: bool = False,
     journal_failures: bool = False,
     retry: Any = None,
+    durability: str | None = None,
 ) -> _FlowDecorator: ...
-def flow(fn=None, /, *, name=None, replace=False, journal_failures=False, retry=None):
+def flow(
+    fn=None, /, *, name=None, replace=False, journal_failures=False, retry=None, durability=None
+):
     """Declares a durable flow, bare or with keyword options (FLOW-8).
     `journal_failures=True`: failed steps raise a journaled `TaskFailed`
     (EXT-7); `retry=RetryPolicy(...)`: the engine re-attempts a failed run
-    after a durable backoff (EXT-8)."""
+    after a durable backoff (EXT-8); `durability="batch"`: steps are
+    group-committed in the background (default `"step"`, or
+    `COMPOSE_DURABILITY`)."""
+    if durability is not None:
+        _engine.check_durability(durability, "@flow(durability=...)")
 
     def decorate(f: Callable[..., Any]) -> Flow:
         flow_name = name or f.__name__
@@ -509,7 +521,13 @@ def flow(fn=None, /, *, name=None, replace=False, journal_failures=False, retry=
             from ._retry import resolve
 
             policy = resolve(f"@flow {flow_name!r}", 0, retry)
-        obj = Flow(f, name=flow_name, journal_failures=bool(journal_failures), retry=policy)
+        obj = Flow(
+            f,
+            name=flow_name,
+            journal_failures=bool(journal_failures),
+            retry=policy,
+            durability=durability,
+        )
         _register(
             _FLOWS,
             obj,

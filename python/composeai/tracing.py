@@ -80,7 +80,26 @@ class Trace:
 
     def __init__(self, trace_id: str, spans: list[Span] | None = None):
         self.trace_id = trace_id
-        self.spans: list[Span] = list(spans) if spans else []
+        self._spans: list[Span] = list(spans) if spans else []
+        # A finished flow run's trace reads the spans it did not keep in
+        # memory from the store, on first access.
+        self._load: Any = None
+
+    @property
+    def spans(self) -> list[Span]:
+        load = self._load
+        if load is not None:
+            self._load = None
+            self._spans = load(self._spans)
+        return self._spans
+
+    @spans.setter
+    def spans(self, value: list[Span]) -> None:
+        self._load = None
+        self._spans = value
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"trace_id": self.trace_id, "_spans": self.spans, "_load": None}
 
     def __repr__(self) -> str:
         return f"Trace(trace_id={self.trace_id!r}, spans=<{len(self.spans)} spans>)"

@@ -166,6 +166,11 @@ impl PyAttempt {
         fence: Option<&PyFence>,
     ) -> PyResult<Bound<'py, PyString>> {
         let span = span.map(span_from_py).transpose()?;
+        if self.inner.batches(fence.map(|f| &f.inner)) {
+            // Only queued: no I/O to release the GIL for.
+            let stored = self.inner.commit(key, value_json, span, None).py_err()?;
+            return Ok(PyString::new(py, &stored));
+        }
         let fence = fence.map(|f| f.inner.clone());
         let inner = self.inner.clone();
         let stored = py
@@ -253,6 +258,22 @@ impl PyAttempt {
             .commit_deferred(key, value_json, span, fence.map(|f| &f.inner))
             .py_err()?;
         Ok(PyString::new(py, &stored))
+    }
+
+    /// Where this attempt's spans begin in the store: 0 for a first
+    /// attempt (a new run has none), `None` when the store cannot read
+    /// spans back (see `step_spans`).
+    fn span_mark(&self, py: Python<'_>) -> PyResult<Option<i64>> {
+        let store = self.inner.store().clone();
+        if !self.inner.is_first() {
+            return py.allow_threads(move || store.span_mark()).py_err();
+        }
+        Ok(store.reads_spans().then_some(0))
+    }
+
+    /// Switches the attempt to batch durability (`durability="batch"`).
+    fn set_batch(&self) -> PyResult<()> {
+        self.inner.set_batch().py_err()
     }
 
     /// Waits until every deferred journal write of this attempt is durable.

@@ -14,6 +14,19 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::sync::Arc;
 
+type StepSpanTuple = (
+    String,
+    Option<String>,
+    String,
+    f64,
+    Option<f64>,
+    bool,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+
 #[pyclass(name = "Store", module = "composeai._core", frozen)]
 pub struct PyStore {
     pub inner: Arc<dyn Store>,
@@ -272,6 +285,37 @@ impl PyStore {
         d.set_item("created_at", c.created_at)?;
         d.set_item("updated_at", c.updated_at)?;
         Ok(Some(d))
+    }
+
+    /// The `ok` task-step spans of run `run_id` stored after `mark` (see
+    /// `Attempt.span_mark`), in write order:
+    /// `(span_id, parent_span_id, name, started_at, ended_at, replayed,
+    /// step_key, attributes_json, input_json, output_json)`.
+    fn step_spans(&self, py: Python<'_>, run_id: &str, mark: i64) -> PyResult<Vec<StepSpanTuple>> {
+        let store = self.inner.clone();
+        let rows = py
+            .allow_threads(move || match store.get_run(run_id)? {
+                Some(run) => store.step_spans(run.rid, mark),
+                None => Ok(Vec::new()),
+            })
+            .py_err()?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                (
+                    r.span_id,
+                    r.parent_span_id,
+                    r.name,
+                    r.started_at,
+                    r.ended_at,
+                    r.replayed,
+                    r.step_key,
+                    r.attributes_json,
+                    r.input_json,
+                    r.output_json,
+                )
+            })
+            .collect())
     }
 
     fn flush(&self, py: Python<'_>) -> PyResult<()> {

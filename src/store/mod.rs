@@ -9,6 +9,7 @@ mod migrate;
 pub mod postgres;
 pub mod query;
 pub mod sqlite;
+pub mod step_spans;
 pub mod url;
 
 use crate::error::CoreResult;
@@ -217,8 +218,52 @@ pub trait Store: Send + Sync {
         span: Option<SpanRecord>,
     ) -> std::sync::Arc<sqlite::Slot>;
 
+    /// Whether `commit_batched` is available (batch durability).
+    fn supports_batch(&self) -> bool {
+        false
+    }
+
+    /// Queues `value` under `key` with its span for the background writer,
+    /// which commits it within `sqlite::BATCH_LATENCY`, in queue order with
+    /// every other queued write (batch durability). `slot` is shared by all
+    /// batched writes of one attempt: it keeps the first failure, and once
+    /// it holds one, later writes through it are dropped rather than stored
+    /// after a lost one.
+    fn commit_batched(
+        &self,
+        _rid: i64,
+        _key: &str,
+        _value: &str,
+        _span: Option<SpanRecord>,
+        _slot: &std::sync::Arc<sqlite::Slot>,
+    ) -> CoreResult<()> {
+        Err(crate::error::CoreError::Config(format!(
+            "composeai store '{}': durability 'batch' is not supported by this store yet -- \
+             use durability 'step' (the default)",
+            self.path()
+        )))
+    }
+
     /// Writes everything queued.
     fn flush(&self) -> CoreResult<()>;
+
+    /// Whether `span_mark`/`step_spans` read spans back.
+    fn reads_spans(&self) -> bool {
+        false
+    }
+
+    /// A position in the store's span rows, after writing everything
+    /// queued (see `step_spans`); `None` when the store cannot read spans
+    /// back for a run's trace.
+    fn span_mark(&self) -> CoreResult<Option<i64>> {
+        Ok(None)
+    }
+
+    /// The `ok` task-step spans of `rid` written after `mark`, after
+    /// writing everything queued.
+    fn step_spans(&self, _rid: i64, _mark: i64) -> CoreResult<Vec<step_spans::StepSpanRow>> {
+        Ok(Vec::new())
+    }
 
     /// Settles an attempt: status, output or error, pending interrupts, lease
     /// released, queued spans written, all in one transaction.

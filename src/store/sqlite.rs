@@ -124,6 +124,13 @@ type StepResult = CoreResult<Option<String>>;
 pub struct Slot(Mutex<Option<StepResult>>);
 
 impl Slot {
+    /// A write sharing this slot failed: the slot keeps the error, and
+    /// later writes sharing it are not applied (so a batch-durability run
+    /// never has a later step stored without an earlier one).
+    pub fn failed(&self) -> bool {
+        matches!(&*self.0.lock(), Some(Err(_)))
+    }
+
     /// The write's outcome, once a commit has applied it.
     pub fn outcome(&self) -> Option<StepResult> {
         self.0.lock().clone()
@@ -144,12 +151,19 @@ const BACKGROUND_BATCH: usize = 256;
 /// writer commits it on its own.
 const SPAN_LATENCY: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// How long a batch-durability step may wait in the queue before the
+/// background writer group-commits it: half the 10 ms promised, leaving the
+/// rest for the commit itself.
+pub const BATCH_LATENCY: std::time::Duration = std::time::Duration::from_millis(5);
+
 #[derive(Default)]
 struct Queue {
     ops: Vec<Op>,
     /// A deferred journal write is waiting: commit without waiting for a
     /// full batch.
     urgent: bool,
+    /// When the oldest queued batch-durability step must be committed.
+    due: Option<std::time::Instant>,
     shutdown: bool,
     background_started: bool,
 }
@@ -245,6 +259,18 @@ impl SqliteStore {
         let mut q = self.queue.lock();
         q.ops.push(op);
         q.urgent |= urgent;
+        if !self.start_writer(&mut q) {
+            return;
+        }
+        if q.urgent || q.ops.len() >= BACKGROUND_BATCH {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Starts the background writer on first need; `false` when it could
+    /// not be started (queued writes then wait for the next foreground
+    /// commit or flush).
+    fn start_writer(&self, q: &mut Queue) -> bool {
         if !q.background_started {
             q.background_started = true;
             let inner = Arc::clone(&self.inner);
@@ -252,15 +278,11 @@ impl SqliteStore {
                 .name("composeai-writer".into())
                 .spawn(move || inner.background_writer());
             if spawned.is_err() {
-                // Without the thread, queued writes wait for the next
-                // foreground commit or flush.
                 q.background_started = false;
-                return;
+                return false;
             }
         }
-        if q.urgent || q.ops.len() >= BACKGROUND_BATCH {
-            self.wake.notify_one();
-        }
+        true
     }
 }
 
@@ -302,7 +324,11 @@ impl Inner {
                     if q.shutdown || q.urgent || q.ops.len() >= BACKGROUND_BATCH {
                         break;
                     }
-                    if q.ops.is_empty() {
+                    if let Some(due) = q.due {
+                        if self.wake.wait_until(&mut q, due).timed_out() {
+                            break;
+                        }
+                    } else if q.ops.is_empty() {
                         self.wake.wait(&mut q);
                     } else if self.wake.wait_for(&mut q, SPAN_LATENCY).timed_out() {
                         // Finished spans reach the store within this delay
@@ -328,6 +354,7 @@ impl Inner {
     fn take_queue(&self) -> Vec<Op> {
         let mut q = self.queue.lock();
         q.urgent = false;
+        q.due = None;
         std::mem::take(&mut q.ops)
     }
 
@@ -386,7 +413,10 @@ impl Inner {
         match outcome {
             Ok(()) => {
                 for (slot, winner) in results {
-                    *slot.0.lock() = Some(winner);
+                    let mut outcome = slot.0.lock();
+                    if !matches!(&*outcome, Some(Err(_))) {
+                        *outcome = Some(winner);
+                    }
                 }
                 extra_error.map_or(Ok(()), Err)
             }
@@ -523,6 +553,9 @@ fn write_ops(
                 value,
                 slot,
             } => {
+                if slot.failed() {
+                    continue;
+                }
                 if let Some(run_id) = moved_run(*rid)? {
                     results.push((slot.clone(), Err(crate::lease::moved(&run_id))));
                     continue;
@@ -937,9 +970,63 @@ impl Store for SqliteStore {
         slot
     }
 
+    fn supports_batch(&self) -> bool {
+        true
+    }
+
+    fn commit_batched(
+        &self,
+        rid: i64,
+        key: &str,
+        value: &str,
+        span: Option<SpanRecord>,
+        slot: &Arc<Slot>,
+    ) -> CoreResult<()> {
+        let mut q = self.queue.lock();
+        q.ops.push(Op::Step {
+            rid,
+            key: key.to_string(),
+            value: value.to_string(),
+            slot: slot.clone(),
+        });
+        if let Some(s) = span {
+            q.ops.push(Op::Span(Box::new(s)));
+        }
+        if !self.start_writer(&mut q) {
+            // No writer to meet the deadline: commit now.
+            drop(q);
+            return self.flush();
+        }
+        if q.due.is_none() {
+            q.due = Some(std::time::Instant::now() + BATCH_LATENCY);
+            self.wake.notify_one();
+        } else if q.ops.len() >= BACKGROUND_BATCH {
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
     fn flush(&self) -> CoreResult<()> {
         let mut w = self.lock_writer();
         self.drain(&mut w)
+    }
+
+    fn reads_spans(&self) -> bool {
+        true
+    }
+
+    fn span_mark(&self) -> CoreResult<Option<i64>> {
+        let mut w = self.lock_writer();
+        self.drain(&mut w)?;
+        super::step_spans::span_mark(&w.conn)
+            .map(Some)
+            .at(&self.path)
+    }
+
+    fn step_spans(&self, rid: i64, mark: i64) -> CoreResult<Vec<super::step_spans::StepSpanRow>> {
+        let mut w = self.lock_writer();
+        self.drain(&mut w)?;
+        super::step_spans::step_spans(&w.conn, rid, mark).at(&self.path)
     }
 
     fn settle_with(
@@ -1191,7 +1278,9 @@ impl Store for SqliteStore {
     }
 
     fn journal(&self, rid: i64) -> CoreResult<Vec<(String, String)>> {
-        let w = self.lock_writer();
+        // Batched steps are part of the journal this process reads.
+        let mut w = self.lock_writer();
+        self.drain(&mut w)?;
         read_journal(&w.conn, rid).at(&self.path)
     }
 
