@@ -183,7 +183,7 @@ impl Shared {
             // reader) are copied later, while that makes progress; a
             // checkpoint that changed nothing waits for the next request.
             let frames = self.state.lock().frames;
-            behind = done.map_or(true, |(log, copied)| copied < log.max(frames)) && done != last;
+            behind = done.is_none_or(|(log, copied)| copied < log.max(frames)) && done != last;
             last = done;
         }
     }
