@@ -57,10 +57,8 @@ def measure(db: str, units: int, work) -> dict:
         work()
     commits = wal_commits(db, start)
     hold.execute("COMMIT")
-    names = dict(
-        (pgno, name)
-        for name, pgno in sqlite3.connect(db).execute("SELECT name, pageno FROM dbstat")
-    )
+    dbstat = sqlite3.connect(db).execute("SELECT name, pageno FROM dbstat")
+    names = {pgno: name for name, pgno in dbstat}
     by_name = collections.Counter(names.get(p, "(free or new)") for c in commits for p in c)
     frames = sum(len(c) for c in commits)
     return {

@@ -17,9 +17,8 @@ from contextlib import closing
 from pathlib import Path
 
 import composeai as compose
-from composeai import _core
-
 from _proc import Sandbox, wait_until
+from composeai import _core
 
 CHECKPOINT_THREAD = "composeai-ckpt"
 WAL_FRAME = 4096 + 24
@@ -72,7 +71,7 @@ def test_obs1_sqlite3_connections_during_and_after_runs_with_checkpoints_running
     WAL started over several times, and every row is there, intact."""
     box = Sandbox(tmp_path)
     result = box.run(
-        f"""
+        """
         import os, sqlite3, threading
         from contextlib import closing
         import composeai as compose
@@ -86,7 +85,7 @@ def test_obs1_sqlite3_connections_during_and_after_runs_with_checkpoints_running
 
         @compose.task
         def payload(i):
-            return f"{{i:06d}}" + "x" * 3000
+            return f"{i:06d}" + "x" * 3000
 
         @compose.flow
         def fill(n):
@@ -95,8 +94,8 @@ def test_obs1_sqlite3_connections_during_and_after_runs_with_checkpoints_running
             return n
 
         g = Graph(name="blobs")
-        g.add_node("a", lambda s: {{"blob": "y" * 3000, "n": s.get("n", 0) + 1}})
-        g.add_node("b", lambda s: {{"blob": "z" * 3000}})
+        g.add_node("a", lambda s: {"blob": "y" * 3000, "n": s.get("n", 0) + 1})
+        g.add_node("b", lambda s: {"blob": "z" * 3000})
         g.start("a").edge("a", "b").edge("b", END)
         thread = g.compile().thread("t")
 
@@ -111,13 +110,13 @@ def test_obs1_sqlite3_connections_during_and_after_runs_with_checkpoints_running
         sequences = set()
         background = threading.Thread(target=reader)
         background.start()
-        for batch in range(12):
+        for _ in range(12):
             fill.run(250)
             thread.run()
             with open(db + "-wal", "rb") as f:
                 sequences.add(f.read(16)[12:16])
         threads_named = [
-            open(f"/proc/self/task/{{t}}/comm").read().strip()
+            open(f"/proc/self/task/{t}/comm").read().strip()
             for t in os.listdir("/proc/self/task")
         ]
         stop.set()
