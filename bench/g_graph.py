@@ -168,8 +168,7 @@ print(sum(os.path.getsize(p) for p in (db, db + "-wal") if os.path.exists(p)))
 
 
 def store_bytes(directory: str) -> int:
-    """The store's size after folding its WAL in, measured by another process:
-    a second SQLite library in this one must not touch the engine's files."""
+    """The store's size after folding its WAL in, measured by another process."""
     out = subprocess.run(
         [sys.executable, "-c", MEASURE, directory], capture_output=True, text=True, check=True
     )

@@ -32,8 +32,7 @@ def calls(*specs: tuple) -> dict:
 
 
 def chat_row(state_dir, chat_id: str):
-    """The `chats` row, read through the core (a second SQLite library in this process
-    would share the file's POSIX locks with the engine's)."""
+    """The `chats` row, read through the core."""
     return _engine.get_store().load_chat(chat_id)
 
 

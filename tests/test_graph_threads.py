@@ -30,9 +30,7 @@ from composeai.graph import (
 
 
 def read(path, sql: str) -> list:
-    """Reads a store the engine has open, read-only and closed at once: this
-    process's second SQLite library must never checkpoint or remove the
-    engine's WAL (it would, on closing a writable connection)."""
+    """Reads a store the engine has open, read-only and closed at once."""
     with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
         return db.execute(sql).fetchall()
 
@@ -358,7 +356,7 @@ def test_ext27_thread_methods_have_async_twins():
 
 def test_ext0_3_a_version_2_store_gains_the_graph_tables_in_place(tmp_path):
     path = tmp_path / "old" / "runs.db"
-    # Made by another process, so this one's second SQLite library is alone on the file.
+    # Made by another process.
     subprocess.run(
         [
             sys.executable,
@@ -382,5 +380,5 @@ def test_ext0_3_a_version_2_store_gains_the_graph_tables_in_place(tmp_path):
         runs_before = db.execute("SELECT count(*) FROM runs").fetchone()[0]
     app = counter_graph("v2b", f"sqlite:///{path}")
     assert app.thread("new").run().state["n"] == 1
-    assert read(path, "PRAGMA user_version") == [(7,)]
+    assert read(path, "PRAGMA user_version") == [(8,)]
     assert read(path, "SELECT count(*) FROM runs") == [(runs_before + 1,)]

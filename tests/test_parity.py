@@ -565,9 +565,8 @@ def test_top_level_all_is_exactly_the_spec_list():
 
 
 def test_obs1_in_process_sqlite3_readers_see_every_commit_which_survives_kill_9(tmp_path):
-    """Python's sqlite3 is a second SQLite library in the process: when its connection closes
-    it deletes the WAL the engine writes to. Later commits must still reach the file readers
-    open, and survive a crash."""
+    """Python's sqlite3 in the process (the engine's own SQLite library) reads the store while
+    runs go on: every commit reaches the file readers open, and survives a crash."""
     box = Sandbox(tmp_path)
     box.write_module(
         "sqlite_reader",

@@ -243,6 +243,14 @@ pub struct DueRun {
     pub module: Option<String>,
 }
 
+/// Runs an attempt may have been executing: leased (running, or a resumed
+/// `paused` run), or running without a lease. Read through the partial index
+/// `runs_active`.
+pub const RECOVERABLE_RUNS: &str = "SELECT run_id, kind, name, lease_owner, lease_until FROM runs \
+     WHERE lease_owner IS NOT NULL AND status IN ('running', 'paused') \
+     UNION ALL SELECT run_id, kind, name, lease_owner, lease_until FROM runs \
+     WHERE status = 'running' AND lease_owner IS NULL";
+
 /// EXT-2: parked runs whose timer passed or whose awaited signal arrived,
 /// then runs an attempt was executing whose lease holder is dead (a
 /// resumed run keeps its `paused` status while it executes); at most
@@ -293,12 +301,7 @@ pub fn due_runs(
             }
         }
     }
-    let mut st = conn.prepare_cached(
-        "SELECT run_id, kind, name, lease_owner, lease_until FROM runs \
-         WHERE lease_owner IS NOT NULL AND status IN ('running', 'paused') \
-         UNION ALL SELECT run_id, kind, name, lease_owner, lease_until FROM runs \
-         WHERE status = 'running' AND lease_owner IS NULL",
-    )?;
+    let mut st = conn.prepare_cached(RECOVERABLE_RUNS)?;
     let mut rows = st.query([])?;
     while let Some(r) = rows.next()? {
         if out.len() >= limit {

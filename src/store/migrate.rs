@@ -99,6 +99,10 @@ pub fn bring_up_to_date(conn: &Connection, path: &str, version: i64) -> CoreResu
     if version < crate::lease::SQLITE_SCHEMA_VERSION {
         conn.execute_batch(crate::lease::SQLITE_SCHEMA).at(path)?;
     }
+    if version < crate::durable::schema::ACTIVE_RUNS_VERSION {
+        conn.execute_batch(crate::durable::schema::ACTIVE_RUNS_SCHEMA)
+            .at(path)?;
+    }
     conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
         .at(path)?;
     conn_tx.commit()?;

@@ -5,6 +5,7 @@
 //! several machines) can be added behind the same trait.
 
 pub mod chat;
+mod checkpointer;
 mod migrate;
 pub mod postgres;
 pub mod query;

@@ -7,6 +7,7 @@
 //! commit on their own thread with no hand-off, and concurrent callers share
 //! commits.
 
+use super::checkpointer::Checkpointer;
 use super::migrate;
 use super::{
     AgentStateRow, InterruptRow, LeaseCheck, NewRun, PriorSpend, RunRow, Settlement, SpanRecord,
@@ -20,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub const SCHEMA_VERSION: i64 = crate::lease::SQLITE_SCHEMA_VERSION;
+pub const SCHEMA_VERSION: i64 = 8;
 
 pub fn now() -> f64 {
     SystemTime::now()
@@ -181,10 +182,8 @@ enum Op {
 struct Writer {
     conn: Connection,
     traces: HashMap<String, i64>,
-    full_sync: bool,
-    wal_path: std::path::PathBuf,
-    /// The WAL file existed at the last check.
-    wal_seen: bool,
+    /// After `conn`, which calls into it on every commit.
+    _checkpointer: Option<Checkpointer>,
 }
 
 /// The store's state, shared with its background writer thread.
@@ -237,15 +236,14 @@ impl SqliteStore {
             .map(|v| v.eq_ignore_ascii_case("full"))
             .unwrap_or(false);
         let conn = open_connection(path, full_sync)?;
+        let checkpointer = Checkpointer::start(path, &conn);
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 path: path.to_string(),
                 writer: Mutex::new(Writer {
                     conn,
                     traces: HashMap::new(),
-                    full_sync,
-                    wal_path: format!("{path}-wal").into(),
-                    wal_seen: false,
+                    _checkpointer: checkpointer,
                 }),
                 queue: Mutex::new(Queue::default()),
                 wake: Condvar::new(),
@@ -287,33 +285,8 @@ impl SqliteStore {
 }
 
 impl Inner {
-    /// The connection, checked for a WAL file deleted under it. Another
-    /// SQLite library in this process (Python's `sqlite3`, reading the store)
-    /// shares the file's POSIX locks, so when its last connection closes it
-    /// believes it is alone: it checkpoints and deletes the WAL our
-    /// connection still writes to, and later commits would land in the
-    /// unlinked file, unseen by new readers and lost in a crash. Reopening
-    /// (after the checkpoint, so nothing is lost) puts commits back in the
-    /// file everyone reads.
     fn lock_writer(&self) -> parking_lot::MutexGuard<'_, Writer> {
-        let mut w = self.writer.lock();
-        if w.wal_path.exists() {
-            w.wal_seen = true;
-        } else if w.wal_seen {
-            w.wal_seen = false;
-            if let Ok(placeholder) = Connection::open_in_memory() {
-                // Closed first, as the last connection of this library, so
-                // it checkpoints whatever it wrote since the deletion.
-                drop(std::mem::replace(&mut w.conn, placeholder));
-                // Failing to reopen leaves the placeholder: every later
-                // write then fails instead of going astray.
-                if let Ok(conn) = open_connection(&self.path, w.full_sync) {
-                    w.conn = conn;
-                }
-                w.traces.clear();
-            }
-        }
-        w
+        self.writer.lock()
     }
 
     fn background_writer(&self) {

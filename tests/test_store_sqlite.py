@@ -1,0 +1,178 @@
+"""The SQLite store and Python's `sqlite3` in one process; WAL checkpoints (OBS-1, OBS-2).
+
+The core links the same SQLite library as Python's `sqlite3` module, so a connection a user
+(or a test) opens on `runs.db` sees the engine's connections and locks. With a second library
+in the process, such a connection would believe it is alone on the file: closing it would
+delete the WAL the engine writes to, and opening it could truncate the `-shm` file the engine
+has mapped (SIGBUS). A store's WAL is copied into the database by a checkpoint thread of its
+own, not by the commit that grows it.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import composeai as compose
+from _proc import Sandbox, wait_until
+from composeai import _core
+
+CHECKPOINT_THREAD = "composeai-ckpt"
+WAL_FRAME = 4096 + 24
+
+
+def wal_sequence(db: Path) -> bytes:
+    """The WAL header's checkpoint sequence number: it changes when the WAL starts over,
+    which happens only once a checkpoint has copied every frame."""
+    with open(f"{db}-wal", "rb") as f:
+        return f.read(16)[12:16]
+
+
+def checkpoint_threads() -> int:
+    tasks = Path("/proc/self/task")
+    return sum((t / "comm").read_text().strip() == CHECKPOINT_THREAD for t in tasks.iterdir())
+
+
+@compose.task
+def payload(i: int) -> str:
+    return f"{i:06d}" + "x" * 3000
+
+
+@compose.flow
+def fill(n: int) -> int:
+    for i in range(n):
+        payload(i)
+    return n
+
+
+def test_obs1_closing_an_in_process_sqlite3_connection_keeps_the_engines_wal(isolated_state):
+    """OBS-1: Python's sqlite3 sees the engine's open connection, so closing its own (the
+    last one of a second library would be) neither checkpoints nor deletes the WAL."""
+    assert fill.run(3).output == 3
+    db = isolated_state / "runs.db"
+    wal = Path(f"{db}-wal")
+    assert wal.exists()
+    for _ in range(3):
+        with closing(sqlite3.connect(db)) as conn:
+            assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] >= 1
+        assert wal.exists()
+    assert fill.run(2).output == 2
+    with closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("SELECT count(*) FROM journal").fetchone()[0] == 5
+
+
+def test_obs1_sqlite3_connections_during_and_after_runs_with_checkpoints_running(tmp_path):
+    """OBS-1: while flows and a graph thread commit (their WAL checkpointed by the store's
+    thread), another thread of the same process keeps opening, reading and closing its own
+    sqlite3 connections on runs.db, and goes on after the runs; the process survives, the
+    WAL started over several times, and every row is there, intact."""
+    box = Sandbox(tmp_path)
+    result = box.run(
+        """
+        import os, sqlite3, threading
+        from contextlib import closing
+        import composeai as compose
+        from composeai.graph import END, Graph
+
+        db = os.path.join(os.environ["COMPOSE_DIR"], "runs.db")
+
+        def peek():
+            with closing(sqlite3.connect(db, timeout=30)) as conn:
+                return conn.execute("SELECT count(*) FROM runs").fetchone()[0]
+
+        @compose.task
+        def payload(i):
+            return f"{i:06d}" + "x" * 3000
+
+        @compose.flow
+        def fill(n):
+            for i in range(n):
+                payload(i)
+            return n
+
+        g = Graph(name="blobs")
+        g.add_node("a", lambda s: {"blob": "y" * 3000, "n": s.get("n", 0) + 1})
+        g.add_node("b", lambda s: {"blob": "z" * 3000})
+        g.start("a").edge("a", "b").edge("b", END)
+        thread = g.compile().thread("t")
+
+        stop, peeks = threading.Event(), [0]
+
+        def reader():
+            while not stop.is_set():
+                peek()
+                peeks[0] += 1
+
+        fill.run(1)
+        sequences = set()
+        background = threading.Thread(target=reader)
+        background.start()
+        for _ in range(12):
+            fill.run(250)
+            thread.run()
+            with open(db + "-wal", "rb") as f:
+                sequences.add(f.read(16)[12:16])
+        threads_named = [
+            open(f"/proc/self/task/{t}/comm").read().strip()
+            for t in os.listdir("/proc/self/task")
+        ]
+        stop.set()
+        background.join()
+        after = [peek() for _ in range(20)]
+        with closing(sqlite3.connect(db)) as conn:
+            integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
+            steps = conn.execute("SELECT count(*) FROM journal").fetchone()[0]
+        emit(
+            threads=threads_named,
+            restarts=len(sequences),
+            peeks=peeks[0],
+            after=sorted(set(after)),
+            integrity=integrity,
+            steps=steps,
+            n=thread.state()["n"],
+        )
+        """
+    )
+    data = result.ok()
+    assert CHECKPOINT_THREAD in data["threads"]
+    assert data["restarts"] > 1, "the workload must outgrow the WAL several times"
+    assert data["peeks"] > 0
+    assert data["after"] == [25]
+    assert data["integrity"] == "ok"
+    assert data["steps"] == 1 + 12 * 250
+    assert data["n"] == 12
+
+
+def test_obs1_a_pause_lets_the_checkpoint_thread_copy_the_whole_wal(isolated_state):
+    """OBS-1: a WAL grown past the checkpoint limit, then left alone, is copied into the
+    database by the store's thread: the next commit starts it over, although no commit
+    checkpointed (the writer's own checkpoint only comes far later)."""
+    db = isolated_state / "runs.db"
+    fill.run(1)
+    start = wal_sequence(db)
+    # About 1,500 frames: past the 1,000 that wake the thread, well short of the
+    # writer's own checkpoint.
+    fill.run(500)
+    largest = os.path.getsize(f"{db}-wal")
+    assert 1000 * WAL_FRAME < largest < 8000 * WAL_FRAME
+
+    def started_over():
+        fill.run(1)
+        return wal_sequence(db) != start
+
+    wait_until(started_over, what="the WAL to start over")
+
+
+def test_obs1_the_checkpoint_thread_stops_with_its_store(tmp_path):
+    """OBS-1: one checkpoint thread per open store; dropping the store stops and joins it."""
+    gc.collect()
+    before = checkpoint_threads()
+    store = _core.Store(str(tmp_path / "own.db"))
+    # The thread names itself once it runs.
+    wait_until(lambda: checkpoint_threads() == before + 1, what="the checkpoint thread")
+    del store
+    gc.collect()
+    wait_until(lambda: checkpoint_threads() == before, what="the checkpoint thread to stop")
