@@ -64,6 +64,7 @@ class _RunCancelled(BaseException):
 
 
 _core.register_errors(ConfigError, SerializationError, _Revoked, _RunCancelled)
+_core.register_decoder(_codec.loads)
 
 # ---------------------------------------------------------------------------
 # The store
@@ -575,6 +576,11 @@ def driven_synchronously():
     return ASYNC_DRIVER.set(None)
 
 
+_MODULES = sys.modules
+_STREAMS = "composeai._streams"
+_current_bus = _events._BUS.get
+
+
 def _streams_loaded() -> bool:
     # A run can only be cancelled through a stream; until one was created
     # there is no token to look at.
@@ -608,42 +614,41 @@ def begin_step(frame: Frame, kind: str, name: str, span_input: Any = None) -> St
     as replayed and nothing else runs (FLOW-16)."""
     if _streams_loaded():
         _check_cancel()
-    attempt = frame.run.attempt
-    key, hit = attempt.reserve(frame.scope, name, frame.fence)
+    hit = frame.run.attempt.replay(frame.scope, name, kind, frame.span.span_id, _capture(), frame.fence)
+    if type(hit) is tuple:
+        return StepStart(frame, hit[6], None, replayed_hit(frame, hit), None)
+    return started_step(frame, kind, name, hit, span_input)
+
+
+def replayed_hit(frame: Frame, hit: tuple) -> Any:
+    """Records the span of a replayed step (the core already queued its
+    row) and returns the step's value."""
+    trace = frame.trace
+    trace._add_replayed(hit)
+    if _current_bus() is not None:
+        _emit_replayed(trace)
+    return hit[0]
+
+
+def _emit_replayed(trace: Trace) -> None:
+    span = trace.spans[-1]
+    _emit("span_started", span, {"kind": span.kind})
+    _emit("span_finished", span, {"kind": span.kind, "status": "ok"})
+
+
+def started_step(frame: Frame, kind: str, name: str, key: str, span_input: Any) -> StepStart:
+    """A journal miss: the step's span and frame, to execute the body under."""
     parent = frame.span
-    now = time.time()
-    if hit is not None:
-        value = _codec.loads(hit)
-        capture = _capture()
-        span = Span(
-            trace_id=parent.trace_id,
-            span_id=_core.ulid(),
-            parent_span_id=parent.span_id,
-            kind=kind,
-            name=name,
-            started_at=now,
-            ended_at=now,
-            status="ok",
-            output=value if capture else None,
-            attributes={"step_key": key},
-            replayed=True,
-        )
-        frame.trace.spans.append(span)
-        attempt.replayed(span.span_id, parent.span_id, kind, name, now, key, capture)
-        if _events.current_bus() is not None:
-            _emit("span_started", span, {"kind": kind})
-            _emit("span_finished", span, {"kind": kind, "status": "ok"})
-        return StepStart(frame, key, span, value, None)
     span = Span(
         trace_id=parent.trace_id,
         span_id=_core.ulid(),
         parent_span_id=parent.span_id,
         kind=kind,
         name=name,
-        started_at=now,
+        started_at=time.time(),
         attributes={"step_key": key},
     )
-    frame.trace.spans.append(span)
+    frame.trace.add(span)
     if _events.current_bus() is not None:
         _emit("span_started", span, {"kind": kind})
     if span_input is not None and _capture():
@@ -705,9 +710,22 @@ def journaled_step(
 ) -> Any:
     """One journaled step on the sync path: replay, or run
     `execute(inner_frame, args, kwargs)` then commit."""
-    step = begin_step(frame, kind, name)
-    if step.inner is None:
-        return replayed_value(frame, step)
+    if _STREAMS in _MODULES:
+        _check_cancel()
+    run = frame.run
+    hit = run.attempt.replay(frame.scope, name, kind, frame.span.span_id, _capture(), frame.fence)
+    if type(hit) is tuple:
+        # replayed_hit, inlined: this is the whole of a replayed step.
+        trace = frame.trace
+        if trace._unbuilt < 0:
+            trace._unbuilt = len(trace._spans)
+        trace._spans.append(hit)
+        if _current_bus() is not None:
+            _emit_replayed(trace)
+        if run.journal_failures:
+            return replayed_value(frame, StepStart(frame, hit[6], None, hit[0], None))
+        return hit[0]
+    step = started_step(frame, kind, name, hit, None)
     if _capture():
         step.span.input = {"args": list(args), "kwargs": kwargs}
     token = FRAME.set(step.inner)
@@ -1036,10 +1054,11 @@ def subtree_usage(trace: Trace, root: Span):
 
 def rollup_usage(trace: Trace):
     """Usage of the attempt's `llm` spans, or `None` ("nothing yet") when it
-    made no model call."""
+    made no model call. Replayed steps carry none, so their records are
+    skipped unbuilt."""
     total = None
-    for span in trace.spans:
-        if span.kind == "llm" and span.usage is not None:
+    for span in trace._spans:
+        if type(span) is not tuple and span.kind == "llm" and span.usage is not None:
             total = span.usage if total is None else total + span.usage
     return total
 

@@ -80,7 +80,51 @@ class Trace:
 
     def __init__(self, trace_id: str, spans: list[Span] | None = None):
         self.trace_id = trace_id
-        self.spans: list[Span] = list(spans) if spans else []
+        self._spans: list[Any] = list(spans) if spans else []
+        # Replayed steps are kept as the core's records until the spans are
+        # first read (a replay then builds no objects nobody looks at); this
+        # is the index of the first such record, or -1.
+        self._unbuilt = -1
+
+    @property
+    def spans(self) -> list[Span]:
+        if self._unbuilt >= 0:
+            self._build()
+        return self._spans
+
+    @spans.setter
+    def spans(self, spans: list[Span]) -> None:
+        self._spans = spans
+        self._unbuilt = -1
+
+    def _add_replayed(self, record: tuple) -> None:
+        """A replayed step's span as `Attempt.replay` describes it: `(value,
+        span_id, parent_span_id, kind, name, at, step_key, capture)`."""
+        if self._unbuilt < 0:
+            self._unbuilt = len(self._spans)
+        self._spans.append(record)
+
+    def _build(self) -> None:
+        spans = self._spans
+        trace_id = self.trace_id
+        for i in range(self._unbuilt, len(spans)):
+            record = spans[i]
+            if type(record) is tuple:
+                value, span_id, parent, kind, name, at, key, capture = record
+                spans[i] = Span(
+                    trace_id=trace_id,
+                    span_id=span_id,
+                    parent_span_id=parent,
+                    kind=kind,
+                    name=name,
+                    started_at=at,
+                    ended_at=at,
+                    status="ok",
+                    output=value if capture else None,
+                    attributes={"step_key": key},
+                    replayed=True,
+                )
+        self._unbuilt = -1
 
     def __repr__(self) -> str:
         return f"Trace(trace_id={self.trace_id!r}, spans=<{len(self.spans)} spans>)"
@@ -95,7 +139,7 @@ class Trace:
     __hash__ = None  # type: ignore[assignment]
 
     def add(self, span: Span) -> None:
-        self.spans.append(span)
+        self._spans.append(span)
 
     # -- structure ---------------------------------------------------------
 

@@ -3,6 +3,7 @@
 
 mod attempt;
 mod budget;
+mod codec;
 mod durable;
 mod errors;
 mod graph;
@@ -36,6 +37,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store::migrate_store, m)?)?;
     m.add_function(wrap_pyfunction!(take_span_write_error, m)?)?;
     m.add_function(wrap_pyfunction!(errors::register_errors, m)?)?;
+    m.add_function(wrap_pyfunction!(codec::register_decoder, m)?)?;
+    m.add_function(wrap_pyfunction!(codec::loads_plain, m)?)?;
     m.add_function(wrap_pyfunction!(trace::render_tree, m)?)?;
     m.add_function(wrap_pyfunction!(trace::render_mermaid, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_status, m)?)?;
