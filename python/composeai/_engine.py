@@ -486,12 +486,12 @@ def child_fence(frame: Frame):
 
 
 def call_body(fn: Callable, is_async: bool, args: tuple, kwargs: dict) -> Any:
-    """Calls a body from sync code: directly, or on the background loop for
-    an `async def` body (ASYNC-7)."""
+    """Calls a body from sync code: directly, or for an `async def` body on
+    the calling thread's own event loop (ASYNC-7)."""
     if is_async:
         from . import _runtime
 
-        return _runtime.run_sync(lambda: fn(*args, **kwargs))
+        return _runtime.run_here(lambda: fn(*args, **kwargs), ASYNC_DRIVER)
     return fn(*args, **kwargs)
 
 

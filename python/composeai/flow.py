@@ -103,7 +103,9 @@ class Task(Generic[P, R]):
             def body():
                 from . import _runtime
 
-                return _runtime.run_sync(lambda: self._await_with_timeout(args, kwargs))
+                return _runtime.run_here(
+                    lambda: self._await_with_timeout(args, kwargs), _engine.ASYNC_DRIVER
+                )
 
         else:
 
