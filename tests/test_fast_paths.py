@@ -173,7 +173,8 @@ def test_flow16_replayed_steps_emit_their_span_events_on_a_bus():
 
     @compose.flow
     def f() -> int:
-        return inc(inc(0)) if compose.approve("go") else -1
+        x = inc(inc(0))
+        return x if compose.approve("go") else -1
 
     first = f.run()
     bus = EventBus()
