@@ -34,7 +34,9 @@ def main() -> None:
             for side in order:
                 env = base_env()
                 env["PYTHONPATH"] = sides[side]
-                record = run_json([sys.executable, os.path.join(BENCH_DIR, argv[0]), *argv[1:]], env)
+                record = run_json(
+                    [sys.executable, os.path.join(BENCH_DIR, argv[0]), *argv[1:]], env
+                )
                 results.setdefault((script, side), []).append(record)
     for script in args.scripts:
         print(f"== {script}  ({args.rounds} rounds, interleaved)")

@@ -397,11 +397,11 @@ def codec_rows(rec: dict[str, Any]) -> list[dict[str, Any]]:
     """The codec's decode, per value shape: serde_json + pythonize in the core
     against the Python codec's C-accelerated scan (and which one `loads` uses)."""
     out = []
-    for key in rec:
+    for key, python in rec.items():
         if not key.startswith("ns_python_") or key.endswith("_all"):
             continue
         shape = key[len("ns_python_") :]
-        core, python = rec[f"ns_core_{shape}"], rec[key]
+        core = rec[f"ns_core_{shape}"]
         used = "core" if rec[f"core_path_{shape}"] else "Python"
         out.append(
             row(

@@ -614,7 +614,9 @@ def begin_step(frame: Frame, kind: str, name: str, span_input: Any = None) -> St
     as replayed and nothing else runs (FLOW-16)."""
     if _streams_loaded():
         _check_cancel()
-    hit = frame.run.attempt.replay(frame.scope, name, kind, frame.span.span_id, _capture(), frame.fence)
+    hit = frame.run.attempt.replay(
+        frame.scope, name, kind, frame.span.span_id, _capture(), frame.fence
+    )
     if type(hit) is tuple:
         return StepStart(frame, hit[6], None, replayed_hit(frame, hit), None)
     return started_step(frame, kind, name, hit, span_input)
