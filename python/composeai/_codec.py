@@ -53,6 +53,7 @@ import json.encoder
 import json.scanner
 import sys
 
+from composeai import _core
 from composeai.errors import SerializationError
 
 TYPE_CHECKING = False
@@ -582,6 +583,9 @@ _dump_tree_ascii = _make_dumper(True)
 _encode_str = json.encoder.encode_basestring
 _scan_once = json.scanner.make_scanner(json.decoder.JSONDecoder())
 _json_loads = json.loads
+_loads_plain = _core.loads_plain
+_MISS = object()
+_FAST_MAX = 256  # the core's limit (src/py/codec.rs)
 _int_repr = int.__repr__
 _float_repr = float.__repr__
 _INF = float("inf")
@@ -817,6 +821,11 @@ def decode(tree: Any) -> Any:
 def loads(text: str | bytes) -> Any:
     """Parse JSON text written by :func:`dumps` and :func:`decode` it."""
     if type(text) is str:
+        if len(text) <= _FAST_MAX:
+            # Short scalars and arrays are converted in the core.
+            obj = _loads_plain(text, _MISS)
+            if obj is not _MISS:
+                return obj
         try:
             obj, end = _scan_once(text, 0)
         except (StopIteration, ValueError, RecursionError):

@@ -22,7 +22,7 @@ from . import _codec, _core, _threads
 from . import events as _events
 from .errors import ConfigError, SerializationError, TaskTimeoutError
 from .runs import Run
-from .tracing import ErrorInfo, Span, Trace, _capture_content
+from .tracing import ErrorInfo, Span, Trace, _capture_content, replayed_span
 
 
 class _Pause(BaseException):
@@ -66,6 +66,7 @@ class _RunCancelled(BaseException):
 
 
 _core.register_errors(ConfigError, SerializationError, _Revoked, _RunCancelled)
+_core.register_decoder(_codec.loads)
 
 # ---------------------------------------------------------------------------
 # The store
@@ -652,12 +653,12 @@ def child_fence(frame: Frame):
 
 
 def call_body(fn: Callable, is_async: bool, args: tuple, kwargs: dict) -> Any:
-    """Calls a body from sync code: directly, or on the background loop for
-    an `async def` body (ASYNC-7)."""
+    """Calls a body from sync code: directly, or for an `async def` body on
+    the calling thread's own event loop (ASYNC-7)."""
     if is_async:
         from . import _runtime
 
-        return _runtime.run_sync(lambda: fn(*args, **kwargs))
+        return _runtime.run_here(lambda: fn(*args, **kwargs), ASYNC_DRIVER)
     return fn(*args, **kwargs)
 
 
@@ -742,6 +743,11 @@ def driven_synchronously():
     return ASYNC_DRIVER.set(None)
 
 
+_MODULES = sys.modules
+_STREAMS = "composeai._streams"
+_current_bus = _events._BUS.get
+
+
 def _streams_loaded() -> bool:
     # A run can only be cancelled through a stream; until one was created
     # there is no token to look at.
@@ -779,44 +785,49 @@ def begin_step(
     `keep_step_spans_in_store`)."""
     if _streams_loaded():
         _check_cancel()
-    attempt = frame.run.attempt
-    key, hit = attempt.reserve(frame.scope, name, frame.fence)
+    hit = frame.run.attempt.replay(
+        frame.scope, name, kind, frame.span.span_id, _capture(), frame.fence
+    )
+    if type(hit) is tuple:
+        return StepStart(frame, hit[6], None, replayed_hit(frame, hit, keep), None)
+    return started_step(frame, kind, name, hit, span_input, keep)
+
+
+def replayed_hit(frame: Frame, hit: tuple, keep: bool = True) -> Any:
+    """Records the span of a replayed step (the core already queued its
+    row) and returns the step's value. Without `keep` the record is not
+    held in memory (the store has the row)."""
+    trace = frame.trace
+    if keep:
+        trace._add_replayed(hit)
+        if _current_bus() is not None:
+            _emit_replayed(trace.spans[-1])
+    elif _current_bus() is not None:
+        _emit_replayed(replayed_span(trace.trace_id, hit))
+    return hit[0]
+
+
+def _emit_replayed(span: Span) -> None:
+    _emit("span_started", span, {"kind": span.kind})
+    _emit("span_finished", span, {"kind": span.kind, "status": "ok"})
+
+
+def started_step(
+    frame: Frame, kind: str, name: str, key: str, span_input: Any, keep: bool = True
+) -> StepStart:
+    """A journal miss: the step's span and frame, to execute the body under."""
     parent = frame.span
-    now = time.time()
-    if hit is not None:
-        value = _codec.loads(hit)
-        capture = _capture()
-        span = Span(
-            trace_id=parent.trace_id,
-            span_id=_core.ulid(),
-            parent_span_id=parent.span_id,
-            kind=kind,
-            name=name,
-            started_at=now,
-            ended_at=now,
-            status="ok",
-            output=value if capture else None,
-            attributes={"step_key": key},
-            replayed=True,
-        )
-        if keep:
-            frame.trace.spans.append(span)
-        attempt.replayed(span.span_id, parent.span_id, kind, name, now, key, capture)
-        if _events.current_bus() is not None:
-            _emit("span_started", span, {"kind": kind})
-            _emit("span_finished", span, {"kind": kind, "status": "ok"})
-        return StepStart(frame, key, span, value, None)
     span = Span(
         trace_id=parent.trace_id,
         span_id=_core.ulid(),
         parent_span_id=parent.span_id,
         kind=kind,
         name=name,
-        started_at=now,
+        started_at=time.time(),
         attributes={"step_key": key},
     )
     if keep:
-        frame.trace.spans.append(span)
+        frame.trace.add(span)
     if _events.current_bus() is not None:
         _emit("span_started", span, {"kind": kind})
     if span_input is not None and _capture():
@@ -907,10 +918,26 @@ def journaled_step(
 ) -> Any:
     """One journaled step on the sync path: replay, or run
     `execute(inner_frame, args, kwargs)` then commit."""
-    keep = kind != "task" or frame.run.span_mark is None
-    step = begin_step(frame, kind, name, None, keep)
-    if step.inner is None:
-        return replayed_value(frame, step)
+    if _STREAMS in _MODULES:
+        _check_cancel()
+    run = frame.run
+    keep = kind != "task" or run.span_mark is None
+    hit = run.attempt.replay(frame.scope, name, kind, frame.span.span_id, _capture(), frame.fence)
+    if type(hit) is tuple:
+        # replayed_hit, inlined: this is the whole of a replayed step.
+        if keep:
+            trace = frame.trace
+            if trace._unbuilt < 0:
+                trace._unbuilt = len(trace._spans)
+            trace._spans.append(hit)
+            if _current_bus() is not None:
+                _emit_replayed(trace.spans[-1])
+        elif _current_bus() is not None:
+            _emit_replayed(replayed_span(frame.trace.trace_id, hit))
+        if run.journal_failures:
+            return replayed_value(frame, StepStart(frame, hit[6], None, hit[0], None))
+        return hit[0]
+    step = started_step(frame, kind, name, hit, None, keep)
     if _capture():
         step.span.input = {"args": list(args), "kwargs": kwargs}
     token = FRAME.set(step.inner)
@@ -1238,7 +1265,8 @@ def subtree_usage(trace: Trace, root: Span):
     ids = {root.span_id}
     total = None
     for span in spans[start + 1 :] if start >= 0 else spans:
-        if span.parent_span_id in ids:
+        # A replayed step's record (a tuple) never has children.
+        if type(span) is not tuple and span.parent_span_id in ids:
             ids.add(span.span_id)
             if span.kind == "llm" and span.usage is not None:
                 total = span.usage if total is None else total + span.usage
@@ -1249,10 +1277,11 @@ def subtree_usage(trace: Trace, root: Span):
 
 def rollup_usage(trace: Trace):
     """Usage of the attempt's `llm` spans, or `None` ("nothing yet") when it
-    made no model call (from the spans in memory: `llm` spans always are)."""
+    made no model call (from the spans in memory: `llm` spans always are).
+    Replayed steps carry none, so their records are skipped unbuilt."""
     total = None
     for span in trace._spans:
-        if span.kind == "llm" and span.usage is not None:
+        if type(span) is not tuple and span.kind == "llm" and span.usage is not None:
             total = span.usage if total is None else total + span.usage
     return total
 

@@ -41,7 +41,6 @@ def _ensure_loop():
             ready.wait()
             _thread = thread
             _loop = loop
-            atexit.register(_shutdown)
     return _loop
 
 
@@ -91,9 +90,67 @@ def run_sync(make_coro: Callable[[], Awaitable[Any]]) -> Any:
         raise
 
 
+class _OwnedLoop:
+    """A thread's own event loop, closed when the thread ends."""
+
+    __slots__ = ("loop",)
+
+    def __init__(self, loop: Any):
+        self.loop = loop
+
+    def __del__(self) -> None:
+        loop = self.loop
+        if not loop.is_closed() and not loop.is_running():
+            loop.close()
+
+
+_local = threading.local()
+
+
+def run_here(make_coro: Callable[[], Awaitable[Any]], driver: Any) -> Any:
+    """Runs the coroutine made by `make_coro` to completion on the calling
+    thread, on an event loop of this thread's own (made once per thread), so
+    a sync call of an `async def` body costs no thread hop (ASYNC-7). The
+    `driver` context variable names that loop while it runs, so a sync
+    facade call inside the body raises instead of re-entering (ASYNC-6). A
+    thread whose own loop is already running (a notebook cell, ASYNC-1)
+    uses the background loop instead. Ctrl-C cancels the coroutine (a real
+    CancelledError into it) and re-raises."""
+    import asyncio
+
+    if _shut_down:
+        raise RuntimeError(SHUT_DOWN)
+    if asyncio._get_running_loop() is not None:
+        return run_sync(make_coro)
+    owned = getattr(_local, "owned", None)
+    if owned is None or owned.loop.is_closed():
+        owned = _local.owned = _OwnedLoop(asyncio.new_event_loop())
+    loop = owned.loop
+    token = driver.set(loop)
+    try:
+        task = loop.create_task(make_coro())
+    finally:
+        driver.reset(token)
+    try:
+        return loop.run_until_complete(task)
+    except KeyboardInterrupt:
+        if not task.done():
+            task.cancel()
+            try:
+                loop.run_until_complete(task)
+            except BaseException:  # noqa: BLE001, S110 -- the interrupt is what we re-raise
+                pass
+        raise
+
+
 def _shutdown() -> None:
     global _shut_down
     _shut_down = True
     loop = _loop
     if loop is not None and loop.is_running():
         loop.call_soon_threadsafe(loop.stop)
+
+
+# From the first async body reached from sync code on, interpreter exit ends
+# this runtime (ASYNC-16), whichever loop ran the body.
+atexit.register(_shutdown)

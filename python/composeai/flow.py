@@ -103,7 +103,9 @@ class Task(Generic[P, R]):
             def body():
                 from . import _runtime
 
-                return _runtime.run_sync(lambda: self._await_with_timeout(args, kwargs))
+                return _runtime.run_here(
+                    lambda: self._await_with_timeout(args, kwargs), _engine.ASYNC_DRIVER
+                )
 
         else:
 
@@ -261,8 +263,7 @@ def task(fn=None, /, *, retries=0, timeout=None, name=None, replace=False, retry
 
 
 def _fingerprint(fn: Callable) -> str:
-    """SHA-256 of the dedented source (FLOW-9)."""
-    import hashlib
+    """SHA-256 of the dedented source (FLOW-9), hashed in the core."""
     import inspect
     import textwrap
 
@@ -270,7 +271,7 @@ def _fingerprint(fn: Callable) -> str:
         source = textwrap.dedent(inspect.getsource(fn))
     except (OSError, TypeError):
         return f"nosource:{fn.__module__}:{fn.__qualname__}"
-    return hashlib.sha256(source.encode("utf-8")).hexdigest()
+    return _core.sha256_hex(source)
 
 
 class Flow(Generic[P, R]):

@@ -6,7 +6,6 @@ Nothing here needs a provider SDK.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -43,7 +42,7 @@ __all__ = [
 
 def _canonical_hash(payload: Any) -> str:
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return _core.sha256_hex(text)
 
 
 def compute_message_hash(system: str | None, messages: Sequence[Message]) -> str:

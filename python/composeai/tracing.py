@@ -75,18 +75,42 @@ class Span:
             self.output = value
 
 
+def replayed_span(trace_id: str, record: tuple) -> Span:
+    """The span of a replayed step from its `Attempt.replay` record."""
+    value, span_id, parent, kind, name, at, key, capture = record
+    return Span(
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_span_id=parent,
+        kind=kind,
+        name=name,
+        started_at=at,
+        ended_at=at,
+        status="ok",
+        output=value if capture else None,
+        attributes={"step_key": key},
+        replayed=True,
+    )
+
+
 class Trace:
     """The spans of one trace, in the order they were added (start order)."""
 
     def __init__(self, trace_id: str, spans: list[Span] | None = None):
         self.trace_id = trace_id
-        self._spans: list[Span] = list(spans) if spans else []
+        self._spans: list[Any] = list(spans) if spans else []
+        # Replayed steps are kept as the core's records until the spans are
+        # first read (a replay then builds no objects nobody looks at); this
+        # is the index of the first such record, or -1.
+        self._unbuilt = -1
         # A finished flow run's trace reads the spans it did not keep in
         # memory from the store, on first access.
         self._load: Any = None
 
     @property
     def spans(self) -> list[Span]:
+        if self._unbuilt >= 0:
+            self._build()
         load = self._load
         if load is not None:
             self._load = None
@@ -94,12 +118,29 @@ class Trace:
         return self._spans
 
     @spans.setter
-    def spans(self, value: list[Span]) -> None:
+    def spans(self, spans: list[Span]) -> None:
+        self._spans = spans
+        self._unbuilt = -1
         self._load = None
-        self._spans = value
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"trace_id": self.trace_id, "_spans": self.spans, "_load": None}
+        return {"trace_id": self.trace_id, "_spans": self.spans, "_unbuilt": -1, "_load": None}
+
+    def _add_replayed(self, record: tuple) -> None:
+        """A replayed step's span as `Attempt.replay` describes it: `(value,
+        span_id, parent_span_id, kind, name, at, step_key, capture)`."""
+        if self._unbuilt < 0:
+            self._unbuilt = len(self._spans)
+        self._spans.append(record)
+
+    def _build(self) -> None:
+        spans = self._spans
+        trace_id = self.trace_id
+        for i in range(self._unbuilt, len(spans)):
+            record = spans[i]
+            if type(record) is tuple:
+                spans[i] = replayed_span(trace_id, record)
+        self._unbuilt = -1
 
     def __repr__(self) -> str:
         return f"Trace(trace_id={self.trace_id!r}, spans=<{len(self.spans)} spans>)"
@@ -114,7 +155,7 @@ class Trace:
     __hash__ = None  # type: ignore[assignment]
 
     def add(self, span: Span) -> None:
-        self.spans.append(span)
+        self._spans.append(span)
 
     # -- structure ---------------------------------------------------------
 

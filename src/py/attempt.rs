@@ -11,7 +11,7 @@ use crate::run::{Attempt, Commit};
 use crate::store::{AgentStateRow, InterruptRow, Settlement};
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
-use pyo3::types::PyString;
+use pyo3::types::{PyBool, PyFloat, PyString, PyTuple};
 use std::sync::Arc;
 
 /// `composeai._engine.resolve_future`, looked up once.
@@ -134,6 +134,60 @@ impl PyAttempt {
             .reserve(scope, name, fence.map(|f| &f.inner))
             .py_err()?;
         Ok((key, hit.map(|v| PyString::new(py, &v))))
+    }
+
+    /// A step's start in one call. Allocates the key for `name` in `scope`;
+    /// on a miss returns it. On a journal hit, queues the replayed span and
+    /// returns the record `(value, span_id, parent_span_id, kind, name, at,
+    /// key, capture)`, the stored value decoded: the body is not run and
+    /// nothing is read from the store (FLOW-16, FLOW-19).
+    #[pyo3(signature = (scope, name, kind, parent_span_id, capture, fence=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn replay<'py>(
+        &self,
+        py: Python<'py>,
+        scope: &str,
+        name: &Bound<'py, PyString>,
+        kind: &Bound<'py, PyString>,
+        parent_span_id: &Bound<'py, PyAny>,
+        capture: bool,
+        fence: Option<&PyFence>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let name_str = name.to_str()?;
+        let (key, hit) = self
+            .inner
+            .reserve(scope, name_str, fence.map(|f| &f.inner))
+            .py_err()?;
+        let Some(stored) = hit else {
+            return Ok(PyString::new(py, &key).into_any());
+        };
+        let value = super::codec::decode(py, &stored)?;
+        let span_id = crate::ids::new_ulid();
+        let at = crate::store::sqlite::now();
+        let parent: Option<String> = parent_span_id.extract()?;
+        let record = PyTuple::new(
+            py,
+            [
+                value,
+                PyString::new(py, &span_id).into_any(),
+                parent_span_id.clone(),
+                kind.clone().into_any(),
+                name.clone().into_any(),
+                PyFloat::new(py, at).into_any(),
+                PyString::new(py, &key).into_any(),
+                PyBool::new(py, capture).to_owned().into_any(),
+            ],
+        )?;
+        self.inner.queue_replayed_span(
+            span_id,
+            parent,
+            kind.to_str()?.to_owned(),
+            name_str.to_owned(),
+            at,
+            key,
+            capture,
+        );
+        Ok(record.into_any())
     }
 
     #[pyo3(signature = (scope, name, fence=None))]

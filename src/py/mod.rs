@@ -3,6 +3,7 @@
 
 mod attempt;
 mod budget;
+mod codec;
 mod durable;
 mod errors;
 mod graph;
@@ -19,6 +20,20 @@ fn new_ulid() -> String {
     crate::ids::new_ulid()
 }
 
+/// The SHA-256 of `text`'s UTF-8 bytes, as 64 lowercase hex digits: flow
+/// fingerprints (FLOW-9) and request hashes (TEST-22).
+#[pyfunction]
+fn sha256_hex(py: Python<'_>, text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    use std::fmt::Write;
+    let digest = py.allow_threads(|| Sha256::digest(text.as_bytes()));
+    let mut out = String::with_capacity(64);
+    for byte in digest {
+        let _ = write!(out, "{byte:02x}");
+    }
+    out
+}
+
 /// The first span-persistence failure since the last call, if any.
 #[pyfunction]
 fn take_span_write_error() -> Option<String> {
@@ -32,10 +47,13 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<attempt::PyFence>()?;
     m.add_class::<budget::PyBudgetMeter>()?;
     m.add_function(wrap_pyfunction!(new_ulid, m)?)?;
+    m.add_function(wrap_pyfunction!(sha256_hex, m)?)?;
     m.add_function(wrap_pyfunction!(store::store_target, m)?)?;
     m.add_function(wrap_pyfunction!(store::migrate_store, m)?)?;
     m.add_function(wrap_pyfunction!(take_span_write_error, m)?)?;
     m.add_function(wrap_pyfunction!(errors::register_errors, m)?)?;
+    m.add_function(wrap_pyfunction!(codec::register_decoder, m)?)?;
+    m.add_function(wrap_pyfunction!(codec::loads_plain, m)?)?;
     m.add_function(wrap_pyfunction!(trace::render_tree, m)?)?;
     m.add_function(wrap_pyfunction!(trace::render_mermaid, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_status, m)?)?;

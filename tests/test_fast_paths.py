@@ -1,0 +1,271 @@
+"""The engine's fast paths keep the documented behaviour: a replayed step is
+one core call (FLOW-16, FLOW-19) whose span is built when the trace is first
+read; short stored values are decoded in the core exactly as the codec
+decodes them (OBS-60, OBS-61); an `async def` task body reached from sync
+code runs on the calling thread (ASYNC-7, ASYNC-6); fingerprints (FLOW-9)
+and request hashes (TEST-22) are SHA-256 computed in the core."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+import pickle
+import sqlite3
+import textwrap
+import threading
+
+import pytest
+
+import composeai as compose
+from composeai import _codec, _core, _engine
+from composeai.events import EventBus, use_bus
+
+MISS = object()
+
+PLAIN_TEXTS = [
+    "0",
+    "-7",
+    "123456789012345678",
+    "-123456789012345678",
+    "3.14159",
+    "-0.0",
+    "1e-07",
+    "1E+300",
+    "0.1",
+    "5e-324",
+    "true",
+    "false",
+    "null",
+    '""',
+    '"h\\u0101llo \\ud83d\\ude00 \\n\\t\\"q\\""',
+    '"é ✓ 😀"',
+    "[]",
+    "{}",
+    '[1, [2, [3, {"a": null}]], "x"]',
+    '{"b": 1, "a": 2, "c": {"z": [true, false]}}',
+    '{"a": 1, "a": 2}',
+    " [1 , 2] ",
+]
+
+DECLINED_TEXTS = [
+    "1234567890123456789",  # may exceed 64 bits
+    "99999999999999999999999",
+    "-0",
+    "[-0]",
+    "NaN",
+    "[Infinity, -Infinity]",
+    '{"$kind": "tuple", "value": [1, 2]}',
+    '{"\\u0024kind": "tuple", "value": [1, 2]}',
+    '"\\ud800"',  # a lone surrogate
+    json.dumps("x" * 300),  # long text stays with the Python scanner
+]
+
+
+@pytest.mark.parametrize("text", PLAIN_TEXTS)
+def test_obs61_core_fast_path_decodes_plain_json_exactly_like_json_loads(text):
+    value = _core.loads_plain(text, MISS)
+    assert value is not MISS
+    expected = json.loads(text)
+    assert value == expected
+    assert type(value) is type(expected)
+    assert json.dumps(value) == json.dumps(expected)  # same key order, same floats
+    if isinstance(expected, float):
+        assert math.copysign(1.0, value) == math.copysign(1.0, expected)
+    assert _codec.loads(text) == expected
+
+
+@pytest.mark.parametrize("text", DECLINED_TEXTS)
+def test_obs61_core_fast_path_declines_what_only_the_codec_decodes(text):
+    assert _core.loads_plain(text, MISS) is MISS
+
+
+def test_obs61_declined_values_still_decode_through_the_codec():
+    assert _codec.loads('{"$kind": "tuple", "value": [1, 2]}') == (1, 2)
+    assert _codec.loads("-0") == 0 and type(_codec.loads("-0")) is int
+    big = 10**40
+    assert _codec.loads(str(big)) == big
+    assert math.isnan(_codec.loads("NaN"))
+
+
+def test_flow16_replayed_values_come_back_as_stored_including_tagged_and_large_ones():
+    calls = []
+    values = [7, "text", 1.5, None, [1, {"a": (1, 2)}], {"k": {1, 2}}, 10**30, "x" * 5000]
+
+    @compose.task
+    def make(i: int):
+        calls.append(i)
+        return values[i]
+
+    @compose.flow
+    def f() -> list:
+        out = [make(i) for i in range(len(values))]
+        if compose.approve("go"):
+            return out
+        return []
+
+    first = f.run()
+    assert first.status == "paused"
+    assert calls == list(range(len(values)))
+    done = compose.resume(first.id, answers={"go": True})
+    assert calls == list(range(len(values)))  # replay never runs a journaled body
+    assert done.output == values
+    assert done.output[4][1]["a"] == (1, 2) and done.output[5]["k"] == {1, 2}
+
+
+def test_flow16_replayed_spans_are_built_on_first_read_with_every_field():
+    @compose.task
+    def inc(x: int) -> int:
+        return x + 1
+
+    @compose.flow
+    def f(n: int) -> int:
+        x = 0
+        for _ in range(n):
+            x = inc(x)
+        return x if compose.approve("go") else -1
+
+    first = f.run(3)
+    done = compose.resume(first.id, answers={"go": True})
+    trace = done.trace
+    assert any(type(s) is tuple for s in trace._spans)  # nothing built yet
+    restored = pickle.loads(pickle.dumps(trace))
+    spans = trace.spans
+    root = spans[0]
+    replayed = [s for s in spans if s.replayed]
+    assert [s.attributes for s in replayed] == [{"step_key": f"inc#{i}"} for i in (1, 2, 3)]
+    for i, span in enumerate(replayed):
+        assert span.trace_id == trace.trace_id and span.parent_span_id == root.span_id
+        assert (span.kind, span.name, span.status) == ("task", "inc", "ok")
+        assert span.started_at == span.ended_at and span.output == i + 1
+        assert len(span.span_id) == 26
+    assert all(type(s) is not tuple for s in trace._spans)
+    assert restored == trace  # a pickled trace builds the same spans
+
+
+@pytest.mark.sqlite_file
+def test_obs5_replayed_spans_are_persisted_before_resume_returns():
+    @compose.task
+    def inc(x: int) -> int:
+        return x + 1
+
+    @compose.flow
+    def f(n: int) -> int:
+        x = 0
+        for _ in range(n):
+            x = inc(x)
+        return x if compose.approve("go") else -1
+
+    first = f.run(4)
+    done = compose.resume(first.id, answers={"go": True})
+    assert len([s for s in done.trace.spans if s.replayed]) == 4
+    db = sqlite3.connect(_engine.get_store().path)
+    (count,) = db.execute("SELECT count(*) FROM spans WHERE name = 'inc'").fetchone()
+    db.close()
+    assert count == 8  # four executed by the first attempt, four replayed
+
+
+def test_flow16_replayed_steps_emit_their_span_events_on_a_bus():
+    @compose.task
+    def inc(x: int) -> int:
+        return x + 1
+
+    @compose.flow
+    def f() -> int:
+        x = inc(inc(0))
+        return x if compose.approve("go") else -1
+
+    first = f.run()
+    bus = EventBus()
+    sub = bus.subscribe()
+    with use_bus(bus):
+        done = compose.resume(first.id, answers={"go": True})
+    sub.close()
+    assert done.output == 2
+    started = [e.span_id for e in sub if e.kind == "span_started" and e.name == "inc"]
+    assert started == [s.span_id for s in done.trace.spans if s.replayed]
+    assert len(started) == 2
+
+
+def test_exp7_journaled_failure_is_raised_again_on_the_replay_fast_path():
+    @compose.task
+    def boom() -> int:
+        raise ValueError("no")
+
+    @compose.flow(journal_failures=True)
+    def f() -> str:
+        try:
+            boom()
+        except compose.durable.TaskFailed as exc:
+            message = exc.message
+        return message if compose.approve("go") else "-"
+
+    first = f.run()
+    assert compose.resume(first.id, answers={"go": True}).output == "no"
+
+
+def test_async7_async_task_body_from_a_sync_flow_runs_on_the_calling_thread():
+    threads = []
+
+    @compose.task
+    async def ainc(x: int) -> int:
+        import asyncio
+
+        await asyncio.sleep(0.001)  # a real suspension on the loop
+        threads.append(threading.current_thread())
+        return x + 1
+
+    @compose.flow
+    def f(n: int) -> int:
+        x = 0
+        for _ in range(n):
+            x = ainc(x)
+        return x
+
+    assert f.run(3).output == 3
+    assert threads == [threading.current_thread()] * 3
+    assert ainc(5) == 6  # outside a flow too
+    assert threads[-1] is threading.current_thread()
+
+
+def test_async6_sync_facade_inside_a_body_on_the_threads_own_loop_raises():
+    @compose.task
+    def plain(x: int) -> int:
+        return x
+
+    @compose.task
+    async def outer(x: int) -> str:
+        try:
+            plain(x)
+        except RuntimeError as exc:
+            return str(exc)
+        return "no error"
+
+    @compose.flow
+    def f() -> str:
+        return outer(1)
+
+    assert f.run().output == "composeai runtime cannot be re-entered from its own loop thread"
+
+
+def test_flow9_fingerprint_is_the_sha256_of_the_dedented_source():
+    def body() -> int:
+        return 1
+
+    flow = compose.flow(body, name="fingerprinted")
+    source = textwrap.dedent(inspect.getsource(body))
+    assert flow.fingerprint == hashlib.sha256(source.encode("utf-8")).hexdigest()
+    assert _core.sha256_hex("é") == hashlib.sha256("é".encode()).hexdigest()
+
+
+def test_test22_message_hash_is_the_sha256_of_the_canonical_json():
+    from composeai import testing
+    from composeai.messages import Message
+
+    payload = {"b": [1, "é"], "a": None}
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    assert testing._canonical_hash(payload) == hashlib.sha256(canonical.encode()).hexdigest()
+    messages = [Message.user("hi")]
+    digest = testing.compute_message_hash("sys", messages)
+    assert len(digest) == 64 and digest != testing.compute_message_hash("other", messages)
