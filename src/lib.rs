@@ -8,6 +8,7 @@ pub mod graph;
 pub mod ids;
 pub mod journal;
 pub mod py;
+pub mod queue;
 pub mod run;
 pub mod runtime;
 pub mod store;

@@ -382,5 +382,5 @@ def test_ext0_3_a_version_2_store_gains_the_graph_tables_in_place(tmp_path):
         runs_before = db.execute("SELECT count(*) FROM runs").fetchone()[0]
     app = counter_graph("v2b", f"sqlite:///{path}")
     assert app.thread("new").run().state["n"] == 1
-    assert read(path, "PRAGMA user_version") == [(5,)]
+    assert read(path, "PRAGMA user_version") == [(6,)]
     assert read(path, "SELECT count(*) FROM runs") == [(runs_before + 1,)]

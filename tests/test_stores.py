@@ -193,11 +193,11 @@ def test_store_3_compose_migrate_dry_run_then_apply(pg_url):
     env = {"COMPOSE_STORE": pg_url}
     dry = compose_cli("migrate", "--dry-run", env=env)
     assert dry.returncode == 0, dry.stderr
-    assert "schema version 0, would migrate to version 1" in dry.stdout
+    assert "schema version 0, would migrate to version 3" in dry.stdout
     applied = compose_cli("migrate", env=env)
-    assert "migrated schema version 0 -> 1" in applied.stdout, applied.stderr
+    assert "migrated schema version 0 -> 3" in applied.stdout, applied.stderr
     again = compose_cli("migrate", env=env)
-    assert "schema version 1, up to date" in again.stdout, again.stderr
+    assert "schema version 3, up to date" in again.stdout, again.stderr
 
 
 def test_store_3_eight_processes_migrate_an_empty_database_once(pg_url):
@@ -213,7 +213,7 @@ def test_store_3_eight_processes_migrate_an_empty_database_once(pg_url):
     ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
-    migrated = [o for o, _ in outs if "migrated schema version 0 -> 1" in o]
+    migrated = [o for o, _ in outs if "migrated schema version 0 -> 3" in o]
     assert len(migrated) == 1, outs
     assert sum("up to date" in o for o, _ in outs) == 7
 

@@ -19,6 +19,8 @@ pub struct PyStore {
     pub inner: Arc<dyn Store>,
     /// The SQLite store, for the durable primitives' own queries.
     pub sqlite: Option<Arc<SqliteStore>>,
+    /// The PostgreSQL store, for the queues' own queries.
+    pub pg: Option<Arc<PgStore>>,
 }
 
 /// `(kind, target)` of a store specification: `("sqlite", path)` or
@@ -100,12 +102,17 @@ impl PyStore {
                 Ok(PyStore {
                     inner: s.clone(),
                     sqlite: Some(s),
+                    pg: None,
                 })
             }
-            StoreUrl::Postgres(pg) => Ok(PyStore {
-                inner: Arc::new(PgStore::open(pg)?),
-                sqlite: None,
-            }),
+            StoreUrl::Postgres(pg) => {
+                let s = Arc::new(PgStore::open(pg)?);
+                Ok(PyStore {
+                    inner: s.clone(),
+                    sqlite: None,
+                    pg: Some(s),
+                })
+            }
         })
         .py_err()
     }
