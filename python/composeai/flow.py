@@ -544,12 +544,15 @@ def flow(fn=None, /, *, name=None, replace=False, journal_failures=False, retry=
 
 
 def reset_registries() -> None:
-    """Forgets every registered task, flow and graph name (TEST-50)."""
+    """Forgets every registered task, flow, graph and queue name (TEST-50)."""
     _TASKS.clear()
     _FLOWS.clear()
     graph = sys.modules.get("composeai.graph")
     if graph is not None:
         graph.reset_registry()
+    queues = sys.modules.get("composeai.queues")
+    if queues is not None:
+        queues._QUEUES.clear()
 
 
 # ---------------------------------------------------------------------------

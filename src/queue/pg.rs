@@ -115,7 +115,6 @@ pub fn claim(
     block_on(async {
         let mut c = s.client().await?;
         let tx = c.transaction().await.map_err(s.err())?;
-        let t = now();
         let mut n = room;
         if limits.counted() {
             tx.execute(
@@ -132,7 +131,7 @@ pub fn claim(
                        AND started_at IS NOT NULL AND $4)",
                     &[
                         &queue,
-                        &(t - window(limits)),
+                        &(now() - window(limits)),
                         &limits.concurrency.is_some(),
                         &limits.rate_limit.is_some(),
                     ],
@@ -145,6 +144,9 @@ pub fn claim(
             tx.rollback().await.map_err(s.err())?;
             return Ok(Vec::new());
         }
+        // Read under the lock: a run settled before the count finished
+        // before this claim starts.
+        let t = now();
         let rows = tx
             .query(&claim_sql, &[&queue, &n, &owner, &lease_until, &t])
             .await
