@@ -12,7 +12,10 @@ One round on each side, interleaved, `--repeat` times:
   a `DBOSClient` enqueues the same runs and waits for their results.
 
 Both sides are timed from the first enqueue to the last completion; steps
-per second is flows × steps over that time. DBOS runs from its own venv,
+per second is flows × steps over that time. The CPU time the server and the
+worker processes spent per step (from /proc) is reported beside it: with
+the round trips per step, it is what a calculation for more workers starts
+from. DBOS runs from its own venv,
 made on first use (shared with p_postgres.py). Prints one JSON line: the
 best round of each side and the ratio.
 """
@@ -120,6 +123,38 @@ client.destroy()
 """
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """utime + stime of a process (with `children`, also of its reaped children)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / TICK
+
+
+def server_cpu(cluster) -> float:
+    """CPU seconds the cluster has used: the postmaster with its reaped
+    backends, plus the live ones."""
+    with open(os.path.join(cluster.data, "postmaster.pid")) as f:
+        root = int(f.readline())
+    total = cpu_seconds(root, children=True)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid == root:
+                total += cpu_seconds(int(entry))
+        except (OSError, ValueError):
+            continue
+    return total
+
+
 def start_worker(cmd: list[str], env: dict, cwd: str, ready: str) -> subprocess.Popen:
     proc = subprocess.Popen(
         cmd,
@@ -156,7 +191,16 @@ def driver(cmd: list[str], env: dict, cwd: str) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])["seconds"]
 
 
-def compose_round(cluster, schema: str, work: str, args) -> float:
+def timed(cluster, workers: list[subprocess.Popen], run) -> tuple[float, float, float]:
+    """(seconds, server CPU s, worker CPU s) of `run()`."""
+    server0 = server_cpu(cluster)
+    workers0 = sum(cpu_seconds(w.pid) for w in workers)
+    seconds = run()
+    workers1 = sum(cpu_seconds(w.pid) for w in workers)
+    return seconds, server_cpu(cluster) - server0, workers1 - workers0
+
+
+def compose_round(cluster, schema: str, work: str, args) -> tuple[float, float, float]:
     env = {
         **os.environ,
         "COMPOSE_STORE": cluster.url(schema),
@@ -177,15 +221,14 @@ def compose_round(cluster, schema: str, work: str, args) -> float:
     ]
     # One after the other: the first one creates the schema.
     workers = [start_worker(cmd, env, work, "worker ready") for _ in range(args.workers)]
+    argv = [sys.executable, "-c", COMPOSE_DRIVER, str(args.flows), str(args.steps)]
     try:
-        return driver(
-            [sys.executable, "-c", COMPOSE_DRIVER, str(args.flows), str(args.steps)], env, work
-        )
+        return timed(cluster, workers, lambda: driver(argv, env, work))
     finally:
         stop(workers)
 
 
-def dbos_round(cluster, python: str, db: str, work: str, args) -> float:
+def dbos_round(cluster, python: str, db: str, work: str, args) -> tuple[float, float, float]:
     url = f"postgresql://{cluster.user}@127.0.0.1:{cluster.port}/{db}?sslmode=disable"
     env = {**os.environ, "PYTHONPATH": ""}
     workers = [
@@ -194,8 +237,9 @@ def dbos_round(cluster, python: str, db: str, work: str, args) -> float:
         )
         for k in range(args.workers)
     ]
+    argv = [python, "-c", DBOS_DRIVER, url, str(args.flows), str(args.steps)]
     try:
-        return driver([python, "-c", DBOS_DRIVER, url, str(args.flows), str(args.steps)], env, work)
+        return timed(cluster, workers, lambda: driver(argv, env, work))
     finally:
         stop(workers)
 
@@ -209,6 +253,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--no-dbos", action="store_true", help="composeai only")
     args = p.parse_args()
+    load_before = os.getloadavg()[0]
 
     bindir = _pg.find_bindir()
     if bindir is None:
@@ -218,8 +263,8 @@ def main() -> None:
     with open(os.path.join(work, "p3flows.py"), "w") as f:
         f.write(textwrap.dedent(COMPOSE_FLOWS))
     cluster = _pg.Cluster(bindir, durable=True).start()
-    ours: list[float] = []
-    theirs: list[float] = []
+    ours: list[tuple[float, float, float]] = []
+    theirs: list[tuple[float, float, float]] = []
     try:
         for i in range(args.repeat):
             ours.append(compose_round(cluster, f"p3_{i}", work, args))
@@ -229,18 +274,28 @@ def main() -> None:
         cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
     total = args.flows * args.steps
+
+    def side(prefix: str, rounds: list[tuple[float, float, float]]) -> dict:
+        seconds, server, workers = min(rounds)
+        return {
+            f"{prefix}_steps_per_s": round(total / seconds),
+            f"{prefix}_steps_per_s_rounds": [round(total / r[0]) for r in rounds],
+            f"{prefix}_server_cpu_us_per_step": round(server / total * 1e6, 1),
+            f"{prefix}_worker_cpu_us_per_step": round(workers / total * 1e6, 1),
+        }
+
     out = {
         "workload": "P3 queue throughput (PostgreSQL)",
         "flows": args.flows,
         "steps": args.steps,
         "workers": args.workers,
-        "p3_steps_per_s": round(total / min(ours)),
-        "p3_steps_per_s_rounds": [round(total / s) for s in ours],
+        "cores": os.cpu_count(),
+        "load_before": round(load_before, 2),
+        **side("p3", ours),
     }
     if theirs:
-        out["dbos_steps_per_s"] = round(total / min(theirs))
-        out["dbos_steps_per_s_rounds"] = [round(total / s) for s in theirs]
-        out["p3_over_dbos"] = round(min(theirs) / min(ours), 2)
+        out.update(side("dbos", theirs))
+        out["p3_over_dbos"] = round(min(theirs)[0] / min(ours)[0], 2)
     emit(out)
 
 

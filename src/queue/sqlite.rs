@@ -209,3 +209,64 @@ pub fn recent_starts(s: &SqliteStore, queue: &str, since: f64, limit: i64) -> Co
         rows.collect::<rusqlite::Result<_>>().at(&path)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::{self, Backend};
+
+    fn new_run(name: &str) -> NewRun {
+        NewRun {
+            run_id: crate::ids::new_ulid(),
+            trace_id: crate::ids::new_ulid(),
+            kind: "flow".into(),
+            name: name.into(),
+            ..NewRun::default()
+        }
+    }
+
+    fn placed(queue: &str, priority: i64, dedup: Option<&str>) -> Placement {
+        Placement {
+            queue: queue.into(),
+            priority,
+            dedup_id: dedup.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn claims_follow_priority_then_fifo_and_respect_concurrency_and_dedup() {
+        let dir = std::env::temp_dir().join(format!("composeai-queue-{}", crate::ids::new_ulid()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = SqliteStore::open(dir.join("runs.db").to_str().unwrap()).unwrap();
+        let b = Backend::Sqlite(&store);
+        let ids: Vec<String> = [3, 1, 1, 0]
+            .iter()
+            .map(|p| {
+                queue::enqueue(b, &new_run("f"), &placed("q", *p, None))
+                    .unwrap()
+                    .run_id
+            })
+            .collect();
+        let held = queue::enqueue(b, &new_run("f"), &placed("q", 9, Some("d"))).unwrap();
+        let err = queue::enqueue(b, &new_run("f"), &placed("q", 0, Some("d"))).unwrap_err();
+        assert!(err.to_string().contains(&held.run_id), "{err}");
+        let capped = Limits {
+            concurrency: Some(2),
+            priority: true,
+            ..Limits::default()
+        };
+        let first = queue::claim(b, "q", &capped, 10, "me", now() + 60.0).unwrap();
+        let got: Vec<&str> = first.iter().map(|c| c.run_id.as_str()).collect();
+        assert_eq!(got, [ids[3].as_str(), ids[1].as_str()]);
+        assert!(queue::claim(b, "q", &capped, 10, "me", now() + 60.0)
+            .unwrap()
+            .is_empty());
+        let stats = queue::stats(b, now()).unwrap();
+        assert_eq!((stats[0].queued, stats[0].running), (3, 2));
+        let fifo = Limits::default();
+        let rest = queue::claim(b, "q", &fifo, 10, "me", now() + 60.0).unwrap();
+        let got: Vec<&str> = rest.iter().map(|c| c.run_id.as_str()).collect();
+        assert_eq!(got, [ids[0].as_str(), ids[2].as_str(), held.run_id.as_str()]);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
