@@ -14,8 +14,8 @@ One round on each side, interleaved, `--repeat` times:
 Both sides are timed from the first enqueue to the last completion; steps
 per second is flows × steps over that time. The CPU time the server and the
 worker processes spent per step (from /proc) is reported beside it: with
-the round trips per step, it is what a calculation for more workers starts
-from. DBOS runs from its own venv,
+the round trips per step and the WAL bytes written per step, it is what a
+calculation for more workers starts from. DBOS runs from its own venv,
 made on first use (shared with p_postgres.py). Prints one JSON line: the
 best round of each side and the ratio.
 """
@@ -191,16 +191,38 @@ def driver(cmd: list[str], env: dict, cwd: str) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])["seconds"]
 
 
-def timed(cluster, workers: list[subprocess.Popen], run) -> tuple[float, float, float]:
-    """(seconds, server CPU s, worker CPU s) of `run()`."""
+def wal_position(cluster) -> str:
+    psql = os.path.join(cluster.bindir, "psql")
+    dsn = f"postgresql://{cluster.user}@127.0.0.1:{cluster.port}/postgres"
+    out = subprocess.run(
+        [psql, "-qAt", dsn, "-c", "SELECT pg_current_wal_lsn()"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def wal_bytes(cluster, start: str) -> int:
+    psql = os.path.join(cluster.bindir, "psql")
+    dsn = f"postgresql://{cluster.user}@127.0.0.1:{cluster.port}/postgres"
+    sql = f"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '{start}')::bigint"
+    out = subprocess.run([psql, "-qAt", dsn, "-c", sql], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip())
+
+
+def timed(cluster, workers: list[subprocess.Popen], run) -> tuple[float, float, float, int]:
+    """(seconds, server CPU s, worker CPU s, WAL bytes) of `run()`."""
     server0 = server_cpu(cluster)
     workers0 = sum(cpu_seconds(w.pid) for w in workers)
+    wal0 = wal_position(cluster)
     seconds = run()
     workers1 = sum(cpu_seconds(w.pid) for w in workers)
-    return seconds, server_cpu(cluster) - server0, workers1 - workers0
+    server = server_cpu(cluster) - server0
+    return seconds, server, workers1 - workers0, wal_bytes(cluster, wal0)
 
 
-def compose_round(cluster, schema: str, work: str, args) -> tuple[float, float, float]:
+def compose_round(cluster, schema: str, work: str, args) -> tuple[float, float, float, int]:
     env = {
         **os.environ,
         "COMPOSE_STORE": cluster.url(schema),
@@ -228,7 +250,7 @@ def compose_round(cluster, schema: str, work: str, args) -> tuple[float, float, 
         stop(workers)
 
 
-def dbos_round(cluster, python: str, db: str, work: str, args) -> tuple[float, float, float]:
+def dbos_round(cluster, python: str, db: str, work: str, args) -> tuple[float, float, float, int]:
     url = f"postgresql://{cluster.user}@127.0.0.1:{cluster.port}/{db}?sslmode=disable"
     env = {**os.environ, "PYTHONPATH": ""}
     workers = [
@@ -263,8 +285,8 @@ def main() -> None:
     with open(os.path.join(work, "p3flows.py"), "w") as f:
         f.write(textwrap.dedent(COMPOSE_FLOWS))
     cluster = _pg.Cluster(bindir, durable=True).start()
-    ours: list[tuple[float, float, float]] = []
-    theirs: list[tuple[float, float, float]] = []
+    ours: list[tuple[float, float, float, int]] = []
+    theirs: list[tuple[float, float, float, int]] = []
     try:
         for i in range(args.repeat):
             ours.append(compose_round(cluster, f"p3_{i}", work, args))
@@ -275,13 +297,14 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     total = args.flows * args.steps
 
-    def side(prefix: str, rounds: list[tuple[float, float, float]]) -> dict:
-        seconds, server, workers = min(rounds)
+    def side(prefix: str, rounds: list[tuple[float, float, float, int]]) -> dict:
+        seconds, server, workers, wal = min(rounds)
         return {
             f"{prefix}_steps_per_s": round(total / seconds),
             f"{prefix}_steps_per_s_rounds": [round(total / r[0]) for r in rounds],
             f"{prefix}_server_cpu_us_per_step": round(server / total * 1e6, 1),
             f"{prefix}_worker_cpu_us_per_step": round(workers / total * 1e6, 1),
+            f"{prefix}_wal_bytes_per_step": round(wal / total),
         }
 
     out = {

@@ -568,7 +568,9 @@ def postgres_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
             p1 / p0 <= 1.3,
             pg,
         ),
-        row("P2", "3-step run on PostgreSQL", pg["p2_ms_per_run"], "ms/run", "", None, "", None, pg),
+        row(
+            "P2", "3-step run on PostgreSQL", pg["p2_ms_per_run"], "ms/run", "", None, "", None, pg
+        ),
         row(
             "P3",
             p3_metric,

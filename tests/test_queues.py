@@ -244,7 +244,8 @@ def test_store_21_priority_then_fifo_and_a_fifo_queue_ignores_priority(box, stor
     order; a queue without it claims in enqueue order only."""
     prios = [5, 1, 3, 1, 0]
     ranked = enqueue(
-        box, [f"qflows.job.start('p{i}', queue='ranked', priority={p})" for i, p in enumerate(prios)]
+        box,
+        [f"qflows.job.start('p{i}', queue='ranked', priority={p})" for i, p in enumerate(prios)],
     )
     fifo = enqueue(
         box, [f"qflows.job.start('f{i}', queue='fifo', priority={p})" for i, p in enumerate(prios)]

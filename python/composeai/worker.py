@@ -145,6 +145,12 @@ class Worker:
                 for run_id, _kind, _name in claimed:
                     self._claimed[run_id] = q.name
             self._submit([(r, k, n, f"queue:{q.name}", None) for r, k, n in claimed])
+            with self._lock:
+                # A claimed run skipped by `_submit` (its flow is not
+                # imported here) takes no slot of this worker.
+                for run_id, _kind, _name in claimed:
+                    if run_id not in self._inflight:
+                        self._claimed.pop(run_id, None)
             if q.rate_limit is not None and len(claimed) < room:
                 slot = _core.queue_next_slot(store, q.name, q.rate_limit)
                 if slot is not None and (soonest is None or slot < soonest):

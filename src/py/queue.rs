@@ -96,10 +96,8 @@ pub fn queue_next_slot(
     rate_limit: Option<(i64, f64)>,
 ) -> PyResult<Option<f64>> {
     let l = limits(None, rate_limit, false);
-    py.allow_threads(|| {
-        queue::next_slot(backend(store)?, queue, &l, crate::store::sqlite::now())
-    })
-    .py_err()
+    py.allow_threads(|| queue::next_slot(backend(store)?, queue, &l, crate::store::sqlite::now()))
+        .py_err()
 }
 
 /// `(queue, queued, running, completed in the last hour, oldest queued
@@ -128,7 +126,11 @@ pub fn queue_stats(py: Python<'_>, store: &PyStore) -> PyResult<Vec<StatsTuple>>
 /// STORE-22 on PostgreSQL: sleeps until a wake-up hint (a notification
 /// the listener turned into a clock poke), engine time `until`, or
 /// `max_seconds`, polling at least every second; whether it was woken.
-pub fn wait_for_hint(store: &crate::store::postgres::PgStore, until: Option<f64>, max_seconds: f64) -> bool {
+pub fn wait_for_hint(
+    store: &crate::store::postgres::PgStore,
+    until: Option<f64>,
+    max_seconds: f64,
+) -> bool {
     let slice = crate::store::Store::wait_slice(store);
     let start = Instant::now();
     let limit = Duration::from_secs_f64(max_seconds.max(0.0));

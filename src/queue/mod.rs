@@ -96,10 +96,14 @@ fn dedup_taken(dedup_id: &str, queue: &str, run_id: &str, status: &str) -> CoreE
 
 fn check_placement(p: &Placement) -> CoreResult<()> {
     if p.queue.is_empty() {
-        return Err(CoreError::Config("queue name must be a non-empty string".into()));
+        return Err(CoreError::Config(
+            "queue name must be a non-empty string".into(),
+        ));
     }
     if p.dedup_id.as_deref() == Some("") {
-        return Err(CoreError::Config("dedup_id must be a non-empty string".into()));
+        return Err(CoreError::Config(
+            "dedup_id must be a non-empty string".into(),
+        ));
     }
     Ok(())
 }
@@ -157,7 +161,12 @@ pub fn stats(b: Backend<'_>, now: f64) -> CoreResult<Vec<QueueStats>> {
 /// When a rate-limited queue next has room: the oldest start in the
 /// current window plus the window (`None` when not rate limited or when
 /// the window is not full).
-pub fn next_slot(b: Backend<'_>, queue: &str, limits: &Limits, now: f64) -> CoreResult<Option<f64>> {
+pub fn next_slot(
+    b: Backend<'_>,
+    queue: &str,
+    limits: &Limits,
+    now: f64,
+) -> CoreResult<Option<f64>> {
     let Some((per, seconds)) = limits.rate_limit else {
         return Ok(None);
     };

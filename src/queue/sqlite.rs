@@ -266,7 +266,10 @@ mod tests {
         let fifo = Limits::default();
         let rest = queue::claim(b, "q", &fifo, 10, "me", now() + 60.0).unwrap();
         let got: Vec<&str> = rest.iter().map(|c| c.run_id.as_str()).collect();
-        assert_eq!(got, [ids[0].as_str(), ids[2].as_str(), held.run_id.as_str()]);
+        assert_eq!(
+            got,
+            [ids[0].as_str(), ids[2].as_str(), held.run_id.as_str()]
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 }
