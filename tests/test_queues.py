@@ -314,6 +314,29 @@ def test_store_22_a_waiting_worker_is_woken_by_a_new_queued_run(box, store_kind)
     assert f"started  {run_id} flow=job reason=queue:fifo" in result.stdout
 
 
+def test_store_21_a_worker_claims_only_runs_of_flows_it_imported(box, store_kind):
+    """STORE-21: a worker without the run's flow leaves it queued for one
+    that has it."""
+    box.write_module("qonly", 'import composeai as compose\n\ncompose.Queue("fifo")\n')
+    [run_id] = enqueue(box, ["qflows.job.start('kept', queue='fifo')"])
+    bare = subprocess.run(
+        [sys.executable, "-m", "composeai.cli", "worker", "--import", "qonly"]
+        + ["--queue", "fifo", "--once"],
+        env=box.env(),
+        cwd=str(box.root),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert bare.returncode == 0, bare.stderr
+    assert statuses([run_id]) == ["queued"]
+    proc = worker(box, "--queue", "fifo", "--once")
+    result = _proc.finish(proc, timeout=120)
+    assert result.returncode == 0, result.describe()
+    assert statuses([run_id]) == ["completed"]
+
+
 def test_store_21_an_undeclared_queue_is_refused_by_the_worker(box):
     """STORE-21: `--queue` names a queue some `--import` declares."""
     proc = worker(box, "--queue", "missing", "--once")
@@ -336,5 +359,5 @@ def test_store_20_a_cancelled_queued_run_is_never_claimed(store_kind):
     handle = never.start(queue=q)
     compose.cancel(handle.id, "not needed")
     assert handle.status == "cancelled"
-    assert _core.queue_claim(_engine.get_store(), "later", 5) == []
+    assert _core.queue_claim(_engine.get_store(), "later", 5, ["never"]) == []
     assert _core.queue_stats(_engine.get_store()) == []

@@ -355,6 +355,7 @@ def queue_claim(
     store: Store,
     queue: str,
     room: int,
+    flows: list[str],
     concurrency: int | None = None,
     rate_limit: tuple[int, float] | None = None,
     priority: bool = False,

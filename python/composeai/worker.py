@@ -31,6 +31,12 @@ from .queues import Queue
 STOP_GRACE = 2.0
 
 
+def _flow_names() -> list[str]:
+    from .flow import _FLOWS
+
+    return list(_FLOWS)
+
+
 class Worker:
     def __init__(
         self,
@@ -130,6 +136,8 @@ class Worker:
         """Claims queued runs for the free threads, queue by queue; returns
         when a rate-limited queue next has room, if one is full."""
         soonest = None
+        # Only runs of flows imported here: another worker may have them.
+        flows = sorted(_flow_names())
         for q in self.queues:
             with self._lock:
                 room = self.concurrency - len(self._inflight)
@@ -139,7 +147,7 @@ class Worker:
             if room <= 0:
                 continue
             claimed = _core.queue_claim(
-                store, q.name, room, q.concurrency, q.rate_limit, q.priority
+                store, q.name, room, flows, q.concurrency, q.rate_limit, q.priority
             )
             with self._lock:
                 for run_id, _kind, _name in claimed:

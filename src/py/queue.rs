@@ -6,7 +6,7 @@ use super::errors::IntoPy;
 use super::store::PyStore;
 use crate::durable::clock;
 use crate::error::{CoreError, CoreResult};
-use crate::queue::{self, Backend, Limits, Placement};
+use crate::queue::{self, Backend, Claimer, Limits, Placement};
 use crate::store::NewRun;
 use pyo3::prelude::*;
 use std::time::{Duration, Instant};
@@ -62,23 +62,29 @@ pub fn queue_enqueue(
         .map(|r| r.run_id)
 }
 
-/// STORE-21: claims up to `room` queued runs of `queue` for this process
-/// within the queue's limits; `(run_id, kind, name)` in claim order.
+/// STORE-21: claims up to `room` queued runs of `queue` (of the flows
+/// named in `flows`) for this process within the queue's limits;
+/// `(run_id, kind, name)` in claim order.
 #[pyfunction]
-#[pyo3(signature = (store, queue, room, concurrency=None, rate_limit=None, priority=false))]
+#[pyo3(signature = (store, queue, room, flows, concurrency=None, rate_limit=None, priority=false))]
+#[allow(clippy::too_many_arguments)]
 pub fn queue_claim(
     py: Python<'_>,
     store: &PyStore,
     queue: &str,
     room: i64,
+    flows: Vec<String>,
     concurrency: Option<i64>,
     rate_limit: Option<(i64, f64)>,
     priority: bool,
 ) -> PyResult<Vec<(String, String, String)>> {
     let l = limits(concurrency, rate_limit, priority);
-    let owner = crate::run::owner_id();
-    let until = crate::store::sqlite::now() + crate::run::LEASE_SECONDS;
-    py.allow_threads(|| queue::claim(backend(store)?, queue, &l, room, owner, until))
+    let by = Claimer {
+        owner: crate::run::owner_id(),
+        lease_until: crate::store::sqlite::now() + crate::run::LEASE_SECONDS,
+        flows: &flows,
+    };
+    py.allow_threads(|| queue::claim(backend(store)?, queue, &l, room, &by))
         .py_err()
         .map(|rows| {
             rows.into_iter()

@@ -130,23 +130,29 @@ pub fn enqueue(b: Backend<'_>, new: &NewRun, p: &Placement) -> CoreResult<RunRow
     }
 }
 
-/// STORE-21: claims up to `room` queued runs of `queue` for `owner`,
-/// within the queue's limits; the claimed runs are `running`, leased until
-/// `lease_until`.
+/// What a worker claims for: its owner id, its lease, and the flows it
+/// can execute (it never claims a run of a flow it has not imported).
+pub struct Claimer<'a> {
+    pub owner: &'a str,
+    pub lease_until: f64,
+    pub flows: &'a [String],
+}
+
+/// STORE-21: claims up to `room` queued runs of `queue` for `by`, within
+/// the queue's limits; the claimed runs are `running`, leased to it.
 pub fn claim(
     b: Backend<'_>,
     queue: &str,
     limits: &Limits,
     room: i64,
-    owner: &str,
-    lease_until: f64,
+    by: &Claimer<'_>,
 ) -> CoreResult<Vec<Claimed>> {
-    if room <= 0 {
+    if room <= 0 || by.flows.is_empty() {
         return Ok(Vec::new());
     }
     match b {
-        Backend::Sqlite(s) => sqlite::claim(s, queue, limits, room, owner, lease_until),
-        Backend::Postgres(s) => pg::claim(s, queue, limits, room, owner, lease_until),
+        Backend::Sqlite(s) => sqlite::claim(s, queue, limits, room, by),
+        Backend::Postgres(s) => pg::claim(s, queue, limits, room, by),
     }
 }
 

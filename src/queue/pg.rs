@@ -4,7 +4,7 @@
 //! count and the claim run under a transaction-scoped advisory lock of the
 //! queue, so two workers never both fill the last slot.
 
-use super::{claim_order, dedup_taken, window, Claimed, Limits, Placement, QueueStats};
+use super::{claim_order, dedup_taken, window, Claimed, Claimer, Limits, Placement, QueueStats};
 use crate::error::{CoreError, CoreResult};
 use crate::runtime::block_on;
 use crate::store::postgres::PgStore;
@@ -98,12 +98,12 @@ pub fn claim(
     queue: &str,
     limits: &Limits,
     room: i64,
-    owner: &str,
-    lease_until: f64,
+    by: &Claimer<'_>,
 ) -> CoreResult<Vec<Claimed>> {
     let claim_sql = format!(
         "WITH c AS (SELECT q.rid FROM queue_runs q JOIN runs r ON r.rid = q.rid \
            WHERE q.queue = $1 AND q.started_at IS NULL AND r.status = 'queued' \
+           AND r.name = ANY($6) \
            ORDER BY {} LIMIT $2 FOR UPDATE OF q, r SKIP LOCKED), \
          u AS (UPDATE runs SET status = 'running', lease_owner = $3, lease_until = $4, \
            updated_at = $5 FROM c WHERE runs.rid = c.rid \
@@ -148,7 +148,10 @@ pub fn claim(
         // before this claim starts.
         let t = now();
         let rows = tx
-            .query(&claim_sql, &[&queue, &n, &owner, &lease_until, &t])
+            .query(
+                &claim_sql,
+                &[&queue, &n, &by.owner, &by.lease_until, &t, &by.flows],
+            )
             .await
             .map_err(s.err())?;
         tx.commit().await.map_err(s.err())?;

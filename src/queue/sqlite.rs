@@ -1,7 +1,7 @@
 //! The queues on SQLite: every operation is one `IMMEDIATE` transaction,
 //! so claims of concurrent workers are serialized by the file's write lock.
 
-use super::{claim_order, dedup_taken, window, Claimed, Limits, Placement, QueueStats};
+use super::{claim_order, dedup_taken, window, Claimed, Claimer, Limits, Placement, QueueStats};
 use crate::error::{AtPath, CoreResult};
 use crate::store::sqlite::{now, SqliteStore};
 use crate::store::{NewRun, RunRow, Store};
@@ -90,10 +90,11 @@ pub fn claim(
     queue: &str,
     limits: &Limits,
     room: i64,
-    owner: &str,
-    lease_until: f64,
+    by: &Claimer<'_>,
 ) -> CoreResult<Vec<Claimed>> {
     let path = s.path().to_string();
+    let flows = serde_json::to_string(by.flows)
+        .map_err(|e| crate::error::CoreError::Store(e.to_string()))?;
     s.with_conn(|c| {
         let tx = c
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -129,12 +130,13 @@ pub fn claim(
                     "SELECT q.rid, r.run_id, r.kind, r.name FROM queue_runs q \
                      JOIN runs r ON r.rid = q.rid \
                      WHERE q.queue = ?1 AND q.started_at IS NULL AND r.status = 'queued' \
+                     AND r.name IN (SELECT value FROM json_each(?3)) \
                      ORDER BY {} LIMIT ?2",
                     claim_order(limits)
                 ))
                 .at(&path)?;
             let rows = st
-                .query_map(params![queue, n], |r| {
+                .query_map(params![queue, n, flows], |r| {
                     Ok((
                         r.get(0)?,
                         Claimed {
@@ -152,7 +154,7 @@ pub fn claim(
                 "UPDATE runs SET status = 'running', lease_owner = ?1, lease_until = ?2, \
                  updated_at = ?3 WHERE rid = ?4",
             )
-            .and_then(|mut st| st.execute(params![owner, lease_until, t, rid]))
+            .and_then(|mut st| st.execute(params![by.owner, by.lease_until, t, rid]))
             .at(&path)?;
             tx.prepare_cached("UPDATE queue_runs SET started_at = ?1 WHERE rid = ?2")
                 .and_then(|mut st| st.execute(params![t, rid]))
@@ -255,16 +257,27 @@ mod tests {
             priority: true,
             ..Limits::default()
         };
-        let first = queue::claim(b, "q", &capped, 10, "me", now() + 60.0).unwrap();
-        let got: Vec<&str> = first.iter().map(|c| c.run_id.as_str()).collect();
-        assert_eq!(got, [ids[3].as_str(), ids[1].as_str()]);
-        assert!(queue::claim(b, "q", &capped, 10, "me", now() + 60.0)
+        let flows = ["f".to_string()];
+        let by = queue::Claimer {
+            owner: "me",
+            lease_until: now() + 60.0,
+            flows: &flows,
+        };
+        let elsewhere = queue::Claimer {
+            flows: &["g".to_string()],
+            ..by
+        };
+        assert!(queue::claim(b, "q", &capped, 10, &elsewhere)
             .unwrap()
             .is_empty());
+        let first = queue::claim(b, "q", &capped, 10, &by).unwrap();
+        let got: Vec<&str> = first.iter().map(|c| c.run_id.as_str()).collect();
+        assert_eq!(got, [ids[3].as_str(), ids[1].as_str()]);
+        assert!(queue::claim(b, "q", &capped, 10, &by).unwrap().is_empty());
         let stats = queue::stats(b, now()).unwrap();
         assert_eq!((stats[0].queued, stats[0].running), (3, 2));
         let fifo = Limits::default();
-        let rest = queue::claim(b, "q", &fifo, 10, "me", now() + 60.0).unwrap();
+        let rest = queue::claim(b, "q", &fifo, 10, &by).unwrap();
         let got: Vec<&str> = rest.iter().map(|c| c.run_id.as_str()).collect();
         assert_eq!(
             got,
