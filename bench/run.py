@@ -596,6 +596,59 @@ def graph_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     ]
 
 
+def postgres_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """P0-P3 on a PostgreSQL cluster started by the workloads themselves
+    (p_postgres.py, p3_queue.py), with DBOS beside P1 and P3; skipped
+    without PostgreSQL."""
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    import _pg
+
+    if _pg.find_bindir() is None:
+        log("PostgreSQL (initdb, pg_ctl) is not installed: P0-P3 skipped")
+        return []
+    t0 = time.perf_counter()
+    pg = run_json([sys.executable, os.path.join(BENCH_DIR, "p_postgres.py")], base_env())
+    log(f"p_postgres.py {time.perf_counter() - t0:.1f}s")
+    t0 = time.perf_counter()
+    argv = [sys.executable, os.path.join(BENCH_DIR, "p3_queue.py")]
+    p3 = run_json(argv + ([] if args.peers else ["--no-dbos"]), base_env())
+    log(f"p3_queue.py {time.perf_counter() - t0:.1f}s")
+    p0, p1 = pg["p0_us_per_commit"], pg["p1_us_per_step"]
+    dbos = p3.get("dbos_steps_per_s")
+    ratio = p3.get("p3_over_dbos")
+    p3_metric = f"{p3['flows']} flows x {p3['steps']} steps, {p3['workers']} workers, one queue"
+    if dbos is not None:
+        p3_metric += f" (DBOS: {dbos:,} steps/s, {ratio}x)"
+    return [
+        row("P0", "journal+span commit, one round trip (Rust)", p0, "us", "", None, "", None, pg),
+        row(
+            "P1",
+            f"journaled step on PostgreSQL (DBOS: {pg['dbos_w1_us_per_step']:,.0f} us)",
+            p1,
+            "us/step",
+            "<= 1.3x P0",
+            p1 / p0,
+            "P1 / P0",
+            p1 / p0 <= 1.3,
+            pg,
+        ),
+        row(
+            "P2", "3-step run on PostgreSQL", pg["p2_ms_per_run"], "ms/run", "", None, "", None, pg
+        ),
+        row(
+            "P3",
+            p3_metric,
+            p3["p3_steps_per_s"],
+            "steps/s",
+            ">= 5x DBOS",
+            ratio,
+            "P3 / DBOS",
+            None if ratio is None else ratio >= 5,
+            p3,
+        ),
+    ]
+
+
 def obs_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     """OBS-CLI (obs_cli.py): whole `compose` processes against a large store
     (built once by obs_store.py and cached; see README)."""
@@ -764,7 +817,11 @@ def main() -> None:
     rows = (
         []
         if args.obs_only
-        else collect(args) + adapter_rows(args) + durable_rows(args) + graph_rows(args)
+        else collect(args)
+        + adapter_rows(args)
+        + durable_rows(args)
+        + graph_rows(args)
+        + postgres_rows(args)
     )
     if args.pg:
         rows += pg_rows(args)

@@ -9,6 +9,7 @@ pub mod ids;
 pub mod journal;
 pub mod lease;
 pub mod py;
+pub mod queue;
 pub mod run;
 pub mod runtime;
 pub mod store;

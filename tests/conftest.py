@@ -24,6 +24,7 @@ BOTH_STORES = {
     "test_streams",
     "test_tools",
     "test_events",
+    "test_queues",
 }
 
 _schemas = itertools.count()

@@ -108,6 +108,7 @@ _LAZY.update(
     }
 )
 _LAZY["RetryPolicy"] = ("._retry", "RetryPolicy")
+_LAZY["Queue"] = (".queues", "Queue")
 # Store selection (STORE-1) is an attribute too.
 _LAZY["configure"] = ("._engine", "configure")
 

@@ -38,7 +38,7 @@ __all__ = ["main"]
 
 # 0.11.0's choices omitted `cancelled`, so cancelled rows could not be
 # selected (a defect the spec asks us to fix).
-_STATUSES = ("completed", "failed", "paused", "running", "cancelled")
+_STATUSES = ("completed", "failed", "paused", "running", "cancelled", "queued")
 _KINDS = ("agent", "flow", "pipe", "aggregate", "graph")
 
 _SINCE_RELATIVE = re.compile(r"([0-9]+)([dh])")
@@ -281,7 +281,58 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     _import_modules(args.imports)
     from .worker import run_worker
 
-    return run_worker([], once=args.once, interval=args.interval, concurrency=args.concurrency)
+    return run_worker(
+        [],
+        once=args.once,
+        interval=args.interval,
+        concurrency=args.concurrency,
+        queues=tuple(args.queues),
+    )
+
+
+def _cmd_queues(args: argparse.Namespace) -> int:
+    """STORE-23: per queue, queued, running, completed in the last hour and
+    the age of the oldest queued run."""
+    from . import _engine
+
+    kind, target = _store_target()
+    missing = kind == "sqlite" and not Path(target).exists()
+    rows = [] if missing else _core.queue_stats(_engine.get_store())
+    now = time.time()
+    if args.json:
+        out = [
+            {
+                "queue": name,
+                "queued": queued,
+                "running": running,
+                "completed_last_hour": done,
+                "oldest_queued_age_s": None if oldest is None else round(now - oldest, 3),
+            }
+            for name, queued, running, done, oldest in rows
+        ]
+        print(json.dumps(out, indent=2))
+        return 0
+    if not rows:
+        print("no queues found")
+        return 0
+    width = max(5, *(len(r[0]) for r in rows))
+    lines = [f"{'QUEUE':<{width}}  {'QUEUED':>7} {'RUNNING':>8} {'DONE 1H':>8}  OLDEST QUEUED"]
+    for name, queued, running, done, oldest in rows:
+        age = "-" if oldest is None else _duration(now - oldest)
+        lines.append(f"{name:<{width}}  {queued:>7} {running:>8} {done:>8}  {age}")
+    print("\n".join(lines))
+    return 0
+
+
+def _duration(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def _cmd_signal(args: argparse.Namespace) -> int:
@@ -838,8 +889,20 @@ def _build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--concurrency", type=int, default=4, metavar="N", help="runs executed at once (4)"
     )
+    worker.add_argument(
+        "--queue",
+        dest="queues",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also execute queued runs of queue NAME, declared by an --import (repeatable)",
+    )
     add_import(worker)
     worker.set_defaults(func=_cmd_worker, parser=worker)
+
+    queues = sub.add_parser("queues", help="queued and running runs per queue")
+    queues.add_argument("--json", action="store_true", help="print rows as JSON")
+    queues.set_defaults(func=_cmd_queues, parser=queues)
 
     sig = sub.add_parser("signal", help="send a signal to a run")
     sig.add_argument("run_id", metavar="RUN_ID")

@@ -429,10 +429,28 @@ class Flow(Generic[P, R]):
         run, meter = self._start(args, kwargs, budget, wait)
         return self._drive(run, args, kwargs, meter)
 
-    def start(self, *args: Any, budget: Any = None, wait: bool = True, **kwargs: Any):
+    def start(
+        self,
+        *args: Any,
+        budget: Any = None,
+        wait: bool = True,
+        queue: Any = None,
+        priority: int = 0,
+        dedup_id: str | None = None,
+        **kwargs: Any,
+    ):
         """EXT-11: creates the run durably, executes it on a background thread
-        of this process and returns its `RunHandle` at once."""
+        of this process and returns its `RunHandle` at once. With `queue`
+        (STORE-20) the run is created `queued` and a worker executes it."""
         _engine.check_sync_facade()
+        if queue is not None:
+            from .queues import start_queued
+
+            return start_queued(self, args, kwargs, budget, queue, priority, dedup_id)
+        if priority != 0 or dedup_id is not None:
+            raise ConfigError(
+                f"priority and dedup_id apply to queued runs -- pass queue= to {self.name}.start()"
+            )
         from .durable import start_in_background
 
         return start_in_background(self, args, kwargs, budget, wait)
@@ -545,12 +563,15 @@ def flow(
 
 
 def reset_registries() -> None:
-    """Forgets every registered task, flow and graph name (TEST-50)."""
+    """Forgets every registered task, flow, graph and queue name (TEST-50)."""
     _TASKS.clear()
     _FLOWS.clear()
     graph = sys.modules.get("composeai.graph")
     if graph is not None:
         graph.reset_registry()
+    queues = sys.modules.get("composeai.queues")
+    if queues is not None:
+        queues._QUEUES.clear()
 
 
 # ---------------------------------------------------------------------------

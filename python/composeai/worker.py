@@ -1,11 +1,13 @@
-"""`compose worker` (EXT-2): the long-running loop that continues due runs.
+"""`compose worker` (EXT-2, STORE-21): the long-running loop that continues
+due runs and executes queued ones.
 
 The core says which runs are due (`due_runs`) and when the next timer falls
-(`next_wake`); each due run continues through the ordinary resume path,
+(`next_wake`), and claims queued runs of the worker's queues within their
+limits (`queue_claim`); each run continues through the ordinary resume path,
 parking on its next wait, on one of `concurrency` threads. Between passes
 the worker sleeps in the core (GIL released) until the next timer, another
-process's commit (a new signal or a parked run), or a run of its own
-settling.
+process's commit (a new signal, a parked or queued run: polled on SQLite, a
+`LISTEN` hint on PostgreSQL), or a run of its own settling.
 """
 
 from __future__ import annotations
@@ -16,20 +18,33 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
-from typing import IO
+from typing import IO, Any
 
 from . import _core, _engine
 from . import durable as _durable
+from .errors import ConfigError
 from .flow import NotDue
+from .queues import Queue
 
 # How long in-flight runs may take to settle after SIGINT/SIGTERM before the
 # worker gives up their leases and exits (they stay resumable).
 STOP_GRACE = 2.0
 
 
+def _flow_names() -> list[str]:
+    from .flow import _FLOWS
+
+    return list(_FLOWS)
+
+
 class Worker:
     def __init__(
-        self, *, concurrency: int = 4, interval: float = 1.0, out: IO[str] | None = None
+        self,
+        *,
+        concurrency: int = 4,
+        interval: float = 1.0,
+        out: IO[str] | None = None,
+        queues: tuple[Queue, ...] = (),
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
@@ -43,6 +58,11 @@ class Worker:
         self._inflight: dict[str, Future] = {}
         self._skipped: set[str] = set()
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="composeai-worker")
+        self.queues = queues
+        # Queue of each in-flight run this worker claimed (worker_concurrency).
+        self._claimed: dict[str, str] = {}
+        # False once the store turned out to keep no durable waits.
+        self._durable = True
 
     # -- logging -------------------------------------------------------------
 
@@ -85,6 +105,7 @@ class Worker:
         self.log(f"finished {run_id} flow={name} outcome={outcome} duration={ms:.0f}ms")
         with self._lock:
             self._inflight.pop(run_id, None)
+            self._claimed.pop(run_id, None)
         _core.clock_poke()
 
     def _submit(self, due: list[tuple]) -> int:
@@ -109,12 +130,64 @@ class Worker:
             started += 1
         return started
 
+    # -- queues (STORE-21) ----------------------------------------------------
+
+    def _claim(self, store: Any) -> float | None:
+        """Claims queued runs for the free threads, queue by queue; returns
+        when a rate-limited queue next has room, if one is full."""
+        soonest = None
+        # Only runs of flows imported here: another worker may have them.
+        flows = sorted(_flow_names())
+        for q in self.queues:
+            with self._lock:
+                room = self.concurrency - len(self._inflight)
+                if q.worker_concurrency is not None:
+                    mine = sum(1 for name in self._claimed.values() if name == q.name)
+                    room = min(room, q.worker_concurrency - mine)
+            if room <= 0:
+                continue
+            claimed = _core.queue_claim(
+                store, q.name, room, flows, q.concurrency, q.rate_limit, q.priority
+            )
+            with self._lock:
+                for run_id, _kind, _name in claimed:
+                    self._claimed[run_id] = q.name
+            self._submit([(r, k, n, f"queue:{q.name}", None) for r, k, n in claimed])
+            with self._lock:
+                # A claimed run skipped by `_submit` (its flow is not
+                # imported here) takes no slot of this worker.
+                for run_id, _kind, _name in claimed:
+                    if run_id not in self._inflight:
+                        self._claimed.pop(run_id, None)
+            if q.rate_limit is not None and len(claimed) < room:
+                slot = _core.queue_next_slot(store, q.name, q.rate_limit)
+                if slot is not None and (soonest is None or slot < soonest):
+                    soonest = slot
+        return soonest
+
+    def _due(self, store: Any, limit: int) -> list[tuple]:
+        if not self._durable:
+            return []
+        try:
+            return _core.due_runs(store, None, limit)
+        except ConfigError:
+            if store.kind == "sqlite":
+                raise
+            # This store keeps no durable waits: only queued runs come due.
+            self._durable = False
+            return []
+
+    def _next_wake(self, store: Any) -> float | None:
+        return _core.next_wake(store, _core.clock_now()) if self._durable else None
+
     # -- the loop -----------------------------------------------------------
 
     def once(self) -> None:
-        """One pass over what is due now; waits for those runs to settle."""
+        """One pass over what is due now and what the queues let it claim;
+        waits for those runs to settle."""
         store = _engine.get_store()
-        self._submit(_core.due_runs(store, None, 1_000_000))
+        self._submit(self._due(store, 1_000_000))
+        self._claim(store)
         self._drain(None)
 
     def serve(self) -> None:
@@ -125,11 +198,15 @@ class Worker:
             if free > 0:
                 # Ask for enough rows to see past runs already in flight or skipped.
                 limit = free + len(self._inflight) + len(self._skipped)
-                self._submit(_core.due_runs(store, None, limit))
+                self._submit(self._due(store, limit))
+            slot = self._claim(store)
             with self._lock:
                 busy = len(self._inflight) >= self.concurrency
-            now = _core.clock_now()
-            until = None if busy else _core.next_wake(store, now)
+            until = None if busy else self._next_wake(store)
+            if slot is not None and not busy:
+                # Wall time, as the store's claim times are.
+                slot = _core.clock_now() + max(0.0, slot - time.time())
+                until = slot if until is None else min(until, slot)
             deadline = time.monotonic() + self.interval
             while not self.stopping.is_set():
                 left = deadline - time.monotonic()
@@ -171,15 +248,40 @@ class Worker:
         return len(left)
 
 
+def declared_queues(names: list[str]) -> tuple[Queue, ...]:
+    """The `Queue` declarations of `compose worker --queue NAME ...`."""
+    from .queues import declared
+
+    out = []
+    for name in names:
+        q = declared(name)
+        if q is None:
+            raise ConfigError(
+                f"queue {name!r} is not declared in this process -- declare it with "
+                f"composeai.Queue({name!r}, ...) in a module passed with --import"
+            )
+        if q not in out:
+            out.append(q)
+    return tuple(out)
+
+
 def run_worker(
-    imports: list[str], *, once: bool, interval: float, concurrency: int, out=None
+    imports: list[str],
+    *,
+    once: bool,
+    interval: float,
+    concurrency: int,
+    out=None,
+    queues: tuple[str, ...] = (),
 ) -> int:
     """The `compose worker` command; returns the exit code."""
     import importlib
 
     for module in imports:
         importlib.import_module(module)
-    worker = Worker(concurrency=concurrency, interval=interval, out=out)
+    worker = Worker(
+        concurrency=concurrency, interval=interval, out=out, queues=declared_queues(list(queues))
+    )
     if once:
         worker.once()
         worker._pool.shutdown(wait=True)
@@ -194,7 +296,8 @@ def run_worker(
         _signal.signal(_signal.SIGTERM, handle)
     worker.log(
         f"worker ready pid={__import__('os').getpid()} concurrency={concurrency} "
-        f"store={_engine.get_store().path}"
+        + "".join(f"queue={q.name} " for q in worker.queues)
+        + f"store={_engine.get_store().path}"
     )
     worker.serve()
     left = worker.stop()

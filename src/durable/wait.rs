@@ -502,7 +502,7 @@ impl Attempt {
                     });
                 }
                 Mode::Block => {
-                    clock::nap(spec.wake_at(), POLL);
+                    clock::nap(spec.wake_at(), self.store().wait_slice());
                 }
             }
         }

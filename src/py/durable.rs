@@ -354,6 +354,9 @@ pub fn wait_for_work(
                 .at(p)
         })
     };
+    if let Some(pg) = &store.pg {
+        return Ok(py.allow_threads(|| super::queue::wait_for_hint(pg, until, max_seconds)));
+    }
     py.allow_threads(|| -> CoreResult<bool> {
         let start = Instant::now();
         let limit = Duration::from_secs_f64(max_seconds.max(0.0));

@@ -8,6 +8,7 @@ mod durable;
 mod errors;
 mod graph;
 mod query;
+mod queue;
 mod spans;
 mod store;
 mod trace;
@@ -65,6 +66,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(query::diff_view, m)?)?;
     m.add_function(wrap_pyfunction!(query::export_view, m)?)?;
     durable::register(m)?;
+    queue::register(m)?;
     m.add_class::<graph::PyGraphDef>()?;
     m.add_class::<graph::PyGraphRun>()?;
     for f in [

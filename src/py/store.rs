@@ -32,7 +32,7 @@ pub struct PyStore {
     pub inner: Arc<dyn Store>,
     /// The SQLite store, for the durable primitives' own queries.
     pub sqlite: Option<Arc<SqliteStore>>,
-    /// The PostgreSQL store, for the worker's own queries.
+    /// The PostgreSQL store, for the worker's and the queues' own queries.
     pub pg: Option<Arc<PgStore>>,
 }
 

@@ -96,6 +96,9 @@ pub fn bring_up_to_date(conn: &Connection, path: &str, version: i64) -> CoreResu
         conn.execute_batch(crate::graph::schema::GRAPH_SCHEMA)
             .at(path)?;
     }
+    if version < crate::queue::schema::SQLITE_VERSION {
+        crate::queue::schema::apply_sqlite(conn, path)?;
+    }
     if version < crate::lease::SQLITE_SCHEMA_VERSION {
         conn.execute_batch(crate::lease::SQLITE_SCHEMA).at(path)?;
     }

@@ -341,4 +341,11 @@ pub trait Store: Send + Sync {
     /// tables are never written through the queue).
     fn read(&self, work: &mut dyn FnMut(&rusqlite::Connection) -> CoreResult<()>)
         -> CoreResult<()>;
+
+    /// The longest a blocked wait sleeps before reading the store again
+    /// (STORE-22): a store that sends wake-up hints starts listening here
+    /// and polls less often.
+    fn wait_slice(&self) -> std::time::Duration {
+        crate::durable::POLL
+    }
 }

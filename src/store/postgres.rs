@@ -119,7 +119,11 @@ CREATE TABLE cancel_requests(
 
 /// `(version, DDL)` of each step, in order; a schema at version `v` gets
 /// every step above `v`.
-const MIGRATIONS: [(i32, &str); 2] = [(1, PG_SCHEMA_V1), (4, crate::lease::PG_SCHEMA)];
+const MIGRATIONS: [(i32, &str); 3] = [
+    (1, PG_SCHEMA_V1),
+    (3, crate::queue::schema::PG_QUEUE_SCHEMA),
+    (4, crate::lease::PG_SCHEMA),
+];
 
 /// The fence every journal and snapshot write of an attempt carries: `$1`
 /// is the run, `$2` this process's owner id, which must hold the lease. The
@@ -150,6 +154,9 @@ impl std::ops::Deref for PgStore {
 pub struct PgInner {
     url: PgUrl,
     pool: Pool,
+    /// The pool's connection settings, for the wake-up listener's own
+    /// connection (STORE-22).
+    cfg: tokio_postgres::Config,
     spans: Mutex<Vec<SpanRecord>>,
     flush_armed: AtomicBool,
 }
@@ -512,9 +519,9 @@ impl PgStore {
             recycling_method: RecyclingMethod::Fast,
         };
         let mgr = if url.sslmode == SslMode::Disable {
-            Manager::from_config(cfg, tokio_postgres::NoTls, mgr_cfg)
+            Manager::from_config(cfg.clone(), tokio_postgres::NoTls, mgr_cfg)
         } else {
-            Manager::from_config(cfg, tls::connector(&url)?, mgr_cfg)
+            Manager::from_config(cfg.clone(), tls::connector(&url)?, mgr_cfg)
         };
         let pool = {
             // The pool spawns nothing until used, but its builder wants the
@@ -530,6 +537,7 @@ impl PgStore {
             inner: Arc::new(PgInner {
                 url,
                 pool,
+                cfg,
                 spans: Mutex::new(Vec::new()),
                 flush_armed: AtomicBool::new(false),
             }),
@@ -537,12 +545,70 @@ impl PgStore {
     }
 }
 
+impl PgStore {
+    /// The state shared with background tasks (the wake-up listener).
+    pub fn shared(&self) -> Arc<PgInner> {
+        Arc::clone(&self.inner)
+    }
+}
+
+/// Drives a connection outside the pool, handing its notifications to `tx`.
+fn forward_messages<S, T>(
+    mut conn: tokio_postgres::Connection<S, T>,
+    tx: tokio::sync::mpsc::UnboundedSender<tokio_postgres::AsyncMessage>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio_postgres::tls::TlsStream + Unpin + Send + 'static,
+{
+    runtime().spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(Ok(m)) = futures_util::StreamExt::next(&mut messages).await {
+            if tx.send(m).is_err() {
+                break;
+            }
+        }
+    });
+}
+
 impl PgInner {
-    fn err(&self) -> impl Fn(tokio_postgres::Error) -> CoreError + '_ {
+    pub(crate) fn err(&self) -> impl Fn(tokio_postgres::Error) -> CoreError + '_ {
         store_err(&self.url.redacted)
     }
 
-    async fn client(&self) -> CoreResult<Object> {
+    pub fn schema(&self) -> &str {
+        &self.url.schema
+    }
+
+    /// A connection of its own (not pooled) whose server messages arrive on
+    /// the returned channel; the client must be kept to keep it open.
+    pub(crate) async fn dedicated(
+        &self,
+    ) -> CoreResult<(
+        tokio_postgres::Client,
+        tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::AsyncMessage>,
+    )> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let client = if self.url.sslmode == SslMode::Disable {
+            let (client, conn) = self
+                .cfg
+                .connect(tokio_postgres::NoTls)
+                .await
+                .map_err(self.err())?;
+            forward_messages(conn, tx);
+            client
+        } else {
+            let (client, conn) = self
+                .cfg
+                .connect(tls::connector(&self.url)?)
+                .await
+                .map_err(self.err())?;
+            forward_messages(conn, tx);
+            client
+        };
+        Ok((client, rx))
+    }
+
+    pub(crate) async fn client(&self) -> CoreResult<Object> {
         self.pool.get().await.map_err(|e| {
             let why = match &e {
                 deadpool_postgres::PoolError::Backend(b) => describe(b),
@@ -1363,6 +1429,11 @@ impl Store for PgStore {
 
     fn cancel_request(&self, rid: i64) -> CoreResult<Option<Option<String>>> {
         block_on(self.cancel_request_async(rid))
+    }
+
+    fn wait_slice(&self) -> std::time::Duration {
+        crate::queue::wake::ensure_listener(self);
+        crate::queue::wake::PG_POLL
     }
 
     fn exec(

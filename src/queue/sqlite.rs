@@ -1,0 +1,288 @@
+//! The queues on SQLite: every operation is one `IMMEDIATE` transaction,
+//! so claims of concurrent workers are serialized by the file's write lock.
+
+use super::{claim_order, dedup_taken, window, Claimed, Claimer, Limits, Placement, QueueStats};
+use crate::error::{AtPath, CoreResult};
+use crate::store::sqlite::{now, SqliteStore};
+use crate::store::{NewRun, RunRow, Store};
+use rusqlite::{params, OptionalExtension, TransactionBehavior};
+
+pub fn enqueue(s: &SqliteStore, new: &NewRun, p: &Placement) -> CoreResult<RunRow> {
+    let path = s.path().to_string();
+    let t = now();
+    let rid = s.with_conn(|c| {
+        let tx = c
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .at(&path)?;
+        if let Some(d) = &p.dedup_id {
+            let held: Option<(String, String)> = tx
+                .prepare_cached(
+                    "SELECT r.run_id, r.status FROM queue_runs q JOIN runs r ON r.rid = q.rid \
+                     WHERE q.queue = ?1 AND q.dedup_id = ?2 \
+                     AND r.status IN ('queued', 'running') LIMIT 1",
+                )
+                .and_then(|mut st| {
+                    st.query_row(params![p.queue, d], |r| Ok((r.get(0)?, r.get(1)?)))
+                        .optional()
+                })
+                .at(&path)?;
+            if let Some((run_id, status)) = held {
+                return Err(dedup_taken(d, &p.queue, &run_id, &status));
+            }
+        }
+        tx.prepare_cached(
+            "INSERT INTO runs(run_id, kind, name, status, created_at, updated_at, trace_id, \
+             fingerprint, args_json, budget_json) \
+             VALUES(?1, ?2, ?3, 'queued', ?4, ?4, ?5, ?6, ?7, ?8)",
+        )
+        .and_then(|mut st| {
+            st.execute(params![
+                new.run_id,
+                new.kind,
+                new.name,
+                t,
+                new.trace_id,
+                new.fingerprint,
+                new.args_json,
+                new.budget_json
+            ])
+        })
+        .map_err(|e| match e {
+            rusqlite::Error::SqliteFailure(f, _)
+                if f.code == rusqlite::ErrorCode::ConstraintViolation =>
+            {
+                crate::error::CoreError::Config(format!(
+                    "a run with run_id '{}' already exists",
+                    new.run_id
+                ))
+            }
+            e => crate::error::CoreError::Store(format!("composeai store '{path}': {e}")),
+        })?;
+        let rid = tx.last_insert_rowid();
+        tx.prepare_cached(
+            "INSERT INTO queue_runs(rid, queue, priority, dedup_id, enqueued_at) \
+             VALUES(?1, ?2, ?3, ?4, ?5)",
+        )
+        .and_then(|mut st| st.execute(params![rid, p.queue, p.priority, p.dedup_id, t]))
+        .at(&path)?;
+        tx.commit().at(&path)?;
+        Ok(rid)
+    })?;
+    Ok(RunRow {
+        rid,
+        run_id: new.run_id.clone(),
+        kind: new.kind.clone(),
+        name: new.name.clone(),
+        status: "queued".into(),
+        created_at: t,
+        updated_at: t,
+        trace_id: Some(new.trace_id.clone()),
+        fingerprint: new.fingerprint.clone(),
+        args_json: new.args_json.clone(),
+        output_json: None,
+        error_json: None,
+        budget_json: new.budget_json.clone(),
+    })
+}
+
+pub fn claim(
+    s: &SqliteStore,
+    queue: &str,
+    limits: &Limits,
+    room: i64,
+    by: &Claimer<'_>,
+) -> CoreResult<Vec<Claimed>> {
+    let path = s.path().to_string();
+    let flows = serde_json::to_string(by.flows)
+        .map_err(|e| crate::error::CoreError::Store(e.to_string()))?;
+    s.with_conn(|c| {
+        let tx = c
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .at(&path)?;
+        let t = now();
+        let running: i64 = if limits.concurrency.is_some() {
+            tx.prepare_cached(
+                "SELECT COUNT(*) FROM runs r JOIN queue_runs q ON q.rid = r.rid \
+                 WHERE r.status = 'running' AND q.queue = ?1",
+            )
+            .and_then(|mut st| st.query_row([queue], |r| r.get(0)))
+            .at(&path)?
+        } else {
+            0
+        };
+        let started: i64 = if limits.rate_limit.is_some() {
+            tx.prepare_cached(
+                "SELECT COUNT(*) FROM queue_runs WHERE queue = ?1 AND started_at > ?2 \
+                 AND started_at IS NOT NULL",
+            )
+            .and_then(|mut st| st.query_row(params![queue, t - window(limits)], |r| r.get(0)))
+            .at(&path)?
+        } else {
+            0
+        };
+        let n = super::allowance(limits, room, running, started);
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let picked: Vec<(i64, Claimed)> = {
+            let mut st = tx
+                .prepare_cached(&format!(
+                    "SELECT q.rid, r.run_id, r.kind, r.name FROM queue_runs q \
+                     JOIN runs r ON r.rid = q.rid \
+                     WHERE q.queue = ?1 AND q.started_at IS NULL AND r.status = 'queued' \
+                     AND r.name IN (SELECT value FROM json_each(?3)) \
+                     ORDER BY {} LIMIT ?2",
+                    claim_order(limits)
+                ))
+                .at(&path)?;
+            let rows = st
+                .query_map(params![queue, n, flows], |r| {
+                    Ok((
+                        r.get(0)?,
+                        Claimed {
+                            run_id: r.get(1)?,
+                            kind: r.get(2)?,
+                            name: r.get(3)?,
+                        },
+                    ))
+                })
+                .at(&path)?;
+            rows.collect::<rusqlite::Result<_>>().at(&path)?
+        };
+        for (rid, _) in &picked {
+            tx.prepare_cached(
+                "UPDATE runs SET status = 'running', lease_owner = ?1, lease_until = ?2, \
+                 updated_at = ?3 WHERE rid = ?4",
+            )
+            .and_then(|mut st| st.execute(params![by.owner, by.lease_until, t, rid]))
+            .at(&path)?;
+            tx.prepare_cached("UPDATE queue_runs SET started_at = ?1 WHERE rid = ?2")
+                .and_then(|mut st| st.execute(params![t, rid]))
+                .at(&path)?;
+        }
+        tx.commit().at(&path)?;
+        Ok(picked.into_iter().map(|(_, c)| c).collect())
+    })
+}
+
+pub fn stats(s: &SqliteStore, t: f64) -> CoreResult<Vec<QueueStats>> {
+    let path = s.path().to_string();
+    s.with_conn(|c| {
+        let mut st = c
+            .prepare_cached(
+                "SELECT q.queue, \
+                   SUM(q.started_at IS NULL AND r.status = 'queued'), \
+                   SUM(q.started_at IS NOT NULL AND r.status = 'running'), \
+                   SUM(r.status = 'completed' AND r.updated_at >= ?1), \
+                   MIN(CASE WHEN q.started_at IS NULL AND r.status = 'queued' \
+                       THEN q.enqueued_at END) \
+                 FROM queue_runs q JOIN runs r ON r.rid = q.rid \
+                 GROUP BY q.queue ORDER BY q.queue",
+            )
+            .at(&path)?;
+        let rows = st
+            .query_map([t - 3600.0], |r| {
+                Ok(QueueStats {
+                    queue: r.get(0)?,
+                    queued: r.get(1)?,
+                    running: r.get(2)?,
+                    completed_last_hour: r.get(3)?,
+                    oldest_queued_at: r.get(4)?,
+                })
+            })
+            .at(&path)?;
+        rows.collect::<rusqlite::Result<_>>().at(&path)
+    })
+}
+
+/// Claim times of `queue` after `since`, oldest first, at most `limit`.
+pub fn recent_starts(s: &SqliteStore, queue: &str, since: f64, limit: i64) -> CoreResult<Vec<f64>> {
+    let path = s.path().to_string();
+    s.with_conn(|c| {
+        let mut st = c
+            .prepare_cached(
+                "SELECT started_at FROM queue_runs WHERE queue = ?1 AND started_at > ?2 \
+                 AND started_at IS NOT NULL ORDER BY started_at LIMIT ?3",
+            )
+            .at(&path)?;
+        let rows = st
+            .query_map(params![queue, since, limit], |r| r.get(0))
+            .at(&path)?;
+        rows.collect::<rusqlite::Result<_>>().at(&path)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::{self, Backend};
+
+    fn new_run(name: &str) -> NewRun {
+        NewRun {
+            run_id: crate::ids::new_ulid(),
+            trace_id: crate::ids::new_ulid(),
+            kind: "flow".into(),
+            name: name.into(),
+            ..NewRun::default()
+        }
+    }
+
+    fn placed(queue: &str, priority: i64, dedup: Option<&str>) -> Placement {
+        Placement {
+            queue: queue.into(),
+            priority,
+            dedup_id: dedup.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn claims_follow_priority_then_fifo_and_respect_concurrency_and_dedup() {
+        let dir = std::env::temp_dir().join(format!("composeai-queue-{}", crate::ids::new_ulid()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = SqliteStore::open(dir.join("runs.db").to_str().unwrap()).unwrap();
+        let b = Backend::Sqlite(&store);
+        let ids: Vec<String> = [3, 1, 1, 0]
+            .iter()
+            .map(|p| {
+                queue::enqueue(b, &new_run("f"), &placed("q", *p, None))
+                    .unwrap()
+                    .run_id
+            })
+            .collect();
+        let held = queue::enqueue(b, &new_run("f"), &placed("q", 9, Some("d"))).unwrap();
+        let err = queue::enqueue(b, &new_run("f"), &placed("q", 0, Some("d"))).unwrap_err();
+        assert!(err.to_string().contains(&held.run_id), "{err}");
+        let capped = Limits {
+            concurrency: Some(2),
+            priority: true,
+            ..Limits::default()
+        };
+        let flows = ["f".to_string()];
+        let by = queue::Claimer {
+            owner: "me",
+            lease_until: now() + 60.0,
+            flows: &flows,
+        };
+        let elsewhere = queue::Claimer {
+            flows: &["g".to_string()],
+            ..by
+        };
+        assert!(queue::claim(b, "q", &capped, 10, &elsewhere)
+            .unwrap()
+            .is_empty());
+        let first = queue::claim(b, "q", &capped, 10, &by).unwrap();
+        let got: Vec<&str> = first.iter().map(|c| c.run_id.as_str()).collect();
+        assert_eq!(got, [ids[3].as_str(), ids[1].as_str()]);
+        assert!(queue::claim(b, "q", &capped, 10, &by).unwrap().is_empty());
+        let stats = queue::stats(b, now()).unwrap();
+        assert_eq!((stats[0].queued, stats[0].running), (3, 2));
+        let fifo = Limits::default();
+        let rest = queue::claim(b, "q", &fifo, 10, &by).unwrap();
+        let got: Vec<&str> = rest.iter().map(|c| c.run_id.as_str()).collect();
+        assert_eq!(
+            got,
+            [ids[0].as_str(), ids[2].as_str(), held.run_id.as_str()]
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
