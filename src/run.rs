@@ -88,8 +88,8 @@ fn claim_in_process(run_id: &str) -> CoreResult<()> {
     Ok(())
 }
 
-/// Extra work done inside a settlement's transaction.
-type TxWork<'a> = dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()> + 'a;
+/// Work on the graph tables inside a store transaction.
+use crate::graph::store::GraphWork as TxWork;
 
 /// One attempt at executing a run, holding its lease.
 pub struct Attempt {
@@ -130,7 +130,7 @@ impl Attempt {
     pub fn start_with(
         store: Arc<dyn Store>,
         new: NewRun,
-        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        work: &mut TxWork<'_>,
     ) -> CoreResult<Attempt> {
         claim_in_process(&new.run_id)?;
         match store.create_run_with(&new, owner_id(), now() + LEASE_SECONDS, work, false) {
@@ -264,18 +264,10 @@ impl Attempt {
     pub fn commit_with(
         &self,
         entries: &[(String, String)],
-        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        work: &mut TxWork<'_>,
     ) -> CoreResult<()> {
         self.check(None)?;
-        let rid = self.run.rid;
-        let path = self.store.path().to_string();
-        self.store.transact_only(&mut |tx| {
-            for (k, v) in entries {
-                crate::store::sqlite::insert_journal(tx, rid, k, v)
-                    .map_err(|e| CoreError::Store(format!("composeai store '{path}': {e}")))?;
-            }
-            work(tx)
-        })?;
+        self.store.commit_with(self.run.rid, entries, work)?;
         let mut j = self.journal.lock();
         for (k, v) in entries {
             j.record(k, Arc::from(v.as_str()));
@@ -476,7 +468,7 @@ impl Attempt {
     pub fn settle_with(
         &self,
         settlement: Settlement,
-        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        work: &mut TxWork<'_>,
     ) -> CoreResult<()> {
         self.finish(settlement, Some(work))
     }

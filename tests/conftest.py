@@ -24,6 +24,22 @@ BOTH_STORES = {
     "test_streams",
     "test_tools",
     "test_events",
+    "test_durable_agentrun",
+    "test_durable_await",
+    "test_durable_cancel",
+    "test_durable_failures",
+    "test_durable_gather",
+    "test_durable_retry",
+    "test_durable_signals",
+    "test_durable_sleep",
+    "test_durable_store",
+    "test_durable_worker",
+    "test_graph_agents",
+    "test_graph_build",
+    "test_graph_example",
+    "test_graph_process",
+    "test_graph_run",
+    "test_graph_threads",
 }
 
 _schemas = itertools.count()

@@ -195,17 +195,6 @@ pub fn set_module(attempt: &PyAttempt, module: Option<String>) {
     attempt.inner.set_module(module);
 }
 
-fn with_store<T>(
-    store: &PyStore,
-    f: impl FnOnce(&mut rusqlite::Connection, &str) -> CoreResult<T>,
-) -> CoreResult<T> {
-    let Some(sqlite) = &store.sqlite else {
-        return Err(crate::store::postgres::durable_unsupported());
-    };
-    let path = crate::store::Store::path(&**sqlite).to_string();
-    sqlite.with_conn(|c| f(c, &path))
-}
-
 /// EXT-3: appends a signal in one commit; returns its sequence number.
 #[pyfunction]
 pub fn send_signal(
@@ -216,9 +205,7 @@ pub fn send_signal(
     value_json: &str,
 ) -> PyResult<i64> {
     py.allow_threads(|| {
-        with_store(store, |c, p| {
-            durable::send_signal(c, p, run_id, name, value_json)
-        })
+        store.inner.send_signal(run_id, name, value_json)
     })
     .py_err()
 }
@@ -235,9 +222,7 @@ pub fn request_cancel(
 ) -> PyResult<&'static str> {
     let outcome = py
         .allow_threads(|| {
-            with_store(store, |c, p| {
-                durable::request_cancel(c, p, run_id, reason, &lease_is_live)
-            })
+            store.inner.request_cancel(run_id, reason, &lease_is_live)
         })
         .py_err()?;
     Ok(match outcome {
@@ -260,9 +245,7 @@ pub fn due_runs(
     let at = now.unwrap_or_else(clock::now);
     let rows = py
         .allow_threads(|| {
-            with_store(store, |c, p| {
-                durable::due_runs(c, at, limit, &lease_is_live).at(p)
-            })
+            store.inner.due_runs(at, limit, &lease_is_live)
         })
         .py_err()?;
     Ok(rows
@@ -274,7 +257,7 @@ pub fn due_runs(
 /// The earliest wake time of a parked run later than `after`.
 #[pyfunction]
 pub fn next_wake(py: Python<'_>, store: &PyStore, after: f64) -> PyResult<Option<f64>> {
-    py.allow_threads(|| with_store(store, |c, p| durable::next_wake(c, after).at(p)))
+    py.allow_threads(|| store.inner.next_wake(after))
         .py_err()
 }
 
@@ -282,7 +265,7 @@ pub fn next_wake(py: Python<'_>, store: &PyStore, after: f64) -> PyResult<Option
 #[pyfunction]
 pub fn parked_wait(py: Python<'_>, store: &PyStore, run_id: &str) -> PyResult<Option<ParkedTuple>> {
     let row = py
-        .allow_threads(|| with_store(store, |c, p| durable::parked_wait(c, run_id).at(p)))
+        .allow_threads(|| store.inner.parked_wait(run_id))
         .py_err()?;
     Ok(row.map(|w| (w.step_key, w.wake_at, w.signal_name)))
 }
@@ -328,16 +311,10 @@ pub fn wait_for_work(
     until: Option<f64>,
     max_seconds: f64,
 ) -> PyResult<bool> {
-    let version = |s: &PyStore| {
-        with_store(s, |c, p| {
-            c.query_row("PRAGMA data_version", [], |r| r.get::<_, i64>(0))
-                .at(p)
-        })
-    };
     py.allow_threads(|| -> CoreResult<bool> {
         let start = Instant::now();
         let limit = Duration::from_secs_f64(max_seconds.max(0.0));
-        let before = version(store)?;
+        let before = store.inner.change_marker()?;
         loop {
             if until.is_some_and(|u| clock::now() >= u) {
                 return Ok(true);
@@ -347,7 +324,7 @@ pub fn wait_for_work(
                 return Ok(false);
             }
             let poked = clock::nap(until, left.min(durable::POLL));
-            if poked || version(store)? != before {
+            if poked || store.inner.change_marker()? != before {
                 return Ok(true);
             }
         }
@@ -361,14 +338,7 @@ pub fn wait_for_work(
 #[pyfunction]
 pub fn release_leases(py: Python<'_>, store: &PyStore) -> PyResult<usize> {
     py.allow_threads(|| {
-        with_store(store, |c, p| {
-            c.execute(
-                "UPDATE runs SET status = 'running', lease_owner = NULL, lease_until = NULL \
-                 WHERE lease_owner = ?1",
-                [owner_id()],
-            )
-            .at(p)
-        })
+        store.inner.release_leases(owner_id())
     })
     .py_err()
 }

@@ -7,11 +7,13 @@
 pub mod chat;
 mod migrate;
 pub mod postgres;
+mod postgres_ext;
 pub mod query;
 pub mod sqlite;
 pub mod url;
 
 use crate::error::CoreResult;
+use crate::graph::store::GraphWork;
 
 /// A `runs` row.
 #[derive(Debug, Clone, Default)]
@@ -133,7 +135,9 @@ pub struct Settlement {
 /// Decides whether a lease held by `owner` until `until` is still live.
 pub type LeaseCheck<'a> = &'a dyn Fn(&str, f64) -> bool;
 
-pub trait Store: Send + Sync {
+/// The store: runs and their attempts here, the durable primitives'
+/// tables through `DurableStore`.
+pub trait Store: Send + Sync + crate::durable::store::DurableStore {
     fn path(&self) -> &str;
 
     /// Creates a run row leased to `owner`, in one commit.
@@ -149,7 +153,7 @@ pub trait Store: Send + Sync {
         new: &NewRun,
         owner: &str,
         lease_until: f64,
-        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        work: &mut GraphWork<'_>,
         drain: bool,
     ) -> CoreResult<RunRow>;
 
@@ -205,7 +209,7 @@ pub trait Store: Send + Sync {
         rid: i64,
         owner: &str,
         settlement: &Settlement,
-        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        work: &mut GraphWork<'_>,
     ) -> CoreResult<()>;
 
     /// Replaces the stored budget (last write wins).
@@ -243,28 +247,22 @@ pub trait Store: Send + Sync {
     /// is stored.
     fn cancel_request(&self, rid: i64) -> CoreResult<Option<Option<String>>>;
 
-    /// Runs `f` on the store's connection after writing everything queued
-    /// (the durable primitives' own queries).
-    fn exec(
+    /// Journals `entries` (first write wins) and runs `work` in one
+    /// transaction fenced on this attempt owning the run, leaving queued
+    /// spans to a later commit (a graph step's checkpoint: its spans are
+    /// observability and ride with a later commit).
+    fn commit_with(
         &self,
-        f: &mut dyn FnMut(&mut rusqlite::Connection) -> CoreResult<()>,
-    ) -> CoreResult<()>;
-    /// Writes everything queued, then `work`, in one transaction.
-    fn transact(
-        &self,
-        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
-    ) -> CoreResult<()>;
-
-    /// Runs `work` in one transaction, leaving queued spans to the next
-    /// commit or the background writer (a graph step's checkpoint: its
-    /// spans are observability and ride with a later commit).
-    fn transact_only(
-        &self,
-        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        rid: i64,
+        entries: &[(String, String)],
+        work: &mut GraphWork<'_>,
     ) -> CoreResult<()>;
 
-    /// Runs `work` on the connection; queued writes stay queued (graph
+    /// Writes everything queued, then `work` on the graph tables, in one
+    /// transaction.
+    fn transact(&self, work: &mut GraphWork<'_>) -> CoreResult<()>;
+
+    /// Runs `work` on the graph tables; queued writes stay queued (graph
     /// tables are never written through the queue).
-    fn read(&self, work: &mut dyn FnMut(&rusqlite::Connection) -> CoreResult<()>)
-        -> CoreResult<()>;
+    fn read(&self, work: &mut GraphWork<'_>) -> CoreResult<()>;
 }

@@ -14,6 +14,7 @@ use super::{
     SpanRecord, Store,
 };
 use crate::error::{CoreError, CoreResult};
+use crate::graph::store::GraphWork;
 use crate::ids::{decode_id, encode_id, StoredId};
 use crate::runtime::{block_on, runtime};
 use crate::store::sqlite::{now, Slot, FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
@@ -28,7 +29,7 @@ use tokio_postgres::types::ToSql;
 
 /// Versions of the PostgreSQL schema (its own series; step `n` brings a
 /// schema at `n - 1` to `n`).
-pub const PG_SCHEMA_VERSION: i32 = 1;
+pub const PG_SCHEMA_VERSION: i32 = 2;
 
 const PG_SCHEMA_V1: &str = r#"
 CREATE TABLE runs(
@@ -116,11 +117,11 @@ CREATE TABLE cancel_requests(
 );
 "#;
 
-const MIGRATIONS: [&str; 1] = [PG_SCHEMA_V1];
+const MIGRATIONS: [&str; 2] = [PG_SCHEMA_V1, super::postgres_ext::PG_SCHEMA_V2];
 
 /// The fence every write of an attempt carries: `$1` is the run, `$2` this
 /// process's owner id. Rows are locked against a concurrent takeover.
-const FENCE: &str = "f AS (SELECT rid, run_id FROM runs WHERE rid = $1 AND \
+pub(super) const FENCE: &str = "f AS (SELECT rid, run_id FROM runs WHERE rid = $1 AND \
                      (lease_owner = $2 OR lease_owner IS NULL) FOR SHARE)";
 
 const SPAN_COLUMNS: &str = "trace_id, rid, span_id, parent, kind, name, started_at, ended_at, \
@@ -171,7 +172,7 @@ fn describe(e: &tokio_postgres::Error) -> String {
     }
 }
 
-fn moved(run_id: Option<&str>, rid: i64) -> CoreError {
+pub(super) fn moved(run_id: Option<&str>, rid: i64) -> CoreError {
     let which = run_id.map_or_else(|| format!("#{rid}"), |r| format!("'{r}'"));
     CoreError::Config(format!(
         "run {which} moved to another owner: this attempt's lease was taken over, so nothing \
@@ -187,7 +188,7 @@ fn id_bytes(id: &str) -> Vec<u8> {
 }
 
 /// The parameters of one span row, in `SPAN_COLUMNS` order.
-struct SpanParams {
+pub(super) struct SpanParams {
     trace_id: String,
     rid: Option<i64>,
     span_id: Vec<u8>,
@@ -296,7 +297,7 @@ fn span_insert_sql() -> String {
     )
 }
 
-fn owner() -> &'static str {
+pub(super) fn owner() -> &'static str {
     crate::run::owner_id()
 }
 
@@ -318,7 +319,7 @@ fn read_run(r: &tokio_postgres::Row) -> RunRow {
     }
 }
 
-const RUN_COLUMNS: &str = "rid, run_id, kind, name, status, created_at, updated_at, trace_id, \
+pub(super) const RUN_COLUMNS: &str = "rid, run_id, kind, name, status, created_at, updated_at, trace_id, \
      fingerprint, args_json, output_json, error_json, budget_json";
 
 mod tls {
@@ -529,11 +530,11 @@ impl PgStore {
 }
 
 impl PgInner {
-    fn err(&self) -> impl Fn(tokio_postgres::Error) -> CoreError + '_ {
+    pub(super) fn err(&self) -> impl Fn(tokio_postgres::Error) -> CoreError + '_ {
         store_err(&self.url.redacted)
     }
 
-    async fn client(&self) -> CoreResult<Object> {
+    pub(super) async fn client(&self) -> CoreResult<Object> {
         self.pool.get().await.map_err(|e| {
             let why = match &e {
                 deadpool_postgres::PoolError::Backend(b) => describe(b),
@@ -611,7 +612,62 @@ impl PgInner {
         })
     }
 
-    fn take_spans(&self) -> Vec<SpanParams> {
+    /// A settlement's writes, fenced on `owner`, inside `tx`: status,
+    /// output or error, lease released, agent snapshots, durable rows,
+    /// pending interrupts, and `spans`.
+    pub(super) async fn settle_tx<C: GenericClient>(
+        &self,
+        tx: &C,
+        rid: i64,
+        owner: &str,
+        s: &Settlement,
+        spans: &[SpanParams],
+    ) -> CoreResult<()> {
+        self.write_spans(tx, spans).await?;
+        let t = now();
+        let n = tx
+            .execute(
+                "UPDATE runs SET status = $1, output_json = $2, error_json = $3, \
+                 updated_at = $4, lease_owner = NULL, lease_until = NULL WHERE rid = $5 AND \
+                 (lease_owner IS NULL OR lease_owner = $6)",
+                &[&s.status, &s.output_json, &s.error_json, &t, &rid, &owner],
+            )
+            .await
+            .map_err(self.err())?;
+        if n == 0 {
+            return Err(moved(None, rid));
+        }
+        for a in &s.agent_states {
+            write_agent_state(tx, rid, a, t)
+                .await
+                .map_err(self.err())?;
+        }
+        super::postgres_ext::on_settle(tx, rid, &s.status, s.wait.as_ref())
+            .await
+            .map_err(self.err())?;
+        for p in &s.pending {
+            tx.execute(
+                "INSERT INTO pending_interrupts(rid, interrupt_id, kind, question, \
+                 payload_json, created_at) VALUES($1, $2, $3, $4, $5, $6) \
+                 ON CONFLICT (rid, interrupt_id) DO UPDATE SET kind = EXCLUDED.kind, \
+                 question = EXCLUDED.question, payload_json = EXCLUDED.payload_json, \
+                 created_at = EXCLUDED.created_at",
+                &[
+                    &rid,
+                    &p.interrupt_id,
+                    &p.kind,
+                    &p.question,
+                    &p.payload_json,
+                    &t,
+                ],
+            )
+            .await
+            .map_err(self.err())?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn take_spans(&self) -> Vec<SpanParams> {
         std::mem::take(&mut *self.spans.lock())
             .into_iter()
             .map(SpanParams::new)
@@ -619,7 +675,11 @@ impl PgInner {
     }
 
     /// Writes spans on `c`, pipelined: one round trip for the batch.
-    async fn write_spans<C: GenericClient>(&self, c: &C, spans: &[SpanParams]) -> CoreResult<()> {
+    pub(super) async fn write_spans<C: GenericClient>(
+        &self,
+        c: &C,
+        spans: &[SpanParams],
+    ) -> CoreResult<()> {
         if spans.is_empty() {
             return Ok(());
         }
@@ -831,6 +891,9 @@ impl Store for PgStore {
             )
             .await
             .map_err(self.err())?;
+            super::postgres_ext::on_acquire(&tx, run.rid)
+                .await
+                .map_err(self.err())?;
             let journal = tx
                 .query(
                     "SELECT step_key, value_json FROM journal WHERE rid = $1",
@@ -884,56 +947,11 @@ impl Store for PgStore {
     }
 
     fn settle(&self, rid: i64, owner: &str, s: &Settlement) -> CoreResult<()> {
-        if s.wait.is_some() {
-            return Err(durable_unsupported());
-        }
         let spans = self.take_spans();
         block_on(async {
             let mut c = self.client().await?;
             let tx = c.transaction().await.map_err(self.err())?;
-            self.write_spans(&tx, &spans).await?;
-            let t = now();
-            let n = tx
-                .execute(
-                    "UPDATE runs SET status = $1, output_json = $2, error_json = $3, \
-                     updated_at = $4, lease_owner = NULL, lease_until = NULL WHERE rid = $5 AND \
-                     (lease_owner IS NULL OR lease_owner = $6)",
-                    &[&s.status, &s.output_json, &s.error_json, &t, &rid, &owner],
-                )
-                .await
-                .map_err(self.err())?;
-            if n == 0 {
-                return Err(moved(None, rid));
-            }
-            for a in &s.agent_states {
-                write_agent_state(&tx, rid, a, t)
-                    .await
-                    .map_err(self.err())?;
-            }
-            if ["completed", "failed", "cancelled"].contains(&s.status.as_str()) {
-                tx.execute("DELETE FROM cancel_requests WHERE rid = $1", &[&rid])
-                    .await
-                    .map_err(self.err())?;
-            }
-            for p in &s.pending {
-                tx.execute(
-                    "INSERT INTO pending_interrupts(rid, interrupt_id, kind, question, \
-                     payload_json, created_at) VALUES($1, $2, $3, $4, $5, $6) \
-                     ON CONFLICT (rid, interrupt_id) DO UPDATE SET kind = EXCLUDED.kind, \
-                     question = EXCLUDED.question, payload_json = EXCLUDED.payload_json, \
-                     created_at = EXCLUDED.created_at",
-                    &[
-                        &rid,
-                        &p.interrupt_id,
-                        &p.kind,
-                        &p.question,
-                        &p.payload_json,
-                        &t,
-                    ],
-                )
-                .await
-                .map_err(self.err())?;
-            }
+            self.settle_tx(&tx, rid, owner, s, &spans).await?;
             tx.commit().await.map_err(self.err())
         })
     }
@@ -1001,7 +1019,10 @@ impl Store for PgStore {
                 "DELETE FROM agent_state WHERE rid = $1",
                 "DELETE FROM cancel_requests WHERE rid = $1",
                 "DELETE FROM runs WHERE rid = $1",
-            ] {
+            ]
+            .into_iter()
+            .chain(super::postgres_ext::DELETE_DURABLE)
+            {
                 tx.execute(sql, &[&rid]).await.map_err(self.err())?;
             }
             tx.commit().await.map_err(self.err())
@@ -1183,67 +1204,41 @@ impl Store for PgStore {
         block_on(self.cancel_request_async(rid))
     }
 
-    fn exec(
-        &self,
-        _f: &mut dyn FnMut(&mut rusqlite::Connection) -> CoreResult<()>,
-    ) -> CoreResult<()> {
-        Err(durable_unsupported())
-    }
-
     fn create_run_with(
         &self,
-        _new: &NewRun,
-        _owner: &str,
-        _lease_until: f64,
-        _work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
-        _drain: bool,
+        new: &NewRun,
+        owner: &str,
+        lease_until: f64,
+        work: &mut GraphWork<'_>,
+        drain: bool,
     ) -> CoreResult<RunRow> {
-        Err(graph_unsupported())
+        self.create_run_in(new, owner, lease_until, work, drain)
     }
 
     fn settle_with(
         &self,
-        _rid: i64,
-        _owner: &str,
-        _settlement: &Settlement,
-        _work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        rid: i64,
+        owner: &str,
+        settlement: &Settlement,
+        work: &mut GraphWork<'_>,
     ) -> CoreResult<()> {
-        Err(graph_unsupported())
+        self.settle_in(rid, owner, settlement, work)
     }
 
-    fn transact(
+    fn commit_with(
         &self,
-        _work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        rid: i64,
+        entries: &[(String, String)],
+        work: &mut GraphWork<'_>,
     ) -> CoreResult<()> {
-        Err(graph_unsupported())
+        self.commit_in(rid, entries, work)
     }
 
-    fn transact_only(
-        &self,
-        _work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
-    ) -> CoreResult<()> {
-        Err(graph_unsupported())
+    fn transact(&self, work: &mut GraphWork<'_>) -> CoreResult<()> {
+        self.transact_in(work)
     }
 
-    fn read(
-        &self,
-        _work: &mut dyn FnMut(&rusqlite::Connection) -> CoreResult<()>,
-    ) -> CoreResult<()> {
-        Err(graph_unsupported())
+    fn read(&self, work: &mut GraphWork<'_>) -> CoreResult<()> {
+        self.read_in(work)
     }
-}
-
-pub fn durable_unsupported() -> CoreError {
-    unsupported("durable sleeps, signals, awaited runs and cancel requests are")
-}
-
-fn graph_unsupported() -> CoreError {
-    unsupported("graph runs are")
-}
-
-fn unsupported(what: &str) -> CoreError {
-    CoreError::Config(format!(
-        "{what} not available on the PostgreSQL store in this release -- use the SQLite store \
-         (unset COMPOSE_STORE) for them"
-    ))
 }
