@@ -319,6 +319,14 @@ class Sandbox:
                     shutil.copyfile(src, Path(scratch) / ("runs.db" + suffix))
             return _read(str(Path(scratch) / "runs.db"), sql, params, row_factory)
 
+    def has_table(self, name: str) -> bool:
+        """The store exists and has table `name` (a killed first open may not)."""
+        if self.store:
+            return bool(self.query("SELECT 1 WHERE to_regclass(?) IS NOT NULL", (name,)))
+        return self.db_path.exists() and bool(
+            self.query("SELECT name FROM sqlite_master WHERE name = ?", (name,))
+        )
+
     def run_ids(self) -> list[str]:
         if self.store:
             if not self.query("SELECT 1 WHERE to_regclass('runs') IS NOT NULL"):
@@ -380,7 +388,7 @@ class StoreReader:
     def execute(self, sql: str, params: tuple = ()) -> _Rows:
         return _Rows(self.box.query(sql, tuple(params)))
 
-    def __enter__(self) -> StoreReader:
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -166,11 +166,7 @@ def test_ext2_kill9_during_a_blocking_sleep_is_recovered_by_the_worker(box):
         """
     )
     _proc.wait_until(
-        lambda: (
-            box.db_path.exists()
-            and box.query("SELECT name FROM sqlite_master WHERE name = 'timers'")
-            and box.query("SELECT 1 FROM timers")
-        ),
+        lambda: box.has_table("timers") and box.query("SELECT 1 FROM timers"),
         what="the run to block on its timer",
     )
     proc.kill()

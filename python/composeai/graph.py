@@ -211,12 +211,12 @@ class Storage:
             raise ValueError(f"on_busy must be 'raise' or 'wait', got {on_busy!r}")
         if url is not None and not isinstance(url, str):
             raise TypeError(f"storage url must be a str, got {type(url).__name__}")
-        if url is not None and url != ":memory:" and not _is_postgres(url):
-            if not url.startswith("sqlite:///") or len(url) == len("sqlite:///"):
-                raise ConfigError(
-                    f"storage {url!r} is not a store URL -- use None, ':memory:', "
-                    "'sqlite:///path/to/file.db' or 'postgresql://user@host/db'"
-                )
+        sqlite = url is not None and url.startswith("sqlite:///") and len(url) > len("sqlite:///")
+        if url is not None and url != ":memory:" and not _is_postgres(url) and not sqlite:
+            raise ConfigError(
+                f"storage {url!r} is not a store URL -- use None, ':memory:', "
+                "'sqlite:///path/to/file.db' or 'postgresql://user@host/db'"
+            )
         self.url = url
         self.on_busy = on_busy
         self._store: Any = None
