@@ -186,7 +186,8 @@ def _sql_literal(v: Any) -> str:
 
 def _pg_read(url: str, sql: str, params: tuple, row_factory: Any) -> list:
     """Runs one SELECT on a PostgreSQL store with `psql` (read only): `?`
-    placeholders are inlined as literals; rows come back typed through JSON."""
+    placeholders are inlined as literals; rows come back typed through JSON
+    (so result columns need distinct names)."""
     import _pg
 
     base, _, query = url.partition("?")
@@ -319,6 +320,21 @@ class Sandbox:
                     shutil.copyfile(src, Path(scratch) / ("runs.db" + suffix))
             return _read(str(Path(scratch) / "runs.db"), sql, params, row_factory)
 
+    def integrity_ok(self) -> bool:
+        """SQLite's `integrity_check`; on PostgreSQL (which checks its own
+        pages) no journal, span or interrupt row outlives its run."""
+        if not self.store:
+            return self.query("PRAGMA integrity_check") == [("ok",)]
+        orphans = self.query(
+            "SELECT (SELECT count(*) FROM journal j WHERE NOT EXISTS "
+            "(SELECT 1 FROM runs r WHERE r.rid = j.rid)) + "
+            "(SELECT count(*) FROM spans s WHERE s.rid IS NOT NULL AND NOT EXISTS "
+            "(SELECT 1 FROM runs r WHERE r.rid = s.rid)) + "
+            "(SELECT count(*) FROM pending_interrupts p WHERE NOT EXISTS "
+            "(SELECT 1 FROM runs r WHERE r.rid = p.rid)) AS orphans"
+        )
+        return orphans == [(0,)]
+
     def has_table(self, name: str) -> bool:
         """The store exists and has table `name` (a killed first open may not)."""
         if self.store:
@@ -397,3 +413,24 @@ class StoreReader:
 
 def store_db(state: Path) -> StoreReader:
     return StoreReader(state)
+
+
+def pg_exec(url: str, sql: str) -> str:
+    """Runs statements on a PostgreSQL store with `psql` (a test's raw edit)."""
+    import _pg
+
+    base, _, query = url.partition("?")
+    options = dict(kv.split("=", 1) for kv in query.split("&") if "=" in kv)
+    bindir = _pg.find_bindir() or ""
+    psql = os.path.join(bindir, "psql") if bindir else shutil.which("psql") or "psql"
+    env = {**os.environ, "PGOPTIONS": f"-c search_path={options.get('schema', 'composeai')}"}
+    out = subprocess.run(
+        [psql, "-qAtX", "-v", "ON_ERROR_STOP=1", base, "-c", sql],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"psql: {out.stderr.strip()} (sql: {sql})")
+    return out.stdout

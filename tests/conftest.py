@@ -40,6 +40,11 @@ BOTH_STORES = {
     "test_graph_process",
     "test_graph_run",
     "test_graph_threads",
+    "test_cli",
+    "test_crash",
+    "test_cross_process",
+    "test_agent_process",
+    "test_async_process",
 }
 
 _schemas = itertools.count()

@@ -285,7 +285,8 @@ def test_ext30a_checkpoints_store_deltas_and_periodic_snapshots():
     assert (at_400 - base) / 400 < state_bytes / 50, "far below a full state per step"
     (kinds,) = read(
         path,
-        "SELECT count(snapshot_json), count(delta_json) FROM graph_checkpoints",
+        "SELECT count(snapshot_json) AS snapshots, count(delta_json) AS deltas "
+        "FROM graph_checkpoints",
     )
     assert kinds[0] >= 2 and kinds[1] > kinds[0] * 10
     assert len(thread.state()["messages"]) == 601

@@ -4,7 +4,7 @@
 use super::attempt::{PyAttempt, PyFence};
 use super::errors::IntoPy;
 use super::store::PyStore;
-use crate::durable::{self, clock, Mode, Outcome, WaitSpec};
+use crate::durable::{self, clock, DurableStore, Mode, Outcome, WaitSpec};
 use crate::error::{AtPath, CoreError, CoreResult};
 use crate::run::{lease_is_live, owner_id, Attempt};
 use pyo3::prelude::*;
@@ -272,6 +272,7 @@ pub fn parked_wait(py: Python<'_>, store: &PyStore, run_id: &str) -> PyResult<Op
 
 /// Parked waits of the given runs, for `compose runs`: run id ->
 /// `(step_key, wake_at, signal_name)`. Empty when there is no store.
+/// `db_path` is a SQLite file or a PostgreSQL URL.
 #[pyfunction]
 pub fn parked_waits<'py>(
     py: Python<'py>,
@@ -280,6 +281,24 @@ pub fn parked_waits<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let rows = py
         .allow_threads(|| -> CoreResult<Vec<(String, durable::WaitRow)>> {
+            if db_path.starts_with("postgresql://") || db_path.starts_with("postgres://") {
+                let crate::store::url::StoreUrl::Postgres(url) =
+                    crate::store::url::parse(db_path, "")?
+                else {
+                    return Ok(vec![]);
+                };
+                let pg = crate::store::postgres::PgStore::connect(url)?;
+                if !pg.cli_has_store()? {
+                    return Ok(vec![]);
+                }
+                let mut out = Vec::new();
+                for id in run_ids {
+                    if let Some(w) = pg.parked_wait(&id)? {
+                        out.push((id, w));
+                    }
+                }
+                return Ok(out);
+            }
             if !std::path::Path::new(db_path).exists() {
                 return Ok(vec![]);
             }

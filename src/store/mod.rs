@@ -8,6 +8,7 @@ pub mod chat;
 mod migrate;
 pub mod postgres;
 mod postgres_ext;
+pub mod postgres_query;
 pub mod query;
 pub mod sqlite;
 pub mod url;
