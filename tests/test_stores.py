@@ -295,6 +295,47 @@ def test_store_11_writes_after_a_takeover_are_rejected(pg_cluster, pg_url, monke
     assert psql(pg_cluster, f"SELECT status FROM {schema}.runs") == "running"
 
 
+def test_store_11_durable_waits_and_graph_steps_after_a_takeover_store_nothing(
+    pg_cluster, pg_url, monkeypatch
+):
+    """A sleep's journal row and timer, and a graph step's checkpoint, are
+    fenced like steps: after a takeover they are rejected and nothing of
+    them is stored."""
+    from composeai.graph import END, Graph
+
+    monkeypatch.setenv("COMPOSE_STORE", pg_url)
+    schema = pg_url.split("schema=")[1].split("&")[0]
+
+    def take_over() -> None:
+        psql(pg_cluster, f"UPDATE {schema}.runs SET lease_owner = 'elsewhere:1:1:x'")
+
+    @compose.task
+    def grab() -> int:
+        take_over()
+        return 1
+
+    @compose.flow
+    def sleeper() -> int:
+        grab()
+        compose.sleep(30)
+        return 2
+
+    with pytest.raises(ConfigError, match="moved to another owner"):
+        sleeper()
+    assert psql(pg_cluster, f"SELECT count(*) FROM {schema}.timers") == "0"
+    keys = psql(pg_cluster, f"SELECT step_key FROM {schema}.journal")
+    assert "sleep" not in keys
+
+    psql(pg_cluster, f"DELETE FROM {schema}.runs")
+    wf = Graph(name="fenced")
+    wf.add_node("first", lambda state: (take_over(), {"n": 1})[1])
+    wf.add_node("second", lambda state: {"n": 2})
+    wf.start("first").edge("first", "second").edge("second", END)
+    with pytest.raises(ConfigError, match="moved to another owner"):
+        wf.compile().run({})
+    assert psql(pg_cluster, f"SELECT count(*) FROM {schema}.graph_checkpoints") == "0"
+
+
 def test_store_2_durable_waits_and_graphs_run_on_postgresql(pg_url, monkeypatch):
     """Durable sleeps, signals and graph runs (with threads in an explicit
     PostgreSQL Storage) use the PostgreSQL tables of schema version 2."""

@@ -1,8 +1,9 @@
 //! The durable store: runs, journal, spans, interrupts, agent state, chats.
 //!
-//! `Store` is the seam callers use; `sqlite::SqliteStore` is the one
-//! implementation today. A server-backed implementation (for workers on
-//! several machines) can be added behind the same trait.
+//! `Store` is the seam callers use, implemented by `sqlite::SqliteStore`
+//! and `postgres::PgStore`. The durable primitives' tables are reached
+//! through `durable::store::DurableStore` and the graph tables through
+//! `graph::store::GraphTx`, so no caller depends on one backend.
 
 pub mod chat;
 mod migrate;
