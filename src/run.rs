@@ -465,11 +465,7 @@ impl Attempt {
 
     /// `settle` with `work` in the same transaction (a graph run's last
     /// checkpoint).
-    pub fn settle_with(
-        &self,
-        settlement: Settlement,
-        work: &mut TxWork<'_>,
-    ) -> CoreResult<()> {
+    pub fn settle_with(&self, settlement: Settlement, work: &mut TxWork<'_>) -> CoreResult<()> {
         self.finish(settlement, Some(work))
     }
 

@@ -431,10 +431,13 @@ def campaign(root: Path, variant: str, seed: int, target_kills: int) -> Campaign
 @pytest.mark.parametrize(
     ("variant", "seed"), [("sync", 101), ("async", 202), ("sync", 303), ("async", 404)]
 )
-def test_kill9_at_random_points_then_resume(tmp_path, variant, seed):
-    report = campaign(tmp_path, variant, seed, KILLS_PER_CAMPAIGN)
+def test_kill9_at_random_points_then_resume(tmp_path, variant, seed, store_kind):
+    # On PostgreSQL each observation is a `psql` process: fewer kills keep
+    # the suite's time, the four campaigns still cover both drivers.
+    kills = KILLS_PER_CAMPAIGN if store_kind == "sqlite" else KILLS_PER_CAMPAIGN // 4
+    report = campaign(tmp_path, variant, seed, kills)
     print(report.line(variant))
-    assert report.kills >= KILLS_PER_CAMPAIGN
+    assert report.kills >= kills
 
 
 @pytest.mark.slow

@@ -275,8 +275,7 @@ impl Attempt {
         }
         let rid = self.run.rid;
         let sid = self.store().last_signal_id(rid)?;
-        let stored =
-            self.commit_wait_step(&key, &sid.to_string(), spec.fence.as_ref(), None)?;
+        let stored = self.commit_wait_step(&key, &sid.to_string(), spec.fence.as_ref(), None)?;
         stored
             .parse()
             .map_err(|_| CoreError::Serialization(format!("journal value of '{key}': {stored}")))
@@ -474,11 +473,11 @@ impl Attempt {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rusqlite::Connection;
     use crate::durable::{due_runs, request_cancel, send_signal, CancelOutcome};
     use crate::run::owner_id;
     use crate::store::sqlite::SqliteStore;
     use crate::store::{NewRun, Settlement, Store};
+    use rusqlite::Connection;
 
     struct Tmp(std::path::PathBuf);
     impl Drop for Tmp {

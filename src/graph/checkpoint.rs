@@ -5,9 +5,9 @@
 //! size.
 
 use super::reduce::{apply, Op, State};
+use super::store::GraphTx;
 use super::{graph_error, plain_error};
 use crate::error::{CoreError, CoreResult};
-use super::store::GraphTx;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};

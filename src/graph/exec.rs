@@ -6,10 +6,10 @@
 //! the same transaction as the step's journal rows.
 
 use super::checkpoint::{self, Pending, Progress, Rebuilt, Row};
-use super::store::GraphTx;
 use super::graph_error;
 use super::reduce::{self, Op, State};
 use super::spec::Graph;
+use super::store::GraphTx;
 use crate::error::{CoreError, CoreResult};
 use crate::run::Attempt;
 use crate::store::{InterruptRow, Settlement};

@@ -18,8 +18,7 @@ pub trait GraphTx {
     fn threads(&self, graph: Option<&str>) -> CoreResult<Vec<Thread>>;
     fn upsert_thread(&self, t: &Thread) -> CoreResult<()>;
     /// Moves a thread's head; a status other than `running` releases it.
-    fn set_head(&self, thread_id: &str, head: &str, version: i64, status: &str)
-        -> CoreResult<()>;
+    fn set_head(&self, thread_id: &str, head: &str, version: i64, status: &str) -> CoreResult<()>;
     fn set_status(&self, thread_id: &str, status: &str) -> CoreResult<()>;
     fn audit(
         &self,
@@ -61,13 +60,7 @@ impl GraphTx for Connection {
     fn upsert_thread(&self, t: &Thread) -> CoreResult<()> {
         checkpoint::upsert_thread(self, t)
     }
-    fn set_head(
-        &self,
-        thread_id: &str,
-        head: &str,
-        version: i64,
-        status: &str,
-    ) -> CoreResult<()> {
+    fn set_head(&self, thread_id: &str, head: &str, version: i64, status: &str) -> CoreResult<()> {
         checkpoint::set_head(self, thread_id, head, version, status)
     }
     fn set_status(&self, thread_id: &str, status: &str) -> CoreResult<()> {

@@ -95,7 +95,8 @@ pub fn claim_in(
         let now = checkpoint::now_ms();
         let Some(t) = tx.thread(thread_id)? else {
             return match mode {
-                Claim::Run => tx.upsert_thread(&Thread {
+                Claim::Run => tx
+                    .upsert_thread(&Thread {
                         thread_id: thread_id.to_string(),
                         graph: graph.to_string(),
                         fingerprint: fingerprint.to_string(),
@@ -106,9 +107,8 @@ pub fn claim_in(
                         owner: Some(owner.to_string()),
                         created_at_ms: now,
                         updated_at_ms: now,
-                    },
-                )
-                .map(|_| None),
+                    })
+                    .map(|_| None),
                 Claim::Resume => Err(graph_error(
                     "resume_invalid",
                     format!("thread '{thread_id}' has no suspended nodes to resume"),
@@ -210,7 +210,8 @@ pub fn head_state(store: &dyn Store, thread_id: &str) -> CoreResult<Option<(Stri
 pub fn history(store: &dyn Store, thread_id: &str, limit: i64) -> CoreResult<Vec<Value>> {
     let mut out = Vec::new();
     store.read(&mut |c| {
-        out = c.history(thread_id, limit)?
+        out = c
+            .history(thread_id, limit)?
             .iter()
             .map(Row::entry)
             .collect();
@@ -245,7 +246,8 @@ fn copy_of(
     version: i64,
     kind: &str,
 ) -> CoreResult<Row> {
-    let row = c.get(checkpoint_id)?
+    let row = c
+        .get(checkpoint_id)?
         .filter(|r| r.thread_id.as_deref() == Some(source))
         .ok_or_else(|| not_found(source, checkpoint_id))?;
     let rebuilt =
@@ -286,7 +288,8 @@ pub fn rewind(
 ) -> CoreResult<Value> {
     let mut out = Value::Null;
     store.transact(&mut |tx| {
-        let mut t = tx.thread(thread_id)?
+        let mut t = tx
+            .thread(thread_id)?
             .ok_or_else(|| not_found(thread_id, checkpoint_id))?;
         checkpoint::check_graph(&t, graph, fingerprint)?;
         refuse_busy(&t)?;
@@ -323,7 +326,8 @@ pub fn fork(
 ) -> CoreResult<Value> {
     let mut out = Value::Null;
     store.transact(&mut |tx| {
-        let t = tx.thread(thread_id)?
+        let t = tx
+            .thread(thread_id)?
             .ok_or_else(|| not_found(thread_id, checkpoint_id))?;
         checkpoint::check_graph(&t, graph, fingerprint)?;
         if tx.thread(new_thread_id)?.is_some() {
@@ -345,18 +349,17 @@ pub fn fork(
         tx.insert(&row)?;
         let now = checkpoint::now_ms();
         tx.upsert_thread(&Thread {
-                thread_id: new_thread_id.to_string(),
-                graph: graph.to_string(),
-                fingerprint: fingerprint.to_string(),
-                head: Some(row.checkpoint_id.clone()),
-                version: 1,
-                status: status_after(&row)?.into(),
-                run_id: row.run_id.clone(),
-                owner: None,
-                created_at_ms: now,
-                updated_at_ms: now,
-            },
-        )?;
+            thread_id: new_thread_id.to_string(),
+            graph: graph.to_string(),
+            fingerprint: fingerprint.to_string(),
+            head: Some(row.checkpoint_id.clone()),
+            version: 1,
+            status: status_after(&row)?.into(),
+            run_id: row.run_id.clone(),
+            owner: None,
+            created_at_ms: now,
+            updated_at_ms: now,
+        })?;
         out = row.entry();
         Ok(())
     })?;
@@ -400,7 +403,8 @@ pub fn prune(store: &dyn Store, before_ms: i64) -> CoreResult<Vec<String>> {
 pub fn list(store: &dyn Store, graph: Option<&str>) -> CoreResult<Vec<Value>> {
     let mut out = Vec::new();
     store.read(&mut |c| {
-        out = c.threads(graph)?
+        out = c
+            .threads(graph)?
             .iter()
             .map(|t| {
                 let mut v = t.to_json();

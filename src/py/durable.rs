@@ -204,10 +204,8 @@ pub fn send_signal(
     name: &str,
     value_json: &str,
 ) -> PyResult<i64> {
-    py.allow_threads(|| {
-        store.inner.send_signal(run_id, name, value_json)
-    })
-    .py_err()
+    py.allow_threads(|| store.inner.send_signal(run_id, name, value_json))
+        .py_err()
 }
 
 /// EXT-10: `"cancelled"` (parked or orphaned, done now), `"requested"`
@@ -221,9 +219,7 @@ pub fn request_cancel(
     reason: Option<&str>,
 ) -> PyResult<&'static str> {
     let outcome = py
-        .allow_threads(|| {
-            store.inner.request_cancel(run_id, reason, &lease_is_live)
-        })
+        .allow_threads(|| store.inner.request_cancel(run_id, reason, &lease_is_live))
         .py_err()?;
     Ok(match outcome {
         durable::CancelOutcome::Cancelled => "cancelled",
@@ -244,9 +240,7 @@ pub fn due_runs(
 ) -> PyResult<Vec<DueTuple>> {
     let at = now.unwrap_or_else(clock::now);
     let rows = py
-        .allow_threads(|| {
-            store.inner.due_runs(at, limit, &lease_is_live)
-        })
+        .allow_threads(|| store.inner.due_runs(at, limit, &lease_is_live))
         .py_err()?;
     Ok(rows
         .into_iter()
@@ -257,8 +251,7 @@ pub fn due_runs(
 /// The earliest wake time of a parked run later than `after`.
 #[pyfunction]
 pub fn next_wake(py: Python<'_>, store: &PyStore, after: f64) -> PyResult<Option<f64>> {
-    py.allow_threads(|| store.inner.next_wake(after))
-        .py_err()
+    py.allow_threads(|| store.inner.next_wake(after)).py_err()
 }
 
 /// `(step_key, wake_at, signal_name)` of a parked run's wait, or `None`.
@@ -356,10 +349,8 @@ pub fn wait_for_work(
 /// lease holder, which `due_runs` recovers.
 #[pyfunction]
 pub fn release_leases(py: Python<'_>, store: &PyStore) -> PyResult<usize> {
-    py.allow_threads(|| {
-        store.inner.release_leases(owner_id())
-    })
-    .py_err()
+    py.allow_threads(|| store.inner.release_leases(owner_id()))
+        .py_err()
 }
 
 #[pyfunction]

@@ -9,10 +9,10 @@ use super::errors::to_py;
 use super::spans::UsageTuple;
 use super::store::{run_row_dict, PendingTuple};
 use crate::error::{CoreError, CoreResult};
+use crate::store::postgres::PgStore;
 use crate::store::query::{
     self, CostBucket, CostsBy, Resolved, RunFilter, RunSummary, SearchError, StoredSpan,
 };
-use crate::store::postgres::PgStore;
 use crate::store::sqlite::open_connection;
 use crate::store::url::{self, StoreUrl};
 use crate::store::{InterruptRow, RunRow};
@@ -77,7 +77,11 @@ impl Source {
         }
     }
 
-    fn llm_costs(&self, by: CostsBy, since: Option<f64>) -> CoreResult<(Vec<CostBucket>, CostBucket)> {
+    fn llm_costs(
+        &self,
+        by: CostsBy,
+        since: Option<f64>,
+    ) -> CoreResult<(Vec<CostBucket>, CostBucket)> {
         match self {
             Source::Sqlite(c, p) => query::llm_costs(c, by, since).map_err(sql(p)),
             Source::Postgres(pg) => pg.cli_llm_costs(by, since),

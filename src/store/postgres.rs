@@ -319,7 +319,8 @@ fn read_run(r: &tokio_postgres::Row) -> RunRow {
     }
 }
 
-pub(super) const RUN_COLUMNS: &str = "rid, run_id, kind, name, status, created_at, updated_at, trace_id, \
+pub(super) const RUN_COLUMNS: &str =
+    "rid, run_id, kind, name, status, created_at, updated_at, trace_id, \
      fingerprint, args_json, output_json, error_json, budget_json";
 
 mod tls {
@@ -638,9 +639,7 @@ impl PgInner {
             return Err(moved(None, rid));
         }
         for a in &s.agent_states {
-            write_agent_state(tx, rid, a, t)
-                .await
-                .map_err(self.err())?;
+            write_agent_state(tx, rid, a, t).await.map_err(self.err())?;
         }
         super::postgres_ext::on_settle(tx, rid, &s.status, s.wait.as_ref())
             .await

@@ -988,10 +988,6 @@ impl PgStore {
 
     pub(super) fn read_in(&self, work: &mut GraphWork<'_>) -> CoreResult<()> {
         let c = block_on(self.client())?;
-        work(&PgGraph {
-            c: &c,
-            store: self,
-        })
+        work(&PgGraph { c: &c, store: self })
     }
-
 }

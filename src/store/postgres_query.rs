@@ -3,8 +3,8 @@
 
 use super::postgres::{PgStore, RUN_COLUMNS};
 use super::query::{
-    model_attribute, parse_error, CostBucket, CostsBy, LocalDates, Resolved, RunFilter,
-    RunSummary, StoredSpan,
+    model_attribute, parse_error, CostBucket, CostsBy, LocalDates, Resolved, RunFilter, RunSummary,
+    StoredSpan,
 };
 use super::{InterruptRow, RunRow, UsageRow};
 use crate::error::CoreResult;
@@ -83,15 +83,15 @@ impl PgStore {
         // Tokens as FTS5's unicode61 tokenizer makes them (runs of letters
         // and digits, case folded); the span name weighs `A`, payloads `B`.
         let search = if matching.is_some() {
+            let words = "regexp_replace(s.name, '[^[:alnum:]]+', ' ', 'g')";
+            let payload = format!(
+                "regexp_replace(COALESCE(s.input_json, '') || ' ' || \
+                 COALESCE({OUTPUT_JSON}, ''), '[^[:alnum:]]+', ' ', 'g')"
+            );
             format!(
                 "AND rid IN (SELECT s.rid FROM spans s WHERE s.rid IS NOT NULL AND \
                  (setweight(to_tsvector('simple', {words}), 'A') || \
-                  setweight(to_tsvector('simple', {payload}), 'B')) @@ to_tsquery('simple', $5))",
-                words = "regexp_replace(s.name, '[^[:alnum:]]+', ' ', 'g')",
-                payload = format!(
-                    "regexp_replace(COALESCE(s.input_json, '') || ' ' || \
-                     COALESCE({OUTPUT_JSON}, ''), '[^[:alnum:]]+', ' ', 'g')"
-                ),
+                  setweight(to_tsvector('simple', {payload}), 'B')) @@ to_tsquery('simple', $5))"
             )
         } else {
             "AND $5::TEXT IS NULL".to_string()
@@ -461,8 +461,14 @@ mod tests {
         assert_eq!(fts_to_tsquery("zebra AND").unwrap_err(), syntax);
         assert_eq!(fts_to_tsquery("").unwrap_err(), syntax);
         assert_eq!(fts_to_tsquery("(a").unwrap_err(), syntax);
-        assert_eq!(fts_to_tsquery("nosuch:zebra").unwrap_err(), "no such column: nosuch");
-        assert_eq!(fts_to_tsquery("\"unterminated").unwrap_err(), "unterminated string");
+        assert_eq!(
+            fts_to_tsquery("nosuch:zebra").unwrap_err(),
+            "no such column: nosuch"
+        );
+        assert_eq!(
+            fts_to_tsquery("\"unterminated").unwrap_err(),
+            "unterminated string"
+        );
     }
 
     #[test]
