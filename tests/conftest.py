@@ -93,7 +93,7 @@ def pg_cluster():
 def isolated_state(tmp_path, monkeypatch, store_kind, request):
     """Every test gets its own state directory (and, on PostgreSQL, its own
     schema) and clean name registries."""
-    from composeai import _engine
+    from composeai import _engine, agentfn
     from composeai.flow import reset_registries
 
     monkeypatch.setenv("COMPOSE_DIR", str(tmp_path / "state"))
@@ -108,6 +108,11 @@ def isolated_state(tmp_path, monkeypatch, store_kind, request):
         monkeypatch.delenv("COMPOSE_STORE", raising=False)
     _engine.reset_store()
     reset_registries()
+    # Agents a test defines are forgotten with it, so the same test can run
+    # again on the other store.
+    agents = dict(agentfn._AGENTS)
     yield tmp_path / "state"
     _engine.reset_store()
     reset_registries()
+    agentfn._AGENTS.clear()
+    agentfn._AGENTS.update(agents)

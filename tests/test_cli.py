@@ -550,6 +550,9 @@ def test_import_modules(store, capsys, tmp_path, monkeypatch):
     (mods / "cli_bad_mod.py").write_text("raise RuntimeError('boom at import')\n")
     monkeypatch.syspath_prepend(str(mods))
     monkeypatch.delenv("CLI_GOOD_MOD", raising=False)
+    # Imported afresh on each store's run of this test.
+    for name in ("cli_good_mod", "cli_bad_mod"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
     traced_run(store, RID_E)
     rc, out, _ = run_cli(capsys, "runs", "--import", "cli_good_mod")
     assert rc == 0 and out.startswith(RID_E)
@@ -1212,6 +1215,11 @@ def test_export_decodes_user_types_registered_with_import(store, capsys, tmp_pat
     )
     monkeypatch.syspath_prepend(str(mods))
     tag = "cli_export_types:Note"
+    # Unregistered afresh on each store's run of this test.
+    from composeai import _codec
+
+    monkeypatch.delitem(sys.modules, "cli_export_types", raising=False)
+    monkeypatch.delitem(_codec._REGISTRY, tag, raising=False)
     note = {"$kind": "pydantic", "$type": tag, "value": {"text": "n"}}
     inp = json.dumps({"system": "S", "messages": [], "note": note})
     make_run(store, RID_E, kind="agent", spans=[span("m", "llm", inp=inp)])

@@ -308,7 +308,7 @@ def _due(run_id: str) -> bool:
 def test_ext2_wake_due_warns_about_an_unregistered_flow(isolated_state):
     @flow
     def gone() -> int:
-        compose.sleep(0.001)
+        compose.sleep(0.3)
         return 1
 
     run = gone.run(wait=False)
