@@ -103,8 +103,8 @@ pub enum Commit {
     Pending(futures_util::future::BoxFuture<'static, CoreResult<Option<String>>>),
 }
 
-/// Extra work done inside a settlement's transaction.
-type TxWork<'a> = dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()> + 'a;
+/// Work on the graph tables inside a store transaction.
+use crate::graph::store::GraphWork as TxWork;
 
 /// One attempt at executing a run, holding its lease.
 pub struct Attempt {
@@ -153,7 +153,7 @@ impl Attempt {
     pub fn start_with(
         store: Arc<dyn Store>,
         new: NewRun,
-        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        work: &mut TxWork<'_>,
     ) -> CoreResult<Attempt> {
         let seconds = crate::lease::lease_seconds()?;
         claim_in_process(&new.run_id)?;
@@ -406,18 +406,10 @@ impl Attempt {
     pub fn commit_with(
         &self,
         entries: &[(String, String)],
-        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        work: &mut TxWork<'_>,
     ) -> CoreResult<()> {
         self.check(None)?;
-        let rid = self.run.rid;
-        let path = self.store.path().to_string();
-        self.store.transact_only(&mut |tx| {
-            for (k, v) in entries {
-                crate::store::sqlite::insert_journal(tx, rid, k, v)
-                    .map_err(|e| CoreError::Store(format!("composeai store '{path}': {e}")))?;
-            }
-            work(tx)
-        })?;
+        self.store.commit_with(self.run.rid, entries, work)?;
         let mut j = self.journal.lock();
         for (k, v) in entries {
             j.record(k, Arc::from(v.as_str()));
@@ -616,11 +608,7 @@ impl Attempt {
 
     /// `settle` with `work` in the same transaction (a graph run's last
     /// checkpoint).
-    pub fn settle_with(
-        &self,
-        settlement: Settlement,
-        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
-    ) -> CoreResult<()> {
+    pub fn settle_with(&self, settlement: Settlement, work: &mut TxWork<'_>) -> CoreResult<()> {
         self.finish(settlement, Some(work))
     }
 

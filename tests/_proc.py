@@ -172,20 +172,78 @@ def _read(target: str, sql: str, params: tuple, row_factory: Any) -> list:
         return conn.execute(sql, params).fetchall()
 
 
-class Sandbox:
-    """One test's directory: modules, state dir, side-effect log."""
+def _sql_literal(v: Any) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, bool):
+        return "TRUE" if v else "FALSE"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, bytes):
+        return f"'\\x{v.hex()}'::bytea"
+    return "'" + str(v).replace("'", "''") + "'"
 
-    def __init__(self, root: Path, state: Path | None = None, log: Path | None = None):
+
+def _pg_read(url: str, sql: str, params: tuple, row_factory: Any) -> list:
+    """Runs one SELECT on a PostgreSQL store with `psql` (read only): `?`
+    placeholders are inlined as literals; rows come back typed through JSON
+    (so result columns need distinct names)."""
+    import _pg
+
+    base, _, query = url.partition("?")
+    options = dict(kv.split("=", 1) for kv in query.split("&") if "=" in kv)
+    parts = sql.split("?")
+    assert len(parts) == len(params) + 1, (sql, params)
+    text = parts[0] + "".join(_sql_literal(p) + rest for p, rest in zip(params, parts[1:]))
+    wrapped = (
+        "SET TRANSACTION READ ONLY; "
+        f"SELECT coalesce(json_agg(row_to_json(t)), '[]'::json) FROM ({text}) t"
+    )
+    bindir = _pg.find_bindir() or ""
+    psql = os.path.join(bindir, "psql") if bindir else shutil.which("psql") or "psql"
+    env = {**os.environ, "PGOPTIONS": f"-c search_path={options.get('schema', 'composeai')}"}
+    out = subprocess.run(
+        [psql, "-qAtX", "-v", "ON_ERROR_STOP=1", base, "-c", "BEGIN", "-c", wrapped],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"psql: {out.stderr.strip()} (query: {text})")
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    if row_factory is not None:
+        return rows
+    return [tuple(r.values()) for r in rows]
+
+
+class Sandbox:
+    """One test's directory: modules, state dir, side-effect log. On a
+    PostgreSQL store (`COMPOSE_STORE` set by the store fixture) children get
+    that URL and observations read the database."""
+
+    def __init__(
+        self,
+        root: Path,
+        state: Path | None = None,
+        log: Path | None = None,
+        store: str | None = None,
+    ):
         self.root = Path(root)
         self.state = state or self.root / "state"
         self.log = log or self.root / "side_effects.log"
         self.db_path = self.state / "runs.db"
+        self.store = store if store is not None else os.environ.get("COMPOSE_STORE") or None
 
     def child(self, name: str) -> Sandbox:
-        """A fresh state dir and log under this root, sharing its modules."""
+        """A fresh state dir and log under this root (and, on PostgreSQL, a
+        fresh schema), sharing its modules."""
         sub = self.root / name
         sub.mkdir()
-        return Sandbox(self.root, sub / "state", sub / "side_effects.log")
+        store = None
+        if self.store:
+            store = self.store.replace("schema=", f"schema={name.lower()}_", 1)
+        return Sandbox(self.root, sub / "state", sub / "side_effects.log", store or "")
 
     # -- children ---------------------------------------------------------
 
@@ -197,6 +255,10 @@ class Sandbox:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(self.root), env.get("PYTHONPATH", "")) if p
         )
+        if self.store:
+            env["COMPOSE_STORE"] = self.store
+        else:
+            env.pop("COMPOSE_STORE", None)
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["PYTHONUNBUFFERED"] = "1"
         env.update(extra)
@@ -243,6 +305,8 @@ class Sandbox:
         a process killed while switching a new file to WAL), which a read-only connection
         refuses. Then the files are copied aside and the copy is read, so the recovery itself
         is still left to the engine's next open of the real store."""
+        if self.store:
+            return _pg_read(self.store, sql, params, row_factory)
         uri = self.db_path.as_uri() + "?mode=ro"
         try:
             return _read(uri, sql, params, row_factory)
@@ -256,7 +320,34 @@ class Sandbox:
                     shutil.copyfile(src, Path(scratch) / ("runs.db" + suffix))
             return _read(str(Path(scratch) / "runs.db"), sql, params, row_factory)
 
+    def integrity_ok(self) -> bool:
+        """SQLite's `integrity_check`; on PostgreSQL (which checks its own
+        pages) no journal, span or interrupt row outlives its run."""
+        if not self.store:
+            return self.query("PRAGMA integrity_check") == [("ok",)]
+        orphans = self.query(
+            "SELECT (SELECT count(*) FROM journal j WHERE NOT EXISTS "
+            "(SELECT 1 FROM runs r WHERE r.rid = j.rid)) + "
+            "(SELECT count(*) FROM spans s WHERE s.rid IS NOT NULL AND NOT EXISTS "
+            "(SELECT 1 FROM runs r WHERE r.rid = s.rid)) + "
+            "(SELECT count(*) FROM pending_interrupts p WHERE NOT EXISTS "
+            "(SELECT 1 FROM runs r WHERE r.rid = p.rid)) AS orphans"
+        )
+        return orphans == [(0,)]
+
+    def has_table(self, name: str) -> bool:
+        """The store exists and has table `name` (a killed first open may not)."""
+        if self.store:
+            return bool(self.query("SELECT 1 WHERE to_regclass(?) IS NOT NULL", (name,)))
+        return self.db_path.exists() and bool(
+            self.query("SELECT name FROM sqlite_master WHERE name = ?", (name,))
+        )
+
     def run_ids(self) -> list[str]:
+        if self.store:
+            if not self.query("SELECT 1 WHERE to_regclass('runs') IS NOT NULL"):
+                return []
+            return [r[0] for r in self.query("SELECT run_id FROM runs ORDER BY created_at")]
         if not self.db_path.exists():
             return []
         if not self.query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'runs'"):
@@ -287,3 +378,59 @@ class Sandbox:
     def snapshot(self, run_id: str) -> tuple:
         """Everything durable about one run, to prove a refused call wrote nothing."""
         return (self.run_row(run_id), self.journal(run_id), self.pending(run_id))
+
+
+class _Rows:
+    def __init__(self, rows: list) -> None:
+        self.rows = rows
+
+    def fetchall(self) -> list:
+        return self.rows
+
+    def fetchone(self) -> Any:
+        return self.rows[0] if self.rows else None
+
+    def __iter__(self):
+        return iter(self.rows)
+
+
+class StoreReader:
+    """A read-only view of a test's store (its SQLite file under `state`, or
+    the PostgreSQL store in `COMPOSE_STORE`) with the `sqlite3` calls tests use."""
+
+    def __init__(self, state: Path) -> None:
+        self.box = Sandbox(Path(state).parent, Path(state))
+
+    def execute(self, sql: str, params: tuple = ()) -> _Rows:
+        return _Rows(self.box.query(sql, tuple(params)))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def store_db(state: Path) -> StoreReader:
+    return StoreReader(state)
+
+
+def pg_exec(url: str, sql: str) -> str:
+    """Runs statements on a PostgreSQL store with `psql` (a test's raw edit)."""
+    import _pg
+
+    base, _, query = url.partition("?")
+    options = dict(kv.split("=", 1) for kv in query.split("&") if "=" in kv)
+    bindir = _pg.find_bindir() or ""
+    psql = os.path.join(bindir, "psql") if bindir else shutil.which("psql") or "psql"
+    env = {**os.environ, "PGOPTIONS": f"-c search_path={options.get('schema', 'composeai')}"}
+    out = subprocess.run(
+        [psql, "-qAtX", "-v", "ON_ERROR_STOP=1", base, "-c", sql],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"psql: {out.stderr.strip()} (sql: {sql})")
+    return out.stdout

@@ -25,6 +25,27 @@ BOTH_STORES = {
     "test_tools",
     "test_events",
     "test_queues",
+    "test_durable_agentrun",
+    "test_durable_await",
+    "test_durable_cancel",
+    "test_durable_failures",
+    "test_durable_gather",
+    "test_durable_retry",
+    "test_durable_signals",
+    "test_durable_sleep",
+    "test_durable_store",
+    "test_durable_worker",
+    "test_graph_agents",
+    "test_graph_build",
+    "test_graph_example",
+    "test_graph_process",
+    "test_graph_run",
+    "test_graph_threads",
+    "test_cli",
+    "test_crash",
+    "test_cross_process",
+    "test_agent_process",
+    "test_async_process",
 }
 
 _schemas = itertools.count()
@@ -73,7 +94,7 @@ def pg_cluster():
 def isolated_state(tmp_path, monkeypatch, store_kind, request):
     """Every test gets its own state directory (and, on PostgreSQL, its own
     schema) and clean name registries."""
-    from composeai import _engine
+    from composeai import _engine, agentfn
     from composeai.flow import reset_registries
 
     monkeypatch.setenv("COMPOSE_DIR", str(tmp_path / "state"))
@@ -88,6 +109,11 @@ def isolated_state(tmp_path, monkeypatch, store_kind, request):
         monkeypatch.delenv("COMPOSE_STORE", raising=False)
     _engine.reset_store()
     reset_registries()
+    # Agents a test defines are forgotten with it, so the same test can run
+    # again on the other store.
+    agents = dict(agentfn._AGENTS)
     yield tmp_path / "state"
     _engine.reset_store()
     reset_registries()
+    agentfn._AGENTS.clear()
+    agentfn._AGENTS.update(agents)

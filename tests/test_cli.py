@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import _proc
 from composeai import _core
 from composeai.cli import main
 
@@ -31,9 +32,40 @@ def state(tmp_path, monkeypatch):
     return d
 
 
+def open_store(state):
+    """The test's store: its SQLite file, or the PostgreSQL store the store
+    fixture configured (STORE-2)."""
+    return _core.Store(os.environ.get("COMPOSE_STORE") or str(state / "runs.db"))
+
+
 @pytest.fixture
 def store(state):
-    return _core.Store(str(state / "runs.db"))
+    return open_store(state)
+
+
+def raw_sql(store, sql: str, params: tuple = ()) -> None:
+    """Edits the store behind the engine's back, in a child process on SQLite
+    (the stdlib `sqlite3` and the core's bundled SQLite must not share a file
+    within one process), with `psql` on PostgreSQL."""
+    if store.kind == "postgresql":
+        parts = sql.split("?")
+        text = parts[0] + "".join(_proc._sql_literal(p) + r for p, r in zip(params, parts[1:]))
+        _proc.pg_exec(os.environ["COMPOSE_STORE"], text)
+        return
+    subprocess.run(
+        [sys.executable, "-c", _RAW_SQL, store.path, sql, json.dumps(params)],
+        check=True,
+        timeout=60,
+    )
+
+
+_RAW_SQL = """
+import json, sqlite3, sys
+con = sqlite3.connect(sys.argv[1])
+with con:
+    con.execute(sys.argv[2], json.loads(sys.argv[3]))
+con.close()
+"""
 
 
 def usage(inp, out, cost=None, complete=True):
@@ -86,9 +118,14 @@ con.close()
 
 
 def set_created(store, times):
-    """Backdates runs. Done in a child process: the stdlib `sqlite3` and the
-    core's bundled SQLite must not share a database file within one process
-    (POSIX locks are per process, so one library's close drops the other's)."""
+    """Backdates runs. On SQLite done in a child process: the stdlib `sqlite3`
+    and the core's bundled SQLite must not share a database file within one
+    process (POSIX locks are per process, so one library's close drops the
+    other's)."""
+    if store.kind == "postgresql":
+        for run_id, t in times.items():
+            raw_sql(store, "UPDATE runs SET created_at = ? WHERE run_id = ?", (t, run_id))
+        return
     subprocess.run(
         [sys.executable, "-c", _SET_CREATED, store.path, json.dumps(times)],
         check=True,
@@ -149,6 +186,7 @@ def test_empty_store(store, capsys):
     assert run_cli(capsys, "trace", "X") == (1, "", "compose: no run found with id 'X'\n")
 
 
+@pytest.mark.sqlite_file
 def test_unreadable_store_is_a_compose_error(state, capsys):
     state.mkdir()
     (state / "runs.db").write_bytes(b"this is not a sqlite database, not at all" * 100)
@@ -512,6 +550,9 @@ def test_import_modules(store, capsys, tmp_path, monkeypatch):
     (mods / "cli_bad_mod.py").write_text("raise RuntimeError('boom at import')\n")
     monkeypatch.syspath_prepend(str(mods))
     monkeypatch.delenv("CLI_GOOD_MOD", raising=False)
+    # Imported afresh on each store's run of this test.
+    for name in ("cli_good_mod", "cli_bad_mod"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
     traced_run(store, RID_E)
     rc, out, _ = run_cli(capsys, "runs", "--import", "cli_good_mod")
     assert rc == 0 and out.startswith(RID_E)
@@ -536,6 +577,7 @@ def test_import_modules(store, capsys, tmp_path, monkeypatch):
 # -- path --------------------------------------------------------------------
 
 
+@pytest.mark.sqlite_file
 def test_path(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("COMPOSE_DIR", str(tmp_path / "somewhere"))
     assert run_cli(capsys, "path") == (0, f"{tmp_path / 'somewhere'}\n", "")
@@ -547,6 +589,7 @@ def test_path(monkeypatch, capsys, tmp_path):
     assert run_cli(capsys, "path") == (0, "rel/dir\n", "")
 
 
+@pytest.mark.sqlite_file
 def test_default_dir_is_relative_to_cwd(monkeypatch, capsys, tmp_path):
     monkeypatch.delenv("COMPOSE_DIR", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -683,6 +726,7 @@ def test_runs_query_without_fts5_warns_and_does_not_filter(store, capsys, monkey
     )
 
 
+@pytest.mark.sqlite_file
 def test_runs_query_index_lives_in_derived_tables(store, state, capsys):
     searchable_runs(store)
     assert run_cli(capsys, "runs", "-q", "zebra")[0] == 0
@@ -907,14 +951,7 @@ def test_costs_name_of_a_deleted_run_is_unknown(store, capsys):
     trace_id = attempt.trace_id
     del attempt
     make_run(store, "R-kept", name="kept", spans=[span("m", "llm", usage=usage(1, 2, 0.5))])
-    script = (
-        "import sqlite3, sys\n"
-        "con = sqlite3.connect(sys.argv[1])\n"
-        "with con:\n"
-        "    con.execute(\"UPDATE spans SET rid = 999999 WHERE kind = 'llm'\")\n"
-        "con.close()\n"
-    )
-    subprocess.run([sys.executable, "-c", script, store.path], check=True, timeout=60)
+    raw_sql(store, "UPDATE spans SET rid = 999999 WHERE kind = 'llm'")
     assert trace_id
     _, out, _ = run_cli(capsys, "costs", "--by", "name")
     assert (
@@ -960,7 +997,7 @@ def test_costs_without_llm_spans_or_store(state, capsys):
             "",
         )
     assert not state.exists()
-    st = _core.Store(str(state / "runs.db"))
+    st = open_store(state)
     make_run(st, "R", spans=[span("t", "task")])
     assert run_cli(capsys, "costs") == (0, "costs by model\nno llm spans found\n", "")
 
@@ -1139,7 +1176,7 @@ def test_export_errors(state, capsys, tmp_path):
         f"compose: no run found with id '{RID_E}'\n",
     )
     assert not state.exists()
-    st = _core.Store(str(state / "runs.db"))
+    st = open_store(state)
     make_run(st, RID_E)
     make_run(st, RID_F)
     assert run_cli(capsys, "export", "nope", "--cassette", str(path)) == (
@@ -1178,6 +1215,11 @@ def test_export_decodes_user_types_registered_with_import(store, capsys, tmp_pat
     )
     monkeypatch.syspath_prepend(str(mods))
     tag = "cli_export_types:Note"
+    # Unregistered afresh on each store's run of this test.
+    from composeai import _codec
+
+    monkeypatch.delitem(sys.modules, "cli_export_types", raising=False)
+    monkeypatch.delitem(_codec._REGISTRY, tag, raising=False)
     note = {"$kind": "pydantic", "$type": tag, "value": {"text": "n"}}
     inp = json.dumps({"system": "S", "messages": [], "note": note})
     make_run(store, RID_E, kind="agent", spans=[span("m", "llm", inp=inp)])
@@ -1349,6 +1391,7 @@ def _check_refusal(argv, rc, out, err):
         assert not err.startswith("compose: ") or "warning" in err, err
 
 
+@pytest.mark.sqlite_file
 def test_hostile_store_renders_or_refuses_without_importing(hostile, capsys, tmp_path):
     _, marker = hostile
     outputs = {}
@@ -1398,6 +1441,7 @@ with open(sys.argv[1], "w") as f:
 """
 
 
+@pytest.mark.sqlite_file
 def test_hostile_store_in_fresh_processes(hostile, state, tmp_path):
     mods, marker = hostile
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
@@ -1496,6 +1540,7 @@ con.close()
 
 
 @pytest.mark.slow
+@pytest.mark.sqlite_file
 def test_costs_over_a_million_spans_takes_under_a_second(store, state):
     make_run(store, "R", name="big")
     n = 1_000_000

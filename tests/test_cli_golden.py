@@ -89,13 +89,39 @@ def _noon(day: int) -> float:
     return datetime(2025, 3, day, 12).timestamp()
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """`(state_dir, {label: (run_id, trace_id)})` of the golden store."""
+def _touch_up_postgresql(url: str, created: dict, starts: dict, other: float) -> None:
+    """`_TOUCH_UP` on a PostgreSQL store."""
+    import _proc
+
+    lit = _proc._sql_literal
+    sql = [
+        f"UPDATE runs SET created_at = {lit(t)}, updated_at = {lit(t)} WHERE run_id = {lit(r)};"
+        for r, t in created.items()
+    ]
+    targets = ", ".join(f"({lit(k)}, {lit(v)}::FLOAT8)" for k, v in starts.items())
+    sql.append(
+        "UPDATE spans s SET started_at = s.started_at + d.delta, "
+        "ended_at = s.ended_at + d.delta FROM (SELECT x.trace_id, "
+        f"COALESCE(t.target, {lit(other)}::FLOAT8) - MIN(x.started_at) AS delta FROM spans x "
+        f"LEFT JOIN (VALUES {targets}) AS t(trace_id, target) ON t.trace_id = x.trace_id "
+        "GROUP BY x.trace_id, t.target) d WHERE s.trace_id = d.trace_id;"
+    )
+    _proc.pg_exec(url, " ".join(sql))
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def built(tmp_path_factory, request):
+    """`(state_dir, store URL or None, {label: (run_id, trace_id)})` of the
+    golden store, on each store (STORE-2: the same output to the character)."""
     root = tmp_path_factory.mktemp("golden")
     state = root / "state"
     env = {k: v for k, v in os.environ.items() if k not in ("COMPOSE_TRACE_CONTENT", "NO_COLOR")}
     env["COMPOSE_DIR"] = str(state)
+    url = None
+    env.pop("COMPOSE_STORE", None)
+    if request.param == "postgresql":
+        url = request.getfixturevalue("pg_cluster").url(f"golden{os.getpid()}")
+        env["COMPOSE_STORE"] = url
     proc = subprocess.run(
         [sys.executable, str(GOLDEN / "build_store.py")],
         check=False,
@@ -111,6 +137,9 @@ def built(tmp_path_factory):
     now = time.time()
     created = {runs[k][0]: now - h * 3600 for k, h in AGES_H.items()}
     starts = {runs[k][1]: _noon(d) for k, d in DAYS.items()}
+    if url:
+        _touch_up_postgresql(url, created, starts, _noon(OTHER_DAY))
+        return state, url, runs
     subprocess.run(
         [
             sys.executable,
@@ -122,15 +151,19 @@ def built(tmp_path_factory):
         check=True,
         timeout=60,
     )
-    return state, runs
+    return state, url, runs
 
 
 @pytest.fixture
 def cli(built, monkeypatch, capsys, tmp_path):
     """Runs `compose` in this process against the golden store; returns a function
     `(argv template) -> normalised transcript`."""
-    state, runs = built
+    state, url, runs = built
     monkeypatch.setenv("COMPOSE_DIR", str(state))
+    if url:
+        monkeypatch.setenv("COMPOSE_STORE", url)
+    else:
+        monkeypatch.delenv("COMPOSE_STORE", raising=False)
     monkeypatch.delenv("NO_COLOR", raising=False)
 
     def run(template: str) -> str:
@@ -196,7 +229,7 @@ def test_runs(cli):
 
 
 def test_runs_json(cli, built):
-    _, runs = built
+    _, _, runs = built
     text = cli("runs --json -n 20")
     body = text.split("\n", 1)[1].rsplit("[exit 0]\n", 1)[0]
     rows = json.loads(body)
@@ -252,7 +285,7 @@ def test_trace_mermaid(cli):
 
 
 def test_diff(cli, built):
-    _, runs = built
+    _, _, runs = built
     text = transcript(
         cli,
         "diff {triage_a} {triage_b}",

@@ -362,6 +362,7 @@ emit(status=run.status, output=run.output, modes=modes)
 """
 
 
+@pytest.mark.sqlite_file
 def test_state_dir_and_database_are_private(sb):
     """The state dir is 0700 and runs.db (and its WAL/SHM companions) 0600, even with umask 0."""
     sb.write_module("tiny", TINY)

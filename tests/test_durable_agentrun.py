@@ -126,6 +126,8 @@ def test_seed002_agent_run_skips_a_tool_whose_approval_times_out(tmp_path, monke
     box.write_module("agentrun2", AGENT_RUN)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("SIDE_LOG", str(box.log))
+    # Imported afresh (registering its flow) on each store's run of this test.
+    monkeypatch.delitem(sys.modules, "agentrun2", raising=False)
     import agentrun2
 
     with fake_clock() as clock:

@@ -242,10 +242,7 @@ def test_ext10_an_agent_run_stops_at_its_next_llm_turn(isolated_state):
 
 
 def _only_run_id(state) -> str:
-    import sqlite3
-    from contextlib import closing
-
-    with closing(sqlite3.connect(f"file:{state / 'runs.db'}?mode=ro", uri=True)) as db:
+    with _proc.store_db(state) as db:
         (row,) = db.execute("SELECT run_id FROM runs").fetchall()
     return row[0]
 
@@ -258,8 +255,7 @@ def test_ext10_a_run_stream_cancel_ends_a_blocking_wait(isolated_state):
     stream = listening.stream()
 
     def blocked() -> bool:
-        db = isolated_state / "runs.db"
-        return db.exists() and bool(_timer_rows(isolated_state))
+        return bool(_timer_rows(isolated_state))
 
     _proc.wait_until(blocked, what="the run to block on its receive")
     stream.cancel()
@@ -268,10 +264,10 @@ def test_ext10_a_run_stream_cancel_ends_a_blocking_wait(isolated_state):
 
 def _timer_rows(state) -> list:
     import sqlite3
-    from contextlib import closing
 
-    with closing(sqlite3.connect(f"file:{state / 'runs.db'}?mode=ro", uri=True)) as db:
+    with _proc.store_db(state) as db:
         try:
             return db.execute("SELECT step_key FROM timers").fetchall()
-        except sqlite3.OperationalError:
+        except (sqlite3.OperationalError, RuntimeError):
+            # The store (or its tables) does not exist yet.
             return []

@@ -5,10 +5,8 @@ waking a run blocked in another."""
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import subprocess
 import sys
-from contextlib import closing
 from datetime import timedelta
 
 import pytest
@@ -34,8 +32,7 @@ def _reset():
 
 
 def _signal_rows(state) -> int:
-    uri = f"file:{state / 'runs.db'}?mode=ro"
-    with closing(sqlite3.connect(uri, uri=True)) as db:
+    with _proc.store_db(state) as db:
         return db.execute("SELECT count(*) FROM signals").fetchone()[0]
 
 

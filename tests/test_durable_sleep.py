@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
-from contextlib import closing
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
+import _proc
 import composeai as compose
 from _proc import wait_until
 from composeai import flow, task
@@ -32,7 +31,7 @@ def _reset_calls():
 
 def _db(state):
     """A read-only connection, closed by the `with` block."""
-    return closing(sqlite3.connect(f"file:{state / 'runs.db'}?mode=ro", uri=True))
+    return _proc.store_db(state)
 
 
 def _journal(state, run_id: str) -> dict:

@@ -8,6 +8,9 @@ import gc
 import sqlite3
 from contextlib import closing
 
+import pytest
+
+import _proc
 import composeai as compose
 from composeai import _engine, flow, task
 
@@ -19,6 +22,7 @@ def _tables(path) -> set[str]:
         return {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
+@pytest.mark.sqlite_file
 def test_ext03_a_version_2_store_is_upgraded_in_place(isolated_state):
     @task
     def one() -> int:
@@ -64,7 +68,7 @@ def test_ext01_runs_without_extensions_write_no_durable_rows(isolated_state):
     paused = plain.run(2)
     assert paused.pending.kind == "approval"
     assert compose.resume(paused.id, {"ok": True}).output == 5
-    with closing(sqlite3.connect(str(isolated_state / "runs.db"))) as db:
+    with _proc.store_db(isolated_state) as db:
         counts = {t: db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in DURABLE_TABLES}
         keys = [r[0] for r in db.execute("SELECT step_key FROM journal ORDER BY step_key")]
     assert counts == dict.fromkeys(DURABLE_TABLES, 0)

@@ -149,8 +149,8 @@ def test_ext2_a_worker_continues_runs_parked_elsewhere_survives_failures_and_ski
 
 
 def test_ext2_worker_once_continues_what_is_due_and_exits(box):
-    first = park(box, "dflows.napper.run('x', 0.01, wait=False)")
-    second = park(box, "dflows.napper.run('y', 0.01, wait=False)")
+    first = park(box, "dflows.napper.run('x', 0.3, wait=False)")
+    second = park(box, "dflows.napper.run('y', 0.3, wait=False)")
     future = park(box, "dflows.napper.run('z', 3600, wait=False)")
     result = _proc.finish(worker(box, "--once", "--import", "dflows"))
     assert result.returncode == 0, result.describe()
@@ -166,11 +166,7 @@ def test_ext2_kill9_during_a_blocking_sleep_is_recovered_by_the_worker(box):
         """
     )
     _proc.wait_until(
-        lambda: (
-            box.db_path.exists()
-            and box.query("SELECT name FROM sqlite_master WHERE name = 'timers'")
-            and box.query("SELECT 1 FROM timers")
-        ),
+        lambda: box.has_table("timers") and box.query("SELECT 1 FROM timers"),
         what="the run to block on its timer",
     )
     proc.kill()
@@ -312,7 +308,7 @@ def _due(run_id: str) -> bool:
 def test_ext2_wake_due_warns_about_an_unregistered_flow(isolated_state):
     @flow
     def gone() -> int:
-        compose.sleep(0.001)
+        compose.sleep(0.3)
         return 1
 
     run = gone.run(wait=False)
@@ -331,7 +327,7 @@ def test_ext2_wake_due_warns_about_an_unregistered_flow(isolated_state):
 def test_ext2_a_run_the_worker_cannot_resume_is_skipped_not_retried_in_a_loop(box):
     """A flow whose source changed since the run parked is refused by
     resume(); the worker logs it once and leaves the run alone."""
-    run_id = park(box, "dflows.napper.run('s', 0.01, wait=False)")
+    run_id = park(box, "dflows.napper.run('s', 0.3, wait=False)")
     changed = box.root / "dflows.py"
     changed.write_text(changed.read_text().replace("return work(label, a)", "return a"))
     w = worker(box, "--import", "dflows")

@@ -7,6 +7,7 @@ Tests taking `store_kind` run on SQLite and on a throwaway PostgreSQL cluster
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -189,15 +190,50 @@ def pg_url(pg_cluster, request):
     return pg_cluster.url(name)
 
 
+def _latest(dry_run_output: str) -> int:
+    return int(re.search(r"would migrate to version (\d+)", dry_run_output).group(1))
+
+
 def test_store_3_compose_migrate_dry_run_then_apply(pg_url):
     env = {"COMPOSE_STORE": pg_url}
     dry = compose_cli("migrate", "--dry-run", env=env)
     assert dry.returncode == 0, dry.stderr
-    assert "schema version 0, would migrate to version 4" in dry.stdout
+    latest = _latest(dry.stdout)
+    assert latest >= 2
+    assert "schema version 0, would migrate to version" in dry.stdout
     applied = compose_cli("migrate", env=env)
-    assert "migrated schema version 0 -> 4" in applied.stdout, applied.stderr
+    assert f"migrated schema version 0 -> {latest}" in applied.stdout, applied.stderr
     again = compose_cli("migrate", env=env)
-    assert "schema version 4, up to date" in again.stdout, again.stderr
+    assert f"schema version {latest}, up to date" in again.stdout, again.stderr
+
+
+def test_store_3_a_version_1_schema_is_upgraded_in_place(pg_cluster, pg_url):
+    """Schema version 2 (durable and graph tables) is a versioned step: a
+    database left at version 1 gets the new tables, its runs kept."""
+    env = {"COMPOSE_STORE": pg_url}
+    assert compose_cli("migrate", env=env).returncode == 0
+    schema = pg_url.split("schema=")[1].split("&")[0]
+    for table in (
+        "timers",
+        "signals",
+        "waits",
+        "graph_threads",
+        "graph_checkpoints",
+        "graph_audit",
+    ):
+        psql(pg_cluster, f"DROP TABLE {schema}.{table}")
+    psql(pg_cluster, f"UPDATE {schema}.schema_version SET version = 1")
+    dry = compose_cli("migrate", "--dry-run", env=env)
+    assert "schema version 1, would migrate to version" in dry.stdout, dry.stderr
+    applied = compose_cli("migrate", env=env)
+    assert "migrated schema version 1 -> " in applied.stdout, applied.stderr
+    count = psql(
+        pg_cluster,
+        f"SELECT count(*) FROM pg_tables WHERE schemaname = '{schema}' "
+        "AND tablename IN ('timers', 'signals', 'waits', 'graph_threads', "
+        "'graph_checkpoints', 'graph_audit')",
+    )
+    assert count == "6"
 
 
 def test_store_3_eight_processes_migrate_an_empty_database_once(pg_url):
@@ -213,7 +249,7 @@ def test_store_3_eight_processes_migrate_an_empty_database_once(pg_url):
     ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
-    migrated = [o for o, _ in outs if "migrated schema version 0 -> 4" in o]
+    migrated = [o for o, _ in outs if "migrated schema version 0 -> " in o]
     assert len(migrated) == 1, outs
     assert sum("up to date" in o for o, _ in outs) == 7
 
@@ -259,11 +295,51 @@ def test_store_11_writes_after_a_takeover_are_rejected(pg_cluster, pg_url, monke
     assert psql(pg_cluster, f"SELECT status FROM {schema}.runs") == "running"
 
 
-def test_store_2_what_postgresql_does_not_run_yet_is_refused_clearly(pg_url, monkeypatch):
-    """Durable sleeps and graph runs are SQLite-only in this release: on
-    PostgreSQL they stop with a ConfigError naming the store to use, and
-    write nothing half-way."""
+def test_store_11_durable_waits_and_graph_steps_after_a_takeover_store_nothing(
+    pg_cluster, pg_url, monkeypatch
+):
+    """A sleep's journal row and timer, and a graph step's checkpoint, are
+    fenced like steps: after a takeover they are rejected and nothing of
+    them is stored."""
     from composeai.graph import END, Graph
+
+    monkeypatch.setenv("COMPOSE_STORE", pg_url)
+    schema = pg_url.split("schema=")[1].split("&")[0]
+
+    def take_over() -> None:
+        psql(pg_cluster, f"UPDATE {schema}.runs SET lease_owner = 'elsewhere:1:1:x'")
+
+    @compose.task
+    def grab() -> int:
+        take_over()
+        return 1
+
+    @compose.flow
+    def sleeper() -> int:
+        grab()
+        compose.sleep(30)
+        return 2
+
+    with pytest.raises(ConfigError, match="moved to another owner"):
+        sleeper()
+    assert psql(pg_cluster, f"SELECT count(*) FROM {schema}.timers") == "0"
+    keys = psql(pg_cluster, f"SELECT step_key FROM {schema}.journal")
+    assert "sleep" not in keys
+
+    psql(pg_cluster, f"DELETE FROM {schema}.runs")
+    wf = Graph(name="fenced")
+    wf.add_node("first", lambda state: (take_over(), {"n": 1})[1])
+    wf.add_node("second", lambda state: {"n": 2})
+    wf.start("first").edge("first", "second").edge("second", END)
+    with pytest.raises(ConfigError, match="moved to another owner"):
+        wf.compile().run({})
+    assert psql(pg_cluster, f"SELECT count(*) FROM {schema}.graph_checkpoints") == "0"
+
+
+def test_store_2_durable_waits_and_graphs_run_on_postgresql(pg_url, monkeypatch):
+    """Durable sleeps, signals and graph runs (with threads in an explicit
+    PostgreSQL Storage) use the PostgreSQL tables of schema version 2."""
+    from composeai.graph import END, Graph, Storage
 
     monkeypatch.setenv("COMPOSE_STORE", pg_url)
 
@@ -272,11 +348,16 @@ def test_store_2_what_postgresql_does_not_run_yet_is_refused_clearly(pg_url, mon
         compose.sleep(0.01)
         return 1
 
-    with pytest.raises(ConfigError, match="not available on the PostgreSQL store"):
-        napper()
+    assert napper() == 1
 
     wf = Graph()
     wf.add_node("only", lambda state: {"done": True})
     wf.start("only").edge("only", END)
-    with pytest.raises(ConfigError, match="not available on the PostgreSQL store"):
-        wf.compile().run({"x": 1})
+    assert wf.compile().run({"x": 1}).state == {"x": 1, "done": True}
+    tg = Graph(name="pg-threads")
+    tg.add_node("only", lambda state: {"n": state.get("n", 0) + 1})
+    tg.start("only").edge("only", END)
+    threads = tg.compile(Storage(pg_url))
+    assert threads.thread("t1").run().state["n"] == 1
+    assert threads.thread("t1").run().state["n"] == 2
+    assert len(threads.thread("t1").history()) >= 2

@@ -57,13 +57,13 @@ def _store_target() -> tuple[str, str]:
 
 
 def _db_path() -> str:
+    """The configured store for the query commands: a SQLite file path or a
+    PostgreSQL URL (STORE-2: every command reads either). The URL keeps its
+    password for connecting; the core shows it redacted."""
+    from . import _engine
+
     kind, target = _store_target()
-    if kind != "sqlite":
-        raise ComposeError(
-            f"this command reads the SQLite store only; the configured store is {target} "
-            "(available there: compose path, compose migrate)"
-        )
-    return target
+    return _engine.store_spec() if kind == "postgresql" else target
 
 
 def _parse_since(value: str) -> float:
@@ -752,10 +752,10 @@ def _usage(t: tuple | None) -> Usage:
 
 def _graph_store():
     """The store when the state directory has one (threads need no migration to list)."""
-    path = _db_path()
-    if not os.path.exists(path):
+    kind, path = _store_target()
+    if kind == "sqlite" and not os.path.exists(path):
         return None
-    return _core.Store(path)
+    return _core.Store(_db_path())
 
 
 def _cmd_threads(args: argparse.Namespace) -> int:

@@ -203,7 +203,7 @@ def goto(targets: str | Sequence[str], update: dict | None = None) -> Any:
 
 class Storage:
     """Where threads (and the graph's runs) are kept: `None` = the composeai
-    store, `":memory:"` = this process only, or `sqlite:///path`.
+    store, `":memory:"` = this process only, `sqlite:///path` or a PostgreSQL URL.
     `on_busy="wait"` makes a second caller wait for a busy thread."""
 
     def __init__(self, url: str | None = None, *, on_busy: str = "raise"):
@@ -211,17 +211,12 @@ class Storage:
             raise ValueError(f"on_busy must be 'raise' or 'wait', got {on_busy!r}")
         if url is not None and not isinstance(url, str):
             raise TypeError(f"storage url must be a str, got {type(url).__name__}")
-        if url is not None and url != ":memory:":
-            if url.startswith(("postgresql://", "postgres://")):
-                raise ConfigError(
-                    f"storage {url!r}: PostgreSQL stores are not available in this build -- "
-                    "use None (the composeai store), ':memory:' or 'sqlite:///path'"
-                )
-            if not url.startswith("sqlite:///") or len(url) == len("sqlite:///"):
-                raise ConfigError(
-                    f"storage {url!r} is not a store URL -- use None, ':memory:' or "
-                    "'sqlite:///path/to/file.db'"
-                )
+        sqlite = url is not None and url.startswith("sqlite:///") and len(url) > len("sqlite:///")
+        if url is not None and url != ":memory:" and not _is_postgres(url) and not sqlite:
+            raise ConfigError(
+                f"storage {url!r} is not a store URL -- use None, ':memory:', "
+                "'sqlite:///path/to/file.db' or 'postgresql://user@host/db'"
+            )
         self.url = url
         self.on_busy = on_busy
         self._store: Any = None
@@ -238,9 +233,15 @@ class Storage:
             if self._store is None:
                 if self.url == ":memory:":
                     self._store = _memory_store()
+                elif _is_postgres(self.url):
+                    self._store = _core.Store(self.url)
                 else:
                     self._store = _core.Store(self.url[len("sqlite://") :])
             return self._store
+
+
+def _is_postgres(url: str) -> bool:
+    return url.startswith(("postgresql://", "postgres://"))
 
 
 def _flush_all() -> None:

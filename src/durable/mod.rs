@@ -14,6 +14,7 @@ mod wait;
 
 pub use store::{
     due_runs, next_wake, parked_wait, request_cancel, send_signal, CancelOutcome, DueRun,
+    DurableStore,
 };
 pub use wait::{Mode, Outcome, WaitSpec};
 

@@ -1,12 +1,10 @@
 //! The wait decision of an attempt: sleep, receive, receive_all.
 
-use super::store::{insert_timer, last_signal_id, signal_at, signals_after, take_timer};
 use super::{clock, WaitRow, EPSILON, POLL};
-use crate::error::{AtPath, CoreError, CoreResult};
+use crate::error::{CoreError, CoreResult};
 use crate::journal::Fence;
 use crate::run::Attempt;
 use crate::store::InterruptRow;
-use rusqlite::{Connection, TransactionBehavior};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -104,46 +102,20 @@ fn json_str(s: &str) -> String {
 }
 
 impl Attempt {
-    /// Runs `f` on the store's connection.
-    fn durable_conn<T>(&self, f: impl FnOnce(&mut Connection) -> CoreResult<T>) -> CoreResult<T> {
-        let mut f = Some(f);
-        let mut out = None;
-        self.store().exec(&mut |c| {
-            if let Some(f) = f.take() {
-                out = Some(f(c)?);
-            }
-            Ok(())
-        })?;
-        out.ok_or_else(|| CoreError::Store("the store did not run a query".into()))
-    }
-
-    /// Journals `value` under `key` and applies `extra` in the same
-    /// transaction (first write wins); returns the stored value.
+    /// Journals `value` under `key` with, when given, a timer, in one
+    /// commit (first write wins); returns the stored value.
     fn commit_wait_step(
         &self,
         key: &str,
         value: &str,
         fence: Option<&Fence>,
-        extra: impl FnOnce(&Connection) -> rusqlite::Result<()>,
+        timer: Option<(&str, Option<f64>)>,
     ) -> CoreResult<Arc<str>> {
         self.check(fence)?;
         if let Some(v) = self.journal_get(key) {
             return Ok(v);
         }
-        let rid = self.run.rid;
-        let path = self.store().path().to_string();
-        let winner = self.durable_conn(|c| {
-            let tx = c
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .at(&path)?;
-            if let Some(run_id) = crate::store::sqlite::moved_away(&tx, rid).at(&path)? {
-                return Err(crate::lease::moved(&run_id));
-            }
-            let winner = crate::store::sqlite::insert_journal(&tx, rid, key, value).at(&path)?;
-            extra(&tx).at(&path)?;
-            tx.commit().at(&path)?;
-            Ok(winner)
-        })?;
+        let winner = self.store().commit_wait(self.run.rid, key, value, timer)?;
         Ok(self.journal_record(key, Arc::from(winner.as_deref().unwrap_or(value))))
     }
 
@@ -180,14 +152,8 @@ impl Attempt {
             None => {
                 let wake = clock::now() + seconds.max(0.0);
                 let value = json_str(&clock::iso(wake));
-                let rid = self.run.rid;
-                let stored = self.commit_wait_step(&key, &value, fence, |tx| {
-                    if seconds > 0.0 {
-                        insert_timer(tx, rid, &key, Some(wake))
-                    } else {
-                        Ok(())
-                    }
-                })?;
+                let timer = (seconds > 0.0).then_some((key.as_str(), Some(wake)));
+                let stored = self.commit_wait_step(&key, &value, fence, timer)?;
                 wake_time(&key, &stored)?
             }
         };
@@ -254,14 +220,13 @@ impl Attempt {
             None => {
                 let after = self.cursor(name);
                 let rid = self.run.rid;
-                let path = self.store().path().to_string();
-                let found = self.durable_conn(|c| signals_after(c, rid, name, after).at(&path))?;
+                let found = self.store().signals_after(rid, name, after)?;
                 let last = found
                     .last()
                     .map_or_else(|| "null".to_string(), |(s, _)| s.to_string());
                 let values: Vec<&str> = found.iter().map(|(_, v)| v.as_str()).collect();
                 let record = format!("[{last},[{}]]", values.join(","));
-                self.commit_wait_step(&key, &record, fence, |_| Ok(()))?
+                self.commit_wait_step(&key, &record, fence, None)?
             }
         };
         let (seq, list) = split_record(&key, &text)?;
@@ -309,10 +274,8 @@ impl Attempt {
                 .map_err(|_| CoreError::Serialization(format!("journal value of '{key}': {v}")));
         }
         let rid = self.run.rid;
-        let path = self.store().path().to_string();
-        let sid = self.durable_conn(|c| last_signal_id(c, rid).at(&path))?;
-        let stored =
-            self.commit_wait_step(&key, &sid.to_string(), spec.fence.as_ref(), |_| Ok(()))?;
+        let sid = self.store().last_signal_id(rid)?;
+        let stored = self.commit_wait_step(&key, &sid.to_string(), spec.fence.as_ref(), None)?;
         stored
             .parse()
             .map_err(|_| CoreError::Serialization(format!("journal value of '{key}': {stored}")))
@@ -324,11 +287,12 @@ impl Attempt {
             Some(v) => wake_time(&dkey, &v),
             None => {
                 let wake = clock::now() + t.max(0.0);
-                let rid = self.run.rid;
-                let stored =
-                    self.commit_wait_step(&dkey, &json_str(&clock::iso(wake)), fence, |tx| {
-                        insert_timer(tx, rid, key, Some(wake))
-                    })?;
+                let stored = self.commit_wait_step(
+                    &dkey,
+                    &json_str(&clock::iso(wake)),
+                    fence,
+                    Some((key, Some(wake))),
+                )?;
                 wake_time(&dkey, &stored)
             }
         }
@@ -343,8 +307,7 @@ impl Attempt {
         match &spec.kind {
             Kind::Await { deadline } => {
                 let rid = self.run.rid;
-                let path = self.store().path().to_string();
-                let newest = self.durable_conn(|c| last_signal_id(c, rid).at(&path))?;
+                let newest = self.store().last_signal_id(rid)?;
                 if newest > after.unwrap_or(0) {
                     return Ok(Some(Some("\"signal\"".into())));
                 }
@@ -360,8 +323,7 @@ impl Attempt {
             } => {
                 let seq = self.cursor(name) + 1;
                 let rid = self.run.rid;
-                let path = self.store().path().to_string();
-                let found = self.durable_conn(|c| signal_at(c, rid, name, seq).at(&path))?;
+                let found = self.store().signal_at(rid, name, seq)?;
                 let record = match found {
                     Some(v) => format!("[{seq},{v}]"),
                     None if deadline.is_some_and(|d| clock::now() >= d - EPSILON) => {
@@ -370,7 +332,7 @@ impl Attempt {
                     None => return Ok(None),
                 };
                 let stored =
-                    self.commit_wait_step(&spec.key, &record, spec.fence.as_ref(), |_| Ok(()))?;
+                    self.commit_wait_step(&spec.key, &record, spec.fence.as_ref(), None)?;
                 let (consumed, value) = split_record(&spec.key, &stored)?;
                 if let Some(s) = consumed {
                     self.durable.cursors.lock().insert(name.clone(), s);
@@ -469,7 +431,6 @@ impl Attempt {
             });
         }
         let rid = self.run.rid;
-        let path = self.store().path().to_string();
         let mut marked = false;
         loop {
             self.check(spec.fence.as_ref())?;
@@ -477,14 +438,14 @@ impl Attempt {
             // while blocked, every round reads the store.
             self.check_cancel(marked)?;
             if let Some(value) = self.decide(spec, after)? {
-                let since = self.durable_conn(|c| take_timer(c, rid, &spec.key).at(&path))?;
+                let since = self.store().take_timer(rid, &spec.key)?;
                 return Ok(Outcome::Ready { value, since });
             }
             if !marked {
                 // Records when the wait began (for its span) and, with a
                 // deadline, the timer.
                 let wake = spec.wake_at();
-                self.durable_conn(|c| insert_timer(c, rid, &spec.key, wake).at(&path))?;
+                self.store().insert_timer(rid, &spec.key, wake)?;
                 marked = true;
             }
             match mode {
@@ -516,6 +477,7 @@ mod tests {
     use crate::run::owner_id;
     use crate::store::sqlite::SqliteStore;
     use crate::store::{NewRun, Settlement, Store};
+    use rusqlite::Connection;
 
     struct Tmp(std::path::PathBuf);
     impl Drop for Tmp {

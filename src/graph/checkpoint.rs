@@ -5,9 +5,10 @@
 //! size.
 
 use super::reduce::{apply, Op, State};
+use super::store::GraphTx;
 use super::{graph_error, plain_error};
 use crate::error::{CoreError, CoreResult};
-use rusqlite::{params, Connection, OptionalExtension, Transaction};
+use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -78,7 +79,7 @@ impl Row {
     }
 }
 
-pub fn insert(tx: &Transaction<'_>, r: &Row) -> CoreResult<()> {
+pub fn insert(tx: &Connection, r: &Row) -> CoreResult<()> {
     tx.prepare_cached(
         "INSERT INTO graph_checkpoints(checkpoint_id, thread_id, rid, parent_id, version, source, \
          status, run_id, step, created_at_ms, delta_json, snapshot_json, meta_json) \
@@ -169,8 +170,8 @@ pub fn parse_progress(row: &Row) -> CoreResult<Progress> {
 
 /// Rebuilds the state at `checkpoint_id` from the nearest snapshot before
 /// it, applying the deltas in between.
-pub fn rebuild(conn: &Connection, checkpoint_id: &str) -> CoreResult<Option<Rebuilt>> {
-    let Some(head) = get(conn, checkpoint_id)? else {
+pub fn rebuild(conn: &dyn GraphTx, checkpoint_id: &str) -> CoreResult<Option<Rebuilt>> {
+    let Some(head) = conn.get(checkpoint_id)? else {
         return Ok(None);
     };
     let mut chain: Vec<Row> = Vec::new();
@@ -183,7 +184,8 @@ pub fn rebuild(conn: &Connection, checkpoint_id: &str) -> CoreResult<Option<Rebu
             .parent_id
             .clone()
             .ok_or_else(|| corrupt(&cur.checkpoint_id, "no snapshot before it"))?;
-        let next = get(conn, &parent)?
+        let next = conn
+            .get(&parent)?
             .ok_or_else(|| corrupt(&cur.checkpoint_id, "its parent is missing"))?;
         chain.push(std::mem::replace(&mut cur, next));
     }
@@ -312,7 +314,7 @@ pub fn check_graph(t: &Thread, graph: &str, fingerprint: &str) -> CoreResult<()>
     Ok(())
 }
 
-pub fn upsert_thread(tx: &Transaction<'_>, t: &Thread) -> CoreResult<()> {
+pub fn upsert_thread(tx: &Connection, t: &Thread) -> CoreResult<()> {
     tx.prepare_cached(
         "INSERT INTO graph_threads(thread_id, graph, fingerprint, head, version, status, run_id, \
          owner, created_at_ms, updated_at_ms) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
@@ -339,7 +341,7 @@ pub fn upsert_thread(tx: &Transaction<'_>, t: &Thread) -> CoreResult<()> {
 
 /// Moves a thread's head (a step of the run that holds it).
 pub fn set_head(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     thread_id: &str,
     head: &str,
     version: i64,
@@ -355,7 +357,7 @@ pub fn set_head(
     Ok(())
 }
 
-pub fn set_status(tx: &Transaction<'_>, thread_id: &str, status: &str) -> CoreResult<()> {
+pub fn set_status(tx: &Connection, thread_id: &str, status: &str) -> CoreResult<()> {
     tx.prepare_cached(
         "UPDATE graph_threads SET status = ?2, owner = NULL, updated_at_ms = ?3 WHERE thread_id = ?1",
     )
@@ -365,7 +367,7 @@ pub fn set_status(tx: &Transaction<'_>, thread_id: &str, status: &str) -> CoreRe
 }
 
 pub fn audit(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     thread_id: &str,
     actor: Option<&str>,
     action: &str,
@@ -417,7 +419,7 @@ pub fn history(conn: &Connection, thread_id: &str, limit: i64) -> CoreResult<Vec
 }
 
 /// Deletes a thread and its checkpoints; true when it existed.
-pub fn delete_thread(tx: &Transaction<'_>, thread_id: &str) -> CoreResult<bool> {
+pub fn delete_thread(tx: &Connection, thread_id: &str) -> CoreResult<bool> {
     tx.execute(
         "DELETE FROM graph_checkpoints WHERE thread_id = ?1",
         [thread_id],
@@ -434,7 +436,7 @@ pub fn delete_thread(tx: &Transaction<'_>, thread_id: &str) -> CoreResult<bool> 
 
 /// Deletes every thread not updated since `before_ms` (not one a live
 /// run holds); returns their ids.
-pub fn prune(tx: &Transaction<'_>, before_ms: i64) -> CoreResult<Vec<String>> {
+pub fn prune(tx: &Connection, before_ms: i64) -> CoreResult<Vec<String>> {
     let ids: Vec<String> = {
         let mut st = tx
             .prepare(

@@ -9,6 +9,7 @@ use super::checkpoint::{self, Pending, Progress, Rebuilt, Row};
 use super::graph_error;
 use super::reduce::{self, Op, State};
 use super::spec::Graph;
+use super::store::GraphTx;
 use crate::error::{CoreError, CoreResult};
 use crate::run::Attempt;
 use crate::store::{InterruptRow, Settlement};
@@ -169,8 +170,8 @@ impl GraphRun {
         let path = attempt.store().path().to_string();
         attempt.store().read(&mut |conn| {
             let head = match &head_thread {
-                Some(t) => checkpoint::thread(conn, t)?.and_then(|t| t.head),
-                None => checkpoint::run_head(conn, rid)?.map(|r| r.checkpoint_id),
+                Some(t) => conn.thread(t)?.and_then(|t| t.head),
+                None => conn.run_head(rid)?.map(|r| r.checkpoint_id),
             };
             if let Some(h) = head {
                 let cached = head_thread
@@ -329,11 +330,9 @@ impl GraphRun {
         let staged = std::mem::take(&mut self.unsaved);
         self.attempt.commit_with(&entries, &mut |tx| {
             for r in &staged {
-                checkpoint::insert(tx, r)?;
+                tx.insert(r)?;
             }
-            tx.execute("DELETE FROM pending_interrupts WHERE rid = ?1", [rid])
-                .map_err(|e| CoreError::Store(format!("composeai store: {e}")))?;
-            Ok(())
+            tx.delete_pending(rid)
         })
     }
 
@@ -638,15 +637,15 @@ impl GraphRun {
             "completed" => "idle",
             other => other,
         };
-        let mut work = |tx: &rusqlite::Transaction<'_>| -> CoreResult<()> {
+        let mut work = |tx: &dyn GraphTx| -> CoreResult<()> {
             for r in &staged {
-                checkpoint::insert(tx, r)?;
+                tx.insert(r)?;
             }
             // A running thread's head is its newest checkpoint; the row
             // changes when the run stops.
             if let Some(t) = &thread {
                 if thread_status != "running" {
-                    checkpoint::set_head(tx, t, &head, version, thread_status)?;
+                    tx.set_head(t, &head, version, thread_status)?;
                 }
             }
             Ok(())
@@ -741,7 +740,7 @@ impl GraphRun {
         };
         self.attempt
             .store()
-            .transact(&mut |tx| checkpoint::set_status(tx, &t, status))
+            .transact(&mut |tx| tx.set_status(&t, status))
     }
 
     pub fn progress_json(&self) -> String {

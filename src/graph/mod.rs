@@ -8,6 +8,7 @@ pub mod exec;
 pub mod reduce;
 pub mod schema;
 pub mod spec;
+pub mod store;
 pub mod threads;
 
 use crate::error::CoreError;

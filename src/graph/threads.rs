@@ -3,6 +3,7 @@
 //! forking, deleting and pruning.
 
 use super::checkpoint::{self, Row, Thread};
+use super::store::GraphTx;
 use super::{graph_error, plain_error};
 use crate::error::CoreResult;
 use crate::store::Store;
@@ -82,7 +83,7 @@ pub fn claim(
 /// `claim` inside a caller's transaction (the one creating the thread's
 /// new run, for `run()`).
 pub fn claim_in(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &dyn GraphTx,
     thread_id: &str,
     graph: &str,
     fingerprint: &str,
@@ -92,11 +93,10 @@ pub fn claim_in(
     let owner = crate::run::owner_id();
     {
         let now = checkpoint::now_ms();
-        let Some(t) = checkpoint::thread(tx, thread_id)? else {
+        let Some(t) = tx.thread(thread_id)? else {
             return match mode {
-                Claim::Run => checkpoint::upsert_thread(
-                    tx,
-                    &Thread {
+                Claim::Run => tx
+                    .upsert_thread(&Thread {
                         thread_id: thread_id.to_string(),
                         graph: graph.to_string(),
                         fingerprint: fingerprint.to_string(),
@@ -107,9 +107,8 @@ pub fn claim_in(
                         owner: Some(owner.to_string()),
                         created_at_ms: now,
                         updated_at_ms: now,
-                    },
-                )
-                .map(|_| None),
+                    })
+                    .map(|_| None),
                 Claim::Resume => Err(graph_error(
                     "resume_invalid",
                     format!("thread '{thread_id}' has no suspended nodes to resume"),
@@ -159,7 +158,7 @@ pub fn claim_in(
             claimed.run_id = Some(r.to_string());
         }
         claimed.updated_at_ms = now;
-        checkpoint::upsert_thread(tx, &claimed)?;
+        tx.upsert_thread(&claimed)?;
         Ok(Some(t))
     }
 }
@@ -175,13 +174,13 @@ fn nothing_to_retry(thread_id: &str) -> crate::error::CoreError {
 /// Gives a claimed thread back with `status` (a run that failed before or
 /// between steps).
 pub fn release(store: &dyn Store, thread_id: &str, status: &str) -> CoreResult<()> {
-    store.transact(&mut |tx| checkpoint::set_status(tx, thread_id, status))
+    store.transact(&mut |tx| tx.set_status(thread_id, status))
 }
 
 pub fn info(store: &dyn Store, thread_id: &str) -> CoreResult<Option<Thread>> {
     let mut out = None;
     store.read(&mut |c| {
-        out = checkpoint::thread(c, thread_id)?;
+        out = c.thread(thread_id)?;
         Ok(())
     })?;
     Ok(out)
@@ -191,7 +190,7 @@ pub fn info(store: &dyn Store, thread_id: &str) -> CoreResult<Option<Thread>> {
 pub fn head_state(store: &dyn Store, thread_id: &str) -> CoreResult<Option<(String, String)>> {
     let mut out = None;
     store.read(&mut |c| {
-        let Some(t) = checkpoint::thread(c, thread_id)? else {
+        let Some(t) = c.thread(thread_id)? else {
             return Ok(());
         };
         let Some(head) = t.head else {
@@ -211,7 +210,8 @@ pub fn head_state(store: &dyn Store, thread_id: &str) -> CoreResult<Option<(Stri
 pub fn history(store: &dyn Store, thread_id: &str, limit: i64) -> CoreResult<Vec<Value>> {
     let mut out = Vec::new();
     store.read(&mut |c| {
-        out = checkpoint::history(c, thread_id, limit)?
+        out = c
+            .history(thread_id, limit)?
             .iter()
             .map(Row::entry)
             .collect();
@@ -238,7 +238,7 @@ fn unknown_thread(thread_id: &str) -> crate::error::CoreError {
 
 /// A snapshot copy of `checkpoint_id` (which must belong to `source`).
 fn copy_of(
-    c: &rusqlite::Connection,
+    c: &dyn GraphTx,
     source: &str,
     checkpoint_id: &str,
     into: &str,
@@ -246,7 +246,8 @@ fn copy_of(
     version: i64,
     kind: &str,
 ) -> CoreResult<Row> {
-    let row = checkpoint::get(c, checkpoint_id)?
+    let row = c
+        .get(checkpoint_id)?
         .filter(|r| r.thread_id.as_deref() == Some(source))
         .ok_or_else(|| not_found(source, checkpoint_id))?;
     let rebuilt =
@@ -287,7 +288,8 @@ pub fn rewind(
 ) -> CoreResult<Value> {
     let mut out = Value::Null;
     store.transact(&mut |tx| {
-        let mut t = checkpoint::thread(tx, thread_id)?
+        let mut t = tx
+            .thread(thread_id)?
             .ok_or_else(|| not_found(thread_id, checkpoint_id))?;
         checkpoint::check_graph(&t, graph, fingerprint)?;
         refuse_busy(&t)?;
@@ -300,13 +302,13 @@ pub fn rewind(
             t.version + 1,
             "rewind",
         )?;
-        checkpoint::insert(tx, &row)?;
+        tx.insert(&row)?;
         t.head = Some(row.checkpoint_id.clone());
         t.version = row.version;
         t.status = status_after(&row)?.into();
         t.owner = None;
         t.updated_at_ms = checkpoint::now_ms();
-        checkpoint::upsert_thread(tx, &t)?;
+        tx.upsert_thread(&t)?;
         out = row.entry();
         Ok(())
     })?;
@@ -324,10 +326,11 @@ pub fn fork(
 ) -> CoreResult<Value> {
     let mut out = Value::Null;
     store.transact(&mut |tx| {
-        let t = checkpoint::thread(tx, thread_id)?
+        let t = tx
+            .thread(thread_id)?
             .ok_or_else(|| not_found(thread_id, checkpoint_id))?;
         checkpoint::check_graph(&t, graph, fingerprint)?;
-        if checkpoint::thread(tx, new_thread_id)?.is_some() {
+        if tx.thread(new_thread_id)?.is_some() {
             return Err(graph_error(
                 "thread_exists",
                 format!("cannot fork into thread '{new_thread_id}': it exists"),
@@ -343,23 +346,20 @@ pub fn fork(
             1,
             "fork",
         )?;
-        checkpoint::insert(tx, &row)?;
+        tx.insert(&row)?;
         let now = checkpoint::now_ms();
-        checkpoint::upsert_thread(
-            tx,
-            &Thread {
-                thread_id: new_thread_id.to_string(),
-                graph: graph.to_string(),
-                fingerprint: fingerprint.to_string(),
-                head: Some(row.checkpoint_id.clone()),
-                version: 1,
-                status: status_after(&row)?.into(),
-                run_id: row.run_id.clone(),
-                owner: None,
-                created_at_ms: now,
-                updated_at_ms: now,
-            },
-        )?;
+        tx.upsert_thread(&Thread {
+            thread_id: new_thread_id.to_string(),
+            graph: graph.to_string(),
+            fingerprint: fingerprint.to_string(),
+            head: Some(row.checkpoint_id.clone()),
+            version: 1,
+            status: status_after(&row)?.into(),
+            run_id: row.run_id.clone(),
+            owner: None,
+            created_at_ms: now,
+            updated_at_ms: now,
+        })?;
         out = row.entry();
         Ok(())
     })?;
@@ -375,11 +375,11 @@ pub fn delete(
 ) -> CoreResult<bool> {
     let mut existed = false;
     store.transact(&mut |tx| {
-        if let Some(t) = checkpoint::thread(tx, thread_id)? {
+        if let Some(t) = tx.thread(thread_id)? {
             checkpoint::check_graph(&t, graph, fingerprint)?;
             refuse_busy(&t)?;
         }
-        existed = checkpoint::delete_thread(tx, thread_id)?;
+        existed = tx.delete_thread(thread_id)?;
         Ok(())
     })?;
     Ok(existed)
@@ -394,7 +394,7 @@ pub fn rewind_any(store: &dyn Store, thread_id: &str, checkpoint_id: &str) -> Co
 pub fn prune(store: &dyn Store, before_ms: i64) -> CoreResult<Vec<String>> {
     let mut out = Vec::new();
     store.transact(&mut |tx| {
-        out = checkpoint::prune(tx, before_ms)?;
+        out = tx.prune(before_ms)?;
         Ok(())
     })?;
     Ok(out)
@@ -403,7 +403,8 @@ pub fn prune(store: &dyn Store, before_ms: i64) -> CoreResult<Vec<String>> {
 pub fn list(store: &dyn Store, graph: Option<&str>) -> CoreResult<Vec<Value>> {
     let mut out = Vec::new();
     store.read(&mut |c| {
-        out = checkpoint::threads(c, graph)?
+        out = c
+            .threads(graph)?
             .iter()
             .map(|t| {
                 let mut v = t.to_json();
@@ -430,13 +431,13 @@ pub fn add_audit(
     action: &str,
     checkpoint_id: Option<&str>,
 ) -> CoreResult<()> {
-    store.transact(&mut |tx| checkpoint::audit(tx, thread_id, actor, action, checkpoint_id))
+    store.transact(&mut |tx| tx.audit(thread_id, actor, action, checkpoint_id))
 }
 
 pub fn audit(store: &dyn Store, thread_id: &str, limit: i64) -> CoreResult<Vec<Value>> {
     let mut out = Vec::new();
     store.read(&mut |c| {
-        out = checkpoint::audit_entries(c, thread_id, limit)?;
+        out = c.audit_entries(thread_id, limit)?;
         Ok(())
     })?;
     Ok(out)

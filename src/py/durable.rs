@@ -4,7 +4,7 @@
 use super::attempt::{PyAttempt, PyFence};
 use super::errors::IntoPy;
 use super::store::PyStore;
-use crate::durable::{self, clock, Mode, Outcome, WaitSpec};
+use crate::durable::{self, clock, DurableStore, Mode, Outcome, WaitSpec};
 use crate::error::{AtPath, CoreError, CoreResult};
 use crate::run::{lease_is_live, owner_id, Attempt};
 use pyo3::prelude::*;
@@ -195,17 +195,6 @@ pub fn set_module(attempt: &PyAttempt, module: Option<String>) {
     attempt.inner.set_module(module);
 }
 
-fn with_store<T>(
-    store: &PyStore,
-    f: impl FnOnce(&mut rusqlite::Connection, &str) -> CoreResult<T>,
-) -> CoreResult<T> {
-    let Some(sqlite) = &store.sqlite else {
-        return Err(crate::store::postgres::durable_unsupported());
-    };
-    let path = crate::store::Store::path(&**sqlite).to_string();
-    sqlite.with_conn(|c| f(c, &path))
-}
-
 /// EXT-3: appends a signal in one commit; returns its sequence number.
 #[pyfunction]
 pub fn send_signal(
@@ -215,12 +204,8 @@ pub fn send_signal(
     name: &str,
     value_json: &str,
 ) -> PyResult<i64> {
-    py.allow_threads(|| {
-        with_store(store, |c, p| {
-            durable::send_signal(c, p, run_id, name, value_json)
-        })
-    })
-    .py_err()
+    py.allow_threads(|| store.inner.send_signal(run_id, name, value_json))
+        .py_err()
 }
 
 /// EXT-10: `"cancelled"` (parked or orphaned, done now), `"requested"`
@@ -234,11 +219,7 @@ pub fn request_cancel(
     reason: Option<&str>,
 ) -> PyResult<&'static str> {
     let outcome = py
-        .allow_threads(|| {
-            with_store(store, |c, p| {
-                durable::request_cancel(c, p, run_id, reason, &lease_is_live)
-            })
-        })
+        .allow_threads(|| store.inner.request_cancel(run_id, reason, &lease_is_live))
         .py_err()?;
     Ok(match outcome {
         durable::CancelOutcome::Cancelled => "cancelled",
@@ -259,16 +240,7 @@ pub fn due_runs(
 ) -> PyResult<Vec<DueTuple>> {
     let at = now.unwrap_or_else(clock::now);
     let rows = py
-        .allow_threads(|| {
-            if let Some(pg) = &store.pg {
-                // Durable waits are SQLite's alone so far: on PostgreSQL
-                // the due runs are those to recover.
-                return pg.orphaned_runs(limit, &lease_is_live);
-            }
-            with_store(store, |c, p| {
-                durable::due_runs(c, at, limit, &lease_is_live).at(p)
-            })
-        })
+        .allow_threads(|| store.inner.due_runs(at, limit, &lease_is_live))
         .py_err()?;
     Ok(rows
         .into_iter()
@@ -281,14 +253,20 @@ pub fn due_runs(
 #[pyfunction]
 pub fn next_wake(py: Python<'_>, store: &PyStore, after: f64) -> PyResult<Option<f64>> {
     py.allow_threads(|| {
-        if let Some(pg) = &store.pg {
-            // When another process's lease lapses (wall time, as engine
-            // time), its run may be due for recovery.
-            let wall = crate::store::sqlite::now();
-            let expiry = pg.next_lease_expiry(owner_id(), wall)?;
-            return Ok(expiry.map(|t| after.max(clock::now() + (t - wall)) + durable::EPSILON));
-        }
-        with_store(store, |c, p| durable::next_wake(c, after).at(p))
+        let timers = store.inner.next_wake(after)?;
+        let Some(pg) = &store.pg else {
+            return Ok(timers);
+        };
+        // When another process's lease lapses (wall time, as engine time),
+        // its run may be due for recovery (STORE-12).
+        let wall = crate::store::sqlite::now();
+        let expiry = pg
+            .next_lease_expiry(owner_id(), wall)?
+            .map(|t| after.max(clock::now() + (t - wall)) + durable::EPSILON);
+        Ok(match (timers, expiry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
     })
     .py_err()
 }
@@ -297,13 +275,14 @@ pub fn next_wake(py: Python<'_>, store: &PyStore, after: f64) -> PyResult<Option
 #[pyfunction]
 pub fn parked_wait(py: Python<'_>, store: &PyStore, run_id: &str) -> PyResult<Option<ParkedTuple>> {
     let row = py
-        .allow_threads(|| with_store(store, |c, p| durable::parked_wait(c, run_id).at(p)))
+        .allow_threads(|| store.inner.parked_wait(run_id))
         .py_err()?;
     Ok(row.map(|w| (w.step_key, w.wake_at, w.signal_name)))
 }
 
 /// Parked waits of the given runs, for `compose runs`: run id ->
 /// `(step_key, wake_at, signal_name)`. Empty when there is no store.
+/// `db_path` is a SQLite file or a PostgreSQL URL.
 #[pyfunction]
 pub fn parked_waits<'py>(
     py: Python<'py>,
@@ -312,6 +291,24 @@ pub fn parked_waits<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let rows = py
         .allow_threads(|| -> CoreResult<Vec<(String, durable::WaitRow)>> {
+            if db_path.starts_with("postgresql://") || db_path.starts_with("postgres://") {
+                let crate::store::url::StoreUrl::Postgres(url) =
+                    crate::store::url::parse(db_path, "")?
+                else {
+                    return Ok(vec![]);
+                };
+                let pg = crate::store::postgres::PgStore::connect(url)?;
+                if !pg.cli_has_store()? {
+                    return Ok(vec![]);
+                }
+                let mut out = Vec::new();
+                for id in run_ids {
+                    if let Some(w) = pg.parked_wait(&id)? {
+                        out.push((id, w));
+                    }
+                }
+                return Ok(out);
+            }
             if !std::path::Path::new(db_path).exists() {
                 return Ok(vec![]);
             }
@@ -343,24 +340,15 @@ pub fn wait_for_work(
     until: Option<f64>,
     max_seconds: f64,
 ) -> PyResult<bool> {
-    let version = |s: &PyStore| {
-        if s.pg.is_some() {
-            // Other processes' commits are not watched here on PostgreSQL:
-            // the caller's timeout is the polling fallback.
-            return Ok(0);
-        }
-        with_store(s, |c, p| {
-            c.query_row("PRAGMA data_version", [], |r| r.get::<_, i64>(0))
-                .at(p)
-        })
-    };
     if let Some(pg) = &store.pg {
+        // STORE-22: LISTEN/NOTIFY hints, the caller's timeout the polling
+        // fallback.
         return Ok(py.allow_threads(|| super::queue::wait_for_hint(pg, until, max_seconds)));
     }
     py.allow_threads(|| -> CoreResult<bool> {
         let start = Instant::now();
         let limit = Duration::from_secs_f64(max_seconds.max(0.0));
-        let before = version(store)?;
+        let before = store.inner.change_marker()?;
         loop {
             if until.is_some_and(|u| clock::now() >= u) {
                 return Ok(true);
@@ -370,7 +358,7 @@ pub fn wait_for_work(
                 return Ok(false);
             }
             let poked = clock::nap(until, left.min(durable::POLL));
-            if poked || version(store)? != before {
+            if poked || store.inner.change_marker()? != before {
                 return Ok(true);
             }
         }
@@ -383,20 +371,8 @@ pub fn wait_for_work(
 /// lease holder, which `due_runs` recovers.
 #[pyfunction]
 pub fn release_leases(py: Python<'_>, store: &PyStore) -> PyResult<usize> {
-    py.allow_threads(|| {
-        if let Some(pg) = &store.pg {
-            return pg.release_leases(owner_id());
-        }
-        with_store(store, |c, p| {
-            c.execute(
-                "UPDATE runs SET status = 'running', lease_owner = NULL, lease_until = NULL \
-                 WHERE lease_owner = ?1",
-                [owner_id()],
-            )
-            .at(p)
-        })
-    })
-    .py_err()
+    py.allow_threads(|| store.inner.release_leases(owner_id()))
+        .py_err()
 }
 
 #[pyfunction]

@@ -546,7 +546,7 @@ pub fn graph_run_head(py: Python<'_>, store: &PyStore, run_id: &str) -> PyResult
         };
         let mut out = None;
         s.read(&mut |c| {
-            out = crate::graph::checkpoint::run_head(c, run.rid)?.map(|r| r.checkpoint_id);
+            out = c.run_head(run.rid)?.map(|r| r.checkpoint_id);
             Ok(())
         })?;
         Ok(out)

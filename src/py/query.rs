@@ -9,10 +9,12 @@ use super::errors::to_py;
 use super::spans::UsageTuple;
 use super::store::{run_row_dict, PendingTuple};
 use crate::error::{CoreError, CoreResult};
+use crate::store::postgres::PgStore;
 use crate::store::query::{
     self, CostBucket, CostsBy, Resolved, RunFilter, RunSummary, SearchError, StoredSpan,
 };
 use crate::store::sqlite::open_connection;
+use crate::store::url::{self, StoreUrl};
 use crate::store::{InterruptRow, RunRow};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -22,12 +24,85 @@ fn sql(path: &str) -> impl Fn(rusqlite::Error) -> CoreError + '_ {
     move |e| CoreError::Store(format!("composeai store '{path}': {e}"))
 }
 
-/// Opens the store at `path` if the file exists (migrating an old one).
-fn open_existing(path: &str) -> CoreResult<Option<Connection>> {
+/// The store a CLI query reads: a SQLite file or a PostgreSQL database
+/// (STORE-2), with the same rows from either.
+enum Source {
+    Sqlite(Connection, String),
+    Postgres(PgStore),
+}
+
+impl Source {
+    fn list_runs(&self, f: &RunFilter) -> CoreResult<Vec<RunSummary>> {
+        match self {
+            Source::Sqlite(c, p) => query::list_runs(c, f).map_err(sql(p)),
+            Source::Postgres(pg) => pg.cli_list_runs(f, None),
+        }
+    }
+
+    fn last_run(&self) -> CoreResult<Option<RunRow>> {
+        match self {
+            Source::Sqlite(c, p) => query::last_run(c).map_err(sql(p)),
+            Source::Postgres(pg) => pg.cli_last_run(),
+        }
+    }
+
+    fn resolve_run(&self, id: &str) -> CoreResult<Resolved> {
+        match self {
+            Source::Sqlite(c, p) => query::resolve_run(c, id).map_err(sql(p)),
+            Source::Postgres(pg) => pg.cli_resolve_run(id),
+        }
+    }
+
+    fn trace(&self, trace_id: &str, with_payloads: bool) -> CoreResult<Vec<StoredSpan>> {
+        match self {
+            Source::Sqlite(c, p) if with_payloads => {
+                query::trace_spans_with_payloads(c, trace_id).map_err(sql(p))
+            }
+            Source::Sqlite(c, p) => Ok(query::trace_spans(c, trace_id)
+                .map_err(sql(p))?
+                .into_iter()
+                .map(|span| StoredSpan {
+                    span,
+                    ..Default::default()
+                })
+                .collect()),
+            Source::Postgres(pg) => pg.cli_trace(trace_id, with_payloads),
+        }
+    }
+
+    fn pending(&self, rid: i64) -> CoreResult<Vec<InterruptRow>> {
+        match self {
+            Source::Sqlite(c, p) => query::pending_interrupts(c, rid).map_err(sql(p)),
+            Source::Postgres(pg) => pg.cli_pending(rid),
+        }
+    }
+
+    fn llm_costs(
+        &self,
+        by: CostsBy,
+        since: Option<f64>,
+    ) -> CoreResult<(Vec<CostBucket>, CostBucket)> {
+        match self {
+            Source::Sqlite(c, p) => query::llm_costs(c, by, since).map_err(sql(p)),
+            Source::Postgres(pg) => pg.cli_llm_costs(by, since),
+        }
+    }
+}
+
+/// Opens the store at `path` (a SQLite file, or a PostgreSQL URL) if it
+/// exists (migrating an old SQLite file); `None` when there is none.
+fn open_existing(path: &str) -> CoreResult<Option<Source>> {
+    if path.starts_with("postgresql://") || path.starts_with("postgres://") {
+        let StoreUrl::Postgres(url) = url::parse(path, "")? else {
+            return Ok(None);
+        };
+        let pg = PgStore::connect(url)?;
+        return Ok(pg.cli_has_store()?.then_some(Source::Postgres(pg)));
+    }
     if !std::path::Path::new(path).exists() {
         return Ok(None);
     }
-    open_connection(path, false).map(Some)
+    open_connection(path, false).map(|c| Some(Source::Sqlite(c, path.to_string())))
 }
 
 fn summary_dict<'py>(py: Python<'py>, s: &RunSummary) -> PyResult<Bound<'py, PyDict>> {
@@ -58,12 +133,10 @@ pub fn query_runs<'py>(
     };
     let rows = py
         .allow_threads(|| -> CoreResult<Option<Vec<RunSummary>>> {
-            let Some(conn) = open_existing(db_path)? else {
+            let Some(src) = open_existing(db_path)? else {
                 return Ok(None);
             };
-            query::list_runs(&conn, &filter)
-                .map(Some)
-                .map_err(sql(db_path))
+            src.list_runs(&filter).map(Some)
         })
         .map_err(to_py)?;
     match rows {
@@ -81,23 +154,21 @@ enum Lookup {
     NoStore,
     NotFound,
     Ambiguous(Vec<String>),
-    Found(Box<(Connection, RunRow)>),
+    Found(Box<(Source, RunRow)>),
 }
 
 fn lookup(path: &str, run_id: Option<&str>) -> CoreResult<Lookup> {
-    let Some(conn) = open_existing(path)? else {
+    let Some(src) = open_existing(path)? else {
         return Ok(Lookup::NoStore);
     };
     let found = match run_id {
-        None => query::last_run(&conn)
-            .map_err(sql(path))?
-            .map(|r| Resolved::Found(Box::new(r))),
-        Some(id) => Some(query::resolve_run(&conn, id).map_err(sql(path))?),
+        None => src.last_run()?.map(|r| Resolved::Found(Box::new(r))),
+        Some(id) => Some(src.resolve_run(id)?),
     };
     Ok(match found {
         None | Some(Resolved::NotFound) => Lookup::NotFound,
         Some(Resolved::Ambiguous(ids)) => Lookup::Ambiguous(ids),
-        Some(Resolved::Found(run)) => Lookup::Found(Box::new((conn, *run))),
+        Some(Resolved::Found(run)) => Lookup::Found(Box::new((src, *run))),
     })
 }
 
@@ -161,19 +232,23 @@ pub fn trace_view(
     };
     let view = py
         .allow_threads(|| -> CoreResult<Result<TraceView, Lookup>> {
-            let (conn, run) = match lookup(db_path, run_id)? {
+            let (src, run) = match lookup(db_path, run_id)? {
                 Lookup::Found(found) => *found,
                 other => return Ok(Err(other)),
             };
             let trace_id = run.trace_id.clone().unwrap_or_default();
-            let spans = query::trace_spans(&conn, &trace_id).map_err(sql(db_path))?;
+            let spans: Vec<_> = src
+                .trace(&trace_id, false)?
+                .into_iter()
+                .map(|s| s.span)
+                .collect();
             let text = if mermaid {
                 crate::trace::render_mermaid(&spans)
             } else {
                 crate::trace::render_tree(&trace_id, &spans, color)
             };
             let pending = if run.status == "paused" {
-                query::pending_interrupts(&conn, run.rid).map_err(sql(db_path))?
+                src.pending(run.rid)?
             } else {
                 Vec::new()
             };
@@ -233,8 +308,15 @@ pub fn search_runs(
     };
     let found = py
         .allow_threads(|| -> CoreResult<Option<Searched>> {
-            let Some(conn) = open_existing(db_path)? else {
-                return Ok(None);
+            let conn = match open_existing(db_path)? {
+                None => return Ok(None),
+                Some(Source::Postgres(pg)) => {
+                    return Ok(Some(match pg.cli_search_runs(&filter, query)? {
+                        Ok(rows) => ("ok", Ok(rows)),
+                        Err(msg) => ("bad_query", Err(msg)),
+                    }))
+                }
+                Some(Source::Sqlite(conn, _)) => conn,
             };
             Ok(Some(match query::search_runs(&conn, &filter, query) {
                 Ok(rows) => ("ok", Ok(rows)),
@@ -290,12 +372,10 @@ pub fn llm_costs(
     };
     let found = py
         .allow_threads(|| -> CoreResult<_> {
-            let Some(conn) = open_existing(db_path)? else {
+            let Some(src) = open_existing(db_path)? else {
                 return Ok(None);
             };
-            query::llm_costs(&conn, by, since)
-                .map(Some)
-                .map_err(sql(db_path))
+            src.llm_costs(by, since).map(Some)
         })
         .map_err(to_py)?;
     Ok(found.map(|(buckets, total)| {
@@ -327,17 +407,17 @@ fn run_spans<'py, T: IntoPyObject<'py>>(
     py: Python<'py>,
     db_path: &str,
     run_id: &str,
-    load: impl Fn(&Connection, &RunRow) -> rusqlite::Result<Vec<StoredSpan>> + Send + Sync,
+    load: impl Fn(&Source, &RunRow) -> CoreResult<Vec<StoredSpan>> + Send + Sync,
     convert: impl Fn(StoredSpan) -> T,
 ) -> PyResult<(String, PyObject)> {
     let found = py
         .allow_threads(
             || -> CoreResult<Result<(RunRow, Vec<StoredSpan>), Lookup>> {
-                let (conn, run) = match lookup(db_path, Some(run_id))? {
+                let (src, run) = match lookup(db_path, Some(run_id))? {
                     Lookup::Found(found) => *found,
                     other => return Ok(Err(other)),
                 };
-                let spans = load(&conn, &run).map_err(sql(db_path))?;
+                let spans = load(&src, &run)?;
                 Ok(Ok((run, spans)))
             },
         )
@@ -387,8 +467,8 @@ pub fn diff_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(Strin
         py,
         db_path,
         run_id,
-        |conn, run| match run.trace_id.as_deref() {
-            Some(t) => query::trace_spans_with_payloads(conn, t),
+        |src, run| match run.trace_id.as_deref() {
+            Some(t) => src.trace(t, true),
             None => Ok(Vec::new()),
         },
         |s| -> DiffSpan {
@@ -427,7 +507,14 @@ pub fn export_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(Str
         py,
         db_path,
         run_id,
-        query::run_llm_spans,
+        |src, run| {
+            let Some(trace_id) = run.trace_id.as_deref() else {
+                return Ok(Vec::new());
+            };
+            let mut spans = src.trace(trace_id, true)?;
+            spans.retain(|s| s.rid == Some(run.rid) && s.span.kind == "llm");
+            Ok(spans)
+        },
         |s| -> ExportSpan {
             let usage = usage_tuple(&s);
             (

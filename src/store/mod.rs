@@ -1,19 +1,23 @@
 //! The durable store: runs, journal, spans, interrupts, agent state, chats.
 //!
-//! `Store` is the seam callers use; `sqlite::SqliteStore` is the one
-//! implementation today. A server-backed implementation (for workers on
-//! several machines) can be added behind the same trait.
+//! `Store` is the seam callers use, implemented by `sqlite::SqliteStore`
+//! and `postgres::PgStore`. The durable primitives' tables are reached
+//! through `durable::store::DurableStore` and the graph tables through
+//! `graph::store::GraphTx`, so no caller depends on one backend.
 
 pub mod chat;
 mod checkpointer;
 mod migrate;
 pub mod postgres;
+mod postgres_ext;
+pub mod postgres_query;
 pub mod query;
 pub mod sqlite;
 pub mod step_spans;
 pub mod url;
 
 use crate::error::CoreResult;
+use crate::graph::store::GraphWork;
 
 /// A `runs` row.
 #[derive(Debug, Clone, Default)]
@@ -135,7 +139,9 @@ pub struct Settlement {
 /// Decides whether a lease held by `owner` until `until` is still live.
 pub type LeaseCheck<'a> = &'a dyn Fn(&str, f64) -> bool;
 
-pub trait Store: Send + Sync {
+/// The store: runs and their attempts here, the durable primitives'
+/// tables through `DurableStore`.
+pub trait Store: Send + Sync + crate::durable::store::DurableStore {
     fn path(&self) -> &str;
 
     /// Creates a run row leased to `owner`, in one commit.
@@ -151,7 +157,7 @@ pub trait Store: Send + Sync {
         new: &NewRun,
         owner: &str,
         lease_until: f64,
-        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        work: &mut GraphWork<'_>,
         drain: bool,
     ) -> CoreResult<RunRow>;
 
@@ -279,7 +285,7 @@ pub trait Store: Send + Sync {
         rid: i64,
         owner: &str,
         settlement: &Settlement,
-        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        work: &mut GraphWork<'_>,
     ) -> CoreResult<()>;
 
     /// Replaces the stored budget (last write wins).
@@ -317,30 +323,24 @@ pub trait Store: Send + Sync {
     /// is stored.
     fn cancel_request(&self, rid: i64) -> CoreResult<Option<Option<String>>>;
 
-    /// Runs `f` on the store's connection after writing everything queued
-    /// (the durable primitives' own queries).
-    fn exec(
+    /// Journals `entries` (first write wins) and runs `work` in one
+    /// transaction fenced on this attempt owning the run, leaving queued
+    /// spans to a later commit (a graph step's checkpoint: its spans are
+    /// observability and ride with a later commit).
+    fn commit_with(
         &self,
-        f: &mut dyn FnMut(&mut rusqlite::Connection) -> CoreResult<()>,
-    ) -> CoreResult<()>;
-    /// Writes everything queued, then `work`, in one transaction.
-    fn transact(
-        &self,
-        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
-    ) -> CoreResult<()>;
-
-    /// Runs `work` in one transaction, leaving queued spans to the next
-    /// commit or the background writer (a graph step's checkpoint: its
-    /// spans are observability and ride with a later commit).
-    fn transact_only(
-        &self,
-        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        rid: i64,
+        entries: &[(String, String)],
+        work: &mut GraphWork<'_>,
     ) -> CoreResult<()>;
 
-    /// Runs `work` on the connection; queued writes stay queued (graph
+    /// Writes everything queued, then `work` on the graph tables, in one
+    /// transaction.
+    fn transact(&self, work: &mut GraphWork<'_>) -> CoreResult<()>;
+
+    /// Runs `work` on the graph tables; queued writes stay queued (graph
     /// tables are never written through the queue).
-    fn read(&self, work: &mut dyn FnMut(&rusqlite::Connection) -> CoreResult<()>)
-        -> CoreResult<()>;
+    fn read(&self, work: &mut GraphWork<'_>) -> CoreResult<()>;
 
     /// The longest a blocked wait sleeps before reading the store again
     /// (STORE-22): a store that sends wake-up hints starts listening here

@@ -14,6 +14,7 @@ use super::{
     SpanRecord, Store,
 };
 use crate::error::{CoreError, CoreResult};
+use crate::graph::store::GraphWork;
 use crate::ids::{decode_id, encode_id, StoredId};
 use crate::lease::Takeover;
 use crate::runtime::{block_on, runtime};
@@ -119,8 +120,9 @@ CREATE TABLE cancel_requests(
 
 /// `(version, DDL)` of each step, in order; a schema at version `v` gets
 /// every step above `v`.
-const MIGRATIONS: [(i32, &str); 3] = [
+const MIGRATIONS: [(i32, &str); 4] = [
     (1, PG_SCHEMA_V1),
+    (2, super::postgres_ext::PG_SCHEMA_V2),
     (3, crate::queue::schema::PG_QUEUE_SCHEMA),
     (4, crate::lease::PG_SCHEMA),
 ];
@@ -128,7 +130,7 @@ const MIGRATIONS: [(i32, &str); 3] = [
 /// The fence every journal and snapshot write of an attempt carries: `$1`
 /// is the run, `$2` this process's owner id, which must hold the lease. The
 /// row is locked against a concurrent takeover.
-const FENCE: &str =
+pub(super) const FENCE: &str =
     "f AS (SELECT rid, run_id FROM runs WHERE rid = $1 AND lease_owner = $2 FOR SHARE)";
 
 const SPAN_COLUMNS: &str = "trace_id, rid, span_id, parent, kind, name, started_at, ended_at, \
@@ -183,7 +185,7 @@ fn describe(e: &tokio_postgres::Error) -> String {
 }
 
 /// The error of a write refused because run `rid` moved to another owner.
-async fn moved<C: GenericClient>(c: &C, rid: i64) -> CoreError {
+pub(super) async fn moved<C: GenericClient>(c: &C, rid: i64) -> CoreError {
     let run_id = c
         .query_opt("SELECT run_id FROM runs WHERE rid = $1", &[&rid])
         .await
@@ -191,6 +193,18 @@ async fn moved<C: GenericClient>(c: &C, rid: i64) -> CoreError {
         .flatten()
         .map_or_else(|| format!("#{rid}"), |r| r.get(0));
     crate::lease::moved(&run_id)
+}
+
+impl PgInner {
+    /// `moved`, for a caller outside the runtime.
+    pub(super) fn moved_blocking(&self, rid: i64) -> CoreError {
+        block_on(async {
+            match self.client().await {
+                Ok(c) => moved(&c, rid).await,
+                Err(e) => e,
+            }
+        })
+    }
 }
 
 fn id_bytes(id: &str) -> Vec<u8> {
@@ -201,7 +215,7 @@ fn id_bytes(id: &str) -> Vec<u8> {
 }
 
 /// The parameters of one span row, in `SPAN_COLUMNS` order.
-struct SpanParams {
+pub(super) struct SpanParams {
     trace_id: String,
     rid: Option<i64>,
     span_id: Vec<u8>,
@@ -312,7 +326,7 @@ fn span_insert_sql() -> String {
     )
 }
 
-fn owner() -> &'static str {
+pub(super) fn owner() -> &'static str {
     crate::run::owner_id()
 }
 
@@ -334,7 +348,8 @@ fn read_run(r: &tokio_postgres::Row) -> RunRow {
     }
 }
 
-const RUN_COLUMNS: &str = "rid, run_id, kind, name, status, created_at, updated_at, trace_id, \
+pub(super) const RUN_COLUMNS: &str =
+    "rid, run_id, kind, name, status, created_at, updated_at, trace_id, \
      fingerprint, args_json, output_json, error_json, budget_json";
 
 mod tls {
@@ -686,7 +701,62 @@ impl PgInner {
         })
     }
 
-    fn take_spans(&self) -> Vec<SpanParams> {
+    /// A settlement's writes, fenced on `owner`, inside `tx`: status,
+    /// output or error, lease released, agent snapshots, durable rows,
+    /// pending interrupts, and `spans`.
+    pub(super) async fn settle_tx<C: GenericClient>(
+        &self,
+        tx: &C,
+        rid: i64,
+        owner: &str,
+        s: &Settlement,
+        spans: &[SpanParams],
+    ) -> CoreResult<()> {
+        self.write_spans(tx, spans).await?;
+        let t = now();
+        // Fenced on the lease, so written while the run still holds it.
+        for a in &s.agent_states {
+            write_agent_state(tx, rid, a, t).await.map_err(self.err())?;
+        }
+        let n = tx
+            .execute(
+                "WITH r AS (DELETE FROM run_recoveries WHERE rid = $5) \
+                 UPDATE runs SET status = $1, output_json = $2, error_json = $3, \
+                 updated_at = $4, lease_owner = NULL, lease_until = NULL WHERE rid = $5 AND \
+                 lease_owner = $6",
+                &[&s.status, &s.output_json, &s.error_json, &t, &rid, &owner],
+            )
+            .await
+            .map_err(self.err())?;
+        if n == 0 {
+            return Err(moved(tx, rid).await);
+        }
+        super::postgres_ext::on_settle(tx, rid, &s.status, s.wait.as_ref())
+            .await
+            .map_err(self.err())?;
+        for p in &s.pending {
+            tx.execute(
+                "INSERT INTO pending_interrupts(rid, interrupt_id, kind, question, \
+                 payload_json, created_at) VALUES($1, $2, $3, $4, $5, $6) \
+                 ON CONFLICT (rid, interrupt_id) DO UPDATE SET kind = EXCLUDED.kind, \
+                 question = EXCLUDED.question, payload_json = EXCLUDED.payload_json, \
+                 created_at = EXCLUDED.created_at",
+                &[
+                    &rid,
+                    &p.interrupt_id,
+                    &p.kind,
+                    &p.question,
+                    &p.payload_json,
+                    &t,
+                ],
+            )
+            .await
+            .map_err(self.err())?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn take_spans(&self) -> Vec<SpanParams> {
         std::mem::take(&mut *self.spans.lock())
             .into_iter()
             .map(SpanParams::new)
@@ -694,7 +764,11 @@ impl PgInner {
     }
 
     /// Writes spans on `c`, pipelined: one round trip for the batch.
-    async fn write_spans<C: GenericClient>(&self, c: &C, spans: &[SpanParams]) -> CoreResult<()> {
+    pub(super) async fn write_spans<C: GenericClient>(
+        &self,
+        c: &C,
+        spans: &[SpanParams],
+    ) -> CoreResult<()> {
         if spans.is_empty() {
             return Ok(());
         }
@@ -748,43 +822,6 @@ impl PgInner {
                 Ok(None)
             }
         }
-    }
-
-    /// Runs an attempt was executing whose lease holder is dead (STORE-12),
-    /// or left `running` with no holder by a stopping worker: what a
-    /// worker continues; at most `limit`, longest expired first.
-    pub fn orphaned_runs(
-        &self,
-        limit: usize,
-        live: LeaseCheck<'_>,
-    ) -> CoreResult<Vec<crate::durable::DueRun>> {
-        let rows = block_on(async {
-            let c = self.client().await?;
-            c.query(
-                "SELECT run_id, kind, name, lease_owner, lease_until FROM runs \
-                 WHERE lease_owner IS NOT NULL AND status IN ('running', 'paused') \
-                 UNION ALL SELECT run_id, kind, name, NULL, NULL FROM runs \
-                 WHERE status = 'running' AND lease_owner IS NULL ORDER BY 5 NULLS FIRST",
-                &[],
-            )
-            .await
-            .map_err(self.err())
-        })?;
-        Ok(rows
-            .iter()
-            .filter(|r| {
-                let holder: Option<String> = r.get(3);
-                !holder.is_some_and(|h| live(&h, r.get::<_, Option<f64>>(4).unwrap_or(0.0)))
-            })
-            .take(limit)
-            .map(|r| crate::durable::DueRun {
-                run_id: r.get(0),
-                kind: r.get(1),
-                name: r.get(2),
-                reason: "recovered",
-                module: None,
-            })
-            .collect())
     }
 
     /// The earliest expiry (wall time) after `after` of a lease held by
@@ -1041,6 +1078,9 @@ impl Store for PgStore {
             )
             .await
             .map_err(self.err())?;
+            super::postgres_ext::on_acquire(&tx, run.rid)
+                .await
+                .map_err(self.err())?;
             let journal = tx
                 .query(
                     "SELECT step_key, value_json FROM journal WHERE rid = $1",
@@ -1128,58 +1168,11 @@ impl Store for PgStore {
     }
 
     fn settle(&self, rid: i64, owner: &str, s: &Settlement) -> CoreResult<()> {
-        if s.wait.is_some() {
-            return Err(durable_unsupported());
-        }
         let spans = self.take_spans();
         block_on(async {
             let mut c = self.client().await?;
             let tx = c.transaction().await.map_err(self.err())?;
-            self.write_spans(&tx, &spans).await?;
-            let t = now();
-            // Fenced on the lease, so written while the run still holds it.
-            for a in &s.agent_states {
-                write_agent_state(&tx, rid, a, t)
-                    .await
-                    .map_err(self.err())?;
-            }
-            let n = tx
-                .execute(
-                    "WITH r AS (DELETE FROM run_recoveries WHERE rid = $5) \
-                     UPDATE runs SET status = $1, output_json = $2, error_json = $3, \
-                     updated_at = $4, lease_owner = NULL, lease_until = NULL WHERE rid = $5 AND \
-                     lease_owner = $6",
-                    &[&s.status, &s.output_json, &s.error_json, &t, &rid, &owner],
-                )
-                .await
-                .map_err(self.err())?;
-            if n == 0 {
-                return Err(moved(&tx, rid).await);
-            }
-            if ["completed", "failed", "cancelled"].contains(&s.status.as_str()) {
-                tx.execute("DELETE FROM cancel_requests WHERE rid = $1", &[&rid])
-                    .await
-                    .map_err(self.err())?;
-            }
-            for p in &s.pending {
-                tx.execute(
-                    "INSERT INTO pending_interrupts(rid, interrupt_id, kind, question, \
-                     payload_json, created_at) VALUES($1, $2, $3, $4, $5, $6) \
-                     ON CONFLICT (rid, interrupt_id) DO UPDATE SET kind = EXCLUDED.kind, \
-                     question = EXCLUDED.question, payload_json = EXCLUDED.payload_json, \
-                     created_at = EXCLUDED.created_at",
-                    &[
-                        &rid,
-                        &p.interrupt_id,
-                        &p.kind,
-                        &p.question,
-                        &p.payload_json,
-                        &t,
-                    ],
-                )
-                .await
-                .map_err(self.err())?;
-            }
+            self.settle_tx(&tx, rid, owner, s, &spans).await?;
             tx.commit().await.map_err(self.err())
         })
     }
@@ -1249,7 +1242,10 @@ impl Store for PgStore {
                 "DELETE FROM run_recoveries WHERE rid = $1",
                 "DELETE FROM lease_takeovers WHERE rid = $1",
                 "DELETE FROM runs WHERE rid = $1",
-            ] {
+            ]
+            .into_iter()
+            .chain(super::postgres_ext::DELETE_DURABLE)
+            {
                 tx.execute(sql, &[&rid]).await.map_err(self.err())?;
             }
             tx.commit().await.map_err(self.err())
@@ -1436,67 +1432,41 @@ impl Store for PgStore {
         crate::queue::wake::PG_POLL
     }
 
-    fn exec(
-        &self,
-        _f: &mut dyn FnMut(&mut rusqlite::Connection) -> CoreResult<()>,
-    ) -> CoreResult<()> {
-        Err(durable_unsupported())
-    }
-
     fn create_run_with(
         &self,
-        _new: &NewRun,
-        _owner: &str,
-        _lease_until: f64,
-        _work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
-        _drain: bool,
+        new: &NewRun,
+        owner: &str,
+        lease_until: f64,
+        work: &mut GraphWork<'_>,
+        drain: bool,
     ) -> CoreResult<RunRow> {
-        Err(graph_unsupported())
+        self.create_run_in(new, owner, lease_until, work, drain)
     }
 
     fn settle_with(
         &self,
-        _rid: i64,
-        _owner: &str,
-        _settlement: &Settlement,
-        _work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        rid: i64,
+        owner: &str,
+        settlement: &Settlement,
+        work: &mut GraphWork<'_>,
     ) -> CoreResult<()> {
-        Err(graph_unsupported())
+        self.settle_in(rid, owner, settlement, work)
     }
 
-    fn transact(
+    fn commit_with(
         &self,
-        _work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        rid: i64,
+        entries: &[(String, String)],
+        work: &mut GraphWork<'_>,
     ) -> CoreResult<()> {
-        Err(graph_unsupported())
+        self.commit_in(rid, entries, work)
     }
 
-    fn transact_only(
-        &self,
-        _work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
-    ) -> CoreResult<()> {
-        Err(graph_unsupported())
+    fn transact(&self, work: &mut GraphWork<'_>) -> CoreResult<()> {
+        self.transact_in(work)
     }
 
-    fn read(
-        &self,
-        _work: &mut dyn FnMut(&rusqlite::Connection) -> CoreResult<()>,
-    ) -> CoreResult<()> {
-        Err(graph_unsupported())
+    fn read(&self, work: &mut GraphWork<'_>) -> CoreResult<()> {
+        self.read_in(work)
     }
-}
-
-pub fn durable_unsupported() -> CoreError {
-    unsupported("durable sleeps, signals, awaited runs and cancel requests are")
-}
-
-fn graph_unsupported() -> CoreError {
-    unsupported("graph runs are")
-}
-
-fn unsupported(what: &str) -> CoreError {
-    CoreError::Config(format!(
-        "{what} not available on the PostgreSQL store in this release -- use the SQLite store \
-         (unset COMPOSE_STORE) for them"
-    ))
 }

@@ -451,7 +451,7 @@ pub fn run_llm_spans(conn: &Connection, run: &RunRow) -> rusqlite::Result<Vec<St
 }
 
 /// `type` and `message` of a stored `{"type", "message", "stacktrace"}`.
-fn parse_error(text: Option<&str>) -> (Option<String>, Option<String>) {
+pub(crate) fn parse_error(text: Option<&str>) -> (Option<String>, Option<String>) {
     let Some(text) = text else {
         return (None, None);
     };
@@ -505,7 +505,7 @@ pub struct CostBucket {
 }
 
 impl CostBucket {
-    fn new(key: String) -> Self {
+    pub(crate) fn new(key: String) -> Self {
         CostBucket {
             key,
             calls: 0,
@@ -515,7 +515,7 @@ impl CostBucket {
         }
     }
 
-    fn add(&mut self, tokens: i64, cost: Option<f64>, complete: bool) {
+    pub(crate) fn add(&mut self, tokens: i64, cost: Option<f64>, complete: bool) {
         self.calls += 1;
         self.tokens = self.tokens.saturating_add(tokens);
         if let Some(c) = cost {
@@ -544,7 +544,7 @@ fn read_usage(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<(i64, Option
 
 /// The `model` attribute of an encoded attributes dict (`None` when absent
 /// or null): a string as is, anything else as its JSON text.
-fn model_attribute(attributes_json: &[u8]) -> Option<String> {
+pub(crate) fn model_attribute(attributes_json: &[u8]) -> Option<String> {
     let v: serde_json::Value = serde_json::from_slice(attributes_json).ok()?;
     let mut map = v.as_object()?;
     // A dict holding a `$kind` key is stored wrapped (OBS-60).
@@ -602,12 +602,12 @@ fn local_date(t: i64) -> Option<String> {
 /// local day. One that does not (checked at both ends) is resolved per
 /// second.
 #[derive(Default)]
-struct LocalDates(HashMap<i64, Option<String>>);
+pub(crate) struct LocalDates(HashMap<i64, Option<String>>);
 
 impl LocalDates {
     const SPAN: i64 = 900;
 
-    fn date(&mut self, t: f64) -> String {
+    pub(crate) fn date(&mut self, t: f64) -> String {
         let Some(secs) = timestamp_second(t) else {
             return "(invalid date)".to_string();
         };

@@ -14,6 +14,7 @@ use super::{
     Store,
 };
 use crate::error::{AtPath, CoreError, CoreResult};
+use crate::graph::store::GraphWork;
 use crate::ids::{encode_id, StoredId};
 use parking_lot::{Condvar, Mutex};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
@@ -753,7 +754,7 @@ impl Store for SqliteStore {
         new: &NewRun,
         owner: &str,
         lease_until: f64,
-        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        work: &mut GraphWork<'_>,
         drain: bool,
     ) -> CoreResult<RunRow> {
         let mut w = self.lock_writer();
@@ -782,7 +783,7 @@ impl Store for SqliteStore {
             })
             .at(&self.path)?;
             rid = tx.last_insert_rowid();
-            work(tx)
+            work(&**tx)
         })?;
         Ok(RunRow {
             rid,
@@ -1007,7 +1008,7 @@ impl Store for SqliteStore {
         rid: i64,
         owner: &str,
         s: &Settlement,
-        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        work: &mut GraphWork<'_>,
     ) -> CoreResult<()> {
         let mut w = self.lock_writer();
         let ops = if s.defer_spans {
@@ -1060,7 +1061,7 @@ impl Store for SqliteStore {
                 })
                 .at(&path)?;
             }
-            work(tx)
+            work(&**tx)
         })
     }
 
@@ -1228,24 +1229,29 @@ impl Store for SqliteStore {
         read_pending(&w.conn, rid).at(&self.path)
     }
 
-    fn transact(
+    fn commit_with(
         &self,
-        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        rid: i64,
+        entries: &[(String, String)],
+        work: &mut GraphWork<'_>,
     ) -> CoreResult<()> {
+        let mut w = self.lock_writer();
+        let path = self.path.clone();
+        self.apply(&mut w, Vec::new(), |tx| {
+            for (k, v) in entries {
+                insert_journal(tx, rid, k, v).at(&path)?;
+            }
+            work(&**tx)
+        })
+    }
+
+    fn transact(&self, work: &mut GraphWork<'_>) -> CoreResult<()> {
         let mut w = self.lock_writer();
         let ops = self.take_queue();
-        self.apply(&mut w, ops, |tx| work(tx))
+        self.apply(&mut w, ops, |tx| work(&**tx))
     }
 
-    fn transact_only(
-        &self,
-        work: &mut dyn FnMut(&rusqlite::Transaction<'_>) -> CoreResult<()>,
-    ) -> CoreResult<()> {
-        let mut w = self.lock_writer();
-        self.apply(&mut w, Vec::new(), |tx| work(tx))
-    }
-
-    fn read(&self, work: &mut dyn FnMut(&Connection) -> CoreResult<()>) -> CoreResult<()> {
+    fn read(&self, work: &mut GraphWork<'_>) -> CoreResult<()> {
         let w = self.lock_writer();
         work(&w.conn)
     }
@@ -1270,13 +1276,6 @@ impl Store for SqliteStore {
     fn cancel_request(&self, rid: i64) -> CoreResult<Option<Option<String>>> {
         let w = self.lock_writer();
         crate::durable::store::cancel_request(&w.conn, rid).at(&self.path)
-    }
-
-    fn exec(
-        &self,
-        f: &mut dyn FnMut(&mut rusqlite::Connection) -> CoreResult<()>,
-    ) -> CoreResult<()> {
-        self.with_conn(f)
     }
 }
 

@@ -150,7 +150,7 @@ def main() -> None:
         runs[label] = [run_id, row["trace_id"]]
 
     def newest() -> str:
-        path = os.path.join(os.environ["COMPOSE_DIR"], "runs.db")
+        path = os.environ.get("COMPOSE_STORE") or os.path.join(os.environ["COMPOSE_DIR"], "runs.db")
         return _core.query_runs(path, limit=1)[0]["run_id"]
 
     record("triage_a", triage.run("Printer on FIRE").id)
