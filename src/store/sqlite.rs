@@ -237,7 +237,16 @@ impl SqliteStore {
             .map(|v| v.eq_ignore_ascii_case("full"))
             .unwrap_or(false);
         let conn = open_connection(path, full_sync)?;
-        let checkpointer = Checkpointer::start(path, &conn);
+        // With an fsync per commit (`COMPOSE_SYNC=full`) a concurrent
+        // checkpoint's fsyncs queue behind and ahead of the commits' own on
+        // the same disk, which costs a step more than SQLite's inline
+        // checkpoint (measured: W1-full 210 vs 140 us): the thread serves
+        // the default `NORMAL` mode only.
+        let checkpointer = if full_sync {
+            None
+        } else {
+            Checkpointer::start(path, &conn)
+        };
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 path: path.to_string(),
