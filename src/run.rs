@@ -706,6 +706,24 @@ mod tests {
     }
 
     #[test]
+    fn queued_spans_never_outgrow_the_backlog_bound() {
+        let dir = tempdir::Dir::new();
+        let store = Arc::new(SqliteStore::open(&dir.path("runs.db")).unwrap());
+        let a = Attempt::start(store.clone(), new_run("f")).unwrap();
+        let limit = crate::store::sqlite::MAX_BACKLOG;
+        for i in 0..3 * limit {
+            a.queue_span(span(&format!("t#{i}"), "1"));
+            assert!(store.queued() < limit);
+        }
+        store.flush().unwrap();
+        let n: i64 = rusqlite::Connection::open(dir.path("runs.db"))
+            .unwrap()
+            .query_row("SELECT count(*) FROM spans", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 3 * limit as i64);
+    }
+
+    #[test]
     fn steps_replay_in_a_later_attempt() {
         let (_d, store) = temp_store();
         let a = Attempt::start(store.clone(), new_run("f")).unwrap();

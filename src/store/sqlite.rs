@@ -148,6 +148,8 @@ impl Slot {
 /// (replayed steps queue one each), so a long replay does not end with one
 /// large write.
 const BACKGROUND_BATCH: usize = 256;
+/// Queued writes past which the queuing thread writes them itself.
+pub(crate) const MAX_BACKLOG: usize = 4096;
 
 /// How long a finished span may wait in the queue before the background
 /// writer commits it on its own.
@@ -273,6 +275,15 @@ impl SqliteStore {
         if q.urgent || q.ops.len() >= BACKGROUND_BATCH {
             self.wake.notify_one();
         }
+        if q.ops.len() >= MAX_BACKLOG {
+            // The producer outruns the writer (a replay queues a span per
+            // step faster than they are inserted): it writes the backlog
+            // itself, so queued rows never grow with run length.
+            drop(q);
+            let mut w = self.lock_writer();
+            // Failures reach waiting callers through their slots.
+            let _ = self.drain(&mut w);
+        }
     }
 
     /// Starts the background writer on first need; `false` when it could
@@ -332,6 +343,12 @@ impl Inner {
                 let _ = self.apply(&mut w, ops, |_| Ok(()));
             }
         }
+    }
+
+    /// Writes waiting in the queue.
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        self.queue.lock().ops.len()
     }
 
     fn take_queue(&self) -> Vec<Op> {
