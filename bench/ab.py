@@ -1,7 +1,7 @@
 """A/B: runs workload scripts against two source trees, interleaved, in
 one session, so both sides see the same machine load.
 
-    python bench/ab.py --base /work/main/python [--rounds 5] w2_resume.py w5_agent.py ...
+    python bench/ab.py --base ../other-checkout/python [--rounds 5] w2_resume.py w5_agent.py ...
 
 Each round runs every script once per side (the side that goes first
 alternates), with PYTHONPATH set to that side's `python/` directory (its
