@@ -291,3 +291,133 @@ def test_ext27_a_threadless_run_killed_mid_node_continues_with_compose_resume(bo
     nodes = [(e[1], e[-1]) for e in effects(box, "node")]
     assert nodes[:3] == [("first", "A"), ("second", "A"), ("second", "B")]
     assert effects(box, "lookup")[0][1:] == ("dns", "A")
+
+
+GATES = """\
+from composeai import approve, ask_human, task
+from composeai.graph import END, Graph
+
+
+@task
+def draft(topic: str) -> str:
+    side_effect("draft", topic)
+    return f"draft:{topic}"
+
+
+def write(state):
+    side_effect("node", "write")
+    text = draft(state["topic"])
+    return {"text": text, "sent": approve("ship", {"text": text})}
+
+
+async def why(state):
+    side_effect("node", "why")
+    return {"reason": ask_human("reason", "Why send it?")}
+
+
+wf = Graph(name="gates")
+wf.add_node("write", write).add_node("why", why)
+wf.start("write").edge("write", "why").edge("why", END)
+app = wf.compile()
+"""
+
+
+@pytest.fixture
+def gates(tmp_path) -> _proc.Sandbox:
+    sandbox = _proc.Sandbox(tmp_path)
+    sandbox.write_module("gates", GATES)
+    return sandbox
+
+
+def test_ext21_approve_and_ask_human_in_nodes_resume_by_id_from_fresh_processes(gates):
+    first = gates.run(
+        """
+        from gates import app
+        r = app.run({"topic": "solar"})
+        emit(run_id=r.run_id, suspended=r.suspended, interrupts=[[i.node, i.payload] for i in r.interrupts])
+        """,
+        PROC="A",
+    ).ok()
+    run_id = first["run_id"]
+    assert first["suspended"] and first["interrupts"] == [
+        [
+            "write",
+            {
+                "id": "ship",
+                "kind": "approval",
+                "question": None,
+                "payload": {"text": "draft:solar"},
+            },
+        ]
+    ]
+    assert [p[:2] for p in gates.pending(run_id)] == [("node:write", "graph")]
+    # The approve() id answers it, as for a flow (FLOW-43); the async node then asks.
+    second = gates.run(
+        f"""
+        import composeai as compose
+        import gates
+        r = compose.resume({run_id!r}, answers={{"ship": True}})
+        emit(suspended=r.suspended, interrupts=[[i.node, i.payload] for i in r.interrupts])
+        """,
+        PROC="B",
+    ).ok()
+    assert second["interrupts"] == [
+        ["why", {"id": "reason", "kind": "question", "question": "Why send it?", "payload": None}]
+    ]
+    third = gates.run(
+        f"""
+        import asyncio
+        import composeai as compose
+        import gates
+        r = asyncio.run(compose.aresume({run_id!r}, answers={{"reason": "urgent"}}))
+        emit(state=r.state, suspended=r.suspended)
+        """,
+        PROC="C",
+    ).ok()
+    assert not third["suspended"]
+    assert third["state"] == {
+        "topic": "solar",
+        "text": "draft:solar",
+        "sent": True,
+        "reason": "urgent",
+    }
+    nodes = [(e[1], e[-1]) for e in effects(gates, "node")]
+    assert nodes == [("write", "A"), ("write", "B"), ("why", "B"), ("why", "C")]
+    # The node's finished task ran once, in A; B replayed it (EXT-21).
+    assert [(e[1], e[-1]) for e in effects(gates, "draft")] == [("solar", "A")]
+    assert gates.query("SELECT status FROM runs WHERE run_id = ?", (run_id,)) == [("completed",)]
+
+
+def test_ext30_thread_resume_answers_approve_and_ask_human_across_processes(gates):
+    first = gates.run(
+        """
+        from gates import app
+        r = app.thread("g-1", actor="alice").run({"topic": "wind"})
+        emit(suspended=r.suspended, node=r.interrupts[0].node)
+        """,
+        PROC="A",
+    ).ok()
+    assert first == {"suspended": True, "node": "write"}
+    second = gates.run(
+        """
+        from gates import app
+        t = app.thread("g-1")
+        pending = [i.payload["id"] for i in t.interrupts()]
+        r = t.resume({"write": False})
+        emit(pending=pending, asked=[i.payload["question"] for i in r.interrupts])
+        """,
+        PROC="B",
+    ).ok()
+    assert second == {"pending": ["ship"], "asked": ["Why send it?"]}
+    third = gates.run(
+        """
+        import asyncio
+        from gates import app
+        r = asyncio.run(app.thread("g-1").aresume({"why": "policy"}))
+        emit(state=r.state, suspended=r.suspended)
+        """,
+        PROC="C",
+    ).ok()
+    assert third["state"]["sent"] is False and third["state"]["reason"] == "policy"
+    assert not third["suspended"]
+    assert [(e[1], e[-1]) for e in effects(gates, "draft")] == [("wind", "A")]

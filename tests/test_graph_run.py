@@ -527,3 +527,266 @@ def test_ext29_a_snapshot_resumes_again_as_a_new_run():
     second = app.resume(paused.snapshot, {"a": 2})
     assert (first.state, second.state) == ({"v": 1}, {"v": 2})
     assert second.run_id != first.run_id
+
+
+# -- EXT-21 async nodes on the caller's loop, EXT-24 concurrent under arun -------------------
+
+
+def test_ext21_arun_awaits_async_nodes_on_the_callers_loop_with_its_context():
+    import contextvars
+
+    request_id = contextvars.ContextVar("request_id", default=None)
+    seen: dict = {}
+
+    async def fetch(state):
+        seen["loop"] = asyncio.get_running_loop()
+        seen["request_id"] = request_id.get()
+        # A loop-bound resource of the caller: awaiting it from another loop fails.
+        await seen["event"].wait()
+        return {"fetched": True}
+
+    def after(state):
+        seen["after_thread"] = threading.current_thread()
+        return {"done": True}
+
+    wf = Graph(name="aio-loop")
+    wf.add_node("fetch", fetch).add_node("after", after)
+    wf.start("fetch").edge("fetch", "after").edge("after", END)
+    app = wf.compile()
+
+    async def main():
+        seen["event"] = asyncio.Event()
+        request_id.set("req-7")
+        asyncio.get_running_loop().call_soon(seen["event"].set)
+        result = await app.arun({})
+        return result, asyncio.get_running_loop(), threading.current_thread()
+
+    result, loop, caller = asyncio.run(main())
+    assert result.state == {"fetched": True, "done": True}
+    assert seen["loop"] is loop and seen["request_id"] == "req-7"
+    # A sync node does not block the caller's loop: it runs on a thread of its own.
+    assert seen["after_thread"] is not caller
+
+
+def test_ext24_nodes_ready_together_run_concurrently_under_arun():
+    async def left(state):
+        events["left"].set()
+        await asyncio.wait_for(events["right"].wait(), 60)
+        return {"log": ["left"]}
+
+    async def right(state):
+        events["right"].set()
+        await asyncio.wait_for(events["left"].wait(), 60)
+        return {"log": ["right"]}
+
+    def plain(state):
+        # A sync node beside them, on its own thread, sees the same step's state.
+        return {"log": [f"plain:{threading.current_thread() is not threading.main_thread()}"]}
+
+    wf = Graph(reducers={"log": "append"}, name="aio-fan")
+    wf.add_node("begin", lambda s: None)
+    for name, fn in (("left", left), ("right", right), ("plain", plain)):
+        wf.add_node(name, fn).edge("begin", name)
+    wf.add_node("merge", lambda s: {"merged": sorted(s["log"])})
+    wf.start("begin").join(["left", "right", "plain"], "merge").edge("merge", END)
+    app = wf.compile()
+
+    async def main():
+        events.update(left=asyncio.Event(), right=asyncio.Event())
+        return await app.arun({})
+
+    events: dict = {}
+    result = asyncio.run(main())
+    # Each waited for the other: they only finish if they ran at the same time.
+    assert result.state["log"] == ["left", "right", "plain:True"]
+    assert result.steps == 3
+
+
+def test_ext27_arun_is_cancelled_with_the_callers_task_and_retry_continues():
+    from composeai import _engine
+
+    seen = []
+    entered: dict = {}
+
+    firsts = []
+
+    async def wait_forever(state):
+        if seen:
+            return {"waited": True}
+        entered["event"].set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    def first(state):
+        firsts.append(1)
+        return {"a": 1}
+
+    async def main():
+        wf = Graph(name="aio-cancel")
+        wf.add_node("first", first).add_node("wait", wait_forever)
+        wf.start("first").edge("first", "wait").edge("wait", END)
+        app = wf.compile()
+        thread = app.thread("c1")
+        entered["event"] = asyncio.Event()
+        running = asyncio.ensure_future(thread.arun({}))
+        await entered["event"].wait()
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        return thread
+
+    thread = asyncio.run(main())
+    assert seen == ["cancelled"]
+    run_id = next(h for h in thread.history() if h["run_id"])["run_id"]
+    assert _engine.get_store().get_run(run_id)["status"] == "failed"
+    assert thread.state() == {"a": 1}
+    done = thread.retry()
+    assert done.state == {"a": 1, "waited": True} and firsts == [1]
+
+
+def test_ext21_sync_run_awaits_async_nodes_on_the_calling_threads_own_loop():
+    seen: dict = {"loops": [], "threads": []}
+
+    async def note(name):
+        seen["loops"].append(asyncio.get_running_loop())
+        seen["threads"].append(threading.current_thread())
+        events[name].set()
+        other = "b" if name == "a" else "a"
+        await asyncio.wait_for(events[other].wait(), 60)
+        return {"log": [name]}
+
+    async def a(state):
+        return await note("a")
+
+    async def b(state):
+        return await note("b")
+
+    async def solo(state):
+        seen["loops"].append(asyncio.get_running_loop())
+        seen["threads"].append(threading.current_thread())
+        return {"solo": True}
+
+    wf = Graph(reducers={"log": "append"}, name="aio-sync")
+    wf.add_node("begin", lambda s: None).add_node("a", a).add_node("b", b)
+    wf.add_node("solo", solo)
+    wf.start("begin").edge("begin", "a").edge("begin", "b").join(["a", "b"], "solo")
+    wf.edge("solo", END)
+    app = wf.compile()
+    events: dict = {}
+    for _ in range(2):
+        # Events bound to no loop yet; each run's pair meets on one loop.
+        events.update(a=asyncio.Event(), b=asyncio.Event())
+        result = app.run({})
+        assert sorted(result.state["log"]) == ["a", "b"] and result.state["solo"]
+    # Every async node ran on the caller's thread, on one loop made once for it.
+    assert set(seen["threads"]) == {threading.current_thread()}
+    assert len(set(map(id, seen["loops"]))) == 1 and len(seen["loops"]) == 6
+
+
+def test_ext21_sync_run_inside_a_running_loop_awaits_async_nodes_on_the_background_loop():
+    async def node(state):
+        return {"thread": threading.current_thread().name}
+
+    app = Graph(name="aio-bg").add_node("n", node).start("n").edge("n", END).compile()
+
+    async def main():
+        # A plain coroutine calling the sync facade (a notebook cell): allowed.
+        return app.run({})
+
+    assert asyncio.run(main()).state["thread"] == "composeai-runtime"
+
+
+# -- EXT-21/EXT-29 approve() and ask_human() inside function nodes ---------------------------
+
+
+def test_ext21_approve_in_a_node_suspends_and_resume_delivers_the_answer():
+    from composeai import approve
+
+    calls = []
+
+    @task
+    def draft_text(topic: str) -> str:
+        calls.append(topic)
+        return f"About {topic}"
+
+    def review(state):
+        text = draft_text(state["topic"])
+        if approve("ship", {"text": text}):
+            return {"sent": text}
+        return {"sent": None}
+
+    app = Graph(name="hitl").add_node("review", review).start("review").edge("review", END)
+    app = app.compile()
+    paused = app.run({"topic": "solar"})
+    assert paused.suspended and paused.interrupts == [
+        GraphInterrupt(
+            "review",
+            {
+                "id": "ship",
+                "kind": "approval",
+                "question": None,
+                "payload": {"text": "About solar"},
+            },
+        )
+    ]
+    done = app.resume(paused.snapshot, {"review": True})
+    assert done.state == {"topic": "solar", "sent": "About solar"} and not done.suspended
+    # The node ran again; its finished task replayed (EXT-21).
+    assert calls == ["solar"]
+    denied = app.resume(app.run({"topic": "wind"}).snapshot, {"review": False})
+    assert denied.state["sent"] is None
+
+
+def test_ext21_ask_human_in_async_nodes_under_arun_one_question_at_a_time():
+    from composeai import ask_human
+
+    async def interview(state):
+        name = ask_human("name", "Who are you?")
+        await asyncio.sleep(0)
+        city = ask_human("city", f"Where do you live, {name}?", {"hint": "a city"})
+        return {"profile": f"{name}@{city}"}
+
+    wf = Graph(name="hitl-async").add_node("interview", interview)
+    app = wf.start("interview").edge("interview", END).compile()
+
+    async def main():
+        thread = app.thread("i1")
+        first = await thread.arun({})
+        second = await thread.aresume({"interview": "Ada"})
+        third = await thread.aresume({"interview": "London"})
+        return first, second, third
+
+    first, second, third = asyncio.run(main())
+    assert first.interrupts[0].payload == {
+        "id": "name",
+        "kind": "question",
+        "question": "Who are you?",
+        "payload": None,
+    }
+    assert second.suspended and second.interrupts[0].payload["id"] == "city"
+    assert second.interrupts[0].payload["question"] == "Where do you live, Ada?"
+    assert third.state == {"profile": "Ada@London"} and not third.suspended
+
+
+def test_ext29_compose_resume_answers_a_node_by_its_interrupt_id_or_node_name():
+    from composeai import approve
+
+    def gate(state):
+        return {"ok": approve("deploy")}
+
+    def note(state):
+        return {"ok2": approve("announce")}
+
+    wf = Graph(name="hitl-ids").add_node("gate", gate).add_node("note", note)
+    app = wf.start("gate").edge("gate", "note").edge("note", END).compile()
+    paused = app.run({})
+    assert [i.payload["id"] for i in paused.interrupts] == ["deploy"]
+    # By the approve() id, as for a flow (FLOW-43)...
+    second = compose.resume(paused.run_id, answers={"deploy": True})
+    assert second.suspended and second.interrupts[0].node == "note"
+    # ... or by node, as for any suspended graph node (EXT-29).
+    done = compose.resume(paused.run_id, answers={"node:note": False})
+    assert done.state == {"ok": True, "ok2": False}

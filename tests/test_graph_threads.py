@@ -223,15 +223,67 @@ def test_ext32_audit_records_every_operation_with_its_actor():
     done = thread.resume({"review": "ok"})
     thread.history()
     entries = thread.audit()
-    assert [e["action"] for e in entries] == ["history", "resume", "interrupts", "run"]
+    # Reads act on nothing and leave no entry; run and resume act on the thread.
+    assert [e["action"] for e in entries] == ["resume", "run"]
     assert {e["actor"] for e in entries} == {"reviewer-7"}
-    assert entries[1]["checkpoint_id"] == done.checkpoint_id
-    assert entries[3]["checkpoint_id"] == paused.checkpoint_id
+    assert entries[0]["checkpoint_id"] == done.checkpoint_id
+    assert entries[1]["checkpoint_id"] == paused.checkpoint_id
     assert all(isinstance(e["at_ms"], int) for e in entries)
     assert len(thread.audit(limit=1)) == 1
     plain = review_graph(name="noaudit")
     plain.thread("a2").run({"topic": "t"})
     assert plain.thread("a2").audit() == []
+
+
+def test_ext32_audit_covers_every_acting_operation_and_no_read_sync_or_async():
+    import asyncio
+
+    fails = {"left": 1}
+
+    def flaky(state):
+        if fails["left"]:
+            fails["left"] -= 1
+            raise RuntimeError("flaky")
+        return {"n": state.get("n", 0) + 1}
+
+    wf = Graph(name="audited")
+    wf.add_node("flaky", flaky).start("flaky").edge("flaky", END)
+    app = wf.compile(audit=True, replace=True)
+    thread = app.thread("t", actor="ops")
+    with pytest.raises(GraphError):
+        thread.run()
+    retried = thread.retry()
+    again = thread.run()
+    rewound = thread.rewind(retried.checkpoint_id)
+    forked = thread.fork(again.checkpoint_id, "t-fork")
+    before = thread.audit()
+
+    async def reads():
+        await thread.astate()
+        await thread.ainterrupts()
+        await thread.ahistory()
+        await thread.aaudit()
+
+    thread.state()
+    thread.interrupts()
+    thread.history()
+    asyncio.run(reads())
+    assert thread.audit() == before
+    assert [e["action"] for e in before] == ["fork", "rewind", "run", "retry", "run"]
+    assert before[0]["checkpoint_id"] == forked.history()[0]["id"]
+    assert before[1]["checkpoint_id"] == rewound["id"]
+    assert before[2]["checkpoint_id"] == again.checkpoint_id
+    assert before[3]["checkpoint_id"] == retried.checkpoint_id
+    assert {e["actor"] for e in before} == {"ops"}
+    assert [e["action"] for e in forked.audit()] == ["forked"]
+    assert forked.delete() is True
+    assert [e["action"] for e in forked.audit()] == ["delete", "forked"]
+
+    async def acting():
+        await thread.arun()
+        return await thread.aaudit()
+
+    assert [e["action"] for e in asyncio.run(acting())][:2] == ["run", "fork"]
 
 
 def test_ext30_memory_and_sqlite_storage(tmp_path, isolated_state):

@@ -835,9 +835,9 @@ async def aresume(
         run_id, answers, allow_code_change, (approver, tool_interceptor, context_manager)
     )
     if isinstance(done, dict) and done["kind"] == "graph":
-        from .graph import _off_loop, resume_graph_run
+        from .graph import aresume_graph_run
 
-        return await _off_loop(lambda: resume_graph_run(done, answers, budget))
+        return await aresume_graph_run(done, answers, budget)
     if isinstance(done, dict):
         from .agentfn import resume_standalone
 

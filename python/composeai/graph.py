@@ -527,6 +527,38 @@ class _Driver:
         self.run = _engine.RunState(attempt, compiled.name)
 
     def drive(self, budget: Any) -> GraphResult:
+        root, tokens = self._enter(budget, _engine.driven_synchronously)
+        try:
+            status = self._loop(root)
+            if status in ("step_limit", "deadline"):
+                raise self._limit_error(status)
+            return self._settle(root, status)
+        except BaseException as exc:
+            if not self.settled:
+                self._fail(root, exc)
+            raise
+        finally:
+            self._exit(tokens)
+
+    async def adrive(self, budget: Any) -> GraphResult:
+        """`drive` on the caller's running loop: async nodes are awaited
+        there, in the caller's context, and cancelled with its task."""
+        root, tokens = self._enter(budget, _engine.driven_by_running_loop)
+        try:
+            status = await self._aloop(root)
+            if status in ("step_limit", "deadline"):
+                raise self._limit_error(status)
+            return self._settle(root, status)
+        except BaseException as exc:
+            if not self.settled:
+                self._fail(root, exc)
+            raise
+        finally:
+            self._exit(tokens)
+
+    def _enter(self, budget: Any, drive_mode: Callable[[], Any]) -> tuple:
+        """Opens the root span and sets the run's frame, budget meter and
+        driver (`drive_mode`); returns the root and the tokens `_exit` resets."""
         run = self.run
         name = self.compiled.name
         root = _engine.open_span(None, run.trace, "graph", name)
@@ -540,22 +572,14 @@ class _Driver:
         # Without an event bus and with content captured (the defaults), node
         # spans are built and persisted directly.
         self.lean_spans = _events.current_bus() is None and _engine._capture()
-        token = FRAME.set(frame)
-        driver = _engine.driven_synchronously()
-        try:
-            status = self._loop(root)
-            if status in ("step_limit", "deadline"):
-                raise self._limit_error(status)
-            return self._settle(root, status)
-        except BaseException as exc:
-            if not self.settled:
-                self._fail(root, exc)
-            raise
-        finally:
-            _engine.ASYNC_DRIVER.reset(driver)
-            FRAME.reset(token)
-            if budgets is not None:
-                _engine.BUDGETS.reset(budgets)
+        return root, (FRAME.set(frame), drive_mode(), budgets)
+
+    def _exit(self, tokens: tuple) -> None:
+        frame, driver, budgets = tokens
+        _engine.ASYNC_DRIVER.reset(driver)
+        FRAME.reset(frame)
+        if budgets is not None:
+            _engine.BUDGETS.reset(budgets)
 
     settled = False
     lean_spans = False
@@ -573,6 +597,21 @@ class _Driver:
             if status != "running":
                 # A stopped run's last checkpoint is written with its
                 # settlement, in one transaction.
+                return status
+        return gr.idle_status()
+
+    async def _aloop(self, root) -> str:
+        """`_loop` with each step's nodes awaited on the running loop."""
+        gr = self.gr
+        self.state = _decode(gr.state_json())
+        ready = gr.ready()
+        while ready:
+            outcomes = await self._arun_step(root, [_Step(t) for t in ready])
+            delta_json, routers, status, ready = gr.step(outcomes)
+            _apply_delta(self.state, _decode(delta_json))
+            if routers:
+                status, ready = gr.route([(n, self._route(n)) for n in routers])
+            if status != "running":
                 return status
         return gr.idle_status()
 
@@ -600,6 +639,13 @@ class _Driver:
         if count == 1:
             # A lone node runs on the calling thread, with no hand-off.
             return [self._run_node(root, ready[0], True)]
+        nodes = self.compiled._builder._nodes
+        if any(nodes[s.node].is_async for s in ready):
+            # Async nodes ready together run concurrently on this thread's
+            # own loop (ASYNC-7), the sync ones beside them on threads.
+            from . import _runtime
+
+            return _runtime.run_here(lambda: self._arun_step(root, ready), _engine.ASYNC_DRIVER)
         results: list[Any] = [None] * count
         failures: list[BaseException | None] = [None] * count
 
@@ -618,35 +664,92 @@ class _Driver:
                 raise failure
         return results
 
+    async def _arun_step(self, root, ready: list[_Step]) -> list:
+        """Runs a step's nodes on the running loop: async nodes awaited there
+        (concurrently when several are ready, EXT-24), sync and agent nodes
+        each on a thread of its own so the loop never blocks."""
+        if len(ready) == 1:
+            return [await self._arun_node(root, ready[0], True)]
+        import asyncio
+
+        outcomes = await asyncio.gather(
+            *(self._arun_node(root, step, False) for step in ready), return_exceptions=True
+        )
+        self.attempt.sync()
+        for outcome in outcomes:
+            # As in a sync step: every node settles, the first failure in
+            # node order is raised.
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return outcomes
+
     def _run_node(self, root, step: _Step, single: bool) -> tuple:
-        attempt = self.attempt
         node = self.compiled._builder._nodes[step.node]
-        hit = step.done
-        run = self.run
-        if hit is not None:
-            span = _engine.open_span(root, run.trace, "task", step.node)
-            span.attributes.update(
-                {
-                    "step": step.step,
-                    "node": step.node,
-                    "attempt": step.attempt,
-                    "step_key": step.scope,
-                }
-            )
-            span.replayed = True
-            record = json.loads(hit)
-            span.ended_at = span.started_at
-            span.status = "ok"
-            _engine.persist_span(run, span)
-            kind = "goto" if record.get("g") is not None else "update"
-            update = record.get("u")
-            return (
-                step.node,
-                kind,
-                None if update is None else json.dumps(update),
-                record.get("g"),
+        if step.done is not None:
+            return self._replayed(root, step)
+        span = self._node_span(root, step)
+        token = FRAME.set(Frame(self.run, step.scope, span, None, self.run.trace))
+        try:
+            outcome = self._outcome(step.node, self._call(node, step))
+        except BaseException as exc:
+            _engine.fail_span(self.run, span, exc)
+            raise
+        finally:
+            FRAME.reset(token)
+        return self._node_done(span, node, step, outcome, single)
+
+    async def _arun_node(self, root, step: _Step, single: bool) -> tuple:
+        node = self.compiled._builder._nodes[step.node]
+        if step.done is not None:
+            return self._replayed(root, step)
+        if not node.is_async:
+            return await _engine.run_on_thread_async(
+                lambda: self._run_node(root, step, single),
+                FRAME.get(),  # type: ignore[arg-type]
                 None,
+                lambda: RuntimeError("unreachable"),
+                "composeai-graph-node",
             )
+        span = self._node_span(root, step)
+        token = FRAME.set(Frame(self.run, step.scope, span, None, self.run.trace))
+        try:
+            outcome = self._outcome(step.node, await self._acall(node, step))
+        except BaseException as exc:
+            _engine.fail_span(self.run, span, exc)
+            raise
+        finally:
+            FRAME.reset(token)
+        return self._node_done(span, node, step, outcome, single)
+
+    def _replayed(self, root, step: _Step) -> tuple:
+        """The outcome of a node whose update was journaled: not run again."""
+        run = self.run
+        span = _engine.open_span(root, run.trace, "task", step.node)
+        span.attributes.update(
+            {
+                "step": step.step,
+                "node": step.node,
+                "attempt": step.attempt,
+                "step_key": step.scope,
+            }
+        )
+        span.replayed = True
+        record = json.loads(step.done)
+        span.ended_at = span.started_at
+        span.status = "ok"
+        _engine.persist_span(run, span)
+        kind = "goto" if record.get("g") is not None else "update"
+        update = record.get("u")
+        return (
+            step.node,
+            kind,
+            None if update is None else json.dumps(update),
+            record.get("g"),
+            None,
+        )
+
+    def _node_span(self, root, step: _Step) -> Any:
+        run = self.run
         attributes = {"step": step.step, "node": step.node, "attempt": step.attempt}
         if self.lean_spans:
             span = Span(
@@ -662,16 +765,9 @@ class _Driver:
         else:
             span = _engine.open_span(root, run.trace, "task", step.node)
             span.attributes = attributes
-        frame = Frame(run, step.scope, span, None, run.trace)
-        token = FRAME.set(frame)
-        try:
-            value = self._call(node, step)
-            outcome = self._outcome(step.node, value)
-        except BaseException as exc:
-            _engine.fail_span(run, span, exc)
-            raise
-        finally:
-            FRAME.reset(token)
+        return span
+
+    def _node_done(self, span, node: _Node, step: _Step, outcome: tuple, single: bool) -> tuple:
         _, kind, update_json, targets, _ = outcome
         # A lone node's update is recorded by its step's checkpoint; in a
         # step of several, each finished update is journaled at once so that
@@ -679,7 +775,7 @@ class _Driver:
         if kind != "suspend" and not single:
             u = update_json if update_json is not None else "null"
             g = json.dumps(targets) if targets is not None else "null"
-            attempt.commit_deferred(step.scope, f'{{"u":{u},"g":{g}}}', None, None)
+            self.attempt.commit_deferred(step.scope, f'{{"u":{u},"g":{g}}}', None, None)
         span.attributes["step_key"] = step.scope
         self._close_node_span(span, node, update_json)
         return outcome
@@ -715,34 +811,62 @@ class _Driver:
         )
 
     def _call(self, node: _Node, step: _Step) -> Any:
-        state = dict(self.state)
         try:
             if node.is_agent:
                 from ._graph_agent import run_agent_node
 
                 reducer = self.compiled._builder._reducers.get("messages", "replace")
-                return run_agent_node(node.fn, state, step.resume, reducer != "replace")
-            args: tuple = (state,)
-            if node.takes_ctx:
-                ctx = NodeContext(
-                    run_id=self.run.run_id,
-                    step=step.step,
-                    node=step.node,
-                    attempt=step.attempt,
-                    resume=step.resume,
-                )
-                args = (state, ctx)
+                return run_agent_node(node.fn, dict(self.state), step.resume, reducer != "replace")
+            args = self._args(node, step)
             return _engine.call_body(node.fn, node.is_async, args, {})
-        except (_engine._Pause, _engine._Revoked, _engine._Cancelled, BudgetExceededError):
-            raise
-        except GraphError:
+        except _engine._Pause as pause:
+            return _human_suspend(pause)
+        except (BudgetExceededError, GraphError):
             raise
         except Exception as exc:
-            raise GraphError(
-                f"node {step.node!r} failed: {type(exc).__name__}: {exc}",
-                code="node_failed",
-                details={"node": step.node, "step": step.step},
-            ) from exc
+            raise _node_failed(step, exc) from exc
+
+    async def _acall(self, node: _Node, step: _Step) -> Any:
+        try:
+            return await node.fn(*self._args(node, step))
+        except _engine._Pause as pause:
+            return _human_suspend(pause)
+        except (BudgetExceededError, GraphError):
+            raise
+        except Exception as exc:
+            raise _node_failed(step, exc) from exc
+
+    def _args(self, node: _Node, step: _Step) -> tuple:
+        """A function node's arguments; a node resumed after `approve()` or
+        `ask_human()` paused it finds its answer journaled first."""
+        if step.attempt > 1:
+            self._answer_asked(step)
+        state = dict(self.state)
+        if not node.takes_ctx:
+            return (state,)
+        ctx = NodeContext(
+            run_id=self.run.run_id,
+            step=step.step,
+            node=step.node,
+            attempt=step.attempt,
+            resume=step.resume,
+        )
+        return (state, ctx)
+
+    _asked: dict | None = None
+
+    def _answer_asked(self, step: _Step) -> None:
+        asked = self._asked
+        if asked is None:
+            asked = self._asked = {
+                node: interrupt_id
+                for node, payload in self.gr.pending()
+                if (interrupt_id := _asked_id(_decode(payload))) is not None
+            }
+        interrupt_id = asked.get(step.node)
+        if interrupt_id is not None:
+            # First write wins, so a retry of the resumed node records nothing new.
+            self.attempt.record_answers([(interrupt_id, _codec.dumps(step.resume))])
 
     def _outcome(self, node: str, value: Any) -> tuple:
         if value is None:
@@ -817,6 +941,46 @@ class _Driver:
         )
 
 
+def _node_failed(step: _Step, exc: Exception) -> GraphError:
+    return GraphError(
+        f"node {step.node!r} failed: {type(exc).__name__}: {exc}",
+        code="node_failed",
+        details={"node": step.node, "step": step.step},
+    )
+
+
+def _human_suspend(pause: Any) -> _Suspend:
+    """`approve()`/`ask_human()` without an answer suspends its node; the
+    payload is the interrupt as a dict (FLOW-33's fields)."""
+    frame = FRAME.get()
+    if frame is not None and frame.run is not None:
+        # A paused agent's state, as an agent node keeps it (AGENT-40).
+        for snapshot in pause.snapshots:
+            frame.run.attempt.save_agent_state(snapshot, frame.fence)
+    payload = {
+        "id": pause.interrupt_id,
+        "kind": pause.kind,
+        "question": pause.question,
+        "payload": pause.payload,
+    }
+    return _Suspend(payload, None)
+
+
+_ASKED_KEYS = frozenset(("id", "kind", "question", "payload"))
+
+
+def _asked_id(payload: Any) -> str | None:
+    """The interrupt id of a node suspended by `approve()`/`ask_human()`."""
+    if (
+        isinstance(payload, dict)
+        and payload.keys() == _ASKED_KEYS
+        and payload["kind"] in ("approval", "question")
+        and isinstance(payload["id"], str)
+    ):
+        return payload["id"]
+    return None
+
+
 def _check_max_steps(max_steps: Any) -> int:
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
         raise ValueError(f"max_steps must be a positive int, got {max_steps!r}")
@@ -873,6 +1037,32 @@ def _encode_values(values: Any) -> list[tuple[str, str]]:
 _RESUMABLE = ("paused", "failed", "running")
 
 
+class _Attempt:
+    """A graph attempt ready to drive, synchronously or on the caller's
+    loop, and what follows it (a thread's audit entry)."""
+
+    __slots__ = ("after", "budget", "driver")
+
+    def __init__(self, driver: _Driver, budget: Any, after: Callable[[], None] | None = None):
+        self.driver = driver
+        self.budget = budget
+        self.after = after
+
+    def drive(self) -> GraphResult:
+        try:
+            return self.driver.drive(self.budget)
+        finally:
+            if self.after is not None:
+                self.after()
+
+    async def adrive(self) -> GraphResult:
+        try:
+            return await self.driver.adrive(self.budget)
+        finally:
+            if self.after is not None:
+                self.after()
+
+
 class CompiledGraph:
     """A checked graph, ready to run (EXT-27)."""
 
@@ -921,16 +1111,27 @@ class CompiledGraph:
     ) -> GraphResult:
         """Runs once from the start node with `input` as the state (EXT-27)."""
         _engine.check_sync_facade()
+        return self._begin_run(input, max_steps, deadline, budget).drive()
+
+    async def arun(
+        self,
+        input: Mapping[str, Any] | None = None,
+        *,
+        max_steps: int = 64,
+        deadline: float | None = None,
+        budget: Any = None,
+    ) -> GraphResult:
+        """Async twin of `run`, on the caller's loop: async nodes are awaited
+        there, sync nodes run on threads of their own."""
+        return await self._begin_run(input, max_steps, deadline, budget).adrive()
+
+    def _begin_run(self, input: Any, max_steps: Any, deadline: Any, budget: Any) -> _Attempt:
         max_steps = _check_max_steps(max_steps)
         until = _deadline_at(deadline)
         input_json = _input_json(input)
         attempt = self._start(input_json, None, budget)
         gr = self._open(attempt, None, input_json, True, max_steps, until)
-        return _Driver(self, attempt, gr, None).drive(budget)
-
-    async def arun(self, input: Mapping[str, Any] | None = None, **options: Any) -> GraphResult:
-        """Async twin of `run` (the step machine runs off the loop)."""
-        return await _off_loop(lambda: self.run(input, **options))
+        return _Attempt(_Driver(self, attempt, gr, None), budget)
 
     def _open(self, attempt, thread_id, input_json, fresh, max_steps, until):
         try:
@@ -953,6 +1154,23 @@ class CompiledGraph:
         """Continues a thread-less suspended run from its snapshot: each
         suspended node runs again with `ctx.resume == values[node]` (EXT-29)."""
         _engine.check_sync_facade()
+        return self._begin_resume(snapshot, values, max_steps, deadline, budget).drive()
+
+    async def aresume(
+        self,
+        snapshot: Mapping[str, Any],
+        values: Mapping[str, Any],
+        *,
+        max_steps: int = 64,
+        deadline: float | None = None,
+        budget: Any = None,
+    ) -> GraphResult:
+        """Async twin of `resume`, on the caller's loop."""
+        return await self._begin_resume(snapshot, values, max_steps, deadline, budget).adrive()
+
+    def _begin_resume(
+        self, snapshot: Any, values: Any, max_steps: Any, deadline: Any, budget: Any
+    ) -> _Attempt:
         max_steps = _check_max_steps(max_steps)
         until = _deadline_at(deadline)
         if (
@@ -1004,12 +1222,7 @@ class CompiledGraph:
         except BaseException:
             attempt.settle("paused", None, None)
             raise
-        return _Driver(self, attempt, gr, None).drive(self._budget(budget, attempt))
-
-    async def aresume(
-        self, snapshot: Mapping[str, Any], values: Mapping[str, Any], **options: Any
-    ) -> GraphResult:
-        return await _off_loop(lambda: self.resume(snapshot, values, **options))
+        return _Attempt(_Driver(self, attempt, gr, None), self._budget(budget, attempt))
 
     def thread(self, thread_id: str, actor: str | None = None) -> GraphThread:
         """A durable run history in the graph's storage; lazy (EXT-30)."""
@@ -1017,10 +1230,10 @@ class CompiledGraph:
             raise ValueError(f"thread_id must be a non-empty str, got {thread_id!r}")
         return GraphThread(self, thread_id, actor)
 
-    def _continue_run(
-        self, row: dict, answers: Mapping[str, Any] | None, budget: Any
-    ) -> GraphResult:
-        """`compose.resume(run_id, answers=...)` of one of this graph's runs."""
+    def _continue_run(self, row: dict, answers: Mapping[str, Any] | None, budget: Any) -> _Attempt:
+        """`compose.resume(run_id, answers=...)` of one of this graph's runs:
+        answers are keyed by node (`node:<name>` or the bare name) or by the
+        id a node's `approve()`/`ask_human()` paused on."""
         if row["fingerprint"] != self.fingerprint:
             raise GraphError(
                 f"run {row['run_id']!r} was made by graph {self.name!r} with another structure",
@@ -1028,16 +1241,13 @@ class CompiledGraph:
                 details={"run_id": row["run_id"], "graph": self.name},
             )
         args = _codec.loads(row["args_json"]) if row["args_json"] else {}
-        values = {}
-        for key, value in (answers or {}).items():
-            node = key[len("node:") :] if isinstance(key, str) and key.startswith("node:") else key
-            values[node] = value
+        values = self._answer_values(row["run_id"], answers)
         thread_id = args.get("thread")
         if thread_id is not None:
             thread = self.thread(thread_id)
             if values:
-                return thread.resume(values, budget=budget)
-            return thread.retry(budget=budget)
+                return thread._begin_continue("resume", values, 64, None, budget)
+            return thread._begin_continue("retry", None, 64, None, budget)
         if row["status"] == "completed":
             raise ConfigError(f"graph run {row['run_id']!r} already completed")
         store = self._store()
@@ -1052,7 +1262,26 @@ class CompiledGraph:
         except BaseException:
             attempt.settle(row["status"] if row["status"] != "running" else "failed", None, None)
             raise
-        return _Driver(self, attempt, gr, None).drive(self._budget(budget, attempt))
+        return _Attempt(_Driver(self, attempt, gr, None), self._budget(budget, attempt))
+
+    def _answer_values(self, run_id: str, answers: Mapping[str, Any] | None) -> dict:
+        """`compose.resume()` answers as resume values by node name."""
+        asked = {}
+        for interrupt_id, _, _, payload_json in self._store().pending(run_id):
+            if interrupt_id.startswith("node:") and payload_json is not None:
+                ask = _asked_id(_decode(payload_json))
+                if ask is not None:
+                    asked[ask] = interrupt_id[len("node:") :]
+        values = {}
+        for key, value in (answers or {}).items():
+            if isinstance(key, str) and key.startswith("node:"):
+                node = key[len("node:") :]
+            elif key in asked and key not in self._builder._nodes:
+                node = asked[key]
+            else:
+                node = key
+            values[node] = value
+        return values
 
 
 async def _off_loop(call: Callable[[], Any]) -> Any:
@@ -1068,15 +1297,26 @@ async def _off_loop(call: Callable[[], Any]) -> Any:
     )
 
 
-def resume_graph_run(row: dict, answers: Mapping[str, Any] | None, budget: Any) -> GraphResult:
-    """`compose.resume()` of a graph run: routed to its graph by name."""
+def _compiled_for(row: dict) -> CompiledGraph:
     compiled = _GRAPHS.get(row["name"])
     if compiled is None:
         raise ConfigError(
             f"graph {row['name']!r} is not compiled in this process -- import the module that "
             "builds it (so its compile() runs) before calling resume()"
         )
-    return compiled._continue_run(row, answers, budget)
+    return compiled
+
+
+def resume_graph_run(row: dict, answers: Mapping[str, Any] | None, budget: Any) -> GraphResult:
+    """`compose.resume()` of a graph run: routed to its graph by name."""
+    return _compiled_for(row)._continue_run(row, answers, budget).drive()
+
+
+async def aresume_graph_run(
+    row: dict, answers: Mapping[str, Any] | None, budget: Any
+) -> GraphResult:
+    """`compose.aresume()` of a graph run, on the caller's loop."""
+    return await _compiled_for(row)._continue_run(row, answers, budget).adrive()
 
 
 def find_run(run_id: str) -> tuple[Any, dict] | None:
@@ -1110,6 +1350,10 @@ class GraphThread:
         return self.graph._store()
 
     def _audit(self, action: str, checkpoint_id: str | None = None, store: Any = None) -> None:
+        """Appends to the audit trail (EXT-32) for an operation that acts on
+        the thread: run, resume, retry, rewind, fork (and the forked thread's
+        start) and delete. Reads (state, interrupts, history, audit) act on
+        nothing and are not recorded."""
         if self.graph._audit:
             store = store or self._store()
             if checkpoint_id is None:
@@ -1183,6 +1427,20 @@ class GraphThread:
         """Runs from the start node on the stored state, `input` keys
         replacing stored ones (EXT-30)."""
         _engine.check_sync_facade()
+        return self._begin_run(input, max_steps, deadline, budget).drive()
+
+    async def arun(
+        self,
+        input: Mapping[str, Any] | None = None,
+        *,
+        max_steps: int = 64,
+        deadline: float | None = None,
+        budget: Any = None,
+    ) -> GraphResult:
+        """Async twin of `run`, on the caller's loop."""
+        return await self._begin_run(input, max_steps, deadline, budget).adrive()
+
+    def _begin_run(self, input: Any, max_steps: Any, deadline: Any, budget: Any) -> _Attempt:
         g = self.graph
         max_steps = _check_max_steps(max_steps)
         until = _deadline_at(deadline)
@@ -1194,20 +1452,20 @@ class GraphThread:
         except BaseException:
             _core.thread_release(store, self.thread_id, "failed")
             raise
-        try:
-            return _Driver(g, attempt, gr, self.thread_id).drive(budget)
-        finally:
-            self._audit("run", store=store)
+        return _Attempt(
+            _Driver(g, attempt, gr, self.thread_id),
+            budget,
+            lambda: self._audit("run", store=store),
+        )
 
-    def _continue(
+    def _begin_continue(
         self,
         mode: Literal["resume", "retry"],
         values: Mapping[str, Any] | None,
         max_steps: int,
         deadline: Any,
         budget: Any,
-    ) -> GraphResult:
-        _engine.check_sync_facade()
+    ) -> _Attempt:
         g = self.graph
         max_steps = _check_max_steps(max_steps)
         until = _deadline_at(deadline)
@@ -1238,10 +1496,11 @@ class GraphThread:
         except BaseException:
             _core.thread_release(store, self.thread_id, prior)
             raise
-        try:
-            return _Driver(g, attempt, gr, self.thread_id).drive(g._budget(budget, attempt))
-        finally:
-            self._audit(mode, store=store)
+        return _Attempt(
+            _Driver(g, attempt, gr, self.thread_id),
+            g._budget(budget, attempt),
+            lambda: self._audit(mode, store=store),
+        )
 
     def resume(
         self,
@@ -1252,28 +1511,28 @@ class GraphThread:
         budget: Any = None,
     ) -> GraphResult:
         """Answers the suspended nodes and continues the run (EXT-30)."""
-        return self._continue("resume", values, max_steps, deadline, budget)
+        _engine.check_sync_facade()
+        return self._begin_continue("resume", values, max_steps, deadline, budget).drive()
 
     def retry(
         self, *, max_steps: int = 64, deadline: float | None = None, budget: Any = None
     ) -> GraphResult:
         """Continues a failed or interrupted run from its last checkpoint;
         saved nodes do not run again (EXT-30)."""
-        return self._continue("retry", None, max_steps, deadline, budget)
+        _engine.check_sync_facade()
+        return self._begin_continue("retry", None, max_steps, deadline, budget).drive()
 
     def state(self) -> dict:
         """The thread's current state (empty for a new thread)."""
         store = self._store()
         self._info(store)
         found = _core.thread_state(store, self.thread_id)
-        self._audit("state", store=store)
         return {} if found is None else _decode(found[0])
 
     def interrupts(self) -> list[GraphInterrupt]:
         """What the suspended nodes asked (empty unless suspended)."""
         store = self._store()
         info = self._info(store)
-        self._audit("interrupts", store=store)
         if info is None or info["status"] != "suspended":
             return []
         found = _core.thread_state(store, self.thread_id)
@@ -1286,9 +1545,7 @@ class GraphThread:
         """The thread's checkpoints, newest first."""
         store = self._store()
         self._info(store)
-        rows = json.loads(_core.thread_history(store, self.thread_id, int(limit)))
-        self._audit("history", store=store)
-        return rows
+        return json.loads(_core.thread_history(store, self.thread_id, int(limit)))
 
     def rewind(self, checkpoint_id: str) -> dict:
         """Copies a checkpoint as the new head (history kept)."""
@@ -1329,14 +1586,22 @@ class GraphThread:
         """The audit trail of this thread, newest first (EXT-32)."""
         return json.loads(_core.thread_audit(self._store(), self.thread_id, int(limit)))
 
-    async def arun(self, input: Mapping[str, Any] | None = None, **options: Any) -> GraphResult:
-        return await _off_loop(lambda: self.run(input, **options))
+    async def aresume(
+        self,
+        values: Mapping[str, Any],
+        *,
+        max_steps: int = 64,
+        deadline: float | None = None,
+        budget: Any = None,
+    ) -> GraphResult:
+        """Async twin of `resume`, on the caller's loop."""
+        return await self._begin_continue("resume", values, max_steps, deadline, budget).adrive()
 
-    async def aresume(self, values: Mapping[str, Any], **options: Any) -> GraphResult:
-        return await _off_loop(lambda: self.resume(values, **options))
-
-    async def aretry(self, **options: Any) -> GraphResult:
-        return await _off_loop(lambda: self.retry(**options))
+    async def aretry(
+        self, *, max_steps: int = 64, deadline: float | None = None, budget: Any = None
+    ) -> GraphResult:
+        """Async twin of `retry`, on the caller's loop."""
+        return await self._begin_continue("retry", None, max_steps, deadline, budget).adrive()
 
     async def astate(self) -> dict:
         return await _off_loop(self.state)
