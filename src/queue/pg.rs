@@ -4,7 +4,9 @@
 //! count and the claim run under a transaction-scoped advisory lock of the
 //! queue, so two workers never both fill the last slot.
 
-use super::{claim_order, dedup_taken, window, Claimed, Claimer, Limits, Placement, QueueStats};
+use super::{
+    claim_order, dedup_taken, queued_row, window, Claimed, Claimer, Limits, Placement, QueueStats,
+};
 use crate::error::{CoreError, CoreResult};
 use crate::runtime::block_on;
 use crate::store::postgres::PgStore;
@@ -76,21 +78,7 @@ pub fn enqueue(s: &PgStore, new: &NewRun, p: &Placement) -> CoreResult<RunRow> {
         tx.commit().await.map_err(s.err())?;
         Ok::<_, CoreError>(row.get(0))
     })?;
-    Ok(RunRow {
-        rid,
-        run_id: new.run_id.clone(),
-        kind: new.kind.clone(),
-        name: new.name.clone(),
-        status: "queued".into(),
-        created_at: t,
-        updated_at: t,
-        trace_id: Some(new.trace_id.clone()),
-        fingerprint: new.fingerprint.clone(),
-        args_json: new.args_json.clone(),
-        output_json: None,
-        error_json: None,
-        budget_json: new.budget_json.clone(),
-    })
+    Ok(queued_row(rid, new, t))
 }
 
 pub fn claim(

@@ -1,7 +1,9 @@
 //! The queues on SQLite: every operation is one `IMMEDIATE` transaction,
 //! so claims of concurrent workers are serialized by the file's write lock.
 
-use super::{claim_order, dedup_taken, window, Claimed, Claimer, Limits, Placement, QueueStats};
+use super::{
+    claim_order, dedup_taken, queued_row, window, Claimed, Claimer, Limits, Placement, QueueStats,
+};
 use crate::error::{AtPath, CoreResult};
 use crate::store::sqlite::{now, SqliteStore};
 use crate::store::{NewRun, RunRow, Store};
@@ -68,21 +70,7 @@ pub fn enqueue(s: &SqliteStore, new: &NewRun, p: &Placement) -> CoreResult<RunRo
         tx.commit().at(&path)?;
         Ok(rid)
     })?;
-    Ok(RunRow {
-        rid,
-        run_id: new.run_id.clone(),
-        kind: new.kind.clone(),
-        name: new.name.clone(),
-        status: "queued".into(),
-        created_at: t,
-        updated_at: t,
-        trace_id: Some(new.trace_id.clone()),
-        fingerprint: new.fingerprint.clone(),
-        args_json: new.args_json.clone(),
-        output_json: None,
-        error_json: None,
-        budget_json: new.budget_json.clone(),
-    })
+    Ok(queued_row(rid, new, t))
 }
 
 pub fn claim(
@@ -233,6 +221,25 @@ mod tests {
             priority,
             dedup_id: dedup.map(Into::into),
         }
+    }
+
+    #[test]
+    fn the_queued_row_returned_is_the_row_stored() {
+        let dir = std::env::temp_dir().join(format!("composeai-queue-{}", crate::ids::new_ulid()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = SqliteStore::open(dir.join("runs.db").to_str().unwrap()).unwrap();
+        let new = NewRun {
+            fingerprint: Some("fp".into()),
+            args_json: Some("{\"args\":[1]}".into()),
+            budget_json: Some("{\"max_usd\":1.0}".into()),
+            ..new_run("f")
+        };
+        let row = queue::enqueue(Backend::Sqlite(&store), &new, &placed("q", 0, None)).unwrap();
+        let stored = store.get_run(&new.run_id).unwrap().unwrap();
+        // Every field, as `get_run` reads it back.
+        assert_eq!(format!("{row:?}"), format!("{stored:?}"));
+        assert_eq!(row.status, "queued");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]
