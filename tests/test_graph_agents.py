@@ -79,3 +79,68 @@ def test_ext22_an_approval_gated_tool_suspends_the_graph_and_resumes_with_answer
     assert sent == ["a@b"]
     assert done.state["messages"][-1].text == "done: mailed"
     assert len(model.requests) == 2, "the first model call replayed from the agent snapshot"
+
+
+def test_ext22_agent_nodes_run_under_arun_on_a_thread_of_their_own():
+    import asyncio
+    import threading
+
+    seen = []
+
+    @tool
+    def where() -> str:
+        """Where the agent runs."""
+        seen.append(threading.current_thread())
+        return "here"
+
+    model = FakeModel([{"tool_calls": [{"name": "where", "arguments": {}, "id": "w1"}]}, "ok"])
+
+    @agent(model=model, tools=[where])
+    def locator(x: str) -> str:
+        return x
+
+    wf = Graph(name="aio-agent")
+    wf.add_node("locator", locator).start("locator").edge("locator", END)
+    app = wf.compile()
+
+    async def main():
+        return await app.arun({"messages": "where?"}), threading.current_thread()
+
+    result, caller = asyncio.run(main())
+    assert result.state["messages"][-1].text == "ok"
+    assert seen and seen[0] is not caller, "the agent did not block the caller's loop"
+
+
+def test_ext21_a_gated_tool_of_an_agent_called_in_a_function_node_suspends_the_node():
+    sent: list = []
+
+    @tool(requires_approval=True)
+    def send_email(to: str) -> str:
+        """Send an email."""
+        sent.append(to)
+        return "sent"
+
+    model = FakeModel(
+        [
+            {"tool_calls": [{"name": "send_email", "arguments": {"to": "a@b"}, "id": "c1"}]},
+            "mailed",
+        ]
+    )
+
+    @agent(model=model, tools=[send_email])
+    def mailer(x: str) -> str:
+        return x
+
+    def notify(state):
+        return {"reply": mailer(state["to"])}
+
+    wf = Graph(name="notify").add_node("notify", notify)
+    app = wf.start("notify").edge("notify", END).compile()
+    paused = app.run({"to": "a@b"})
+    (interrupt,) = paused.interrupts
+    assert interrupt.node == "notify" and sent == []
+    assert interrupt.payload["id"] == "tool:send_email:c1"
+    assert interrupt.payload["payload"] == {"tool": "send_email", "arguments": {"to": "a@b"}}
+    done = app.resume(paused.snapshot, {"notify": True})
+    assert done.state["reply"] == "mailed" and sent == ["a@b"]
+    assert len(model.requests) == 2, "the first model call replayed from the agent snapshot"

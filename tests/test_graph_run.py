@@ -790,3 +790,23 @@ def test_ext29_compose_resume_answers_a_node_by_its_interrupt_id_or_node_name():
     # ... or by node, as for any suspended graph node (EXT-29).
     done = compose.resume(paused.run_id, answers={"node:note": False})
     assert done.state == {"ok": True, "ok2": False}
+
+
+def test_ext21_a_sync_facade_call_inside_an_async_node_under_arun_raises_not_deadlocks():
+    inner = Graph(name="inner").add_node("i", lambda s: {"i": 1}).start("i").edge("i", END)
+    inner_app = inner.compile()
+
+    async def outer_node(state):
+        inner_app.run({})  # ASYNC-6: would block the loop that drives this run
+
+    outer = Graph(name="outer").add_node("o", outer_node).start("o").edge("o", END).compile()
+
+    async def main():
+        with pytest.raises(GraphError) as info:
+            await outer.arun({})
+        return info.value
+
+    error = asyncio.run(main())
+    assert error.code == "node_failed"
+    assert isinstance(error.__cause__, RuntimeError)
+    assert str(error.__cause__) == "composeai runtime cannot be re-entered from its own loop thread"
