@@ -6,8 +6,6 @@ loaded on first access.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 # `chat` is bound after its submodule loads (an import of the submodule
 # would otherwise rebind the package attribute to the module); the module
 # needs nothing that is not loaded already.
@@ -16,7 +14,10 @@ from .flow import anow, arandom, aresume, flow, now, random, resume, task
 from .hitl import approve, ask_human
 from .runs import Budget, Run
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # the lazily loaded names of `_LAZY`, for type checkers (PKG-4)
+    from typing import Any
+
     from ._approval import ApprovalReply
     from ._codec import register_module_types, register_serializable
     from ._interrupt import Interrupt

@@ -13,7 +13,9 @@ tests/test_startup.py checks each class against its decorated twin.
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class _Factory:

@@ -16,13 +16,16 @@ import threading
 import time
 from collections.abc import Callable
 from contextvars import ContextVar, copy_context
-from typing import Any
 
 from . import _codec, _core, _threads
 from . import events as _events
 from .errors import ConfigError, SerializationError, TaskTimeoutError
 from .runs import Run
 from .tracing import ErrorInfo, Span, Trace, _capture_content, replayed_span
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class _Pause(BaseException):

@@ -16,18 +16,19 @@ This module imports only cheap stdlib modules; asyncio is imported lazily by
 
 from __future__ import annotations
 
+import reprlib
 import threading
 import time
 from collections import deque
 from contextvars import ContextVar
-import reprlib
-from typing import TYPE_CHECKING, Any, Literal
 
 from . import _dataclass
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import asyncio
     from types import TracebackType
+    from typing import Any, Literal
 
     from typing_extensions import Self
 
@@ -42,7 +43,7 @@ __all__ = [
     "use_bus",
 ]
 
-EventKind = Literal[
+_EVENT_KINDS = (
     "span_started",
     "text_delta",
     "thinking_delta",
@@ -52,7 +53,31 @@ EventKind = Literal[
     "span_finished",
     "paused",
     "run_finished",
-]
+)
+
+if TYPE_CHECKING:
+    EventKind = Literal[
+        "span_started",
+        "text_delta",
+        "thinking_delta",
+        "tool_call_started",
+        "tool_args_delta",
+        "tool_call_finished",
+        "span_finished",
+        "paused",
+        "run_finished",
+    ]
+
+
+def __getattr__(name: str) -> Any:
+    # `EventKind` is built on first access: `typing` is not loaded at import.
+    if name == "EventKind":
+        from typing import Literal
+
+        value = Literal[_EVENT_KINDS]  # type: ignore[valid-type]
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'composeai.events' has no attribute {name!r}")
 
 
 _EVENT_FIELDS = ("kind", "ts", "trace_id", "span_id", "name", "text", "data")
@@ -76,7 +101,7 @@ class Event:
 
     __dataclass_fields__ = _dataclass.metadata(_EVENT_PARAMS, _EVENT_DEFAULTS, _EVENT_FACTORIES)
     __dataclass_params__ = _dataclass.metadata(_EVENT_PARAMS, _EVENT_DEFAULTS, _EVENT_FACTORIES)
-    __match_args__ = _EVENT_FIELDS
+    __match_args__ = ("kind", "ts", "trace_id", "span_id", "name", "text", "data")
 
     def __init__(
         self,

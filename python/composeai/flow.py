@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from . import _codec, _core, _engine, _source
 from ._engine import FRAME, Frame
@@ -13,9 +12,10 @@ from .errors import ConfigError, ResumeMismatchError, SerializationError
 
 __all__ = ["Flow", "Task", "anow", "arandom", "aresume", "flow", "now", "random", "resume", "task"]
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Coroutine
-    from typing import Protocol
+    from typing import Any, Generic, Protocol, overload
 
     import typing_extensions
 
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     P = typing_extensions.ParamSpec("P", default=...)
     R = typing_extensions.TypeVar("R", default=Any)
 else:
+    from ._typing import Generic, ParamSpec, TypeVar, overload
+
     P = ParamSpec("P")
     R = TypeVar("R")
 
@@ -320,10 +322,10 @@ class Flow(Generic[P, R]):
     def _has_fingerprint(self, fingerprint: str) -> bool:
         """Whether the flow's source has this (stored) fingerprint; mostly
         answered without tokenizing the source."""
-        if self._fingerprint is None and self._source is not None:
-            if self._source.matches(fingerprint):
-                self._fingerprint = fingerprint
-                return True
+        source = self._source
+        if self._fingerprint is None and source is not None and source.matches(fingerprint):
+            self._fingerprint = fingerprint
+            return True
         return self.fingerprint == fingerprint
 
     # Direct calls are checked against the body's parameters; `budget=` is accepted on top.

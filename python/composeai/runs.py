@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import reprlib
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from . import _dataclass
 from .errors import ConfigError
 
 __all__ = ["Budget", "Run", "reset_default"]
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any, Generic, Literal
+
     import typing_extensions
 
     # Loaded lazily by `__getattr__` below; re-exported for type checkers.
@@ -19,6 +21,8 @@ if TYPE_CHECKING:
 
     R = typing_extensions.TypeVar("R", default=Any)  # bare `Run` means `Run[Any]` (COMP-46)
 else:
+    from ._typing import Generic, TypeVar
+
     R = TypeVar("R")
 
 

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import os
+import reprlib
 import sys
 import time
-import reprlib
-from typing import Any
 
 from . import _dataclass
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["ErrorInfo", "Span", "Trace", "render_trace", "render_trace_mermaid"]
 
 
 class ErrorInfo:
     # `@dataclass(slots=True)`, written out; see `_dataclass`.
-    __slots__ = ("type", "message", "stacktrace")
+    __slots__ = ("type", "message", "stacktrace")  # noqa: RUF023 -- the fields' order
     type: str
     message: str
     stacktrace: str
