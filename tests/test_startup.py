@@ -24,7 +24,18 @@ from composeai.flow import _fingerprint
 from composeai.runs import Budget, Run, _LazyUsage
 from composeai.tracing import ErrorInfo, Span, _new_span_id
 
-HEAVY = ("dataclasses", "inspect", "ast", "tokenize", "pydantic", "asyncio")
+HEAVY = (
+    "dataclasses",
+    "inspect",
+    "ast",
+    "tokenize",
+    "typing",
+    "re",
+    "json",
+    "enum",
+    "pydantic",
+    "asyncio",
+)
 
 
 def _child_env(tmp_path) -> dict[str, str]:

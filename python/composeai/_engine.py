@@ -9,7 +9,6 @@ so that nested calls, threads and tasks see it.
 from __future__ import annotations
 
 import atexit
-import json.encoder
 import os
 import sys
 import threading
@@ -516,7 +515,7 @@ def span_row(span: Span, output_json: str | None = None, input_json: str | None 
     )
 
 
-_encode_ascii_str = json.encoder.encode_basestring
+_encode_ascii_str = _codec._encode_str
 
 
 def _plain_args_json(value: Any) -> str | None:
