@@ -372,3 +372,21 @@ def test_agent55_run_usage_default_and_messages_factory():
     b = Run(id="b", status="completed", output=None)
     assert a.messages == [] and a.messages is not b.messages
     assert a.__dict__["_usage"] is None  # no Usage (pydantic) until asked for
+
+
+def test_agent55_pydantic_and_type_hints_resolve_the_dataclasses():
+    """Annotations imported only for type checkers are bound once the dataclass is
+    looked at, so pydantic validates a `Run` and `get_type_hints` resolves it."""
+    import typing
+
+    import pydantic
+
+    run = pydantic.TypeAdapter(Run[int]).validate_python(
+        {"id": "x", "status": "completed", "output": 1}
+    )
+    assert run == Run(id="x", status="completed", output=1)
+    for cls in (Run, Event, Span, Budget, ErrorInfo):
+        assert dataclasses.is_dataclass(cls)
+        hints = typing.get_type_hints(cls)
+        assert list(hints) == [f.name for f in dataclasses.fields(cls)]
+    assert typing.get_type_hints(Event)["kind"] == EventKind

@@ -43,11 +43,33 @@ class _Metadata:
         self.name = name
 
     def __get__(self, obj: object, cls: type) -> Any:
+        bind_annotation_names(cls)
         t = twin(cls, self.params, self.defaults, self.factories)
         fields, params = t.__dataclass_fields__, t.__dataclass_params__  # type: ignore[attr-defined]
         type.__setattr__(cls, "__dataclass_fields__", fields)
         type.__setattr__(cls, "__dataclass_params__", params)
         return fields if self.name == "__dataclass_fields__" else params
+
+
+def bind_annotation_names(cls: type) -> None:
+    """Binds, in `cls`'s module, the `typing` names its annotations use and
+    the module imports only for type checkers (`Any`, `Literal`, type
+    variables, lazily built aliases), so that `typing.get_type_hints` and
+    pydantic, which look at the dataclass first, can resolve them."""
+    import sys
+    import typing
+
+    from . import _typing
+
+    module = sys.modules[cls.__module__]
+    namespace = vars(module)
+    namespace.setdefault("Any", typing.Any)
+    namespace.setdefault("Literal", typing.Literal)
+    for name, value in list(namespace.items()):
+        if type(value) is _typing.TypeVar:
+            namespace[name] = typing.TypeVar(value.__name__)
+    for name in getattr(cls, "_lazy_annotation_names", ()):
+        getattr(module, name)
 
 
 def twin(

@@ -102,6 +102,7 @@ class Event:
     __dataclass_fields__ = _dataclass.metadata(_EVENT_PARAMS, _EVENT_DEFAULTS, _EVENT_FACTORIES)
     __dataclass_params__ = _dataclass.metadata(_EVENT_PARAMS, _EVENT_DEFAULTS, _EVENT_FACTORIES)
     __match_args__ = ("kind", "ts", "trace_id", "span_id", "name", "text", "data")
+    _lazy_annotation_names = ("EventKind",)
 
     def __init__(
         self,
