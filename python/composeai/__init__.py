@@ -6,22 +6,23 @@ loaded on first access.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 # `chat` is bound after its submodule loads (an import of the submodule
 # would otherwise rebind the package attribute to the module); the module
 # needs nothing that is not loaded already.
 from .chat import Chat, chat, load_chat
-from .combinators import MapResult, aggregate, amap, map, pipe
 from .flow import anow, arandom, aresume, flow, now, random, resume, task
 from .hitl import approve, ask_human
 from .runs import Budget, Run
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # the lazily loaded names of `_LAZY`, for type checkers (PKG-4)
+    from typing import Any
+
     from ._approval import ApprovalReply
     from ._codec import register_module_types, register_serializable
     from ._interrupt import Interrupt
     from .agentfn import agent, prompt
+    from .combinators import MapResult, aggregate, amap, map, pipe
     from .interception import BeforeTool, ToolInterceptor
     from .mcp import mcp_tools
     from .models.compatible import openai_compatible
@@ -80,6 +81,12 @@ _LAZY = {
     "Interrupt": ("._interrupt", "Interrupt"),
     "register_serializable": ("._codec", "register_serializable"),
     "register_module_types": ("._codec", "register_module_types"),
+    # The combinators (and the stage typing they check with) load on first use.
+    "MapResult": (".combinators", "MapResult"),
+    "aggregate": (".combinators", "aggregate"),
+    "amap": (".combinators", "amap"),
+    "map": (".combinators", "map"),
+    "pipe": (".combinators", "pipe"),
 }
 
 # The durable primitives (EXT-0.2) are attributes, not listed in `__all__`.

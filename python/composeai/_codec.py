@@ -10,10 +10,12 @@ written for speed on the common cases (scalars and small lists/dicts of scalars)
 * ``loads`` skips the decode walk entirely when the text cannot contain a ``$kind`` tag;
 * error paths (``a.b[2]``) are reconstructed only when an error is actually raised.
 
-Import cost is kept to cheap stdlib modules (``sys``, ``json``, ``enum`` -- the latter is
-already imported by ``re`` at interpreter start-up). pydantic is never imported here: a
-value can only be a pydantic model if ``pydantic`` is already in ``sys.modules``. The
-``datetime``, ``dataclasses`` and ``typing`` modules are likewise only consulted lazily.
+Import cost is kept to ``sys`` and json's C accelerator ``_json`` (the ``json`` package
+imports ``re``, which imports ``enum``: several milliseconds of a fresh process); ``json``
+itself is imported only where the accelerator is missing and on error paths. pydantic is
+never imported here: a value can only be a pydantic model if ``pydantic`` is already in
+``sys.modules``; enum values likewise only exist once ``enum`` is. The ``datetime``,
+``dataclasses`` and ``typing`` modules are also only consulted lazily.
 
 Encoding rules (OBS-60) and the decisions taken where the spec leaves room:
 
@@ -46,15 +48,21 @@ Encoding rules (OBS-60) and the decisions taken where the spec leaves room:
 
 from __future__ import annotations
 
-import enum
-import json
-import json.decoder
-import json.encoder
-import json.scanner
 import sys
 
 from composeai import _core
 from composeai.errors import SerializationError
+
+try:
+    from _json import encode_basestring as _encode_str
+    from _json import encode_basestring_ascii as _encode_str_ascii
+    from _json import make_encoder as _c_make_encoder
+    from _json import make_scanner as _c_make_scanner
+except ImportError:  # no C accelerator: the json package's Python parts
+    from json.encoder import encode_basestring as _encode_str
+    from json.encoder import encode_basestring_ascii as _encode_str_ascii
+
+    _c_make_encoder = _c_make_scanner = None
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported at runtime (import cost)
@@ -80,8 +88,17 @@ _PRIMS = frozenset((str, int, float, bool, _NoneType))
 # Containers the decoder must descend into.
 _JSON_CONTAINERS = frozenset((dict, list))
 
-_Enum = enum.Enum
-_Flag = enum.Flag
+
+def _is_enum(v: Any) -> bool:
+    # An enum value (or class) exists only once `enum` is loaded.
+    mod = sys.modules.get("enum")
+    return mod is not None and isinstance(v, mod.Enum)
+
+
+def _is_enum_class(cls: type) -> bool:
+    mod = sys.modules.get("enum")
+    return mod is not None and issubclass(cls, mod.Enum)
+
 
 # tag -> class. Filled by encoding, register_serializable and the register_* scanners.
 _REGISTRY: dict[str, type] = {}
@@ -130,7 +147,7 @@ def _is_model_class(cls: type) -> bool:
 
 def _is_persistable_class(obj: type) -> bool:
     """A pydantic model, dataclass or (non-empty) enum class."""
-    if issubclass(obj, _Enum):
+    if _is_enum_class(obj):
         return len(obj.__members__) > 0
     return hasattr(obj, "__dataclass_fields__") or _is_model_class(obj)
 
@@ -191,7 +208,7 @@ def _walk_type_inner(tp: Any, seen: set[int]) -> None:
     if key in seen:
         return
     seen.add(key)
-    if isinstance(tp, _Enum):  # a Literal[Color.RED] argument
+    if _is_enum(tp):  # a Literal[Color.RED] argument
         _walk_type(type(tp), seen)
         return
     if type(tp).__module__ in _TYPING_MODULES:
@@ -208,7 +225,7 @@ def _walk_type_inner(tp: Any, seen: set[int]) -> None:
     if not isinstance(tp, type) or not _is_persistable_class(tp):
         return
     register_serializable(tp)
-    if not issubclass(tp, _Enum):
+    if not _is_enum_class(tp):
         # Not cached across calls: a model's forward references may resolve later.
         for ft in _field_types(tp):
             _walk_type(ft, seen)
@@ -371,7 +388,7 @@ def _enum_name(v: Any) -> str:
     name = v._name_
     if name is not None and name in cls.__members__:
         return name
-    if isinstance(v, _Flag):
+    if isinstance(v, sys.modules["enum"].Flag):
         value = v._value_
         parts = []
         acc = 0
@@ -411,7 +428,7 @@ def _enc_other(v: Any, rec: Any) -> Any:
         return _enc_model(v, t, tag)
     if isinstance(v, str):
         return str.__str__(v)  # str subclasses, incl. str-mixin enums: plain string
-    if isinstance(v, _Enum):
+    if _is_enum(v):
         tag = _TAGS.get(t) or tag_of(t)
         _REGISTRY[tag] = t
         return {_KIND: "enum", "$type": tag, "value": _enum_name(v)}
@@ -555,10 +572,8 @@ def _make_dumper(ensure_ascii: bool) -> Any:
     for small values); falls back to a ``JSONEncoder`` if the accelerator is missing or
     behaves unexpectedly.
     """
-    escape = (
-        json.encoder.encode_basestring_ascii if ensure_ascii else json.encoder.encode_basestring
-    )
-    c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+    escape = _encode_str_ascii if ensure_ascii else _encode_str
+    c_make_encoder = _c_make_encoder
     if c_make_encoder is not None:
         try:
             c_enc = c_make_encoder(None, _no_default, escape, None, ":", ",", False, False, True)
@@ -572,6 +587,8 @@ def _make_dumper(ensure_ascii: bool) -> Any:
                 return join(c_enc(tree, 0))
 
             return dump_tree
+    import json
+
     encoder = json.JSONEncoder(
         separators=(",", ":"), ensure_ascii=ensure_ascii, check_circular=False, default=_no_default
     )
@@ -580,15 +597,37 @@ def _make_dumper(ensure_ascii: bool) -> Any:
 
 _dump_tree = _make_dumper(False)
 _dump_tree_ascii = _make_dumper(True)
-_encode_str = json.encoder.encode_basestring
-_scan_once = json.scanner.make_scanner(json.decoder.JSONDecoder())
-_json_loads = json.loads
+_NAN = float("nan")
+_INF = float("inf")
+
+
+class _ScanContext:
+    """The settings json's C scanner reads from a `JSONDecoder`: `json.loads`'s
+    defaults."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {"-Infinity": -_INF, "Infinity": _INF, "NaN": _NAN}.__getitem__
+
+
+def _make_scanner() -> Any:
+    if _c_make_scanner is not None:
+        return _c_make_scanner(_ScanContext())
+    import json.decoder
+    import json.scanner
+
+    return json.scanner.make_scanner(json.decoder.JSONDecoder())
+
+
+_scan_once = _make_scanner()
 _loads_plain = _core.loads_plain
 _MISS = object()
 _FAST_MAX = 256  # the core's limit (src/py/codec.rs)
 _int_repr = int.__repr__
 _float_repr = float.__repr__
-_INF = float("inf")
 
 
 def _float_text(v: float) -> str:
@@ -728,13 +767,13 @@ def _dec_pydantic(d: dict) -> Any:
 def _dec_enum(d: dict) -> Any:
     tag, cls = _registered(d, "enum")
     name = _value(d, "enum", str)
-    if not (isinstance(cls, type) and issubclass(cls, _Enum)):
+    if not (isinstance(cls, type) and _is_enum_class(cls)):
         raise _corrupt("enum", f"registered type '{tag}' is not an enum")
     try:
         return cls.__members__[name]
     except KeyError:
         pass
-    if issubclass(cls, _Flag):
+    if issubclass(cls, sys.modules["enum"].Flag):
         parts = name.split("|") if name else []
         if all(part in cls.__members__ for part in parts):
             result = cls(0)
@@ -847,7 +886,9 @@ def loads(text: str | bytes) -> Any:
 
 
 def _parse_slow(text: Any) -> Any:
+    import json
+
     try:
-        return _json_loads(text)
+        return json.loads(text)
     except (ValueError, TypeError, RecursionError) as exc:
         raise _corrupt(None, str(exc) or type(exc).__name__) from None

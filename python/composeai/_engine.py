@@ -9,20 +9,22 @@ so that nested calls, threads and tasks see it.
 from __future__ import annotations
 
 import atexit
-import json.encoder
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable
 from contextvars import ContextVar, copy_context
-from typing import Any
 
 from . import _codec, _core, _threads
 from . import events as _events
 from .errors import ConfigError, SerializationError, TaskTimeoutError
 from .runs import Run
 from .tracing import ErrorInfo, Span, Trace, _capture_content, replayed_span
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class _Pause(BaseException):
@@ -513,7 +515,7 @@ def span_row(span: Span, output_json: str | None = None, input_json: str | None 
     )
 
 
-_encode_ascii_str = json.encoder.encode_basestring
+_encode_ascii_str = _codec._encode_str
 
 
 def _plain_args_json(value: Any) -> str | None:

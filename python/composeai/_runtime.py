@@ -7,7 +7,10 @@ import atexit
 import contextvars
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 _lock = threading.Lock()
 _loop: Any = None

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
 
 from . import _codec, _engine
 from .errors import ConfigError
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from ._interrupt import Interrupt
     from ._streams import RunStream
     from .agentfn import AgentFunction

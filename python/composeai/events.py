@@ -16,16 +16,19 @@ This module imports only cheap stdlib modules; asyncio is imported lazily by
 
 from __future__ import annotations
 
+import reprlib
 import threading
 import time
 from collections import deque
 from contextvars import ContextVar
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
 
+from . import _dataclass
+
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import asyncio
     from types import TracebackType
+    from typing import Any, Literal
 
     from typing_extensions import Self
 
@@ -40,7 +43,7 @@ __all__ = [
     "use_bus",
 ]
 
-EventKind = Literal[
+_EVENT_KINDS = (
     "span_started",
     "text_delta",
     "thinking_delta",
@@ -50,20 +53,111 @@ EventKind = Literal[
     "span_finished",
     "paused",
     "run_finished",
-]
+)
+
+if TYPE_CHECKING:
+    EventKind = Literal[
+        "span_started",
+        "text_delta",
+        "thinking_delta",
+        "tool_call_started",
+        "tool_args_delta",
+        "tool_call_finished",
+        "span_finished",
+        "paused",
+        "run_finished",
+    ]
 
 
-@dataclass(frozen=True, slots=True)
+def __getattr__(name: str) -> Any:
+    # `EventKind` is built on first access: `typing` is not loaded at import.
+    if name == "EventKind":
+        from typing import Literal
+
+        value = Literal[_EVENT_KINDS]  # type: ignore[valid-type]
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'composeai.events' has no attribute {name!r}")
+
+
+_EVENT_FIELDS = ("kind", "ts", "trace_id", "span_id", "name", "text", "data")
+_EVENT_PARAMS = {"frozen": True, "slots": True}
+_EVENT_DEFAULTS = {"trace_id": None, "span_id": None, "name": None, "text": None, "data": None}
+_EVENT_FACTORIES = {"ts": time.time}
+
+
 class Event:
     """One thing that happened during a run (AGENT-80, AGENT-82)."""
 
+    # `@dataclass(frozen=True, slots=True)`, written out; see `_dataclass`.
+    __slots__ = _EVENT_FIELDS
     kind: EventKind
-    ts: float = field(default_factory=time.time)
-    trace_id: str | None = None
-    span_id: str | None = None
-    name: str | None = None
-    text: str | None = None
-    data: dict[str, Any] | None = None
+    ts: float
+    trace_id: str | None
+    span_id: str | None
+    name: str | None
+    text: str | None
+    data: dict[str, Any] | None
+
+    __dataclass_fields__ = _dataclass.metadata(_EVENT_PARAMS, _EVENT_DEFAULTS, _EVENT_FACTORIES)
+    __dataclass_params__ = _dataclass.metadata(_EVENT_PARAMS, _EVENT_DEFAULTS, _EVENT_FACTORIES)
+    __match_args__ = ("kind", "ts", "trace_id", "span_id", "name", "text", "data")
+    _lazy_annotation_names = ("EventKind",)
+
+    def __init__(
+        self,
+        kind: EventKind,
+        ts: float = _dataclass.FACTORY,
+        trace_id: str | None = None,
+        span_id: str | None = None,
+        name: str | None = None,
+        text: str | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        setter = object.__setattr__
+        setter(self, "kind", kind)
+        setter(self, "ts", time.time() if ts is _dataclass.FACTORY else ts)
+        setter(self, "trace_id", trace_id)
+        setter(self, "span_id", span_id)
+        setter(self, "name", name)
+        setter(self, "text", text)
+        setter(self, "data", data)
+
+    def _values(self) -> tuple:
+        return (self.kind, self.ts, self.trace_id, self.span_id, self.name, self.text, self.data)
+
+    @reprlib.recursive_repr()
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__qualname__}(kind={self.kind!r}, ts={self.ts!r}, "
+            f"trace_id={self.trace_id!r}, span_id={self.span_id!r}, name={self.name!r}, "
+            f"text={self.text!r}, data={self.data!r})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return self._values() == other._values()  # type: ignore[attr-defined]
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if type(self) is Event or name in _EVENT_FIELDS:
+            raise _dataclass.frozen_error("assign to", name)
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if type(self) is Event or name in _EVENT_FIELDS:
+            raise _dataclass.frozen_error("delete", name)
+        super().__delattr__(name)
+
+    def __getstate__(self) -> list:
+        return list(self._values())
+
+    def __setstate__(self, state: list) -> None:
+        for name, value in zip(_EVENT_FIELDS, state):
+            object.__setattr__(self, name, value)
 
 
 class EventBus:

@@ -5,17 +5,17 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
-from . import _codec, _core, _engine
+from . import _codec, _core, _engine, _source
 from ._engine import FRAME, Frame
 from .errors import ConfigError, ResumeMismatchError, SerializationError
 
 __all__ = ["Flow", "Task", "anow", "arandom", "aresume", "flow", "now", "random", "resume", "task"]
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Coroutine
-    from typing import Protocol
+    from typing import Any, Generic, Protocol, overload
 
     import typing_extensions
 
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     P = typing_extensions.ParamSpec("P", default=...)
     R = typing_extensions.TypeVar("R", default=Any)
 else:
+    from ._typing import Generic, ParamSpec, TypeVar, overload
+
     P = ParamSpec("P")
     R = TypeVar("R")
 
@@ -33,7 +35,14 @@ _TASKS: dict[str, Task] = {}
 _FLOWS: dict[str, Flow] = {}
 
 
+_CO_COROUTINE = 0x80  # inspect.CO_COROUTINE
+
+
 def _is_coroutine_function(fn: Callable) -> bool:
+    # A plain function answers from its code flags without importing
+    # `inspect`; anything else (partials, methods, marked callables) asks it.
+    if type(fn) is _source._FunctionType and "_is_coroutine_marker" not in fn.__dict__:
+        return bool(fn.__code__.co_flags & _CO_COROUTINE)
     import inspect
 
     return inspect.iscoroutinefunction(fn)
@@ -294,11 +303,30 @@ class Flow(Generic[P, R]):
         self.durability = durability
         # EXT-8: None (= RetryPolicy.NONE) or a policy with several attempts.
         self.retry = retry if retry is not None and retry.max_attempts > 1 else None
-        self.fingerprint = _fingerprint(fn)
+        # FLOW-9: from a snapshot of the source taken now, hashed when first needed.
+        self._source = _source.snapshot(fn)
+        self._fingerprint = None if self._source is not None else _fingerprint(fn)
         self._is_async = _is_coroutine_function(fn)
 
     def __repr__(self) -> str:
         return f"<Flow {self.name!r}>"
+
+    @property
+    def fingerprint(self) -> str:
+        fp = self._fingerprint
+        if fp is None:
+            assert self._source is not None
+            fp = self._fingerprint = self._source.fingerprint()
+        return fp
+
+    def _has_fingerprint(self, fingerprint: str) -> bool:
+        """Whether the flow's source has this (stored) fingerprint; mostly
+        answered without tokenizing the source."""
+        source = self._source
+        if self._fingerprint is None and source is not None and source.matches(fingerprint):
+            self._fingerprint = fingerprint
+            return True
+        return self.fingerprint == fingerprint
 
     # Direct calls are checked against the body's parameters; `budget=` is accepted on top.
     @overload
@@ -701,7 +729,7 @@ def _prepare_resume(
                 pending=None,
             ),
         )
-    if row["fingerprint"] != flow_obj.fingerprint and not allow_code_change:
+    if not allow_code_change and not flow_obj._has_fingerprint(row["fingerprint"]):
         raise ResumeMismatchError(
             f"@flow {flow_obj.name!r}'s source changed since run {run_id!r} was created "
             "(fingerprint mismatch) -- pass allow_code_change=True to resume anyway (the journal "

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from . import _engine
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["ApprovalReply", "Interrupt", "approve", "ask_human"]  # noqa: F822 -- loaded lazily
 

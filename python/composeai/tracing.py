@@ -3,19 +3,51 @@
 from __future__ import annotations
 
 import os
+import reprlib
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Any
+
+from . import _dataclass
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["ErrorInfo", "Span", "Trace", "render_trace", "render_trace_mermaid"]
 
 
-@dataclass(slots=True)
 class ErrorInfo:
+    # `@dataclass(slots=True)`, written out; see `_dataclass`.
+    __slots__ = ("type", "message", "stacktrace")  # noqa: RUF023 -- the fields' order
     type: str
     message: str
-    stacktrace: str = ""
+    stacktrace: str
+
+    __dataclass_fields__ = _dataclass.metadata({"slots": True}, {"stacktrace": ""})
+    __dataclass_params__ = _dataclass.metadata({"slots": True}, {"stacktrace": ""})
+    __match_args__ = ("type", "message", "stacktrace")
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, type: str, message: str, stacktrace: str = "") -> None:
+        self.type = type
+        self.message = message
+        self.stacktrace = stacktrace
+
+    @reprlib.recursive_repr()
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__qualname__}(type={self.type!r}, message={self.message!r}, "
+            f"stacktrace={self.stacktrace!r})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return (self.type, self.message, self.stacktrace) == (
+                other.type,  # type: ignore[attr-defined]
+                other.message,  # type: ignore[attr-defined]
+                other.stacktrace,  # type: ignore[attr-defined]
+            )
+        return NotImplemented
 
 
 # OBS-70 reads the switch on every capture; on CPython's POSIX build the
@@ -40,25 +72,112 @@ def _new_span_id() -> str:
     return _core.ulid()
 
 
-@dataclass(kw_only=True, slots=True)
+_SPAN_FIELDS = (
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "kind",
+    "name",
+    "started_at",
+    "ended_at",
+    "status",
+    "error",
+    "input",
+    "output",
+    "usage",
+    "attributes",
+    "replayed",
+)
+_SPAN_DEFAULTS = {
+    "parent_span_id": None,
+    "ended_at": None,
+    "status": "running",
+    "error": None,
+    "input": None,
+    "output": None,
+    "usage": None,
+    "replayed": False,
+}
+_SPAN_FACTORIES = {"span_id": _new_span_id, "started_at": time.time, "attributes": dict}
+_SPAN_PARAMS = {"kw_only": True, "slots": True}
+
+
 class Span:
     """One timed operation of a trace (OBS-10); `span_id` defaults to a
     fresh ULID."""
 
+    # `@dataclass(kw_only=True, slots=True)`, written out; see `_dataclass`.
+    __slots__ = _SPAN_FIELDS
     trace_id: str
-    span_id: str = field(default_factory=_new_span_id)
-    parent_span_id: str | None = None
+    span_id: str
+    parent_span_id: str | None
     kind: str
     name: str
-    started_at: float = field(default_factory=time.time)
-    ended_at: float | None = None
-    status: str = "running"
-    error: ErrorInfo | None = None
-    input: Any = None
-    output: Any = None
-    usage: Any = None
-    attributes: dict[str, Any] = field(default_factory=dict)
-    replayed: bool = False
+    started_at: float
+    ended_at: float | None
+    status: str
+    error: ErrorInfo | None
+    input: Any
+    output: Any
+    usage: Any
+    attributes: dict[str, Any]
+    replayed: bool
+
+    __dataclass_fields__ = _dataclass.metadata(_SPAN_PARAMS, _SPAN_DEFAULTS, _SPAN_FACTORIES)
+    __dataclass_params__ = _dataclass.metadata(_SPAN_PARAMS, _SPAN_DEFAULTS, _SPAN_FACTORIES)
+    __match_args__ = ()
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(
+        self,
+        *,
+        trace_id: str,
+        span_id: str = _dataclass.FACTORY,
+        parent_span_id: str | None = None,
+        kind: str,
+        name: str,
+        started_at: float = _dataclass.FACTORY,
+        ended_at: float | None = None,
+        status: str = "running",
+        error: ErrorInfo | None = None,
+        input: Any = None,
+        output: Any = None,
+        usage: Any = None,
+        attributes: dict[str, Any] = _dataclass.FACTORY,
+        replayed: bool = False,
+    ) -> None:
+        self.trace_id = trace_id
+        self.span_id = _new_span_id() if span_id is _dataclass.FACTORY else span_id
+        self.parent_span_id = parent_span_id
+        self.kind = kind
+        self.name = name
+        self.started_at = time.time() if started_at is _dataclass.FACTORY else started_at
+        self.ended_at = ended_at
+        self.status = status
+        self.error = error
+        self.input = input
+        self.output = output
+        self.usage = usage
+        self.attributes = {} if attributes is _dataclass.FACTORY else attributes
+        self.replayed = replayed
+
+    @reprlib.recursive_repr()
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__qualname__}(trace_id={self.trace_id!r}, "
+            f"span_id={self.span_id!r}, parent_span_id={self.parent_span_id!r}, "
+            f"kind={self.kind!r}, name={self.name!r}, started_at={self.started_at!r}, "
+            f"ended_at={self.ended_at!r}, status={self.status!r}, error={self.error!r}, "
+            f"input={self.input!r}, output={self.output!r}, usage={self.usage!r}, "
+            f"attributes={self.attributes!r}, replayed={self.replayed!r})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return tuple(getattr(self, f) for f in _SPAN_FIELDS) == tuple(
+                getattr(other, f) for f in _SPAN_FIELDS
+            )
+        return NotImplemented
 
     @property
     def duration_ms(self) -> float | None:
