@@ -524,7 +524,15 @@ def _plain_args_json(value: Any) -> str | None:
     if type(value) is not dict or len(value) != 2:
         return None
     args = value.get("args")
-    if type(args) is not list or value.get("kwargs") != {} or type(value["kwargs"]) is not dict:
+    kwargs = value.get("kwargs")
+    if type(args) is not list or type(kwargs) is not dict:
+        return None
+    return _args_text(args, kwargs)
+
+
+def _args_text(args: Any, kwargs: dict) -> str | None:
+    """`_plain_args_json` of `{"args": list(args), "kwargs": kwargs}`."""
+    if kwargs:
         return None
     parts = []
     for a in args:
@@ -922,22 +930,41 @@ def journaled_step(
         _check_cancel()
     run = frame.run
     keep = kind != "task" or run.span_mark is None
-    hit = run.attempt.replay(frame.scope, name, kind, frame.span.span_id, _capture(), frame.fence)
+    hit = run.attempt.replay(frame.scope, name, kind, span_id_of(frame), _capture(), frame.fence)
     if type(hit) is tuple:
-        # replayed_hit, inlined: this is the whole of a replayed step.
-        if keep:
-            trace = frame.trace
-            if trace._unbuilt < 0:
-                trace._unbuilt = len(trace._spans)
-            trace._spans.append(hit)
-            if _current_bus() is not None:
-                _emit_replayed(trace.spans[-1])
-        elif _current_bus() is not None:
-            _emit_replayed(replayed_span(frame.trace.trace_id, hit))
-        if run.journal_failures:
-            return replayed_value(frame, StepStart(frame, hit[6], None, hit[0], None))
-        return hit[0]
-    step = started_step(frame, kind, name, hit, None, keep)
+        return _replayed(frame, run, hit, keep)
+    return _executed_step(frame, kind, name, hit, execute, args, kwargs, keep)
+
+
+def _replayed(frame: Frame, run: RunState, hit: tuple, keep: bool) -> Any:
+    """The whole of a replayed step: the core queued its span row; the
+    record is kept unbuilt in the trace (with `keep`)."""
+    if keep:
+        trace = frame.trace
+        if trace._unbuilt < 0:
+            trace._unbuilt = len(trace._spans)
+        trace._spans.append(hit)
+        if _current_bus() is not None:
+            _emit_replayed(trace.spans[-1])
+    elif _current_bus() is not None:
+        _emit_replayed(replayed_span(frame.trace.trace_id, hit))
+    if run.journal_failures:
+        return replayed_value(frame, StepStart(frame, hit[6], None, hit[0], None))
+    return hit[0]
+
+
+def _executed_step(
+    frame: Frame,
+    kind: str,
+    name: str,
+    key: str,
+    execute: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    keep: bool,
+) -> Any:
+    """A journal miss on the sync path: `execute` under the step's span, then commit."""
+    step = started_step(frame, kind, name, key, None, keep)
     if _capture():
         step.span.input = {"args": list(args), "kwargs": kwargs}
     token = FRAME.set(step.inner)
@@ -954,6 +981,137 @@ def journaled_step(
     finally:
         FRAME.reset(token)
     return finish_step(step, value)
+
+
+# ---------------------------------------------------------------------------
+# The lean `@task` step
+
+
+class StepFrame(Frame):
+    """The frame of a `@task` body on the lean path (`task_step`): its span
+    is described by a few scalars and built only if something reads
+    `span` (a nested agent, a retry record, a failure)."""
+
+    __slots__ = ("_built", "name", "span_id", "started_at")
+
+    def __init__(self, run, key, fence, trace, defer, span_id, name, started_at, parent_id):
+        self.run = run
+        self.scope = key
+        self.fence = fence
+        self.trace = trace
+        self.defer = defer
+        self.span_id = span_id
+        self.name = name
+        self.started_at = started_at
+        # The parent span's id until the span is built, then the Span.
+        self._built = parent_id
+
+    @property  # type: ignore[override]
+    def span(self) -> Span:
+        built = self._built
+        if type(built) is not Span:
+            built = self._built = Span(
+                trace_id=self.trace.trace_id,
+                span_id=self.span_id,
+                parent_span_id=built,
+                kind="task",
+                name=self.name,
+                started_at=self.started_at,
+                attributes={"step_key": self.scope},
+            )
+        return built
+
+
+def span_id_of(frame: Frame) -> str:
+    """The id of the frame's current span, without building a lean step's span."""
+    if type(frame) is StepFrame:
+        return frame.span_id
+    return frame.span.span_id
+
+
+def task_step(frame: Frame, run: RunState, task: Any, args: tuple, kwargs: dict) -> Any:
+    """A `@task` call inside a run: `journaled_step`, leaner. A replay is one
+    core call; a miss of a plain task (no timeout, no retries) on a store
+    that reads task spans back runs the body under a `StepFrame` and hands
+    the core the span as scalars, no `Span` built."""
+    if _STREAMS in _MODULES:
+        _check_cancel()
+    capture = _capture()
+    parent_id = frame.span_id if type(frame) is StepFrame else frame.span.span_id
+    name = task.name
+    hit = run.attempt.replay(frame.scope, name, "task", parent_id, capture, frame.fence)
+    if type(hit) is tuple:
+        if run.span_mark is None or _current_bus() is not None:
+            return _replayed(frame, run, hit, run.span_mark is None)
+        if run.journal_failures:
+            return replayed_value(frame, StepStart(frame, hit[6], None, hit[0], None))
+        return hit[0]
+    if not task._lean or run.span_mark is None or _current_bus() is not None:
+        keep = run.span_mark is None
+        return _executed_step(frame, "task", name, hit, task._execute, args, kwargs, keep)
+    inner = StepFrame(
+        run, hit, frame.fence, frame.trace, False, _core.ulid(), name, time.time(), parent_id
+    )
+    token = FRAME.set(inner)
+    try:
+        if task._is_async:
+            value = call_body(task.fn, True, args, kwargs)
+        else:
+            value = task.fn(*args, **kwargs)
+    except BaseException as exc:
+        span = _built_span(inner, capture, args, kwargs)
+        fail_span(run, span, exc)
+        frame.trace.add(span)
+        if run.journal_failures and isinstance(exc, Exception):
+            raise_journaled_failure(StepStart(frame, hit, span, None, inner), exc)
+        raise
+    finally:
+        FRAME.reset(token)
+    if type(inner._built) is Span:
+        # Something used the span (its attributes may have changed).
+        span = _built_span(inner, capture, args, kwargs)
+        return finish_step(StepStart(frame, hit, span, None, inner), value)
+    try:
+        value_json = _codec.dumps(value)
+    except SerializationError as exc:
+        error = SerializationError(f"step '{hit}': {exc}")
+        fail_span(run, _built_span(inner, capture, args, kwargs), error)
+        raise error from None
+    row = (
+        inner.span_id,
+        parent_id,
+        "task",
+        name,
+        inner.started_at,
+        time.time(),
+        "ok",
+        False,
+        hit,
+        None,
+        None,
+        None,
+        (_args_text(args, kwargs) or _codec.dumps_lenient(_args_input(args, kwargs)))
+        if capture
+        else None,
+        value_json if capture else None,
+    )
+    if frame.defer:
+        stored = run.attempt.commit_deferred(hit, value_json, row, frame.fence)
+    else:
+        stored = run.attempt.commit(hit, value_json, row, frame.fence)
+    return _codec.loads(stored)
+
+
+def _built_span(inner: StepFrame, capture: bool, args: tuple, kwargs: dict) -> Span:
+    """A lean step's span as `started_step` would have made it."""
+    span = inner.span
+    if capture and span.input is None:
+        span.input = _args_input(args, kwargs)
+    return span
+
+
+def _args_input(args: tuple, kwargs: dict) -> dict:
+    return {"args": list(args), "kwargs": kwargs}
 
 
 async def ajournaled_step(

@@ -30,6 +30,12 @@ else:
     R = TypeVar("R")
 
 _TASKS: dict[str, Task] = {}
+
+_MODULES = sys.modules
+# `check_sync_facade` has nothing to check until either is there.
+_RUNTIME = "composeai._runtime"
+_ASYNC_DRIVER = _engine.ASYNC_DRIVER
+_FRAME_GET = FRAME.get
 _FLOWS: dict[str, Flow] = {}
 
 
@@ -66,6 +72,8 @@ class Task(Generic[P, R]):
         self.retry = retry
         self.timeout = timeout
         self._is_async = _is_coroutine_function(fn)
+        # Runs on the engine's lean step path (`_engine.task_step`).
+        self._lean = timeout is None and not retries and retry is None
 
     def __repr__(self) -> str:
         return f"<Task {self.name!r}>"
@@ -76,10 +84,13 @@ class Task(Generic[P, R]):
         return functools.partial(self, obj)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        _engine.check_sync_facade()
-        frame = FRAME.get()
-        if frame is not None and frame.run is not None:
-            return _engine.journaled_step(frame, "task", self.name, self._execute, args, kwargs)
+        if _RUNTIME in _MODULES or _ASYNC_DRIVER.get() is not None:
+            _engine.check_sync_facade()
+        frame = _FRAME_GET()
+        if frame is not None:
+            run = frame.run
+            if run is not None:
+                return _engine.task_step(frame, run, self, args, kwargs)
         return _engine.unjournaled_call(
             frame,
             "task",
