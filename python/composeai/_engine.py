@@ -984,130 +984,84 @@ def _executed_step(
 
 
 # ---------------------------------------------------------------------------
-# The lean `@task` step
-
-
-class StepFrame(Frame):
-    """The frame of a `@task` body on the lean path (`task_step`): its span
-    is described by a few scalars and built only if something reads
-    `span` (a nested agent, a retry record, a failure)."""
-
-    __slots__ = ("_built", "name", "span_id", "started_at")
-
-    def __init__(self, run, key, fence, trace, defer, span_id, name, started_at, parent_id):
-        self.run = run
-        self.scope = key
-        self.fence = fence
-        self.trace = trace
-        self.defer = defer
-        self.span_id = span_id
-        self.name = name
-        self.started_at = started_at
-        # The parent span's id until the span is built, then the Span.
-        self._built = parent_id
-
-    @property  # type: ignore[override]
-    def span(self) -> Span:
-        built = self._built
-        if type(built) is not Span:
-            built = self._built = Span(
-                trace_id=self.trace.trace_id,
-                span_id=self.span_id,
-                parent_span_id=built,
-                kind="task",
-                name=self.name,
-                started_at=self.started_at,
-                attributes={"step_key": self.scope},
-            )
-        return built
+# The `@task` call (its hot paths are in the core: src/py/step.rs)
 
 
 def span_id_of(frame: Frame) -> str:
     """The id of the frame's current span, without building a lean step's span."""
-    if type(frame) is StepFrame:
+    if type(frame) is _core.StepFrame:
         return frame.span_id
     return frame.span.span_id
 
 
 def task_step(frame: Frame, run: RunState, task: Any, args: tuple, kwargs: dict) -> Any:
-    """A `@task` call inside a run: `journaled_step`, leaner. A replay is one
-    core call; a miss of a plain task (no timeout, no retries) on a store
-    that reads task spans back runs the body under a `StepFrame` and hands
-    the core the span as scalars, no `Span` built."""
-    if _STREAMS in _MODULES:
-        _check_cancel()
-    capture = _capture()
-    parent_id = frame.span_id if type(frame) is StepFrame else frame.span.span_id
-    name = task.name
-    hit = run.attempt.replay(frame.scope, name, "task", parent_id, capture, frame.fence)
-    if type(hit) is tuple:
-        if run.span_mark is None or _current_bus() is not None:
-            return _replayed(frame, run, hit, run.span_mark is None)
-        if run.journal_failures:
-            return replayed_value(frame, StepStart(frame, hit[6], None, hit[0], None))
-        return hit[0]
-    if not task._lean or run.span_mark is None or _current_bus() is not None:
-        keep = run.span_mark is None
-        return _executed_step(frame, "task", name, hit, task._execute, args, kwargs, keep)
-    inner = StepFrame(
-        run, hit, frame.fence, frame.trace, False, _core.ulid(), name, time.time(), parent_id
-    )
-    token = FRAME.set(inner)
-    try:
-        if task._is_async:
-            value = call_body(task.fn, True, args, kwargs)
-        else:
-            value = task.fn(*args, **kwargs)
-    except BaseException as exc:
-        span = _built_span(inner, capture, args, kwargs)
-        fail_span(run, span, exc)
-        frame.trace.add(span)
-        if run.journal_failures and isinstance(exc, Exception):
-            raise_journaled_failure(StepStart(frame, hit, span, None, inner), exc)
-        raise
-    finally:
-        FRAME.reset(token)
-    if type(inner._built) is Span:
-        # Something used the span (its attributes may have changed).
-        span = _built_span(inner, capture, args, kwargs)
-        return finish_step(StepStart(frame, hit, span, None, inner), value)
-    try:
-        value_json = _codec.dumps(value)
-    except SerializationError as exc:
-        error = SerializationError(f"step '{hit}': {exc}")
-        fail_span(run, _built_span(inner, capture, args, kwargs), error)
-        raise error from None
-    row = (
-        inner.span_id,
-        parent_id,
+    """A `@task` call inside a run that the core hands back whole."""
+    return journaled_step(frame, "task", task.name, task._execute, args, kwargs)
+
+
+def task_outside(task: Any, frame: Frame | None, args: tuple, kwargs: dict) -> Any:
+    """A `@task` call outside any durable run (FLOW-6)."""
+    return unjournaled_call(
+        frame,
         "task",
-        name,
-        inner.started_at,
-        time.time(),
-        "ok",
-        False,
-        hit,
-        None,
-        None,
-        None,
-        (_args_text(args, kwargs) or _codec.dumps_lenient(_args_input(args, kwargs)))
-        if capture
-        else None,
-        value_json if capture else None,
+        task.name,
+        lambda inner: task._execute(inner, args, kwargs),
+        _args_input(args, kwargs),
     )
-    if frame.defer:
-        stored = run.attempt.commit_deferred(hit, value_json, row, frame.fence)
-    else:
-        stored = run.attempt.commit(hit, value_json, row, frame.fence)
-    return _codec.loads(stored)
 
 
-def _built_span(inner: StepFrame, capture: bool, args: tuple, kwargs: dict) -> Span:
-    """A lean step's span as `started_step` would have made it."""
+def build_span(inner: Any) -> Span:
+    """The `Span` of a lean step, as `started_step` makes it."""
+    return Span(
+        trace_id=inner.trace.trace_id,
+        span_id=inner.span_id,
+        parent_span_id=inner.parent_span_id,
+        kind="task",
+        name=inner.name,
+        started_at=inner.started_at,
+        attributes={"step_key": inner.scope},
+    )
+
+
+def _built_span(inner: Any, capture: bool, args: tuple, kwargs: dict) -> Span:
     span = inner.span
     if capture and span.input is None:
         span.input = _args_input(args, kwargs)
     return span
+
+
+def lean_failed(
+    frame: Frame, inner: Any, exc: BaseException, capture: bool, args: tuple, kwargs: dict
+) -> None:
+    """A lean step's body raised: its span ends failed and is kept in the
+    trace (only `ok` step spans are read back from the store)."""
+    span = _built_span(inner, capture, args, kwargs)
+    fail_span(inner.run, span, exc)
+    frame.trace.add(span)
+
+
+def lean_finish(
+    frame: Frame, inner: Any, value: Any, capture: bool, args: tuple, kwargs: dict
+) -> Any:
+    """A lean step whose body read its span: committed from the span."""
+    span = _built_span(inner, capture, args, kwargs)
+    return finish_step(StepStart(frame, inner.scope, span, None, inner), value)
+
+
+def lean_unencodable(
+    inner: Any, exc: BaseException, capture: bool, args: tuple, kwargs: dict
+) -> None:
+    """A lean step's value failed to encode: raises what `finish_step` would."""
+    if not isinstance(exc, SerializationError):
+        raise exc
+    error = SerializationError(f"step '{inner.scope}': {exc}")
+    fail_span(inner.run, _built_span(inner, capture, args, kwargs), error)
+    raise error from None
+
+
+def args_json(args: tuple, kwargs: dict) -> str:
+    """A step's input text, as `span_row` writes it."""
+    return _args_text(args, kwargs) or _codec.dumps_lenient(_args_input(args, kwargs))
 
 
 def _args_input(args: tuple, kwargs: dict) -> dict:
@@ -1495,3 +1449,25 @@ async def run_on_thread_async(
     if value is None:
         raise _Revoked("stage abandoned")
     raise value
+
+
+_core.register_task_path(
+    {
+        "frame": FRAME,
+        "driver": ASYNC_DRIVER,
+        "bus": _events._BUS,
+        "modules": sys.modules,
+        "facade": check_sync_facade,
+        "cancel": _check_cancel,
+        "capture": _capture,
+        "dumps": _codec.dumps,
+        "general": task_step,
+        "outside": task_outside,
+        "failed": lean_failed,
+        "finish": lean_finish,
+        "unencodable": lean_unencodable,
+        "args_json": args_json,
+        "call_body": call_body,
+        "build_span": build_span,
+    }
+)

@@ -31,11 +31,6 @@ else:
 
 _TASKS: dict[str, Task] = {}
 
-_MODULES = sys.modules
-# `check_sync_facade` has nothing to check until either is there.
-_RUNTIME = "composeai._runtime"
-_ASYNC_DRIVER = _engine.ASYNC_DRIVER
-_FRAME_GET = FRAME.get
 _FLOWS: dict[str, Flow] = {}
 
 
@@ -53,7 +48,7 @@ def _args_payload(args: tuple, kwargs: dict) -> dict:
 # @task
 
 
-class Task(Generic[P, R]):
+class Task(_core.TaskCall, Generic[P, R]):
     """A journaled unit of work (FLOW-1 … FLOW-7)."""
 
     def __init__(
@@ -72,8 +67,10 @@ class Task(Generic[P, R]):
         self.retry = retry
         self.timeout = timeout
         self._is_async = _is_coroutine_function(fn)
-        # Runs on the engine's lean step path (`_engine.task_step`).
-        self._lean = timeout is None and not retries and retry is None
+        # What the core's call reads: a lean task (no timeout, no retries)
+        # runs its step in the core (src/py/step.rs).
+        lean = timeout is None and not retries and retry is None
+        self._step = (fn, name, lean, self._is_async)
 
     def __repr__(self) -> str:
         return f"<Task {self.name!r}>"
@@ -83,21 +80,10 @@ class Task(Generic[P, R]):
             return self
         return functools.partial(self, obj)
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        if _RUNTIME in _MODULES or _ASYNC_DRIVER.get() is not None:
-            _engine.check_sync_facade()
-        frame = _FRAME_GET()
-        if frame is not None:
-            run = frame.run
-            if run is not None:
-                return _engine.task_step(frame, run, self, args, kwargs)
-        return _engine.unjournaled_call(
-            frame,
-            "task",
-            self.name,
-            lambda inner: self._execute(inner, args, kwargs),
-            _args_payload(args, kwargs),
-        )
+    if TYPE_CHECKING:
+        # The call is the core's (`_core.TaskCall`): a replay or a plain
+        # task's step runs no engine frame of Python (FLOW-16, FLOW-17).
+        def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
 
     def _timeout_error(self, cooperative: bool):
         return _engine.task_timeout_error("@task", self.name, self.timeout, cooperative)
