@@ -20,6 +20,7 @@ from typing import Any
 
 from . import _codec, _core, _threads
 from . import events as _events
+from . import tracing as _tracing
 from .errors import ConfigError, SerializationError, TaskTimeoutError
 from .runs import Run
 from .tracing import ErrorInfo, Span, Trace, _capture_content, replayed_span
@@ -1460,6 +1461,8 @@ _core.register_task_path(
         "facade": check_sync_facade,
         "cancel": _check_cancel,
         "capture": _capture,
+        "environ": _tracing._ENV_DATA,
+        "content_key": getattr(_tracing, "_CONTENT_KEY", None),
         "dumps": _codec.dumps,
         "general": task_step,
         "outside": task_outside,

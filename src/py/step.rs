@@ -17,7 +17,7 @@ use pyo3::exceptions::PyKeyError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
-use pyo3::types::{PyBool, PyDict, PyInt, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyString, PyTuple};
 use std::sync::Arc;
 
 /// What the call needs of the Python side, registered once by the engine.
@@ -31,6 +31,10 @@ struct Hooks {
     facade: PyObject,
     cancel: PyObject,
     capture: PyObject,
+    /// `os.environ`'s raw mapping and the encoded `COMPOSE_TRACE_CONTENT`
+    /// key: OBS-70's switch read without calling `capture` (None when the
+    /// platform has no such mapping).
+    environ: Option<(Py<PyDict>, PyObject)>,
     dumps: PyObject,
     /// The whole step in Python: `general(frame, run, task, args, kwargs)`.
     general: PyObject,
@@ -74,6 +78,13 @@ pub fn register_task_path(py: Python<'_>, hooks: &Bound<'_, PyDict>) -> PyResult
         facade: hook(hooks, "facade")?,
         cancel: hook(hooks, "cancel")?,
         capture: hook(hooks, "capture")?,
+        environ: match (
+            hook(hooks, "environ")?.into_bound(py).downcast_into::<PyDict>(),
+            hook(hooks, "content_key")?,
+        ) {
+            (Ok(environ), key) => Some((environ.unbind(), key)),
+            (Err(_), _) => None,
+        },
         dumps: hook(hooks, "dumps")?,
         general: hook(hooks, "general")?,
         outside: hook(hooks, "outside")?,
@@ -214,7 +225,15 @@ fn task_call<'py>(
     if modules.contains(intern!(py, "composeai._streams"))? {
         h.cancel.call0(py)?;
     }
-    let capture = h.capture.bind(py).call0()?.is_truthy()?;
+    let capture = match &h.environ {
+        Some((environ, key)) => match environ.bind(py).get_item(key)? {
+            Some(value) => value
+                .downcast::<PyBytes>()
+                .map_or(true, |v| v.as_bytes() != b"0"),
+            None => true,
+        },
+        None => h.capture.bind(py).call0()?.is_truthy()?,
+    };
     let name_obj = spec.get_item(1)?.downcast_into::<PyString>()?;
     let name = name_obj.to_str()?;
     let parent_obj = match frame.downcast::<PyStepFrame>() {
