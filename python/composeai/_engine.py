@@ -1013,7 +1013,7 @@ def task_outside(task: Any, frame: Frame | None, args: tuple, kwargs: dict) -> A
 
 def build_span(inner: Any) -> Span:
     """The `Span` of a lean step, as `started_step` makes it."""
-    return Span(
+    span = Span(
         trace_id=inner.trace.trace_id,
         span_id=inner.span_id,
         parent_span_id=inner.parent_span_id,
@@ -1022,41 +1022,30 @@ def build_span(inner: Any) -> Span:
         started_at=inner.started_at,
         attributes={"step_key": inner.scope},
     )
-
-
-def _built_span(inner: Any, capture: bool, args: tuple, kwargs: dict) -> Span:
-    span = inner.span
-    if capture and span.input is None:
-        span.input = _args_input(args, kwargs)
+    if inner.capture:
+        span.input = _args_input(inner.args, inner.kwargs)
     return span
 
 
-def lean_failed(
-    frame: Frame, inner: Any, exc: BaseException, capture: bool, args: tuple, kwargs: dict
-) -> None:
+def lean_failed(frame: Frame, inner: Any, exc: BaseException) -> None:
     """A lean step's body raised: its span ends failed and is kept in the
     trace (only `ok` step spans are read back from the store)."""
-    span = _built_span(inner, capture, args, kwargs)
+    span = inner.span
     fail_span(inner.run, span, exc)
     frame.trace.add(span)
 
 
-def lean_finish(
-    frame: Frame, inner: Any, value: Any, capture: bool, args: tuple, kwargs: dict
-) -> Any:
+def lean_finish(frame: Frame, inner: Any, value: Any) -> Any:
     """A lean step whose body read its span: committed from the span."""
-    span = _built_span(inner, capture, args, kwargs)
-    return finish_step(StepStart(frame, inner.scope, span, None, inner), value)
+    return finish_step(StepStart(frame, inner.scope, inner.span, None, inner), value)
 
 
-def lean_unencodable(
-    inner: Any, exc: BaseException, capture: bool, args: tuple, kwargs: dict
-) -> None:
+def lean_unencodable(inner: Any, exc: BaseException) -> None:
     """A lean step's value failed to encode: raises what `finish_step` would."""
     if not isinstance(exc, SerializationError):
         raise exc
     error = SerializationError(f"step '{inner.scope}': {exc}")
-    fail_span(inner.run, _built_span(inner, capture, args, kwargs), error)
+    fail_span(inner.run, inner.span, error)
     raise error from None
 
 

@@ -40,11 +40,11 @@ struct Hooks {
     general: PyObject,
     /// A call outside any run: `outside(task, frame, args, kwargs)`.
     outside: PyObject,
-    /// A failed lean body: `failed(frame, inner, exc, capture, args, kwargs)`.
+    /// A failed lean body: `failed(frame, inner, exc)`.
     failed: PyObject,
-    /// A lean step whose span was built: `finish(frame, inner, value, capture, args, kwargs)`.
+    /// A lean step whose span was built: `finish(frame, inner, value)`.
     finish: PyObject,
-    /// An unencodable value: `unencodable(inner, exc, capture, args, kwargs)` raises.
+    /// An unencodable value: `unencodable(inner, exc)` raises.
     unencodable: PyObject,
     /// The step's input text when the core declines it: `args_json(args, kwargs)`.
     args_json: PyObject,
@@ -126,6 +126,13 @@ pub struct PyStepFrame {
     name: Py<PyString>,
     #[pyo3(get)]
     started_at: f64,
+    /// The call's arguments, the span's input when `capture` (OBS-70).
+    #[pyo3(get)]
+    args: Py<PyTuple>,
+    #[pyo3(get)]
+    kwargs: PyObject,
+    #[pyo3(get)]
+    capture: bool,
     built: GILOnceCell<PyObject>,
 }
 
@@ -287,6 +294,9 @@ fn task_call<'py>(
             parent_span_id: parent_obj.clone().unbind(),
             name: name_obj.clone().unbind(),
             started_at,
+            args: args.clone().unbind(),
+            kwargs: kwargs_dict(py, kwargs).into_any().unbind(),
+            capture,
             built: GILOnceCell::new(),
         },
     )?;
@@ -309,20 +319,13 @@ fn task_call<'py>(
                     exc.setattr(intern!(py, "__traceback__"), tb)?;
                 }
             }
-            let kw = kwargs_dict(py, kwargs);
-            h.failed
-                .bind(py)
-                .call1((&frame, &inner, exc, capture, args, kw))?;
+            h.failed.bind(py).call1((&frame, &inner, exc))?;
             return Err(err);
         }
     };
     if inner.get().built.get(py).is_some() {
         // The body read its span (and may have changed it): Python closes it.
-        let kw = kwargs_dict(py, kwargs);
-        return h
-            .finish
-            .bind(py)
-            .call1((&frame, &inner, &value, capture, args, kw));
+        return h.finish.bind(py).call1((&frame, &inner, &value));
     }
     let (value_json, scalar) = match encode_scalar(&value)? {
         Some(text) => (text, true),
@@ -330,17 +333,10 @@ fn task_call<'py>(
             Ok(text) => (text.extract::<String>()?, false),
             Err(err) => {
                 let exc = err.value(py).clone();
-                let kw = kwargs_dict(py, kwargs);
-                return Err(
-                    match h
-                        .unencodable
-                        .bind(py)
-                        .call1((&inner, exc, capture, args, kw))
-                    {
-                        Err(raised) => raised,
-                        Ok(_) => err,
-                    },
-                );
+                return Err(match h.unencodable.bind(py).call1((&inner, exc)) {
+                    Err(raised) => raised,
+                    Ok(_) => err,
+                });
             }
         },
     };
