@@ -79,7 +79,9 @@ pub fn register_task_path(py: Python<'_>, hooks: &Bound<'_, PyDict>) -> PyResult
         cancel: hook(hooks, "cancel")?,
         capture: hook(hooks, "capture")?,
         environ: match (
-            hook(hooks, "environ")?.into_bound(py).downcast_into::<PyDict>(),
+            hook(hooks, "environ")?
+                .into_bound(py)
+                .downcast_into::<PyDict>(),
             hook(hooks, "content_key")?,
         ) {
             (Ok(environ), key) => Some((environ.unbind(), key)),
@@ -100,9 +102,9 @@ pub fn register_task_path(py: Python<'_>, hooks: &Bound<'_, PyDict>) -> PyResult
 }
 
 fn hooks(py: Python<'_>) -> PyResult<&'static Hooks> {
-    HOOKS.get(py).ok_or_else(|| {
-        pyo3::exceptions::PyRuntimeError::new_err("composeai._engine is not loaded")
-    })
+    HOOKS
+        .get(py)
+        .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("composeai._engine is not loaded"))
 }
 
 /// The frame a lean step's body runs under: `Frame`'s attributes, with the
@@ -205,7 +207,11 @@ fn task_call<'py>(
     // ASYNC-6: nothing to check before the runtime is loaded or an async
     // driver is set.
     if modules.contains(intern!(py, "composeai._runtime"))?
-        || !h.driver.bind(py).call_method0(intern!(py, "get"))?.is_none()
+        || !h
+            .driver
+            .bind(py)
+            .call_method0(intern!(py, "get"))?
+            .is_none()
     {
         h.facade.call0(py)?;
     }
@@ -452,7 +458,10 @@ fn push_ascii_json(out: &mut String, text: &str) {
 /// `_engine._args_text`: the step input `{"args": [...], "kwargs": {}}` of
 /// ints, bools, None and ASCII strings, as `dumps_lenient` writes it; `None`
 /// for any other input.
-fn args_text(args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Option<String>> {
+fn args_text(
+    args: &Bound<'_, PyTuple>,
+    kwargs: Option<&Bound<'_, PyDict>>,
+) -> PyResult<Option<String>> {
     if kwargs.is_some_and(|k| !k.is_empty()) {
         return Ok(None);
     }
