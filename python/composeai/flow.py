@@ -30,7 +30,6 @@ else:
     R = TypeVar("R")
 
 _TASKS: dict[str, Task] = {}
-
 _FLOWS: dict[str, Flow] = {}
 
 
