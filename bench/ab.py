@@ -2,16 +2,19 @@
 one session, so both sides see the same machine load.
 
     python bench/ab.py --base ../other-checkout/python [--rounds 5] w2_resume.py w5_agent.py ...
+    python bench/ab.py --base ../other-checkout/python "COMPOSE_DURABILITY=batch w1_steps.py --n 5000"
 
 Each round runs every script once per side (the side that goes first
 alternates), with PYTHONPATH set to that side's `python/` directory (its
-package and its `_core` build). Prints, per numeric field, the best and the
+package and its `_core` build); leading `NAME=value` words of a script
+set its environment. Prints, per numeric field, the best and the
 spread of each side and the ratio of the bests (this tree / base).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 
@@ -30,9 +33,12 @@ def main() -> None:
     for r in range(args.rounds):
         order = list(sides) if r % 2 == 0 else list(reversed(sides))
         for script in args.scripts:
-            argv = script.split()
+            words = script.split()
+            settings = list(itertools.takewhile(lambda w: "=" in w, words))
+            argv = words[len(settings) :]
             for side in order:
                 env = base_env()
+                env.update(w.split("=", 1) for w in settings)
                 env["PYTHONPATH"] = sides[side]
                 record = run_json(
                     [sys.executable, os.path.join(BENCH_DIR, argv[0]), *argv[1:]], env

@@ -5,7 +5,9 @@ Python-side costs per step. Not a workload -- prints a text report.
 
 Times are per journaled step (profiled total / N); cProfile itself inflates
 them, so read them as shares, not absolutes. Rust work shows up as the
-`_core` methods that call into it (e.g. `commit`, `reserve`).
+`_core` methods that call into it (e.g. `settle`); a task call is made in
+the core (`_core.TaskCall`), so its cost is the flow body's own time, and
+only the Python it calls back (the body, the codec) is listed.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ import pstats
 import time
 
 from _common import fresh_store, parser
+from _profile import add_options, report
 
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0], 2000)
-    p.add_argument("--top", type=int, default=25)
-    p.add_argument("--sort", choices=("tottime", "cumtime"), default="tottime")
+    add_options(p)
     args = p.parse_args()
     n = args.n
     fresh_store("profile")
@@ -49,29 +51,9 @@ def main() -> None:
     steps.run(n)
     profiler.disable()
 
-    stats = pstats.Stats(profiler)
-    total = stats.total_tt / n * 1e6
+    total = pstats.Stats(profiler).total_tt / n * 1e6
     print(f"W1 N={n}: {plain:.1f} us/step unprofiled, {total:.1f} us/step under cProfile")
-    print(f"top {args.top} by {args.sort}, per step:")
-    print(f"{'calls/step':>10} {'tottime us':>11} {'cumtime us':>11} {'share':>6}  function")
-    rows = []
-    for (filename, line, func), (cc, nc, tt, ct, _) in stats.stats.items():
-        rows.append((nc / n, tt / n * 1e6, ct / n * 1e6, short(filename, line, func)))
-    key = 1 if args.sort == "tottime" else 2
-    rows.sort(key=lambda r: r[key], reverse=True)
-    for calls, tt, ct, name in rows[: args.top]:
-        print(f"{calls:>10.2f} {tt:>11.2f} {ct:>11.2f} {tt / total:>6.1%}  {name}")
-
-
-def short(filename: str, line: int, func: str) -> str:
-    if filename == "~":
-        return func
-    marker = "composeai/"
-    if marker in filename:
-        filename = filename[filename.index(marker) :]
-    else:
-        filename = filename.rsplit("/", 1)[-1]
-    return f"{filename}:{line}({func})"
+    report(profiler, n, args.top, args.sort, "step")
 
 
 if __name__ == "__main__":

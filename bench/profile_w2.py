@@ -5,7 +5,8 @@ costs per replayed step. Not a workload -- prints a text report.
     python bench/profile_w2.py [--n 2000] [--top 25] [--sort tottime|cumtime]
 
 Times are per replayed step (profiled total / N); cProfile inflates them, so
-read them as shares. Rust work shows up as the `_core` methods calling into it.
+read them as shares. Rust work shows up as the `_core` methods calling into it;
+a replayed task call is made in the core, so it is the flow body's own time.
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ import pstats
 import time
 
 from _common import fresh_store, parser
-from profile_w1 import short
+from _profile import add_options, report
 
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0], 2000)
-    p.add_argument("--top", type=int, default=25)
-    p.add_argument("--sort", choices=("tottime", "cumtime"), default="tottime")
+    add_options(p)
     args = p.parse_args()
     n = args.n
     fresh_store("profile-w2")
@@ -54,18 +54,9 @@ def main() -> None:
     compose.resume(second.id, answers={"go": True})
     profiler.disable()
 
-    stats = pstats.Stats(profiler)
-    total = stats.total_tt / n * 1e6
+    total = pstats.Stats(profiler).total_tt / n * 1e6
     print(f"W2 N={n}: {plain:.2f} us/replayed step unprofiled, {total:.2f} under cProfile")
-    print(f"top {args.top} by {args.sort}, per replayed step:")
-    print(f"{'calls/step':>10} {'tottime us':>11} {'cumtime us':>11} {'share':>6}  function")
-    rows = []
-    for (filename, line, func), (_cc, nc, tt, ct, _) in stats.stats.items():
-        rows.append((nc / n, tt / n * 1e6, ct / n * 1e6, short(filename, line, func)))
-    key = 1 if args.sort == "tottime" else 2
-    rows.sort(key=lambda r: r[key], reverse=True)
-    for calls, tt, ct, name in rows[: args.top]:
-        print(f"{calls:>10.2f} {tt:>11.2f} {ct:>11.2f} {tt / total:>6.1%}  {name}")
+    report(profiler, n, args.top, args.sort, "replayed step")
 
 
 if __name__ == "__main__":

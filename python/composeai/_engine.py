@@ -18,6 +18,7 @@ from contextvars import ContextVar, copy_context
 
 from . import _codec, _core, _threads
 from . import events as _events
+from . import tracing as _tracing
 from .errors import ConfigError, SerializationError, TaskTimeoutError
 from .runs import Run
 from .tracing import ErrorInfo, Span, Trace, _capture_content, replayed_span
@@ -526,7 +527,15 @@ def _plain_args_json(value: Any) -> str | None:
     if type(value) is not dict or len(value) != 2:
         return None
     args = value.get("args")
-    if type(args) is not list or value.get("kwargs") != {} or type(value["kwargs"]) is not dict:
+    kwargs = value.get("kwargs")
+    if type(args) is not list or type(kwargs) is not dict:
+        return None
+    return _args_text(args, kwargs)
+
+
+def _args_text(args: Any, kwargs: dict) -> str | None:
+    """`_plain_args_json` of `{"args": list(args), "kwargs": kwargs}`."""
+    if kwargs:
         return None
     parts = []
     for a in args:
@@ -924,22 +933,41 @@ def journaled_step(
         _check_cancel()
     run = frame.run
     keep = kind != "task" or run.span_mark is None
-    hit = run.attempt.replay(frame.scope, name, kind, frame.span.span_id, _capture(), frame.fence)
+    hit = run.attempt.replay(frame.scope, name, kind, span_id_of(frame), _capture(), frame.fence)
     if type(hit) is tuple:
-        # replayed_hit, inlined: this is the whole of a replayed step.
-        if keep:
-            trace = frame.trace
-            if trace._unbuilt < 0:
-                trace._unbuilt = len(trace._spans)
-            trace._spans.append(hit)
-            if _current_bus() is not None:
-                _emit_replayed(trace.spans[-1])
-        elif _current_bus() is not None:
-            _emit_replayed(replayed_span(frame.trace.trace_id, hit))
-        if run.journal_failures:
-            return replayed_value(frame, StepStart(frame, hit[6], None, hit[0], None))
-        return hit[0]
-    step = started_step(frame, kind, name, hit, None, keep)
+        return _replayed(frame, run, hit, keep)
+    return _executed_step(frame, kind, name, hit, execute, args, kwargs, keep)
+
+
+def _replayed(frame: Frame, run: RunState, hit: tuple, keep: bool) -> Any:
+    """The whole of a replayed step: the core queued its span row; the
+    record is kept unbuilt in the trace (with `keep`)."""
+    if keep:
+        trace = frame.trace
+        if trace._unbuilt < 0:
+            trace._unbuilt = len(trace._spans)
+        trace._spans.append(hit)
+        if _current_bus() is not None:
+            _emit_replayed(trace.spans[-1])
+    elif _current_bus() is not None:
+        _emit_replayed(replayed_span(frame.trace.trace_id, hit))
+    if run.journal_failures:
+        return replayed_value(frame, StepStart(frame, hit[6], None, hit[0], None))
+    return hit[0]
+
+
+def _executed_step(
+    frame: Frame,
+    kind: str,
+    name: str,
+    key: str,
+    execute: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    keep: bool,
+) -> Any:
+    """A journal miss on the sync path: `execute` under the step's span, then commit."""
+    step = started_step(frame, kind, name, key, None, keep)
     if _capture():
         step.span.input = {"args": list(args), "kwargs": kwargs}
     token = FRAME.set(step.inner)
@@ -956,6 +984,80 @@ def journaled_step(
     finally:
         FRAME.reset(token)
     return finish_step(step, value)
+
+
+# ---------------------------------------------------------------------------
+# The `@task` call (its hot paths are in the core: src/py/step.rs)
+
+
+def span_id_of(frame: Frame) -> str:
+    """The id of the frame's current span, without building a lean step's span."""
+    if type(frame) is _core.StepFrame:
+        return frame.span_id
+    return frame.span.span_id
+
+
+def task_step(frame: Frame, run: RunState, task: Any, args: tuple, kwargs: dict) -> Any:
+    """A `@task` call inside a run that the core hands back whole."""
+    return journaled_step(frame, "task", task.name, task._execute, args, kwargs)
+
+
+def task_outside(task: Any, frame: Frame | None, args: tuple, kwargs: dict) -> Any:
+    """A `@task` call outside any durable run (FLOW-6)."""
+    return unjournaled_call(
+        frame,
+        "task",
+        task.name,
+        lambda inner: task._execute(inner, args, kwargs),
+        _args_input(args, kwargs),
+    )
+
+
+def build_span(inner: Any) -> Span:
+    """The `Span` of a lean step, as `started_step` makes it."""
+    span = Span(
+        trace_id=inner.trace.trace_id,
+        span_id=inner.span_id,
+        parent_span_id=inner.parent_span_id,
+        kind="task",
+        name=inner.name,
+        started_at=inner.started_at,
+        attributes={"step_key": inner.scope},
+    )
+    if inner.capture:
+        span.input = _args_input(inner.args, inner.kwargs)
+    return span
+
+
+def lean_failed(frame: Frame, inner: Any, exc: BaseException) -> None:
+    """A lean step's body raised: its span ends failed and is kept in the
+    trace (only `ok` step spans are read back from the store)."""
+    span = inner.span
+    fail_span(inner.run, span, exc)
+    frame.trace.add(span)
+
+
+def lean_finish(frame: Frame, inner: Any, value: Any) -> Any:
+    """A lean step whose body read its span: committed from the span."""
+    return finish_step(StepStart(frame, inner.scope, inner.span, None, inner), value)
+
+
+def lean_unencodable(inner: Any, exc: BaseException) -> None:
+    """A lean step's value failed to encode: raises what `finish_step` would."""
+    if not isinstance(exc, SerializationError):
+        raise exc
+    error = SerializationError(f"step '{inner.scope}': {exc}")
+    fail_span(inner.run, inner.span, error)
+    raise error from None
+
+
+def args_json(args: tuple, kwargs: dict) -> str:
+    """A step's input text, as `span_row` writes it."""
+    return _args_text(args, kwargs) or _codec.dumps_lenient(_args_input(args, kwargs))
+
+
+def _args_input(args: tuple, kwargs: dict) -> dict:
+    return {"args": list(args), "kwargs": kwargs}
 
 
 async def ajournaled_step(
@@ -1339,3 +1441,27 @@ async def run_on_thread_async(
     if value is None:
         raise _Revoked("stage abandoned")
     raise value
+
+
+_core.register_task_path(
+    {
+        "frame": FRAME,
+        "driver": ASYNC_DRIVER,
+        "bus": _events._BUS,
+        "modules": sys.modules,
+        "facade": check_sync_facade,
+        "cancel": _check_cancel,
+        "capture": _capture,
+        "environ": _tracing._ENV_DATA,
+        "content_key": getattr(_tracing, "_CONTENT_KEY", None),
+        "dumps": _codec.dumps,
+        "general": task_step,
+        "outside": task_outside,
+        "failed": lean_failed,
+        "finish": lean_finish,
+        "unencodable": lean_unencodable,
+        "args_json": args_json,
+        "call_body": call_body,
+        "build_span": build_span,
+    }
+)

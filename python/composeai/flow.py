@@ -56,7 +56,7 @@ def _args_payload(args: tuple, kwargs: dict) -> dict:
 # @task
 
 
-class Task(Generic[P, R]):
+class Task(_core.TaskCall, Generic[P, R]):
     """A journaled unit of work (FLOW-1 … FLOW-7)."""
 
     def __init__(
@@ -75,6 +75,10 @@ class Task(Generic[P, R]):
         self.retry = retry
         self.timeout = timeout
         self._is_async = _is_coroutine_function(fn)
+        # What the core's call reads: a lean task (no timeout, no retries)
+        # runs its step in the core (src/py/step.rs).
+        lean = timeout is None and not retries and retry is None
+        self._step = (fn, name, lean, self._is_async)
 
     def __repr__(self) -> str:
         return f"<Task {self.name!r}>"
@@ -84,18 +88,10 @@ class Task(Generic[P, R]):
             return self
         return functools.partial(self, obj)
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        _engine.check_sync_facade()
-        frame = FRAME.get()
-        if frame is not None and frame.run is not None:
-            return _engine.journaled_step(frame, "task", self.name, self._execute, args, kwargs)
-        return _engine.unjournaled_call(
-            frame,
-            "task",
-            self.name,
-            lambda inner: self._execute(inner, args, kwargs),
-            _args_payload(args, kwargs),
-        )
+    if TYPE_CHECKING:
+        # The call is the core's (`_core.TaskCall`): a replay or a plain
+        # task's step runs no engine frame of Python (FLOW-16, FLOW-17).
+        def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
 
     def _timeout_error(self, cooperative: bool):
         return _engine.task_timeout_error("@task", self.name, self.timeout, cooperative)

@@ -10,6 +10,7 @@ mod graph;
 mod query;
 mod queue;
 mod spans;
+mod step;
 mod store;
 mod trace;
 
@@ -66,6 +67,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(query::diff_view, m)?)?;
     m.add_function(wrap_pyfunction!(query::export_view, m)?)?;
     durable::register(m)?;
+    step::register(m)?;
     queue::register(m)?;
     m.add_class::<graph::PyGraphDef>()?;
     m.add_class::<graph::PyGraphRun>()?;

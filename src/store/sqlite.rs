@@ -545,6 +545,8 @@ fn write_ops(
         Ok(m)
     };
     let mut refused: HashMap<i64, bool> = HashMap::new();
+    let mut journal_insert = None;
+    let mut span_inserts = SpanInserts::default();
     for op in ops {
         match op {
             Op::Step {
@@ -560,7 +562,11 @@ fn write_ops(
                     results.push((slot.clone(), Err(crate::lease::moved(&run_id))));
                     continue;
                 }
-                let winner = insert_journal(tx, *rid, key, value)?;
+                let st = match &mut journal_insert {
+                    Some(st) => st,
+                    None => journal_insert.insert(tx.prepare_cached(JOURNAL_INSERT)?),
+                };
+                let winner = insert_journal_with(tx, st, *rid, key, value)?;
                 results.push((slot.clone(), Ok(winner)));
             }
             Op::Span(rec) => {
@@ -577,7 +583,7 @@ fn write_ops(
                         continue;
                     }
                 }
-                insert_span(tx, traces, rec)?
+                span_inserts.insert(tx, traces, rec)?
             }
         }
     }
@@ -681,11 +687,23 @@ pub(crate) fn insert_journal(
     key: &str,
     value: &str,
 ) -> rusqlite::Result<Option<String>> {
-    let n = tx
-        .prepare_cached(
-            "INSERT OR IGNORE INTO journal(rid, step_key, value_json) VALUES(?1, ?2, ?3)",
-        )?
-        .execute(params![rid, key, value])?;
+    let mut st = tx.prepare_cached(JOURNAL_INSERT)?;
+    insert_journal_with(tx, &mut st, rid, key, value)
+}
+
+const JOURNAL_INSERT: &str =
+    "INSERT OR IGNORE INTO journal(rid, step_key, value_json) VALUES(?1, ?2, ?3)";
+
+/// `insert_journal` with its statement prepared by the caller (a batch
+/// reuses one statement for all its rows).
+fn insert_journal_with(
+    tx: &rusqlite::Transaction<'_>,
+    st: &mut rusqlite::Statement<'_>,
+    rid: i64,
+    key: &str,
+    value: &str,
+) -> rusqlite::Result<Option<String>> {
+    let n = st.execute(params![rid, key, value])?;
     if n == 1 {
         return Ok(None);
     }
@@ -721,53 +739,105 @@ pub fn insert_span(
     traces: &mut HashMap<String, i64>,
     rec: &SpanRecord,
 ) -> rusqlite::Result<()> {
-    let tid = trace_tid(tx, traces, &rec.trace_id)?;
-    let s = &rec.span;
-    let mut flags = 0;
-    if s.replayed {
-        flags |= FLAG_REPLAYED;
+    SpanInserts::default().insert(tx, traces, rec)
+}
+
+const SPAN_INSERT: &str =
+    "INSERT INTO spans(tid, rid, span_id, parent, kind, name, started_at, ended_at, status, \
+     flags, step_key, attributes_json, error_json, input_tokens, output_tokens, \
+     cache_read_tokens, cache_creation_tokens, reasoning_tokens, cost_usd, cost_complete, \
+     input_json, output_json) \
+     VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, \
+     ?19, ?20, ?21, ?22)";
+
+/// A span without attributes, usage or error (a task step's, replayed or
+/// not): the columns left out are NULL.
+const PLAIN_SPAN_INSERT: &str =
+    "INSERT INTO spans(tid, rid, span_id, parent, kind, name, started_at, ended_at, status, \
+     flags, step_key, input_json, output_json) \
+     VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)";
+
+/// The span insert statements of one batch, prepared on first use and kept
+/// for the batch (no statement-cache lookup per row).
+#[derive(Default)]
+struct SpanInserts<'c> {
+    full: Option<rusqlite::CachedStatement<'c>>,
+    plain: Option<rusqlite::CachedStatement<'c>>,
+}
+
+impl<'c> SpanInserts<'c> {
+    fn insert(
+        &mut self,
+        tx: &'c Connection,
+        traces: &mut HashMap<String, i64>,
+        rec: &SpanRecord,
+    ) -> rusqlite::Result<()> {
+        let tid = trace_tid(tx, traces, &rec.trace_id)?;
+        let s = &rec.span;
+        let mut flags = 0;
+        if s.replayed {
+            flags |= FLAG_REPLAYED;
+        }
+        let output = if rec.output_in_journal {
+            flags |= FLAG_OUTPUT_IN_JOURNAL;
+            None
+        } else {
+            s.output_json.as_deref()
+        };
+        let parent: Option<StoredId> = s.parent_span_id.as_deref().map(encode_id);
+        if s.attributes_json.is_none() && s.usage.is_none() && s.error_json.is_none() {
+            let st = match &mut self.plain {
+                Some(st) => st,
+                None => self.plain.insert(tx.prepare_cached(PLAIN_SPAN_INSERT)?),
+            };
+            st.execute(params![
+                tid,
+                rec.rid,
+                encode_id(&s.span_id),
+                parent,
+                s.kind,
+                s.name,
+                s.started_at,
+                s.ended_at,
+                s.status,
+                flags,
+                s.step_key,
+                s.input_json,
+                output,
+            ])?;
+            return Ok(());
+        }
+        let st = match &mut self.full {
+            Some(st) => st,
+            None => self.full.insert(tx.prepare_cached(SPAN_INSERT)?),
+        };
+        let u = s.usage.as_ref();
+        st.execute(params![
+            tid,
+            rec.rid,
+            encode_id(&s.span_id),
+            parent,
+            s.kind,
+            s.name,
+            s.started_at,
+            s.ended_at,
+            s.status,
+            flags,
+            s.step_key,
+            s.attributes_json,
+            s.error_json,
+            u.map(|u| u.input_tokens),
+            u.map(|u| u.output_tokens),
+            u.map(|u| u.cache_read_tokens),
+            u.map(|u| u.cache_creation_tokens),
+            u.map(|u| u.reasoning_tokens),
+            u.and_then(|u| u.cost_usd),
+            u.map(|u| u.cost_complete),
+            s.input_json,
+            output,
+        ])?;
+        Ok(())
     }
-    let output = if rec.output_in_journal {
-        flags |= FLAG_OUTPUT_IN_JOURNAL;
-        None
-    } else {
-        s.output_json.as_deref()
-    };
-    let parent: Option<StoredId> = s.parent_span_id.as_deref().map(encode_id);
-    let u = s.usage.as_ref();
-    tx.prepare_cached(
-        "INSERT INTO spans(tid, rid, span_id, parent, kind, name, started_at, ended_at, status, \
-         flags, step_key, attributes_json, error_json, input_tokens, output_tokens, \
-         cache_read_tokens, cache_creation_tokens, reasoning_tokens, cost_usd, cost_complete, \
-         input_json, output_json) \
-         VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, \
-         ?19, ?20, ?21, ?22)",
-    )?
-    .execute(params![
-        tid,
-        rec.rid,
-        encode_id(&s.span_id),
-        parent,
-        s.kind,
-        s.name,
-        s.started_at,
-        s.ended_at,
-        s.status,
-        flags,
-        s.step_key,
-        s.attributes_json,
-        s.error_json,
-        u.map(|u| u.input_tokens),
-        u.map(|u| u.output_tokens),
-        u.map(|u| u.cache_read_tokens),
-        u.map(|u| u.cache_creation_tokens),
-        u.map(|u| u.reasoning_tokens),
-        u.and_then(|u| u.cost_usd),
-        u.map(|u| u.cost_complete),
-        s.input_json,
-        output,
-    ])?;
-    Ok(())
 }
 
 impl Store for SqliteStore {
