@@ -803,16 +803,23 @@ class _Driver:
         run = self.run
         steps = gr.steps
         thread_id = self.thread_id
+        thread_json = None if thread_id is None else _codec.dumps(thread_id)
         # `{"steps", "status", "thread_id"?}` as the codec writes it.
         output_json = (
             f'{{"steps":{steps},"status":"{status}"'
-            + ("" if thread_id is None else f',"thread_id":{_codec.dumps(thread_id)}')
+            + ("" if thread_json is None else f',"thread_id":{thread_json}')
             + "}"
         )
         root.ended_at = time.time()
         root.status = "paused" if status == "suspended" else "ok"
         if self.lean_spans:
             attributes = root.attributes
+            if not attributes:
+                attributes_json = None
+            elif thread_json is not None and attributes == {"thread_id": thread_id}:
+                attributes_json = f'{{"thread_id":{thread_json}}}'
+            else:
+                attributes_json = _codec.dumps_lenient(attributes)
             self.attempt.span(
                 (
                     root.span_id,
@@ -824,7 +831,7 @@ class _Driver:
                     root.status,
                     False,
                     None,
-                    _codec.dumps_lenient(attributes) if attributes else None,
+                    attributes_json,
                     None,
                     None,
                     None,
@@ -879,6 +886,10 @@ def _deadline_at(deadline: Any) -> float | None:
 def _input_json(input: Any) -> str:
     if input is None:
         return "{}"
+    if type(input) is dict:
+        plain = _plain_update_json(input)
+        if plain is not None:
+            return plain
     if not isinstance(input, Mapping):
         raise TypeError(f"graph input must be a dict of state values, got {type(input).__name__}")
     for key in input:

@@ -332,7 +332,7 @@ impl GraphRun {
             created_at_ms: checkpoint::now_ms(),
             delta_json,
             snapshot_json,
-            meta_json: serde_json::to_string(&self.progress).unwrap_or_default(),
+            meta_json: self.progress.stored_text(),
         };
         self.head = Some(row.checkpoint_id.clone());
         self.unsaved.push(row);
@@ -935,6 +935,13 @@ mod tests {
         assert_eq!(names(&mut run), ["a", "b"]);
         step(&mut run, vec![("b", none()), ("a", none())], &[]);
         assert_eq!(names(&mut run), ["b2"], "the join still waits for b2");
+        let reopened =
+            GraphRun::open(g.clone(), run.attempt.clone(), None, None, false, 64, None).unwrap();
+        assert_eq!(
+            (reopened.progress.next.clone(), reopened.progress.joins.clone()),
+            (strings(&["b2"]), vec![strings(&["a"])]),
+            "the stored checkpoint keeps the join's progress"
+        );
         step(&mut run, vec![("b2", none())], &[]);
         assert_eq!(names(&mut run), ["j"]);
         assert_eq!(step(&mut run, vec![("j", none())], &[]), "completed");
