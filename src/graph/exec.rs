@@ -938,7 +938,10 @@ mod tests {
         let reopened =
             GraphRun::open(g.clone(), run.attempt.clone(), None, None, false, 64, None).unwrap();
         assert_eq!(
-            (reopened.progress.next.clone(), reopened.progress.joins.clone()),
+            (
+                reopened.progress.next.clone(),
+                reopened.progress.joins.clone()
+            ),
             (strings(&["b2"]), vec![strings(&["a"])]),
             "the stored checkpoint keeps the join's progress"
         );
