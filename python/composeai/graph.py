@@ -291,11 +291,10 @@ def _is_agent(node: Any) -> bool:
 
 
 class _Node:
-    __slots__ = ("fn", "is_agent", "is_async", "json_name", "name", "takes_ctx")
+    __slots__ = ("fn", "is_agent", "is_async", "name", "takes_ctx")
 
     def __init__(self, name: str, fn: Any):
         self.name = name
-        self.json_name = json.dumps(name)
         self.fn = fn
         self.is_agent = _is_agent(fn)
         self.is_async = False
