@@ -460,15 +460,21 @@ class GraphDef:
 
 # `(node, scope, step, resume_json, attempt, done_json)`.
 _ExecTuple: TypeAlias = tuple[str, str, int, str | None, int, str | None]
-# `(node, kind, update_json, goto_targets, payload_json)`.
-_OutcomeTuple: TypeAlias = tuple[str, str, str | None, list[str] | None, str | None]
+# `(span_id, parent_span_id, started_at, ended_at)` of a node span the core queues.
+_NodeSpan: TypeAlias = tuple[str, str | None, float, float]
+# `(node, kind, update_json, goto_targets, payload_json, span)`.
+_OutcomeTuple: TypeAlias = tuple[
+    str, str, str | None, list[str] | None, str | None, _NodeSpan | None
+]
 
 @final
 class GraphRun:
     def ready(self) -> list[_ExecTuple]: ...
     def answer(self, values: list[tuple[str, str]]) -> None: ...
-    def finish(self, outcomes: list[_OutcomeTuple]) -> tuple[str, list[str]]: ...
-    def schedule(self, labels: list[tuple[str, str]]) -> str: ...
+    def step(
+        self, outcomes: list[_OutcomeTuple]
+    ) -> tuple[str, list[str], str | None, list[_ExecTuple]]: ...
+    def route(self, labels: list[tuple[str, str]]) -> tuple[str, list[_ExecTuple]]: ...
     def idle_status(self) -> str: ...
     def commit(self, output_json: str | None = None) -> None: ...
     def release(self, status: str) -> None: ...
@@ -504,13 +510,15 @@ def graph_check_resume(progress_json: str, names: list[str]) -> None: ...
 def graph_run_head(store: Store, run_id: str) -> str | None: ...
 def thread_start(
     store: Store,
+    graph: GraphDef,
     thread_id: str,
-    graph: str,
-    fingerprint: str,
     args_json: str,
     budget_json: str | None,
     run_id: str,
-) -> Attempt: ...
+    input_json: str,
+    max_steps: int,
+    deadline: float | None = None,
+) -> tuple[Attempt, GraphRun]: ...
 def thread_claim(
     store: Store,
     thread_id: str,

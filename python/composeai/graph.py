@@ -229,6 +229,8 @@ class Storage:
     def store(self):
         if self.url is None:
             return _engine.get_store()
+        if self._store is not None:
+            return self._store
         with self._lock:
             if self._store is None:
                 if self.url == ":memory:":
@@ -289,11 +291,10 @@ def _is_agent(node: Any) -> bool:
 
 
 class _Node:
-    __slots__ = ("fn", "is_agent", "is_async", "json_name", "name", "takes_ctx")
+    __slots__ = ("fn", "is_agent", "is_async", "name", "takes_ctx")
 
     def __init__(self, name: str, fn: Any):
         self.name = name
-        self.json_name = json.dumps(name)
         self.fn = fn
         self.is_agent = _is_agent(fn)
         self.is_async = False
@@ -463,9 +464,44 @@ def reset_registry() -> None:
 # Running
 
 
+_encode_ascii = _codec._encode_str
+_int_text = int.__repr__
+# Ints beyond this go through the codec (which knows the digit limit).
+_BIG_INT = 10**18
+
+
+def _plain_update_json(update: dict) -> str | None:
+    """The codec's text of an update whose keys are ASCII strings and whose
+    values are ints, bools, None or ASCII strings (the common case, written
+    without the general encoder); None for any other update."""
+    parts = []
+    for key, value in update.items():
+        if type(key) is not str or not key.isascii():
+            return None
+        t = type(value)
+        if t is int:
+            if not -_BIG_INT < value < _BIG_INT:
+                return None
+            text = _int_text(value)
+        elif t is str and value.isascii():
+            text = _encode_ascii(value)
+        elif value is None:
+            text = "null"
+        elif t is bool:
+            text = "true" if value else "false"
+        else:
+            return None
+        parts.append(f"{_encode_ascii(key)}:{text}")
+    return "{" + ",".join(parts) + "}"
+
+
 def _encode_update(node: str, update: Any) -> str:
     """JSON of an update dict; a value that cannot be stored names the node
     and the key (nothing of the step is stored)."""
+    if type(update) is dict:
+        plain = _plain_update_json(update)
+        if plain is not None:
+            return plain
     if not isinstance(update, dict):
         raise GraphError(
             f"node {node!r} returned {type(update).__name__} -- a node returns a dict update, "
@@ -684,6 +720,8 @@ class _Driver:
         return outcomes
 
     def _run_node(self, root, step: _Step, single: bool) -> tuple:
+        """Runs one node; returns its outcome for `GraphRun.step`, with the
+        node's span for the core to queue when spans are lean."""
         node = self.compiled._builder._nodes[step.node]
         if step.done is not None:
             return self._replayed(root, step)
@@ -746,12 +784,14 @@ class _Driver:
             None if update is None else json.dumps(update),
             record.get("g"),
             None,
+            None,
         )
 
     def _node_span(self, root, step: _Step) -> Any:
         run = self.run
         attributes = {"step": step.step, "node": step.node, "attempt": step.attempt}
-        if self.lean_spans:
+        lean = self.lean_spans
+        if lean:
             span = Span(
                 trace_id=run.trace_id,
                 span_id=_core.ulid(),
@@ -768,7 +808,7 @@ class _Driver:
         return span
 
     def _node_done(self, span, node: _Node, step: _Step, outcome: tuple, single: bool) -> tuple:
-        _, kind, update_json, targets, _ = outcome
+        name, kind, update_json, targets, payload_json = outcome
         # A lone node's update is recorded by its step's checkpoint; in a
         # step of several, each finished update is journaled at once so that
         # a crash re-runs only the unfinished ones.
@@ -777,38 +817,16 @@ class _Driver:
             g = json.dumps(targets) if targets is not None else "null"
             self.attempt.commit_deferred(step.scope, f'{{"u":{u},"g":{g}}}', None, None)
         span.attributes["step_key"] = step.scope
-        self._close_node_span(span, node, update_json)
-        return outcome
-
-    def _close_node_span(self, span, node: _Node, update_json: str | None) -> None:
-        """Persists a finished node span; its output is the update as encoded."""
         span.ended_at = time.time()
         span.status = "ok"
-        if not self.lean_spans:
-            output = None if update_json is None else _decode(update_json)
-            _engine.close_span(self.run, span, output)
-            return
-        a = span.attributes
-        attributes_json = f'{{"step":{a["step"]},"node":{node.json_name},"attempt":{a["attempt"]}}}'
-
-        self.attempt.span(
-            (
-                span.span_id,
-                span.parent_span_id,
-                "task",
-                span.name,
-                span.started_at,
-                span.ended_at,
-                "ok",
-                False,
-                a["step_key"],
-                attributes_json,
-                None,
-                None,
-                None,
-                update_json,
-            )
-        )
+        if self.lean_spans:
+            # The core queues the span with the step (output: the update
+            # as encoded).
+            node_span = (span.span_id, span.parent_span_id, span.started_at, span.ended_at)
+            return (name, kind, update_json, targets, payload_json, node_span)
+        output = None if update_json is None else _decode(update_json)
+        _engine.close_span(self.run, span, output)
+        return (name, kind, update_json, targets, payload_json, None)
 
     def _call(self, node: _Node, step: _Step) -> Any:
         try:
@@ -906,20 +924,53 @@ class _Driver:
         """Writes the last checkpoint and settles the run in one transaction."""
         gr = self.gr
         run = self.run
-        summary = {"steps": gr.steps, "status": status}
-        if self.thread_id is not None:
-            summary["thread_id"] = self.thread_id
-        output_json = _codec.dumps(summary)
+        steps = gr.steps
+        thread_id = self.thread_id
+        thread_json = None if thread_id is None else _codec.dumps(thread_id)
+        # `{"steps", "status", "thread_id"?}` as the codec writes it.
+        output_json = (
+            f'{{"steps":{steps},"status":"{status}"'
+            + ("" if thread_json is None else f',"thread_id":{thread_json}')
+            + "}"
+        )
         root.ended_at = time.time()
         root.status = "paused" if status == "suspended" else "ok"
-        _engine.persist_span(run, root, output_json)
+        if self.lean_spans:
+            attributes = root.attributes
+            if not attributes:
+                attributes_json = None
+            elif thread_json is not None and attributes == {"thread_id": thread_id}:
+                attributes_json = f'{{"thread_id":{thread_json}}}'
+            else:
+                attributes_json = _codec.dumps_lenient(attributes)
+            self.attempt.span(
+                (
+                    root.span_id,
+                    None,
+                    "graph",
+                    root.name,
+                    root.started_at,
+                    root.ended_at,
+                    root.status,
+                    False,
+                    None,
+                    attributes_json,
+                    None,
+                    None,
+                    None,
+                    output_json,
+                )
+            )
+        else:
+            _engine.persist_span(run, root, output_json)
         gr.commit(output_json)
         self.settled = True
         _engine.emit_run_finished(root, "paused" if status == "suspended" else "completed")
         _engine._check_span_writes()
-        interrupts = [GraphInterrupt(node, _decode(p)) for node, p in gr.pending()]
+        interrupts = []
         snapshot = None
         if status == "suspended":
+            interrupts = [GraphInterrupt(node, _decode(p)) for node, p in gr.pending()]
             snapshot = {
                 "graph": self.compiled.name,
                 "fingerprint": self.compiled.fingerprint,
@@ -928,10 +979,10 @@ class _Driver:
                 "state": json.loads(gr.state_json()),
                 "progress": json.loads(gr.progress_json()),
             }
-        threaded = self.thread_id is not None
+        threaded = thread_id is not None
         return GraphResult(
             state=self.state,
-            steps=gr.steps,
+            steps=steps,
             suspended=status == "suspended",
             interrupts=interrupts,
             run_id=run.run_id,
@@ -998,6 +1049,10 @@ def _deadline_at(deadline: Any) -> float | None:
 def _input_json(input: Any) -> str:
     if input is None:
         return "{}"
+    if type(input) is dict:
+        plain = _plain_update_json(input)
+        if plain is not None:
+            return plain
     if not isinstance(input, Mapping):
         raise TypeError(f"graph input must be a dict of state values, got {type(input).__name__}")
     for key in input:
@@ -1394,8 +1449,9 @@ class GraphThread:
                 time.sleep(delay)
                 delay = min(delay * 2, 0.2)
 
-    def _start(self, store, input_json: str, budget: Any):
-        """Claims the thread and creates its new run in one transaction."""
+    def _start(self, store, input_json: str, budget: Any, max_steps: int, until: float | None):
+        """Claims the thread, creates its new run and opens it, in the core:
+        `(attempt, graph run)`."""
         g = self.graph
         wait = g._storage.on_busy == "wait"
         delay = 0.005
@@ -1403,12 +1459,14 @@ class GraphThread:
             try:
                 return _core.thread_start(
                     store,
+                    g._native,
                     self.thread_id,
-                    g.name,
-                    g.fingerprint,
                     _args_json(input_json, self.thread_id),
                     _engine.budget_json(budget),
                     _core.ulid(),
+                    input_json,
+                    max_steps,
+                    until,
                 )
             except ThreadBusyError:
                 if not wait:
@@ -1446,12 +1504,7 @@ class GraphThread:
         until = _deadline_at(deadline)
         input_json = _input_json(input)
         store = self._store()
-        attempt = self._start(store, input_json, budget)
-        try:
-            gr = g._open(attempt, self.thread_id, input_json, True, max_steps, until)
-        except BaseException:
-            _core.thread_release(store, self.thread_id, "failed")
-            raise
+        attempt, gr = self._start(store, input_json, budget, max_steps, until)
         return _Attempt(
             _Driver(g, attempt, gr, self.thread_id),
             budget,

@@ -41,8 +41,37 @@ pub struct Progress {
     pub step: i64,
     pub next: Vec<String>,
     /// Per join (declaration order): the sources finished so far.
+    #[serde(default)]
     pub joins: Vec<Vec<String>>,
+    #[serde(default)]
     pub pending: Vec<Pending>,
+}
+
+impl Progress {
+    /// The text a checkpoint row stores: no joins with nothing finished and
+    /// no empty pending list (most steps), so rows stay small.
+    pub fn stored_text(&self) -> String {
+        #[derive(Serialize)]
+        struct Stored<'a> {
+            step: i64,
+            next: &'a [String],
+            #[serde(skip_serializing_if = "no_join_progress")]
+            joins: &'a [Vec<String>],
+            #[serde(skip_serializing_if = "<[Pending]>::is_empty")]
+            pending: &'a [Pending],
+        }
+        serde_json::to_string(&Stored {
+            step: self.step,
+            next: &self.next,
+            joins: &self.joins,
+            pending: &self.pending,
+        })
+        .unwrap_or_default()
+    }
+}
+
+fn no_join_progress(joins: &&[Vec<String>]) -> bool {
+    joins.iter().all(Vec::is_empty)
 }
 
 /// One checkpoint row, as written.
@@ -465,6 +494,29 @@ mod tests {
         assert!(!wants_snapshot(50_000, 40_000, 10));
         assert!(wants_snapshot(50_000, 50_000, 10));
         assert!(wants_snapshot(1 << 30, 0, MAX_CHAIN));
+    }
+
+    #[test]
+    fn stored_progress_leaves_out_only_what_is_empty() {
+        let mut p = Progress {
+            step: 2,
+            next: vec!["b".into()],
+            joins: vec![Vec::new(), Vec::new()],
+            pending: Vec::new(),
+        };
+        assert_eq!(p.stored_text(), r#"{"step":2,"next":["b"]}"#);
+        let read: Progress = serde_json::from_str(&p.stored_text()).unwrap();
+        assert_eq!((read.step, read.next.clone()), (2, p.next.clone()));
+        assert!(read.joins.is_empty() && read.pending.is_empty());
+        p.joins[1].push("a".into());
+        p.pending.push(Pending {
+            node: "ask".into(),
+            step: 1,
+            payload: serde_json::json!({"q": 1}),
+            attempt: 1,
+        });
+        let read: Progress = serde_json::from_str(&p.stored_text()).unwrap();
+        assert_eq!(read, p, "progress is kept whole when there is some");
     }
 
     fn conn() -> Connection {

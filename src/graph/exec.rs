@@ -164,26 +164,54 @@ impl GraphRun {
         max_steps: i64,
         deadline: Option<f64>,
     ) -> CoreResult<GraphRun> {
+        GraphRun::open_at(
+            graph, attempt, thread, None, input, fresh, max_steps, deadline,
+        )
+    }
+
+    /// `open` of a thread whose head the caller read in the transaction
+    /// that claimed it (`known_head`: `Some(head)`); a head this process
+    /// settled itself is not read again.
+    #[allow(clippy::too_many_arguments)]
+    pub fn open_at(
+        graph: Arc<Graph>,
+        attempt: Arc<Attempt>,
+        thread: Option<String>,
+        known_head: Option<Option<String>>,
+        input: Option<State>,
+        fresh: bool,
+        max_steps: i64,
+        deadline: Option<f64>,
+    ) -> CoreResult<GraphRun> {
         let rid = attempt.run.rid;
-        let mut found: Option<Rebuilt> = None;
-        let head_thread = thread.clone();
         let path = attempt.store().path().to_string();
-        attempt.store().read(&mut |conn| {
-            let head = match &head_thread {
-                Some(t) => conn.thread(t)?.and_then(|t| t.head),
-                None => conn.run_head(rid)?.map(|r| r.checkpoint_id),
-            };
-            if let Some(h) = head {
-                let cached = head_thread
-                    .as_deref()
-                    .and_then(|t| cached_head(&path, t, &h));
-                found = match cached {
-                    Some(r) => Some(r),
-                    None => checkpoint::rebuild(conn, &h)?,
+        let cached = match (&thread, &known_head) {
+            (Some(t), Some(Some(h))) => cached_head(&path, t, h),
+            _ => None,
+        };
+        let mut found: Option<Rebuilt> = None;
+        if cached.is_some() {
+            found = cached;
+        } else if !matches!(known_head, Some(None)) {
+            let head_thread = thread.clone();
+            attempt.store().read(&mut |conn| {
+                let head = match (&known_head, &head_thread) {
+                    (Some(h), _) => h.clone(),
+                    (None, Some(t)) => conn.thread(t)?.and_then(|t| t.head),
+                    (None, None) => conn.run_head(rid)?.map(|r| r.checkpoint_id),
                 };
-            }
-            Ok(())
-        })?;
+                if let Some(h) = head {
+                    let cached = head_thread
+                        .as_deref()
+                        .and_then(|t| cached_head(&path, t, &h));
+                    found = match cached {
+                        Some(r) => Some(r),
+                        None => checkpoint::rebuild(conn, &h)?,
+                    };
+                }
+                Ok(())
+            })?;
+        }
         let mut run = GraphRun {
             graph,
             attempt,
@@ -304,10 +332,49 @@ impl GraphRun {
             created_at_ms: checkpoint::now_ms(),
             delta_json,
             snapshot_json,
-            meta_json: serde_json::to_string(&self.progress).unwrap_or_default(),
+            meta_json: self.progress.stored_text(),
         };
         self.head = Some(row.checkpoint_id.clone());
         self.unsaved.push(row);
+    }
+
+    /// Queues the finished span of a node of the current step (the lean
+    /// trace of a run without an event bus): its attributes are the step's,
+    /// its output the node's update as encoded.
+    pub fn queue_node_span(
+        &self,
+        node: &str,
+        span_id: String,
+        parent: Option<String>,
+        started_at: f64,
+        ended_at: f64,
+        output_json: Option<String>,
+    ) -> CoreResult<()> {
+        let exec = self
+            .running
+            .iter()
+            .find(|e| e.node == node)
+            .ok_or_else(|| {
+                CoreError::Config(format!("node '{node}' is not running in this step"))
+            })?;
+        let name = serde_json::to_string(node).unwrap_or_default();
+        self.attempt.queue_span(crate::store::SpanRow {
+            span_id,
+            parent_span_id: parent,
+            kind: "task".into(),
+            name: node.to_string(),
+            started_at,
+            ended_at: Some(ended_at),
+            status: "ok".into(),
+            step_key: Some(exec.scope.clone()),
+            attributes_json: Some(format!(
+                "{{\"step\":{},\"node\":{name},\"attempt\":{}}}",
+                exec.step, exec.attempt
+            )),
+            output_json,
+            ..Default::default()
+        });
+        Ok(())
     }
 
     pub fn pending(&self) -> &[Pending] {
@@ -868,6 +935,16 @@ mod tests {
         assert_eq!(names(&mut run), ["a", "b"]);
         step(&mut run, vec![("b", none()), ("a", none())], &[]);
         assert_eq!(names(&mut run), ["b2"], "the join still waits for b2");
+        let reopened =
+            GraphRun::open(g.clone(), run.attempt.clone(), None, None, false, 64, None).unwrap();
+        assert_eq!(
+            (
+                reopened.progress.next.clone(),
+                reopened.progress.joins.clone()
+            ),
+            (strings(&["b2"]), vec![strings(&["a"])]),
+            "the stored checkpoint keeps the join's progress"
+        );
         step(&mut run, vec![("b2", none())], &[]);
         assert_eq!(names(&mut run), ["j"]);
         assert_eq!(step(&mut run, vec![("j", none())], &[]), "completed");

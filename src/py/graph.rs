@@ -6,6 +6,7 @@ use super::errors::IntoPy;
 use super::store::PyStore;
 use crate::error::{CoreError, CoreResult};
 use crate::graph::checkpoint::Progress;
+use crate::graph::checkpoint::Thread;
 use crate::graph::exec::{GraphRun, Outcome};
 use crate::graph::reduce::State;
 use crate::graph::spec::{self, Graph};
@@ -28,6 +29,11 @@ fn parse_state(text: &str, what: &str) -> CoreResult<State> {
 
 fn parse_value(text: &str, what: &str) -> CoreResult<Value> {
     serde_json::from_str(text).map_err(|e| CoreError::Serialization(format!("{what}: {e}")))
+}
+
+fn parse_progress(text: &str) -> CoreResult<Progress> {
+    serde_json::from_str(text)
+        .map_err(|e| CoreError::Config(format!("the snapshot cannot be read: {e}")))
 }
 
 #[pyclass(name = "GraphDef", module = "composeai._core", frozen)]
@@ -68,13 +74,17 @@ pub struct PyGraphRun {
 
 /// `(node, scope, step, resume_json, attempt, done_json)`.
 type ExecTuple = (String, String, i64, Option<String>, i64, Option<String>);
-/// `(node, kind, update_json, goto_targets, payload_json)`.
+/// `(span_id, parent_span_id, started_at, ended_at)` of a node's span the
+/// core queues with its step.
+type NodeSpan = (String, Option<String>, f64, f64);
+/// `(node, kind, update_json, goto_targets, payload_json, span)`.
 type OutcomeTuple = (
     String,
     String,
     Option<String>,
     Option<Vec<String>>,
     Option<String>,
+    Option<NodeSpan>,
 );
 
 /// Opens a graph run attempt at its stored head; `input_json` starts a new
@@ -119,9 +129,7 @@ pub fn graph_from_snapshot(
     deadline: Option<f64>,
 ) -> PyResult<PyGraphRun> {
     let state = parse_state(state_json, "snapshot state").py_err()?;
-    let progress: Progress = serde_json::from_str(progress_json)
-        .map_err(|e| CoreError::Config(format!("the snapshot cannot be read: {e}")))
-        .py_err()?;
+    let progress = parse_progress(progress_json).py_err()?;
     let run = GraphRun::from_snapshot(
         graph.inner.clone(),
         attempt.inner.clone(),
@@ -139,8 +147,12 @@ fn exec_tuple(e: crate::graph::exec::Exec) -> ExecTuple {
     (e.node, e.scope, e.step, e.resume, e.attempt, e.done)
 }
 
-fn outcome(t: OutcomeTuple) -> CoreResult<(String, Outcome)> {
-    let (node, kind, update, targets, payload) = t;
+/// A node's outcome, its span (when given) queued first.
+fn outcome(run: &GraphRun, t: OutcomeTuple) -> CoreResult<(String, Outcome)> {
+    let (node, kind, update, targets, payload, span) = t;
+    if let Some((span_id, parent, started, ended)) = span {
+        run.queue_node_span(&node, span_id, parent, started, ended, update.clone())?;
+    }
     let what = format!("node '{node}' update");
     let update = update.map(|u| parse_state(&u, &what)).transpose()?;
     let o = match kind.as_str() {
@@ -184,11 +196,12 @@ impl PyGraphRun {
     ) -> PyResult<(String, Vec<String>, Option<String>, Vec<ExecTuple>)> {
         let stepped = py
             .allow_threads(|| -> CoreResult<_> {
+                let mut run = self.inner.lock();
                 let parsed = outcomes
                     .into_iter()
-                    .map(outcome)
+                    .map(|t| outcome(&run, t))
                     .collect::<CoreResult<Vec<_>>>()?;
-                self.inner.lock().step(parsed)
+                run.step(parsed)
             })
             .py_err()?;
         Ok((
@@ -263,48 +276,119 @@ impl PyGraphRun {
     }
 }
 
-fn dyn_store(store: &PyStore) -> Arc<dyn Store> {
-    store.inner.clone()
+/// Runs `f` on the store with the GIL released.
+fn on_store<T: Send>(
+    py: Python<'_>,
+    store: &PyStore,
+    f: impl FnOnce(&dyn Store) -> CoreResult<T> + Send,
+) -> PyResult<T> {
+    let s: Arc<dyn Store> = store.inner.clone();
+    py.allow_threads(move || f(&*s)).py_err()
 }
 
-fn to_json_text<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_string(v).unwrap_or_default()
+/// A thread row as JSON text, with its fingerprint; `null` for none.
+fn thread_json(t: Option<Thread>) -> String {
+    let v = t.map_or(Value::Null, |t| {
+        let mut v = t.to_json();
+        v["fingerprint"] = Value::String(t.fingerprint);
+        v
+    });
+    v.to_string()
 }
 
-/// Claims a thread for `run()` and creates its new run in one transaction;
-/// returns the run's first attempt.
+/// The error record of a run that failed as its attempt opened, named by
+/// the Python class the error raises as.
+fn open_error_json(e: &CoreError) -> String {
+    let kind = match e {
+        CoreError::Graph { code, .. } if code.starts_with("checkpoint_") => "GraphStorageError",
+        CoreError::Graph { .. } => "GraphError",
+        CoreError::Serialization(_) => "SerializationError",
+        _ => "ConfigError",
+    };
+    serde_json::json!({"type": kind, "message": e.to_string()}).to_string()
+}
+
+/// `run()` of a thread: claims it, creates its new run and opens the run's
+/// first attempt at the thread's head (read in the claiming transaction).
+/// A run that cannot be opened is settled failed and the thread released.
 #[pyfunction]
-#[pyo3(signature = (store, thread_id, graph, fingerprint, args_json, budget_json, run_id))]
+#[pyo3(signature = (store, graph, thread_id, args_json, budget_json, run_id, input_json, max_steps, deadline=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn thread_start(
     py: Python<'_>,
     store: &PyStore,
+    graph: &PyGraphDef,
     thread_id: &str,
-    graph: &str,
-    fingerprint: &str,
     args_json: String,
     budget_json: Option<String>,
     run_id: String,
-) -> PyResult<PyAttempt> {
+    input_json: &str,
+    max_steps: i64,
+    deadline: Option<f64>,
+) -> PyResult<(PyAttempt, PyGraphRun)> {
+    let g = graph.inner.clone();
     let new = crate::store::NewRun {
         run_id: run_id.clone(),
         trace_id: crate::ids::new_ulid(),
         kind: "graph".into(),
-        name: graph.to_string(),
-        fingerprint: Some(fingerprint.to_string()),
+        name: g.spec.name.clone(),
+        fingerprint: Some(g.fingerprint.clone()),
         args_json: Some(args_json),
         budget_json,
     };
-    let s = dyn_store(store);
-    let attempt = py
-        .allow_threads(|| {
-            crate::run::Attempt::start_with(s, new, &mut |tx| {
-                threads::claim_in(tx, thread_id, graph, fingerprint, Claim::Run, Some(&run_id))
-                    .map(|_| ())
-            })
+    let s: Arc<dyn Store> = store.inner.clone();
+    let (attempt, run) = py
+        .allow_threads(move || -> CoreResult<_> {
+            let input = parse_state(input_json, "graph input")?;
+            let (name, fingerprint) = (g.spec.name.clone(), g.fingerprint.clone());
+            let mut head = None;
+            let attempt = Arc::new(crate::run::Attempt::start_with(
+                s.clone(),
+                new,
+                &mut |tx| {
+                    let before = threads::claim_in(
+                        tx,
+                        thread_id,
+                        &name,
+                        &fingerprint,
+                        Claim::Run,
+                        Some(&run_id),
+                    )?;
+                    head = Some(before.and_then(|t| t.head));
+                    Ok(())
+                },
+            )?);
+            let thread = Some(thread_id.to_string());
+            match GraphRun::open_at(
+                g,
+                attempt.clone(),
+                thread,
+                head,
+                Some(input),
+                true,
+                max_steps,
+                deadline,
+            ) {
+                Ok(run) => Ok((attempt, run)),
+                Err(e) => {
+                    // The error raised is the open's; these only tidy up.
+                    let _ = attempt.settle(crate::store::Settlement {
+                        status: "failed".into(),
+                        error_json: Some(open_error_json(&e)),
+                        ..Default::default()
+                    });
+                    let _ = threads::release(&*s, thread_id, "failed");
+                    Err(e)
+                }
+            }
         })
         .py_err()?;
-    Ok(PyAttempt::new(attempt))
+    Ok((
+        PyAttempt { inner: attempt },
+        PyGraphRun {
+            inner: Mutex::new(run),
+        },
+    ))
 }
 
 /// Claims a thread (`mode`: run/resume/retry); returns the thread's row
@@ -323,15 +407,10 @@ pub fn thread_claim(
     let mode = Claim::parse(mode)
         .ok_or_else(|| CoreError::Config(format!("unknown claim mode '{mode}'")))
         .py_err()?;
-    let s = dyn_store(store);
-    let before = py
-        .allow_threads(|| threads::claim(&*s, thread_id, graph, fingerprint, mode, run_id))
-        .py_err()?;
-    Ok(to_json_text(&before.map(|t| {
-        let mut v = t.to_json();
-        v["fingerprint"] = Value::String(t.fingerprint.clone());
-        v
-    })))
+    let before = on_store(py, store, |s| {
+        threads::claim(s, thread_id, graph, fingerprint, mode, run_id)
+    })?;
+    Ok(thread_json(before))
 }
 
 #[pyfunction]
@@ -341,23 +420,14 @@ pub fn thread_release(
     thread_id: &str,
     status: &str,
 ) -> PyResult<()> {
-    let s = dyn_store(store);
-    py.allow_threads(|| threads::release(&*s, thread_id, status))
-        .py_err()
+    on_store(py, store, |s| threads::release(s, thread_id, status))
 }
 
 /// The thread row as JSON (with its fingerprint), or `null`.
 #[pyfunction]
 pub fn thread_info(py: Python<'_>, store: &PyStore, thread_id: &str) -> PyResult<String> {
-    let s = dyn_store(store);
-    let t = py
-        .allow_threads(|| threads::info(&*s, thread_id))
-        .py_err()?;
-    Ok(to_json_text(&t.map(|t| {
-        let mut v = t.to_json();
-        v["fingerprint"] = Value::String(t.fingerprint.clone());
-        v
-    })))
+    let t = on_store(py, store, |s| threads::info(s, thread_id))?;
+    Ok(thread_json(t))
 }
 
 /// `(state_json, progress_json)` at the thread's head, or `None`.
@@ -367,9 +437,7 @@ pub fn thread_state(
     store: &PyStore,
     thread_id: &str,
 ) -> PyResult<Option<(String, String)>> {
-    let s = dyn_store(store);
-    py.allow_threads(|| threads::head_state(&*s, thread_id))
-        .py_err()
+    on_store(py, store, |s| threads::head_state(s, thread_id))
 }
 
 #[pyfunction]
@@ -379,10 +447,7 @@ pub fn thread_history(
     thread_id: &str,
     limit: i64,
 ) -> PyResult<String> {
-    let s = dyn_store(store);
-    let rows = py
-        .allow_threads(|| threads::history(&*s, thread_id, limit))
-        .py_err()?;
+    let rows = on_store(py, store, |s| threads::history(s, thread_id, limit))?;
     Ok(Value::Array(rows).to_string())
 }
 
@@ -394,10 +459,7 @@ pub fn thread_history_any(
     thread_id: &str,
     limit: i64,
 ) -> PyResult<String> {
-    let s = dyn_store(store);
-    let rows = py
-        .allow_threads(|| threads::history_any(&*s, thread_id, limit))
-        .py_err()?;
+    let rows = on_store(py, store, |s| threads::history_any(s, thread_id, limit))?;
     Ok(Value::Array(rows).to_string())
 }
 
@@ -410,10 +472,9 @@ pub fn thread_rewind(
     fingerprint: &str,
     checkpoint_id: &str,
 ) -> PyResult<String> {
-    let s = dyn_store(store);
-    let v = py
-        .allow_threads(|| threads::rewind(&*s, thread_id, graph, fingerprint, checkpoint_id))
-        .py_err()?;
+    let v = on_store(py, store, |s| {
+        threads::rewind(s, thread_id, graph, fingerprint, checkpoint_id)
+    })?;
     Ok(v.to_string())
 }
 
@@ -424,10 +485,9 @@ pub fn thread_rewind_any(
     thread_id: &str,
     checkpoint_id: &str,
 ) -> PyResult<String> {
-    let s = dyn_store(store);
-    let v = py
-        .allow_threads(|| threads::rewind_any(&*s, thread_id, checkpoint_id))
-        .py_err()?;
+    let v = on_store(py, store, |s| {
+        threads::rewind_any(s, thread_id, checkpoint_id)
+    })?;
     Ok(v.to_string())
 }
 
@@ -441,19 +501,16 @@ pub fn thread_fork(
     checkpoint_id: &str,
     new_thread_id: &str,
 ) -> PyResult<String> {
-    let s = dyn_store(store);
-    let v = py
-        .allow_threads(|| {
-            threads::fork(
-                &*s,
-                thread_id,
-                graph,
-                fingerprint,
-                checkpoint_id,
-                new_thread_id,
-            )
-        })
-        .py_err()?;
+    let v = on_store(py, store, |s| {
+        threads::fork(
+            s,
+            thread_id,
+            graph,
+            fingerprint,
+            checkpoint_id,
+            new_thread_id,
+        )
+    })?;
     Ok(v.to_string())
 }
 
@@ -465,23 +522,21 @@ pub fn thread_delete(
     graph: &str,
     fingerprint: &str,
 ) -> PyResult<bool> {
-    let s = dyn_store(store);
-    py.allow_threads(|| threads::delete(&*s, thread_id, graph, fingerprint))
-        .py_err()
+    on_store(py, store, |s| {
+        threads::delete(s, thread_id, graph, fingerprint)
+    })
 }
 
 /// Deletes threads not updated since `before_ms`; returns their ids.
 #[pyfunction]
 pub fn thread_prune(py: Python<'_>, store: &PyStore, before_ms: i64) -> PyResult<Vec<String>> {
-    let s = dyn_store(store);
-    py.allow_threads(|| threads::prune(&*s, before_ms)).py_err()
+    on_store(py, store, |s| threads::prune(s, before_ms))
 }
 
 #[pyfunction]
 #[pyo3(signature = (store, graph=None))]
 pub fn thread_list(py: Python<'_>, store: &PyStore, graph: Option<&str>) -> PyResult<String> {
-    let s = dyn_store(store);
-    let rows = py.allow_threads(|| threads::list(&*s, graph)).py_err()?;
+    let rows = on_store(py, store, |s| threads::list(s, graph))?;
     Ok(Value::Array(rows).to_string())
 }
 
@@ -495,9 +550,9 @@ pub fn thread_audit_add(
     action: &str,
     checkpoint_id: Option<&str>,
 ) -> PyResult<()> {
-    let s = dyn_store(store);
-    py.allow_threads(|| threads::add_audit(&*s, thread_id, actor, action, checkpoint_id))
-        .py_err()
+    on_store(py, store, |s| {
+        threads::add_audit(s, thread_id, actor, action, checkpoint_id)
+    })
 }
 
 #[pyfunction]
@@ -507,10 +562,7 @@ pub fn thread_audit(
     thread_id: &str,
     limit: i64,
 ) -> PyResult<String> {
-    let s = dyn_store(store);
-    let rows = py
-        .allow_threads(|| threads::audit(&*s, thread_id, limit))
-        .py_err()?;
+    let rows = on_store(py, store, |s| threads::audit(s, thread_id, limit))?;
     Ok(Value::Array(rows).to_string())
 }
 
@@ -522,25 +574,20 @@ pub fn thread_check_resume(
     thread_id: &str,
     names: Vec<String>,
 ) -> PyResult<()> {
-    let s = dyn_store(store);
-    py.allow_threads(|| threads::check_resume(&*s, thread_id, &names))
-        .py_err()
+    on_store(py, store, |s| threads::check_resume(s, thread_id, &names))
 }
 
 /// Refuses resume values that do not name exactly a snapshot's waiting nodes.
 #[pyfunction]
 pub fn graph_check_resume(progress_json: &str, names: Vec<String>) -> PyResult<()> {
-    let progress: Progress = serde_json::from_str(progress_json)
-        .map_err(|e| CoreError::Config(format!("the snapshot cannot be read: {e}")))
-        .py_err()?;
+    let progress = parse_progress(progress_json).py_err()?;
     crate::graph::exec::check_answers(&progress.pending, &names).py_err()
 }
 
 /// The newest checkpoint id of a thread-less graph run, or `None`.
 #[pyfunction]
 pub fn graph_run_head(py: Python<'_>, store: &PyStore, run_id: &str) -> PyResult<Option<String>> {
-    let s = dyn_store(store);
-    py.allow_threads(|| -> CoreResult<Option<String>> {
+    on_store(py, store, |s| {
         let Some(run) = s.get_run(run_id)? else {
             return Ok(None);
         };
@@ -551,5 +598,4 @@ pub fn graph_run_head(py: Python<'_>, store: &PyStore, run_id: &str) -> PyResult
         })?;
         Ok(out)
     })
-    .py_err()
 }

@@ -613,6 +613,9 @@ pub fn read_run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
 pub fn open_connection(path: &str, full_sync: bool) -> CoreResult<Connection> {
     create_private_file(path)?;
     let conn = Connection::open(path).at(path)?;
+    // A graph run's commits alone use more distinct statements than the
+    // default 16: re-preparing evicted ones would cost every step.
+    conn.set_prepared_statement_cache_capacity(64);
     conn.busy_timeout(std::time::Duration::from_secs(30))
         .at(path)?;
     let version: i64 = conn
