@@ -1260,7 +1260,11 @@ def _standalone_start(agent: AgentFunction, args: tuple, kwargs: dict, opts: dic
     args_json = _standalone_payload(args, kwargs, opts)
     budget = opts["budget"]
     budget_json = _engine.budget_json(budget)
-    attempt = _engine.get_store().start_run("agent", agent.name, None, args_json, budget_json)
+    # The row is inserted with the settlement (or by the store's writer
+    # within milliseconds): a short call commits once (AGENT-52).
+    attempt = _engine.get_store().start_run(
+        "agent", agent.name, None, args_json, budget_json, queued=True
+    )
     return _engine.RunState(attempt, agent.name), _engine.budget_meter(budget, "agent", agent.name)
 
 
