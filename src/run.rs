@@ -162,7 +162,14 @@ impl Attempt {
         let seconds = crate::lease::lease_seconds()?;
         claim_in_process(&new.run_id)?;
         match store.create_run_queued(&new, owner_id(), now() + seconds) {
-            Ok((run, row)) => Ok(Attempt::with_row(store, run, row, Journal::default(), true, seconds)),
+            Ok((run, row)) => Ok(Attempt::with_row(
+                store,
+                run,
+                row,
+                Journal::default(),
+                true,
+                seconds,
+            )),
             Err(e) => {
                 active_runs().lock().remove(&new.run_id);
                 Err(e)
@@ -705,9 +712,9 @@ impl Attempt {
         }
         match (work, self.row.committed()) {
             (_, Some(Err(e))) => Err(e),
-            (Some(work), Some(Ok(rid))) => self
-                .store
-                .settle_with(rid, owner_id(), &settlement, work),
+            (Some(work), Some(Ok(rid))) => {
+                self.store.settle_with(rid, owner_id(), &settlement, work)
+            }
             (None, Some(Ok(rid))) => self.store.settle(rid, owner_id(), &settlement),
             // The row's insert commits together with the settlement.
             (None, None) => self.store.settle_row(&self.row, owner_id(), &settlement),
@@ -839,7 +846,10 @@ mod tests {
             if let Some(row) = stored_row(&path, &a.run.run_id) {
                 break row;
             }
-            assert!(std::time::Instant::now() < give_up, "the row was never written");
+            assert!(
+                std::time::Instant::now() < give_up,
+                "the row was never written"
+            );
             std::thread::sleep(std::time::Duration::from_millis(1));
         };
         assert_eq!(status, "running");

@@ -170,6 +170,9 @@ struct Queue {
     due: Option<std::time::Instant>,
     /// A run row's insert is queued: reads of run rows write it first.
     rows: bool,
+    /// Until when the background writer sleeps: `None` while it works,
+    /// `Some(None)` until woken.
+    writer_sleeps: Option<Option<std::time::Instant>>,
     shutdown: bool,
     background_started: bool,
 }
@@ -195,6 +198,9 @@ struct QueuedRun {
     lease_until: f64,
     created_at: f64,
     slot: Arc<RowSlot>,
+    /// `(status, output_json, error_json)` when the run settled before its
+    /// row was written: the row is inserted settled.
+    settled: Option<(String, Option<String>, Option<String>)>,
 }
 
 struct Writer {
@@ -333,15 +339,22 @@ impl Inner {
                     if q.shutdown || q.urgent || q.ops.len() >= BACKGROUND_BATCH {
                         break;
                     }
-                    if let Some(due) = q.due {
-                        if self.wake.wait_until(&mut q, due).timed_out() {
-                            break;
-                        }
+                    let timed_out = if let Some(due) = q.due {
+                        q.writer_sleeps = Some(Some(due));
+                        self.wake.wait_until(&mut q, due).timed_out()
                     } else if q.ops.is_empty() {
+                        q.writer_sleeps = Some(None);
                         self.wake.wait(&mut q);
-                    } else if self.wake.wait_for(&mut q, SPAN_LATENCY).timed_out() {
+                        false
+                    } else {
                         // Finished spans reach the store within this delay
                         // even when nothing else commits (OBS-5).
+                        let until = std::time::Instant::now() + SPAN_LATENCY;
+                        q.writer_sleeps = Some(Some(until));
+                        self.wake.wait_until(&mut q, until).timed_out()
+                    };
+                    q.writer_sleeps = None;
+                    if timed_out {
                         break;
                     }
                 }
@@ -618,7 +631,7 @@ fn write_ops_tx(
                 results.push((slot.clone(), Ok(winner)));
             }
             Op::Run(run) => {
-                let rid = insert_run(tx, &run.new, &run.owner, run.lease_until, run.created_at)?;
+                let rid = insert_run(tx, run)?;
                 // 0 (not inserted: the run id exists) fails the slot after
                 // the commit, and this run's spans are dropped.
                 run.slot.inserted(rid.unwrap_or(0));
@@ -634,31 +647,50 @@ fn write_ops_tx(
     Ok(())
 }
 
-/// Inserts a run row leased to `owner`; `None` when the run id exists.
-fn insert_run(
-    tx: &Connection,
-    new: &NewRun,
-    owner: &str,
-    lease_until: f64,
-    t: f64,
-) -> rusqlite::Result<Option<i64>> {
+/// Inserts a queued run row: running and leased, or settled; `None` when
+/// the run id exists.
+fn insert_run(tx: &Connection, run: &QueuedRun) -> rusqlite::Result<Option<i64>> {
+    let new = &run.new;
+    let (status, output, error, owner, until, updated) = match &run.settled {
+        None => (
+            "running",
+            None,
+            None,
+            Some(run.owner.as_str()),
+            Some(run.lease_until),
+            run.created_at,
+        ),
+        Some((status, output, error)) => (
+            status.as_str(),
+            output.as_deref(),
+            error.as_deref(),
+            None,
+            None,
+            now(),
+        ),
+    };
     let n = tx
         .prepare_cached(
             "INSERT OR IGNORE INTO runs(run_id, kind, name, status, created_at, updated_at, \
-             trace_id, fingerprint, args_json, budget_json, lease_owner, lease_until) \
-             VALUES(?1, ?2, ?3, 'running', ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+             trace_id, fingerprint, args_json, budget_json, output_json, error_json, \
+             lease_owner, lease_until) \
+             VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
         )?
         .execute(params![
             new.run_id,
             new.kind,
             new.name,
-            t,
+            status,
+            run.created_at,
+            updated,
             new.trace_id,
             new.fingerprint,
             new.args_json,
             new.budget_json,
+            output,
+            error,
             owner,
-            lease_until
+            until
         ])?;
     Ok((n == 1).then(|| tx.last_insert_rowid()))
 }
@@ -1167,6 +1199,7 @@ impl Store for SqliteStore {
             lease_until,
             created_at: t,
             slot: slot.clone(),
+            settled: None,
         }));
         let mut q = self.queue.lock();
         q.ops.push(op);
@@ -1176,9 +1209,17 @@ impl Store for SqliteStore {
             drop(q);
             self.flush()?;
         } else if q.due.is_none() {
-            // Other processes see the row within the batch latency.
-            q.due = Some(std::time::Instant::now() + BATCH_LATENCY);
-            self.wake.notify_one();
+            // Other processes see the row within the batch latency. A
+            // writer that works, or sleeps until an earlier deadline (an
+            // earlier run's), looks at the queue by then unprompted: back
+            // to back short runs cost no wake-up each.
+            let due = std::time::Instant::now() + BATCH_LATENCY;
+            q.due = Some(due);
+            if q.writer_sleeps
+                .is_some_and(|until| until.is_none_or(|t| t > due))
+            {
+                self.wake.notify_one();
+            }
         }
         Ok((run, slot))
     }
@@ -1191,10 +1232,29 @@ impl Store for SqliteStore {
         let mut w = self.lock_writer();
         // Holding the connection: the row was inserted by a commit that
         // already filled the slot, or its insert is among the queued ops.
-        let ops = self.take_queue();
+        let mut ops = self.take_queue();
+        // A settlement with no rows of its own, of a run whose row no commit
+        // has written yet: the row is inserted settled (nothing else can
+        // refer to a run nobody saw), one statement instead of a row insert,
+        // its update and the cleanup of rows it cannot have.
+        let in_place = s.pending.is_empty()
+            && s.agent_states.is_empty()
+            && s.wait.is_none()
+            && ops.iter_mut().any(|op| match op {
+                Op::Run(run) if Arc::ptr_eq(&run.slot, row) => {
+                    run.settled = Some((
+                        s.status.clone(),
+                        s.output_json.clone(),
+                        s.error_json.clone(),
+                    ));
+                    true
+                }
+                _ => false,
+            });
         let path = self.path.clone();
         let outcome = self.apply(&mut w, ops, |tx| match row.in_tx() {
             0 => Err(CoreError::Store("the run row was not written".into())),
+            _ if in_place => Ok(()),
             rid => settle_tx(tx, &path, rid, owner, s),
         });
         // The insert's own failure says why.
@@ -1431,21 +1491,22 @@ fn settle_tx(
     s: &Settlement,
 ) -> CoreResult<()> {
     let t = now();
-    let n = tx.prepare_cached(
-        "UPDATE runs SET status = ?1, output_json = ?2, error_json = ?3, updated_at = ?4, \
+    let n = tx
+        .prepare_cached(
+            "UPDATE runs SET status = ?1, output_json = ?2, error_json = ?3, updated_at = ?4, \
          lease_owner = NULL, lease_until = NULL WHERE rid = ?5 AND lease_owner = ?6",
-    )
-    .and_then(|mut st| {
-        st.execute(params![
-            s.status,
-            s.output_json,
-            s.error_json,
-            t,
-            rid,
-            owner
-        ])
-    })
-    .at(path)?;
+        )
+        .and_then(|mut st| {
+            st.execute(params![
+                s.status,
+                s.output_json,
+                s.error_json,
+                t,
+                rid,
+                owner
+            ])
+        })
+        .at(path)?;
     if n == 0 {
         return Err(moved_rid(tx, rid));
     }
