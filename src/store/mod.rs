@@ -143,7 +143,10 @@ pub struct Settlement {
 #[derive(Default)]
 pub struct RowSlot {
     in_tx: std::sync::atomic::AtomicI64,
-    outcome: parking_lot::Mutex<Option<CoreResult<i64>>>,
+    /// The committed rid (0: not yet), read without a lock on every
+    /// journal write.
+    rid: std::sync::atomic::AtomicI64,
+    error: parking_lot::Mutex<Option<crate::error::CoreError>>,
 }
 
 impl RowSlot {
@@ -151,14 +154,17 @@ impl RowSlot {
     pub fn stored(rid: i64) -> std::sync::Arc<RowSlot> {
         let slot = RowSlot::default();
         slot.in_tx.store(rid, std::sync::atomic::Ordering::Release);
-        *slot.outcome.lock() = Some(Ok(rid));
+        slot.rid.store(rid, std::sync::atomic::Ordering::Release);
         std::sync::Arc::new(slot)
     }
 
     /// The committed rid, the error that lost the insert, or `None` while
     /// the insert is still queued.
     pub fn committed(&self) -> Option<CoreResult<i64>> {
-        self.outcome.lock().clone()
+        match self.rid.load(std::sync::atomic::Ordering::Acquire) {
+            0 => self.error.lock().clone().map(Err),
+            rid => Some(Ok(rid)),
+        }
     }
 
     /// The rid inside the store's transaction that inserted the row (or any
@@ -173,10 +179,13 @@ impl RowSlot {
     }
 
     pub(crate) fn resolve(&self, outcome: CoreResult<i64>) {
-        if outcome.is_err() {
-            self.in_tx.store(0, std::sync::atomic::Ordering::Release);
+        match outcome {
+            Ok(rid) => self.rid.store(rid, std::sync::atomic::Ordering::Release),
+            Err(e) => {
+                self.in_tx.store(0, std::sync::atomic::Ordering::Release);
+                *self.error.lock() = Some(e);
+            }
         }
-        *self.outcome.lock() = Some(outcome);
     }
 }
 

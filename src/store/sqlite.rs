@@ -341,7 +341,12 @@ impl Inner {
                     }
                     let timed_out = if let Some(due) = q.due {
                         q.writer_sleeps = Some(Some(due));
-                        self.wake.wait_until(&mut q, due).timed_out()
+                        self.wake.wait_until(&mut q, due);
+                        // Only a deadline that has passed ends the wait: the
+                        // one slept on may have been met by a foreground
+                        // commit and replaced by a later one (the next
+                        // run's row), which is then slept on in turn.
+                        q.due.is_some_and(|d| d <= std::time::Instant::now())
                     } else if q.ops.is_empty() {
                         q.writer_sleeps = Some(None);
                         self.wake.wait(&mut q);
