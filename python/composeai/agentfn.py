@@ -541,6 +541,10 @@ class _ToolJob:
 
 def _tool_batch(call: _Call, calls: list[ToolCallPart]) -> Generator[tuple, Any, None]:
     _check_cancel()
+    if call.run is not None:
+        # Tools are user code that may run long or hand out the run id: the
+        # run row is stored before they start (a queued insert, AGENT-52).
+        call.run.attempt.store_row()
     agent = call.agent
     results: dict[str, ToolResultPart] = dict(call.partial)
     arguments: dict[str, dict] = {c.id: c.arguments for c in calls}
