@@ -8,7 +8,7 @@
 //! step boundary or blocked wait.
 
 use crate::error::{CoreError, CoreResult};
-use crate::store::Store;
+use crate::store::{RowSlot, Store};
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -109,7 +109,8 @@ pub fn moved(run_id: &str) -> CoreError {
 
 struct Entry {
     store: Arc<dyn Store>,
-    rid: i64,
+    /// The run's rid once its row is stored (a queued insert fills it).
+    row: Arc<RowSlot>,
     seconds: f64,
     due: Instant,
     lost: Arc<AtomicBool>,
@@ -150,9 +151,9 @@ impl Drop for Lease {
     }
 }
 
-/// Starts renewing the lease of run `rid` on `store` (taken just now for
-/// `seconds`).
-pub fn register(store: Arc<dyn Store>, rid: i64, seconds: f64) -> Lease {
+/// Starts renewing the lease of the run whose row is `row` on `store` (taken
+/// just now for `seconds`).
+pub fn register(store: Arc<dyn Store>, row: Arc<RowSlot>, seconds: f64) -> Lease {
     let (lock, wake) = beat();
     let lost = Arc::new(AtomicBool::new(false));
     let mut b = lock.lock();
@@ -163,7 +164,7 @@ pub fn register(store: Arc<dyn Store>, rid: i64, seconds: f64) -> Lease {
         token,
         Entry {
             store,
-            rid,
+            row,
             seconds,
             due,
             lost: lost.clone(),
@@ -217,6 +218,20 @@ fn run() {
             let now = Instant::now();
             let mut groups: Vec<Group> = Vec::new();
             for (token, e) in b.entries.iter_mut().filter(|(_, e)| e.due <= now) {
+                let rid = match e.row.committed() {
+                    Some(Ok(rid)) => rid,
+                    // A lost insert fails the attempt where it settles.
+                    Some(Err(_)) => {
+                        e.due = now + Duration::from_secs_f64(e.seconds / 3.0);
+                        continue;
+                    }
+                    // The row's insert is still queued: the store's writer
+                    // commits it long before the lease could lapse.
+                    None => {
+                        e.due = now + RETRY;
+                        continue;
+                    }
+                };
                 // Pushed back now so that a slow store is not asked again
                 // before it answered.
                 e.due = now + Duration::from_secs_f64(e.seconds / 3.0);
@@ -224,8 +239,8 @@ fn run() {
                     .iter_mut()
                     .find(|g| Arc::ptr_eq(&g.0, &e.store) && g.1 == e.seconds)
                 {
-                    Some(g) => g.2.push((*token, e.rid)),
-                    None => groups.push((e.store.clone(), e.seconds, vec![(*token, e.rid)])),
+                    Some(g) => g.2.push((*token, rid)),
+                    None => groups.push((e.store.clone(), e.seconds, vec![(*token, rid)])),
                 }
             }
             groups

@@ -6,7 +6,8 @@ use crate::journal::{Fence, Journal};
 use crate::store::sqlite::now;
 use crate::store::sqlite::Slot;
 use crate::store::{
-    AgentStateRow, InterruptRow, NewRun, PriorSpend, RunRow, Settlement, SpanRecord, SpanRow, Store,
+    AgentStateRow, InterruptRow, NewRun, PriorSpend, RowSlot, RunRow, Settlement, SpanRecord,
+    SpanRow, Store,
 };
 use parking_lot::Mutex;
 use std::collections::HashSet;
@@ -109,7 +110,11 @@ use crate::graph::store::GraphWork as TxWork;
 /// One attempt at executing a run, holding its lease.
 pub struct Attempt {
     store: Arc<dyn Store>,
+    /// The run row as created or loaded; its `rid` is 0 while a queued
+    /// insert (`start_queued`) is not committed: use `rid()`.
     pub run: RunRow,
+    /// Where the run's rid lands once its row is stored.
+    row: Arc<RowSlot>,
     journal: Mutex<Journal>,
     /// Set once settled: every later journal access is refused.
     closed: AtomicBool,
@@ -141,6 +146,30 @@ impl Attempt {
         claim_in_process(&new.run_id)?;
         match store.create_run(&new, owner_id(), now() + seconds) {
             Ok(run) => Ok(Attempt::new(store, run, Journal::default(), true, seconds)),
+            Err(e) => {
+                active_runs().lock().remove(&new.run_id);
+                Err(e)
+            }
+        }
+    }
+
+    /// `start` without a commit of its own: the run row is inserted by the
+    /// next commit (the settlement of a short run) or by the store's
+    /// writer within its batch latency, whichever comes first. Nothing is
+    /// lost by a crash before then: the run has journaled nothing yet, and
+    /// every journal write, snapshot or settlement commits the row first.
+    pub fn start_queued(store: Arc<dyn Store>, new: NewRun) -> CoreResult<Attempt> {
+        let seconds = crate::lease::lease_seconds()?;
+        claim_in_process(&new.run_id)?;
+        match store.create_run_queued(&new, owner_id(), now() + seconds) {
+            Ok((run, row)) => Ok(Attempt::with_row(
+                store,
+                run,
+                row,
+                Journal::default(),
+                true,
+                seconds,
+            )),
             Err(e) => {
                 active_runs().lock().remove(&new.run_id);
                 Err(e)
@@ -213,7 +242,19 @@ impl Attempt {
         first: bool,
         seconds: f64,
     ) -> Attempt {
-        let lease = crate::lease::register(store.clone(), run.rid, seconds);
+        let row = RowSlot::stored(run.rid);
+        Attempt::with_row(store, run, row, journal, first, seconds)
+    }
+
+    fn with_row(
+        store: Arc<dyn Store>,
+        run: RunRow,
+        row: Arc<RowSlot>,
+        journal: Journal,
+        first: bool,
+        seconds: f64,
+    ) -> Attempt {
+        let lease = crate::lease::register(store.clone(), row.clone(), seconds);
         let durable = crate::durable::AttemptState::default();
         if first {
             // The run row was created just now, with no cancel request: the
@@ -223,6 +264,7 @@ impl Attempt {
         Attempt {
             store,
             run,
+            row,
             journal: Mutex::new(journal),
             closed: AtomicBool::new(false),
             root_fence: Fence::root(),
@@ -244,6 +286,21 @@ impl Attempt {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// The run's rid. A queued row insert is committed first (with
+    /// everything else queued) when the store's writer has not yet.
+    pub fn rid(&self) -> CoreResult<i64> {
+        if let Some(rid) = self.row.committed() {
+            return rid;
+        }
+        self.store.flush()?;
+        self.row.committed().unwrap_or_else(|| {
+            Err(CoreError::Store(format!(
+                "the row of run '{}' was not written",
+                self.run.run_id
+            )))
+        })
     }
 
     pub fn root_fence(&self) -> &Fence {
@@ -355,14 +412,16 @@ impl Attempt {
         }
         if self.batches(fence) {
             self.batch_failure()?;
+            let rid = self.rid()?;
             let stored = self.journal.lock().record(key, Arc::from(value));
-            let record = span.map(|s| self.record(s, Some(value)));
+            let record = span.map(|s| self.record(rid, s, Some(value)));
             self.store
-                .commit_batched(self.run.rid, key, value, record, &self.batch_slot)?;
+                .commit_batched(rid, key, value, record, &self.batch_slot)?;
             return Ok(stored);
         }
-        let record = span.map(|s| self.record(s, Some(value)));
-        let winner = self.store.commit_step(self.run.rid, key, value, record)?;
+        let rid = self.rid()?;
+        let record = span.map(|s| self.record(rid, s, Some(value)));
+        let winner = self.store.commit_step(rid, key, value, record)?;
         let stored: Arc<str> = Arc::from(winner.as_deref().unwrap_or(value));
         Ok(self.journal.lock().record(key, stored))
     }
@@ -384,9 +443,10 @@ impl Attempt {
             }
             return Ok(Commit::Stored(existing));
         }
-        let record = span.map(|s| self.record(s, Some(value)));
+        let rid = self.rid()?;
+        let record = span.map(|s| self.record(rid, s, Some(value)));
         Ok(Commit::Pending(self.store.commit_step_future(
-            self.run.rid,
+            rid,
             key.to_string(),
             value.to_string(),
             record,
@@ -409,7 +469,7 @@ impl Attempt {
         work: &mut TxWork<'_>,
     ) -> CoreResult<()> {
         self.check(None)?;
-        self.store.commit_with(self.run.rid, entries, work)?;
+        self.store.commit_with(self.rid()?, entries, work)?;
         let mut j = self.journal.lock();
         for (k, v) in entries {
             j.record(k, Arc::from(v.as_str()));
@@ -439,8 +499,9 @@ impl Attempt {
             }
             j.record(key, Arc::from(value))
         };
-        let record = span.map(|s| self.record(s, Some(value)));
-        let slot = self.store.commit_deferred(self.run.rid, key, value, record);
+        let rid = self.rid()?;
+        let record = span.map(|s| self.record(rid, s, Some(value)));
+        let slot = self.store.commit_deferred(rid, key, value, record);
         self.deferred.lock().push(slot);
         Ok(stored)
     }
@@ -466,14 +527,14 @@ impl Attempt {
         Ok(())
     }
 
-    fn record(&self, span: SpanRow, journal_value: Option<&str>) -> SpanRecord {
+    fn record(&self, rid: i64, span: SpanRow, journal_value: Option<&str>) -> SpanRecord {
         let output_in_journal = match (&span.output_json, journal_value) {
             (Some(out), Some(v)) => span.step_key.is_some() && out == v,
             _ => false,
         };
         SpanRecord {
             trace_id: self.trace_id().to_string(),
-            rid: Some(self.run.rid),
+            rid: Some(rid),
             span,
             output_in_journal,
         }
@@ -489,8 +550,23 @@ impl Attempt {
             .step_key
             .as_deref()
             .and_then(|k| self.journal.lock().get(k));
-        let record = self.record(span, in_journal.as_deref());
-        self.store.queue_span(record);
+        let record = self.record(0, span, in_journal.as_deref());
+        self.queue_record(record);
+    }
+
+    /// Queues a span of this run under its rid or, while the row's insert
+    /// is queued, to be written after the row.
+    fn queue_record(&self, mut record: SpanRecord) {
+        match self.row.committed() {
+            Some(Ok(rid)) => {
+                record.rid = Some(rid);
+                self.store.queue_span(record);
+            }
+            // A lost row has nothing to attach spans to; the attempt fails
+            // where it settles.
+            Some(Err(_)) => {}
+            None => self.store.queue_row_span(&self.row, record),
+        }
     }
 
     /// Queues the span of a step replayed from the journal: finished at
@@ -519,12 +595,13 @@ impl Attempt {
             step_key: Some(step_key),
             ..Default::default()
         };
-        self.store.queue_span(SpanRecord {
+        let record = SpanRecord {
             trace_id: self.trace_id().to_string(),
-            rid: Some(self.run.rid),
+            rid: None,
             span,
             output_in_journal: with_output,
-        });
+        };
+        self.queue_record(record);
     }
 
     /// Stores the agent loop's snapshot for `state.scope_key` durably.
@@ -533,14 +610,14 @@ impl Attempt {
         // An agent turn is a durable boundary for cancel requests (EXT-10).
         self.check_cancel(false)?;
         self.saved_state.store(true, Ordering::SeqCst);
-        self.store.save_agent_state(self.run.rid, state)
+        self.store.save_agent_state(self.rid()?, state)
     }
 
     pub fn load_agent_state(&self, scope_key: &str) -> CoreResult<Option<AgentStateRow>> {
         if self.first && !self.saved_state.load(Ordering::SeqCst) {
             return Ok(None);
         }
-        self.store.load_agent_state(self.run.rid, scope_key)
+        self.store.load_agent_state(self.rid()?, scope_key)
     }
 
     /// Spend of earlier attempts (all of them, or one step's), the baseline
@@ -556,7 +633,7 @@ impl Attempt {
                 None => {
                     // Read once per attempt: every budgeted step of a long
                     // run asks, and each answer needs the whole run.
-                    let spend = Arc::new(self.store.prior_llm_usage(self.run.rid)?);
+                    let spend = Arc::new(self.store.prior_llm_usage(self.rid()?)?);
                     *cached = Some(spend.clone());
                     spend
                 }
@@ -570,12 +647,12 @@ impl Attempt {
 
     pub fn set_budget(&self, budget_json: &str) -> CoreResult<()> {
         self.check(None)?;
-        self.store.set_budget(self.run.rid, budget_json)
+        self.store.set_budget(self.rid()?, budget_json)
     }
 
     pub fn record_answers(&self, answers: Vec<(String, String)>) -> CoreResult<()> {
         self.check(None)?;
-        self.store.record_answers(self.run.rid, &answers)?;
+        self.store.record_answers(self.rid()?, &answers)?;
         let mut j = self.journal.lock();
         for (id, value) in answers {
             j.record(&format!("__interrupt__:{id}"), Arc::from(value));
@@ -584,7 +661,7 @@ impl Attempt {
     }
 
     pub fn pending(&self) -> CoreResult<Vec<InterruptRow>> {
-        self.store.pending(self.run.rid)
+        self.store.pending(self.rid()?)
     }
 
     /// Ends the attempt by deleting the run and all it stored (a bare
@@ -597,7 +674,7 @@ impl Attempt {
         self.lease.lock().take();
         active_runs().lock().remove(&self.run.run_id);
         self.store.flush()?;
-        self.store.delete_run(self.run.rid)
+        self.store.delete_run(self.rid()?)
     }
 
     /// Ends the attempt: persists the outcome and releases the lease. Every
@@ -633,11 +710,18 @@ impl Attempt {
         if lost {
             return Err(crate::lease::moved(&self.run.run_id));
         }
-        match work {
-            Some(work) => self
-                .store
-                .settle_with(self.run.rid, owner_id(), &settlement, work),
-            None => self.store.settle(self.run.rid, owner_id(), &settlement),
+        match (work, self.row.committed()) {
+            (_, Some(Err(e))) => Err(e),
+            (Some(work), Some(Ok(rid))) => {
+                self.store.settle_with(rid, owner_id(), &settlement, work)
+            }
+            (None, Some(Ok(rid))) => self.store.settle(rid, owner_id(), &settlement),
+            // The row's insert commits together with the settlement.
+            (None, None) => self.store.settle_row(&self.row, owner_id(), &settlement),
+            (Some(work), None) => {
+                let rid = self.rid()?;
+                self.store.settle_with(rid, owner_id(), &settlement, work)
+            }
         }
     }
 }
@@ -703,6 +787,110 @@ mod tests {
             output_json: Some(out.into()),
             ..Default::default()
         }
+    }
+
+    fn completed() -> Settlement {
+        Settlement {
+            status: "completed".into(),
+            output_json: Some("1".into()),
+            ..Default::default()
+        }
+    }
+
+    /// `(rid, status, lease_owner)` of `run_id`, read by another connection.
+    fn stored_row(path: &str, run_id: &str) -> Option<(i64, String, Option<String>)> {
+        use rusqlite::OptionalExtension;
+        rusqlite::Connection::open(path)
+            .unwrap()
+            .query_row(
+                "SELECT rid, status, lease_owner FROM runs WHERE run_id = ?1",
+                [run_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()
+            .unwrap()
+    }
+
+    fn spans_of(path: &str, rid: i64) -> i64 {
+        rusqlite::Connection::open(path)
+            .unwrap()
+            .query_row("SELECT count(*) FROM spans WHERE rid = ?1", [rid], |r| {
+                r.get(0)
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn a_queued_run_row_commits_with_the_settlement_and_its_spans_carry_its_rid() {
+        let dir = tempdir::Dir::new();
+        let path = dir.path("runs.db");
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+        let a = Attempt::start_queued(store.clone(), new_run("agent")).unwrap();
+        a.queue_span(span("llm#1", "1"));
+        a.settle(completed()).unwrap();
+        let (rid, status, owner) = stored_row(&path, &a.run.run_id).unwrap();
+        assert_eq!((status.as_str(), owner), ("completed", None));
+        assert_eq!(spans_of(&path, rid), 1);
+    }
+
+    #[test]
+    fn the_writer_stores_a_queued_run_row_while_the_run_executes() {
+        let dir = tempdir::Dir::new();
+        let path = dir.path("runs.db");
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+        let a = Attempt::start_queued(store.clone(), new_run("agent")).unwrap();
+        // Another process sees the row running and leased to this one,
+        // with no commit by the attempt.
+        let give_up = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let (rid, status, owner) = loop {
+            if let Some(row) = stored_row(&path, &a.run.run_id) {
+                break row;
+            }
+            assert!(
+                std::time::Instant::now() < give_up,
+                "the row was never written"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        assert_eq!(status, "running");
+        assert_eq!(owner.as_deref(), Some(owner_id()));
+        assert_eq!(a.rid().unwrap(), rid);
+        a.queue_span(span("llm#1", "1"));
+        a.settle(completed()).unwrap();
+        assert_eq!(stored_row(&path, &a.run.run_id).unwrap().1, "completed");
+        assert_eq!(spans_of(&path, rid), 1);
+    }
+
+    #[test]
+    fn a_journal_write_of_a_queued_run_stores_the_row_first_and_a_resume_sees_both() {
+        let (_dir, store) = temp_store();
+        let a = Attempt::start_queued(store.clone(), new_run("agent")).unwrap();
+        a.commit("t#1", "7", Some(span("t#1", "7")), None).unwrap();
+        let run_id = a.run.run_id.clone();
+        drop(a); // a crash: never settled
+        let b = Attempt::resume(store.clone(), &run_id).unwrap();
+        assert_eq!(b.lookup("t#1", None).unwrap().as_deref(), Some("7"));
+        b.settle(completed()).unwrap();
+    }
+
+    #[test]
+    fn a_queued_run_whose_id_exists_fails_where_it_settles_and_stores_nothing() {
+        let dir = tempdir::Dir::new();
+        let path = dir.path("runs.db");
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+        let new = new_run("agent");
+        let first = Attempt::start(store.clone(), new.clone()).unwrap();
+        first.settle(completed()).unwrap();
+        let other = Attempt::start(store.clone(), new_run("f")).unwrap();
+        let again = Attempt::start_queued(store.clone(), new.clone()).unwrap();
+        again.queue_span(span("llm#1", "1"));
+        other.queue_span(span("t#1", "1"));
+        let err = again.settle(completed()).unwrap_err().to_string();
+        assert!(err.contains("already exists"), "{err}");
+        // The other run's queued span was written all the same.
+        assert_eq!(spans_of(&path, other.rid().unwrap()), 1);
+        assert_eq!(spans_of(&path, first.rid().unwrap()), 0);
+        other.settle(completed()).unwrap();
     }
 
     #[test]

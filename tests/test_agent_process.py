@@ -141,12 +141,147 @@ emit(
 """
 
 
+# A model (and a tool) that, in process A, block after recording the call: the test kills A
+# there with `kill -9`.
+STALLER = """\
+import os
+import threading
+
+import composeai as compose
+from composeai.messages import Message, StopReason, Usage
+from composeai.models.base import ModelResponse
+from composeai.testing import FakeModel
+
+PHASE = os.environ["PHASE"]
+
+
+class StallingModel:
+    def __init__(self):
+        self.requests = []
+
+    def complete(self, request):
+        self.requests.append(request)
+        side_effect("model", len(request.messages))
+        if PHASE == "A":
+            threading.Event().wait()
+        return ModelResponse(
+            message=Message.assistant("Hello, Ada."),
+            stop_reason=StopReason.END_TURN,
+            raw_stop_reason="end_turn",
+            usage=Usage(input_tokens=3, output_tokens=4),
+            model_id=request.model,
+        )
+
+
+MODEL = StallingModel()
+
+
+@compose.agent(model=MODEL)
+def greeter(name: str) -> str:
+    \"\"\"Greet the user.\"\"\"
+    return f"Say hello to {name}."
+
+
+def _lookup(q, call_id):
+    return {"tool_calls": [{"name": "lookup", "arguments": {"q": q}, "id": call_id}]}
+
+
+TOOL_MODEL = FakeModel(
+    {"A": [_lookup("ada", "call_1"), _lookup("stall", "call_2")], "B": ["Found Ada."]}[PHASE]
+)
+
+
+@compose.tool
+def lookup(q: str) -> str:
+    \"\"\"Look someone up.\"\"\"
+    side_effect("lookup", q)
+    if q == "stall" and PHASE == "A":
+        threading.Event().wait()
+    return f"{q}: mathematician"
+
+
+@compose.agent(model=TOOL_MODEL, tools=[lookup])
+def researcher(name: str) -> str:
+    \"\"\"You look people up.\"\"\"
+    return f"Who is {name}?"
+"""
+
+RESUME_STALLER = """
+import os
+import stallmod
+from composeai import resume
+run = resume(os.environ["RUN_ID"])
+model = stallmod.MODEL if os.environ["AGENT"] == "greeter" else stallmod.TOOL_MODEL
+emit(
+    status=run.status,
+    output=run.output,
+    requests=[[m.model_dump(mode="json") for m in r.messages] for r in model.requests],
+)
+"""
+
+
 @pytest.fixture
 def sb(tmp_path) -> _proc.Sandbox:
     box = _proc.Sandbox(tmp_path)
     box.write_module("mailermod", MAILER)
     box.write_module("editormod", EDITOR)
+    box.write_module("stallmod", STALLER)
     return box
+
+
+def _kill_once(sb: _proc.Sandbox, proc: subprocess.Popen, effect: tuple) -> str:
+    """Waits until A recorded `effect` and its run row is stored, kills A with SIGKILL and
+    returns the run id."""
+    _proc.wait_until(lambda: effect in sb.side_effects(), what=f"{effect} in process A")
+    run_ids = _proc.wait_until(sb.run_ids, what="the run row")
+    proc.kill()
+    assert _proc.finish(proc).killed
+    assert len(run_ids) == 1
+    return run_ids[0]
+
+
+def test_standalone_agent_killed_during_its_model_call_is_stored_running_and_resumes(sb):
+    """AGENT-52/AGENT-54, STORE-10: the run row of a standalone agent call is stored (running,
+    leased to the caller) while its model call is still in flight, with no commit of the
+    caller's own: after `kill -9` there, another process sees it running and resumes it. The
+    interrupted call journaled nothing, so it is made again, once."""
+    proc = sb.spawn("import stallmod\nstallmod.greeter.run('Ada')", PROC="A", PHASE="A")
+    run_id = _kill_once(sb, proc, ("model", "1", "A"))
+    row = sb.run_row(run_id)
+    assert (row["kind"], row["name"], row["status"]) == ("agent", "greeter", "running")
+    assert row["lease_owner"] is not None
+    assert json.loads(row["args_json"]) == {"args": ["Ada"], "kwargs": {}}
+
+    b = sb.run(RESUME_STALLER, RUN_ID=run_id, AGENT="greeter", PROC="B", PHASE="B").ok()
+    assert b["status"] == "completed" and b["output"] == "Hello, Ada."
+    assert sb.side_effects() == [("model", "1", "A"), ("model", "1", "B")]
+    row = sb.run_row(run_id)
+    assert row["status"] == "completed" and row["lease_owner"] is None
+    spans = sb.query(
+        "SELECT s.kind FROM spans s JOIN runs r ON r.rid = s.rid WHERE r.run_id = ? ORDER BY s.sid",
+        (run_id,),
+    )
+    assert [k for (k,) in spans] == ["llm", "agent"]
+    assert sb.integrity_ok()
+
+
+def test_standalone_agent_killed_after_a_tool_batch_resumes_from_its_snapshot(sb):
+    """AGENT-53: a completed tool batch is snapshotted (and with it the run row stored) before
+    the loop acts on it, so after `kill -9` in the next turn's tool the resumed run continues
+    from that snapshot: the first turn's model call is not made again (no second bill) and its
+    tool does not run again."""
+    proc = sb.spawn("import stallmod\nstallmod.researcher.run('Ada')", PROC="A", PHASE="A")
+    run_id = _kill_once(sb, proc, ("lookup", "stall", "A"))
+    assert sb.run_row(run_id)["status"] == "running"
+
+    b = sb.run(RESUME_STALLER, RUN_ID=run_id, AGENT="researcher", PROC="B", PHASE="B").ok()
+    assert b["status"] == "completed" and b["output"] == "Found Ada."
+    # B's one model request starts from the snapshot: the first turn and its tool result.
+    assert len(b["requests"]) == 1
+    roles = [(m["role"], m["parts"][0]["type"]) for m in b["requests"][0]]
+    assert roles == [("user", "text"), ("assistant", "tool_call"), ("user", "tool_result")]
+    assert sb.side_effects() == [("lookup", "ada", "A"), ("lookup", "stall", "A")]
+    assert sb.integrity_ok()
 
 
 def test_standalone_agent_paused_in_a_resumed_in_b_with_the_bare_tool_name(sb):

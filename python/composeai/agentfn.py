@@ -28,7 +28,8 @@ from .errors import (
     ModelRefusalError,
     ProviderError,
 )
-from .messages import Message, StopReason, ToolCallPart, ToolResultPart, Usage
+from .events import current_bus as _current_bus
+from .messages import Message, StopReason, TextPart, ToolCallPart, ToolResultPart, Usage
 from .models import registry as _registry
 from .models.base import ModelRequest
 from .runs import Run
@@ -355,8 +356,10 @@ def _llm_call(call: _Call) -> Generator[tuple, Any, Any]:
             effort=agent.effort,
             thinking_budget=agent.thinking_budget,
         )
+        input_json = None
         if _engine._capture():
             span.input = {"system": call.system, "messages": list(call.messages)}
+            input_json = _llm_input_json(call.system, span.input["messages"])
         attempts = 0
         while True:
             try:
@@ -399,8 +402,112 @@ def _llm_call(call: _Call) -> Generator[tuple, Any, Any]:
             span.output = response.message if _engine._capture() else None
             _engine.fail_span(call.run, span, exc)
             raise
-        _engine.close_span(call.run, span, response.message)
+        _close_llm_span(call, span, response.message, input_json)
         return response
+
+
+# ---------------------------------------------------------------------------
+# The llm span's row, written without the general encoder where the text is
+# known to be the same (byte for byte what `_engine.span_row` would write)
+
+
+_encode_str = json.encoder.encode_basestring
+_MESSAGE_HEAD = '{"$kind":"pydantic","$type":"composeai.messages:Message","value":{"role":"'
+
+
+def _message_json(message: Any) -> str | None:
+    """`_codec.dumps_lenient(message)` of a message of text parts (the usual
+    reply and prompt); None for any other value."""
+    if type(message) is not Message:
+        return None
+    texts = []
+    for part in message.parts:
+        if type(part) is not TextPart:
+            return None
+        texts.append('{"type":"text","text":' + _encode_str(part.text) + "}")
+    text = _MESSAGE_HEAD + message.role + '","parts":[' + ",".join(texts) + "]}}"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: the codec escapes it
+            return None
+    return text
+
+
+def _llm_input_json(system: str | None, messages: list) -> str:
+    """The llm span's input `{"system": ..., "messages": [...]}` as stored."""
+    parts = []
+    for m in messages:
+        text = _message_json(m)
+        if text is None:
+            return _codec.dumps_lenient({"system": system, "messages": messages})
+        parts.append(text)
+    head = "null" if system is None else _codec.dumps_lenient(system)
+    return '{"system":' + head + ',"messages":[' + ",".join(parts) + "]}"
+
+
+# Attribute sets an agent writes on every llm span ({"model": ..., "provider": ...}).
+_ATTRIBUTES_JSON: dict[tuple, str] = {}
+
+
+def _attributes_json(attributes: dict) -> str | None:
+    if not attributes:
+        return None
+    if len(attributes) <= 2 and all(type(v) is str for v in attributes.values()):
+        key = tuple(attributes.items())
+        text = _ATTRIBUTES_JSON.get(key)
+        if text is None:
+            if len(_ATTRIBUTES_JSON) >= 256:
+                _ATTRIBUTES_JSON.clear()
+            text = _ATTRIBUTES_JSON[key] = _codec.dumps_lenient(attributes)
+        return text
+    return _codec.dumps_lenient(attributes)
+
+
+def _close_llm_span(call: _Call, span, message: Message, input_json: str | None) -> None:
+    """`_engine.close_span` of a durable run's llm span, its row built here."""
+    run = call.run
+    if run is None or _current_bus() is not None:
+        _engine.close_span(run, span, message)
+        return
+    span.ended_at = time.time()
+    span.status = "ok"
+    output_json = None
+    if _engine._capture():
+        span.output = message
+        output_json = _message_json(message) or _codec.dumps_lenient(message)
+    else:
+        input_json = None
+    usage = span.usage
+    # The row `_engine.span_row` builds (the layout src/py/spans.rs reads).
+    run.attempt.span(
+        (
+            span.span_id,
+            span.parent_span_id,
+            "llm",
+            span.name,
+            span.started_at,
+            span.ended_at,
+            "ok",
+            False,
+            None,
+            _attributes_json(span.attributes),
+            None
+            if usage is None
+            else (
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cache_read_tokens,
+                usage.cache_creation_tokens,
+                usage.reasoning_tokens,
+                usage.cost_usd,
+                usage.cost_complete,
+            ),
+            None,
+            input_json,
+            output_json,
+        )
+    )
 
 
 def _charge_budgets(usage: Usage) -> None:
@@ -434,6 +541,10 @@ class _ToolJob:
 
 def _tool_batch(call: _Call, calls: list[ToolCallPart]) -> Generator[tuple, Any, None]:
     _check_cancel()
+    if call.run is not None:
+        # Tools are user code that may run long or hand out the run id: the
+        # run row is stored before they start (a queued insert, AGENT-52).
+        call.run.attempt.store_row()
     agent = call.agent
     results: dict[str, ToolResultPart] = dict(call.partial)
     arguments: dict[str, dict] = {c.id: c.arguments for c in calls}
@@ -681,10 +792,8 @@ async def _run_tool_async(call: _Call, job: _ToolJob) -> Any:
 
 
 def _invoke_model_sync(call: _Call, request: ModelRequest, span) -> Any:
-    from .events import current_bus
-
     model = call.model
-    if current_bus() is not None:
+    if _current_bus() is not None:
         if _has(model, "stream"):
             return _consume_stream(call, model.stream(request), span)
         if _has(model, "astream"):
@@ -805,10 +914,8 @@ def _drive_sync(gen: Generator) -> Any:
 
 
 async def _invoke_model_async(call: _Call, request: ModelRequest, span) -> Any:
-    from .events import current_bus
-
     model = call.model
-    streaming = current_bus() is not None
+    streaming = _current_bus() is not None
     if streaming and _has(model, "astream"):
         return await _aconsume_stream(call, model.astream(request), span)
     if streaming and _has(model, "stream"):
@@ -1247,6 +1354,10 @@ def _pop_budget(token: Any) -> None:
 
 def _standalone_payload(args: tuple, kwargs: dict, opts: dict) -> str:
     payload: dict[str, Any] = {"args": list(args), "kwargs": kwargs}
+    if opts["system"] is None and not isinstance(opts["model"], str) and opts.get("seed") is None:
+        plain = _engine._plain_args_json(payload)
+        if plain is not None:
+            return plain
     if opts["system"] is not None:
         payload["system"] = opts["system"]
     if isinstance(opts["model"], str):
@@ -1260,7 +1371,11 @@ def _standalone_start(agent: AgentFunction, args: tuple, kwargs: dict, opts: dic
     args_json = _standalone_payload(args, kwargs, opts)
     budget = opts["budget"]
     budget_json = _engine.budget_json(budget)
-    attempt = _engine.get_store().start_run("agent", agent.name, None, args_json, budget_json)
+    # The row is inserted with the settlement (or by the store's writer
+    # within milliseconds): a short call commits once (AGENT-52).
+    attempt = _engine.get_store().start_run(
+        "agent", agent.name, None, args_json, budget_json, queued=True
+    )
     return _engine.RunState(attempt, agent.name), _engine.budget_meter(budget, "agent", agent.name)
 
 

@@ -128,8 +128,8 @@ async def _aiter(events: list[RawStreamEvent]) -> AsyncIterator[RawStreamEvent]:
 # --------------------------------------------------------------------------- FakeModel
 
 
-def _default_usage() -> Usage:
-    return Usage(input_tokens=10, output_tokens=20, cost_complete=False)
+# Usage is frozen: every reply can share one.
+_DEFAULT_USAGE = Usage(input_tokens=10, output_tokens=20, cost_complete=False)
 
 
 class FakeModel:
@@ -169,7 +169,7 @@ class FakeModel:
     def _interpret(self, item: Any, request: ModelRequest) -> ModelResponse:
         if isinstance(item, ModelResponse):
             return item
-        usage = self._usage if self._usage is not None else _default_usage()
+        usage = self._usage if self._usage is not None else _DEFAULT_USAGE
         if isinstance(item, str):
             return ModelResponse(
                 message=Message.assistant(item),

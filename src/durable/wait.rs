@@ -115,7 +115,7 @@ impl Attempt {
         if let Some(v) = self.journal_get(key) {
             return Ok(v);
         }
-        let winner = self.store().commit_wait(self.run.rid, key, value, timer)?;
+        let winner = self.store().commit_wait(self.rid()?, key, value, timer)?;
         Ok(self.journal_record(key, Arc::from(winner.as_deref().unwrap_or(value))))
     }
 
@@ -131,7 +131,7 @@ impl Attempt {
             }
             *last = Some((Instant::now(), epoch));
         }
-        match self.store().cancel_request(self.run.rid)? {
+        match self.store().cancel_request(self.rid()?)? {
             Some(reason) => Err(CoreError::Cancelled(reason.unwrap_or_default())),
             None => Ok(()),
         }
@@ -219,7 +219,7 @@ impl Attempt {
             Some(v) => v,
             None => {
                 let after = self.cursor(name);
-                let rid = self.run.rid;
+                let rid = self.rid()?;
                 let found = self.store().signals_after(rid, name, after)?;
                 let last = found
                     .last()
@@ -273,7 +273,7 @@ impl Attempt {
                 .parse()
                 .map_err(|_| CoreError::Serialization(format!("journal value of '{key}': {v}")));
         }
-        let rid = self.run.rid;
+        let rid = self.rid()?;
         let sid = self.store().last_signal_id(rid)?;
         let stored = self.commit_wait_step(&key, &sid.to_string(), spec.fence.as_ref(), None)?;
         stored
@@ -306,7 +306,7 @@ impl Attempt {
     fn decide(&self, spec: &WaitSpec, after: Option<i64>) -> CoreResult<Option<Option<String>>> {
         match &spec.kind {
             Kind::Await { deadline } => {
-                let rid = self.run.rid;
+                let rid = self.rid()?;
                 let newest = self.store().last_signal_id(rid)?;
                 if newest > after.unwrap_or(0) {
                     return Ok(Some(Some("\"signal\"".into())));
@@ -322,7 +322,7 @@ impl Attempt {
                 default_json,
             } => {
                 let seq = self.cursor(name) + 1;
-                let rid = self.run.rid;
+                let rid = self.rid()?;
                 let found = self.store().signal_at(rid, name, seq)?;
                 let record = match found {
                     Some(v) => format!("[{seq},{v}]"),
@@ -430,7 +430,7 @@ impl Attempt {
                 since: None,
             });
         }
-        let rid = self.run.rid;
+        let rid = self.rid()?;
         let mut marked = false;
         loop {
             self.check(spec.fence.as_ref())?;

@@ -396,6 +396,13 @@ impl PyAttempt {
             .py_err()
     }
 
+    /// Commits the run row now if its insert is still queued: before user
+    /// code that may run long or tell others the run id (a tool batch).
+    fn store_row(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = self.inner.clone();
+        py.allow_threads(move || inner.rid().map(|_| ())).py_err()
+    }
+
     /// Queues a finished span of this run.
     fn span(&self, span: &Bound<'_, PyAny>) -> PyResult<()> {
         self.inner.queue_span(span_from_py(span)?);

@@ -146,8 +146,9 @@ impl PyStore {
     }
 
     /// Creates a run (status `running`, leased to this process) and returns
-    /// its first attempt.
-    #[pyo3(signature = (kind, name, fingerprint=None, args_json=None, budget_json=None, run_id=None, trace_id=None))]
+    /// its first attempt. With `queued` the row's insert is left to the next
+    /// commit or the store's writer (see `Attempt::start_queued`).
+    #[pyo3(signature = (kind, name, fingerprint=None, args_json=None, budget_json=None, run_id=None, trace_id=None, queued=false))]
     #[allow(clippy::too_many_arguments)]
     fn start_run(
         &self,
@@ -159,6 +160,7 @@ impl PyStore {
         budget_json: Option<String>,
         run_id: Option<String>,
         trace_id: Option<String>,
+        queued: bool,
     ) -> PyResult<PyAttempt> {
         let new = NewRun {
             run_id: run_id.unwrap_or_else(crate::ids::new_ulid),
@@ -170,7 +172,15 @@ impl PyStore {
             budget_json,
         };
         let store: Arc<dyn Store> = self.inner.clone();
-        let attempt = py.allow_threads(|| Attempt::start(store, new)).py_err()?;
+        let attempt = py
+            .allow_threads(|| {
+                if queued {
+                    Attempt::start_queued(store, new)
+                } else {
+                    Attempt::start(store, new)
+                }
+            })
+            .py_err()?;
         Ok(PyAttempt::new(attempt))
     }
 

@@ -136,6 +136,59 @@ pub struct Settlement {
     pub defer_spans: bool,
 }
 
+/// Where a run row created through the store's write queue
+/// (`Store::create_run_queued`) gets its rid: set inside the transaction
+/// that inserts it, for the writes that follow in the same transaction, and
+/// kept once that transaction commits (or the error that lost it).
+#[derive(Default)]
+pub struct RowSlot {
+    in_tx: std::sync::atomic::AtomicI64,
+    /// The committed rid (0: not yet), read without a lock on every
+    /// journal write.
+    rid: std::sync::atomic::AtomicI64,
+    error: parking_lot::Mutex<Option<crate::error::CoreError>>,
+}
+
+impl RowSlot {
+    /// The slot of a row inserted before it was handed out.
+    pub fn stored(rid: i64) -> std::sync::Arc<RowSlot> {
+        let slot = RowSlot::default();
+        slot.in_tx.store(rid, std::sync::atomic::Ordering::Release);
+        slot.rid.store(rid, std::sync::atomic::Ordering::Release);
+        std::sync::Arc::new(slot)
+    }
+
+    /// The committed rid, the error that lost the insert, or `None` while
+    /// the insert is still queued.
+    pub fn committed(&self) -> Option<CoreResult<i64>> {
+        match self.rid.load(std::sync::atomic::Ordering::Acquire) {
+            0 => self.error.lock().clone().map(Err),
+            rid => Some(Ok(rid)),
+        }
+    }
+
+    /// The rid inside the store's transaction that inserted the row (or any
+    /// later one); 0 before the insert and after a failed one.
+    pub fn in_tx(&self) -> i64 {
+        self.in_tx.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Called by the store's writer, which holds its connection.
+    pub(crate) fn inserted(&self, rid: i64) {
+        self.in_tx.store(rid, std::sync::atomic::Ordering::Release);
+    }
+
+    pub(crate) fn resolve(&self, outcome: CoreResult<i64>) {
+        match outcome {
+            Ok(rid) => self.rid.store(rid, std::sync::atomic::Ordering::Release),
+            Err(e) => {
+                self.in_tx.store(0, std::sync::atomic::Ordering::Release);
+                *self.error.lock() = Some(e);
+            }
+        }
+    }
+}
+
 /// Decides whether a lease held by `owner` until `until` is still live.
 pub type LeaseCheck<'a> = &'a dyn Fn(&str, f64) -> bool;
 
@@ -147,6 +200,52 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
     /// Creates a run row leased to `owner`, in one commit.
     fn create_run(&self, new: &NewRun, owner: &str, lease_until: f64) -> CoreResult<RunRow> {
         self.create_run_with(new, owner, lease_until, &mut |_| Ok(()), true)
+    }
+
+    /// `create_run` without a commit of its own: the insert joins the queue
+    /// of writes, so the next commit carries it (a standalone agent run's
+    /// settlement), or the background writer within `sqlite::BATCH_LATENCY`.
+    /// The returned row's `rid` is 0 until the slot holds it. By default
+    /// (a store without a writer queue) the row is created at once.
+    fn create_run_queued(
+        &self,
+        new: &NewRun,
+        owner: &str,
+        lease_until: f64,
+    ) -> CoreResult<(RunRow, std::sync::Arc<RowSlot>)> {
+        let run = self.create_run(new, owner, lease_until)?;
+        let slot = RowSlot::stored(run.rid);
+        Ok((run, slot))
+    }
+
+    /// Queues a span of the run whose row `row` is still queued; it is
+    /// written after the row, with its rid.
+    fn queue_row_span(&self, row: &std::sync::Arc<RowSlot>, mut span: SpanRecord) {
+        if row.committed().is_none() {
+            // Failures reach the attempt through the row's slot.
+            let _ = self.flush();
+        }
+        if let Some(Ok(rid)) = row.committed() {
+            span.rid = Some(rid);
+            self.queue_span(span);
+        }
+    }
+
+    /// `settle` of the run whose row `row` may still be queued: the insert
+    /// and the settlement commit together.
+    fn settle_row(
+        &self,
+        row: &std::sync::Arc<RowSlot>,
+        owner: &str,
+        settlement: &Settlement,
+    ) -> CoreResult<()> {
+        self.flush()?;
+        let rid = row.committed().unwrap_or_else(|| {
+            Err(crate::error::CoreError::Store(
+                "the run row was not written".into(),
+            ))
+        })?;
+        self.settle(rid, owner, settlement)
     }
 
     /// `create_run` with `work` in the same transaction (a graph thread

@@ -10,8 +10,8 @@
 use super::checkpointer::Checkpointer;
 use super::migrate;
 use super::{
-    AgentStateRow, InterruptRow, LeaseCheck, NewRun, PriorSpend, RunRow, Settlement, SpanRecord,
-    Store,
+    AgentStateRow, InterruptRow, LeaseCheck, NewRun, PriorSpend, RowSlot, RunRow, Settlement,
+    SpanRecord, Store,
 };
 use crate::error::{AtPath, CoreError, CoreResult};
 use crate::graph::store::GraphWork;
@@ -168,6 +168,11 @@ struct Queue {
     urgent: bool,
     /// When the oldest queued batch-durability step must be committed.
     due: Option<std::time::Instant>,
+    /// A run row's insert is queued: reads of run rows write it first.
+    rows: bool,
+    /// Until when the background writer sleeps: `None` while it works,
+    /// `Some(None)` until woken.
+    writer_sleeps: Option<Option<std::time::Instant>>,
     shutdown: bool,
     background_started: bool,
 }
@@ -180,6 +185,22 @@ enum Op {
         value: String,
         slot: Arc<Slot>,
     },
+    /// A run row created without a commit of its own
+    /// (`Store::create_run_queued`).
+    Run(Box<QueuedRun>),
+    /// A span of a run whose row was queued: its rid is the row's.
+    RowSpan(Arc<RowSlot>, Box<SpanRecord>),
+}
+
+struct QueuedRun {
+    new: NewRun,
+    owner: String,
+    lease_until: f64,
+    created_at: f64,
+    slot: Arc<RowSlot>,
+    /// `(status, output_json, error_json)` when the run settled before its
+    /// row was written: the row is inserted settled.
+    settled: Option<(String, Option<String>, Option<String>)>,
 }
 
 struct Writer {
@@ -318,15 +339,27 @@ impl Inner {
                     if q.shutdown || q.urgent || q.ops.len() >= BACKGROUND_BATCH {
                         break;
                     }
-                    if let Some(due) = q.due {
-                        if self.wake.wait_until(&mut q, due).timed_out() {
-                            break;
-                        }
+                    let timed_out = if let Some(due) = q.due {
+                        q.writer_sleeps = Some(Some(due));
+                        self.wake.wait_until(&mut q, due);
+                        // Only a deadline that has passed ends the wait: the
+                        // one slept on may have been met by a foreground
+                        // commit and replaced by a later one (the next
+                        // run's row), which is then slept on in turn.
+                        q.due.is_some_and(|d| d <= std::time::Instant::now())
                     } else if q.ops.is_empty() {
+                        q.writer_sleeps = Some(None);
                         self.wake.wait(&mut q);
-                    } else if self.wake.wait_for(&mut q, SPAN_LATENCY).timed_out() {
+                        false
+                    } else {
                         // Finished spans reach the store within this delay
                         // even when nothing else commits (OBS-5).
+                        let until = std::time::Instant::now() + SPAN_LATENCY;
+                        q.writer_sleeps = Some(Some(until));
+                        self.wake.wait_until(&mut q, until).timed_out()
+                    };
+                    q.writer_sleeps = None;
+                    if timed_out {
                         break;
                     }
                 }
@@ -355,6 +388,7 @@ impl Inner {
         let mut q = self.queue.lock();
         q.urgent = false;
         q.due = None;
+        q.rows = false;
         std::mem::take(&mut q.ops)
     }
 
@@ -388,7 +422,7 @@ impl Inner {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .at(&path)?;
-            write_ops(&tx, traces, &ops, &mut results).at(&path)?;
+            write_ops(&tx, traces, &ops, &mut results, &path)?;
             if let Err(e) = extra(&tx) {
                 extra_failed = true;
                 return Err(e);
@@ -406,7 +440,7 @@ impl Inner {
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .at(&path)?;
-                write_ops(&tx, traces, &ops, &mut results).at(&path)?;
+                write_ops(&tx, traces, &ops, &mut results, &path)?;
                 tx.commit().at(&path)
             })();
         }
@@ -416,6 +450,17 @@ impl Inner {
                     let mut outcome = slot.0.lock();
                     if !matches!(&*outcome, Some(Err(_))) {
                         *outcome = Some(winner);
+                    }
+                }
+                for op in &ops {
+                    if let Op::Run(run) = op {
+                        match run.slot.in_tx() {
+                            0 => run.slot.resolve(Err(CoreError::Config(format!(
+                                "run '{}' already exists",
+                                run.new.run_id
+                            )))),
+                            rid => run.slot.resolve(Ok(rid)),
+                        }
                     }
                 }
                 extra_error.map_or(Ok(()), Err)
@@ -428,7 +473,8 @@ impl Inner {
                 for op in ops {
                     match op {
                         Op::Step { slot, .. } => *slot.0.lock() = Some(Err(e.clone())),
-                        Op::Span(_) => span_failed = true,
+                        Op::Run(run) => run.slot.resolve(Err(e.clone())),
+                        Op::Span(_) | Op::RowSpan(..) => span_failed = true,
                     }
                 }
                 if span_failed {
@@ -534,6 +580,16 @@ fn write_ops(
     traces: &mut HashMap<String, i64>,
     ops: &[Op],
     results: &mut Vec<(Arc<Slot>, CoreResult<Option<String>>)>,
+    path: &str,
+) -> CoreResult<()> {
+    write_ops_tx(tx, traces, ops, results).at(path)
+}
+
+fn write_ops_tx(
+    tx: &rusqlite::Transaction<'_>,
+    traces: &mut HashMap<String, i64>,
+    ops: &[Op],
+    results: &mut Vec<(Arc<Slot>, CoreResult<Option<String>>)>,
 ) -> rusqlite::Result<()> {
     let mut moved: HashMap<i64, Option<String>> = HashMap::new();
     let mut moved_run = |rid: i64| -> rusqlite::Result<Option<String>> {
@@ -547,6 +603,22 @@ fn write_ops(
     let mut refused: HashMap<i64, bool> = HashMap::new();
     let mut journal_insert = None;
     let mut span_inserts = SpanInserts::default();
+    let mut write_span = |rid: Option<i64>, rec: &SpanRecord| -> rusqlite::Result<()> {
+        if let Some(rid) = rid {
+            let no = match refused.get(&rid) {
+                Some(no) => *no,
+                None => {
+                    let no = span_refused(tx, rid)?;
+                    refused.insert(rid, no);
+                    no
+                }
+            };
+            if no {
+                return Ok(());
+            }
+        }
+        span_inserts.insert(tx, traces, rec, rid)
+    };
     for op in ops {
         match op {
             Op::Step {
@@ -569,25 +641,69 @@ fn write_ops(
                 let winner = insert_journal_with(tx, st, *rid, key, value)?;
                 results.push((slot.clone(), Ok(winner)));
             }
-            Op::Span(rec) => {
-                if let Some(rid) = rec.rid {
-                    let no = match refused.get(&rid) {
-                        Some(no) => *no,
-                        None => {
-                            let no = span_refused(tx, rid)?;
-                            refused.insert(rid, no);
-                            no
-                        }
-                    };
-                    if no {
-                        continue;
-                    }
-                }
-                span_inserts.insert(tx, traces, rec)?
+            Op::Run(run) => {
+                let rid = insert_run(tx, run)?;
+                // 0 (not inserted: the run id exists) fails the slot after
+                // the commit, and this run's spans are dropped.
+                run.slot.inserted(rid.unwrap_or(0));
             }
+            Op::Span(rec) => write_span(rec.rid, rec)?,
+            Op::RowSpan(row, rec) => match row.in_tx() {
+                // The row was not inserted: its run failed.
+                0 => {}
+                rid => write_span(Some(rid), rec)?,
+            },
         }
     }
     Ok(())
+}
+
+/// Inserts a queued run row: running and leased, or settled; `None` when
+/// the run id exists.
+fn insert_run(tx: &Connection, run: &QueuedRun) -> rusqlite::Result<Option<i64>> {
+    let new = &run.new;
+    let (status, output, error, owner, until, updated) = match &run.settled {
+        None => (
+            "running",
+            None,
+            None,
+            Some(run.owner.as_str()),
+            Some(run.lease_until),
+            run.created_at,
+        ),
+        Some((status, output, error)) => (
+            status.as_str(),
+            output.as_deref(),
+            error.as_deref(),
+            None,
+            None,
+            now(),
+        ),
+    };
+    let n = tx
+        .prepare_cached(
+            "INSERT OR IGNORE INTO runs(run_id, kind, name, status, created_at, updated_at, \
+             trace_id, fingerprint, args_json, budget_json, output_json, error_json, \
+             lease_owner, lease_until) \
+             VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+        )?
+        .execute(params![
+            new.run_id,
+            new.kind,
+            new.name,
+            status,
+            run.created_at,
+            updated,
+            new.trace_id,
+            new.fingerprint,
+            new.args_json,
+            new.budget_json,
+            output,
+            error,
+            owner,
+            until
+        ])?;
+    Ok((n == 1).then(|| tx.last_insert_rowid()))
 }
 
 pub fn read_run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
@@ -742,7 +858,7 @@ pub fn insert_span(
     traces: &mut HashMap<String, i64>,
     rec: &SpanRecord,
 ) -> rusqlite::Result<()> {
-    SpanInserts::default().insert(tx, traces, rec)
+    SpanInserts::default().insert(tx, traces, rec, rec.rid)
 }
 
 const SPAN_INSERT: &str =
@@ -769,11 +885,13 @@ struct SpanInserts<'c> {
 }
 
 impl<'c> SpanInserts<'c> {
+    /// Inserts `rec` under run `rid`.
     fn insert(
         &mut self,
         tx: &'c Connection,
         traces: &mut HashMap<String, i64>,
         rec: &SpanRecord,
+        rid: Option<i64>,
     ) -> rusqlite::Result<()> {
         let tid = trace_tid(tx, traces, &rec.trace_id)?;
         let s = &rec.span;
@@ -795,7 +913,7 @@ impl<'c> SpanInserts<'c> {
             };
             st.execute(params![
                 tid,
-                rec.rid,
+                rid,
                 encode_id(&s.span_id),
                 parent,
                 s.kind,
@@ -817,7 +935,7 @@ impl<'c> SpanInserts<'c> {
         let u = s.usage.as_ref();
         st.execute(params![
             tid,
-            rec.rid,
+            rid,
             encode_id(&s.span_id),
             parent,
             s.kind,
@@ -1117,51 +1235,103 @@ impl Store for SqliteStore {
         };
         let path = self.path.clone();
         self.apply(&mut w, ops, |tx| {
-            let t = now();
-            let n = tx.prepare_cached(
-                "UPDATE runs SET status = ?1, output_json = ?2, error_json = ?3, updated_at = ?4, \
-                 lease_owner = NULL, lease_until = NULL WHERE rid = ?5 AND lease_owner = ?6",
-            )
-            .and_then(|mut st| {
-                st.execute(params![
-                    s.status,
-                    s.output_json,
-                    s.error_json,
-                    t,
-                    rid,
-                    owner
-                ])
-            })
-            .at(&path)?;
-            if n == 0 {
-                return Err(moved_rid(tx, rid));
-            }
-            tx.prepare_cached("DELETE FROM run_recoveries WHERE rid = ?1")
-                .and_then(|mut st| st.execute([rid]))
-                .at(&path)?;
-            for a in &s.agent_states {
-                write_agent_state(tx, rid, a, t).at(&path)?;
-            }
-            crate::durable::store::on_settle(tx, rid, &s.status, s.wait.as_ref()).at(&path)?;
-            for p in &s.pending {
-                tx.prepare_cached(
-                    "INSERT OR REPLACE INTO pending_interrupts(rid, interrupt_id, kind, question, \
-                     payload_json, created_at) VALUES(?1, ?2, ?3, ?4, ?5, ?6)",
-                )
-                .and_then(|mut st| {
-                    st.execute(params![
-                        rid,
-                        p.interrupt_id,
-                        p.kind,
-                        p.question,
-                        p.payload_json,
-                        t
-                    ])
-                })
-                .at(&path)?;
-            }
+            settle_tx(tx, &path, rid, owner, s)?;
             work(&**tx)
         })
+    }
+
+    fn create_run_queued(
+        &self,
+        new: &NewRun,
+        owner: &str,
+        lease_until: f64,
+    ) -> CoreResult<(RunRow, Arc<RowSlot>)> {
+        let slot = Arc::new(RowSlot::default());
+        let t = now();
+        let run = RunRow {
+            rid: 0,
+            run_id: new.run_id.clone(),
+            kind: new.kind.clone(),
+            name: new.name.clone(),
+            status: "running".into(),
+            created_at: t,
+            updated_at: t,
+            trace_id: Some(new.trace_id.clone()),
+            fingerprint: new.fingerprint.clone(),
+            args_json: new.args_json.clone(),
+            output_json: None,
+            error_json: None,
+            budget_json: new.budget_json.clone(),
+        };
+        let op = Op::Run(Box::new(QueuedRun {
+            new: new.clone(),
+            owner: owner.to_string(),
+            lease_until,
+            created_at: t,
+            slot: slot.clone(),
+            settled: None,
+        }));
+        let mut q = self.queue.lock();
+        q.ops.push(op);
+        q.rows = true;
+        if !self.start_writer(&mut q) {
+            // No writer to make it visible soon: insert it now.
+            drop(q);
+            self.flush()?;
+        } else if q.due.is_none() {
+            // Other processes see the row within the batch latency. A
+            // writer that works, or sleeps until an earlier deadline (an
+            // earlier run's), looks at the queue by then unprompted: back
+            // to back short runs cost no wake-up each.
+            let due = std::time::Instant::now() + BATCH_LATENCY;
+            q.due = Some(due);
+            if q.writer_sleeps
+                .is_some_and(|until| until.is_none_or(|t| t > due))
+            {
+                self.wake.notify_one();
+            }
+        }
+        Ok((run, slot))
+    }
+
+    fn queue_row_span(&self, row: &Arc<RowSlot>, span: SpanRecord) {
+        self.enqueue(Op::RowSpan(row.clone(), Box::new(span)), false);
+    }
+
+    fn settle_row(&self, row: &Arc<RowSlot>, owner: &str, s: &Settlement) -> CoreResult<()> {
+        let mut w = self.lock_writer();
+        // Holding the connection: the row was inserted by a commit that
+        // already filled the slot, or its insert is among the queued ops.
+        let mut ops = self.take_queue();
+        // A settlement with no rows of its own, of a run whose row no commit
+        // has written yet: the row is inserted settled (nothing else can
+        // refer to a run nobody saw), one statement instead of a row insert,
+        // its update and the cleanup of rows it cannot have.
+        let in_place = s.pending.is_empty()
+            && s.agent_states.is_empty()
+            && s.wait.is_none()
+            && ops.iter_mut().any(|op| match op {
+                Op::Run(run) if Arc::ptr_eq(&run.slot, row) => {
+                    run.settled = Some((
+                        s.status.clone(),
+                        s.output_json.clone(),
+                        s.error_json.clone(),
+                    ));
+                    true
+                }
+                _ => false,
+            });
+        let path = self.path.clone();
+        let outcome = self.apply(&mut w, ops, |tx| match row.in_tx() {
+            0 => Err(CoreError::Store("the run row was not written".into())),
+            _ if in_place => Ok(()),
+            rid => settle_tx(tx, &path, rid, owner, s),
+        });
+        // The insert's own failure says why.
+        match row.committed() {
+            Some(Err(e)) => Err(e),
+            _ => outcome,
+        }
     }
 
     fn set_budget(&self, rid: i64, budget_json: &str) -> CoreResult<()> {
@@ -1319,7 +1489,11 @@ impl Store for SqliteStore {
     }
 
     fn get_run(&self, run_id: &str) -> CoreResult<Option<RunRow>> {
-        let w = self.lock_writer();
+        let mut w = self.lock_writer();
+        if self.queue.lock().rows {
+            // This process sees the runs it started at once.
+            self.drain(&mut w)?;
+        }
         Inner::run_row(&w.conn, run_id).at(&self.path)
     }
 
@@ -1376,6 +1550,61 @@ impl Store for SqliteStore {
         let w = self.lock_writer();
         crate::durable::store::cancel_request(&w.conn, rid).at(&self.path)
     }
+}
+
+/// The settlement's writes (see `Store::settle`) inside `tx`.
+fn settle_tx(
+    tx: &rusqlite::Transaction<'_>,
+    path: &str,
+    rid: i64,
+    owner: &str,
+    s: &Settlement,
+) -> CoreResult<()> {
+    let t = now();
+    let n = tx
+        .prepare_cached(
+            "UPDATE runs SET status = ?1, output_json = ?2, error_json = ?3, updated_at = ?4, \
+         lease_owner = NULL, lease_until = NULL WHERE rid = ?5 AND lease_owner = ?6",
+        )
+        .and_then(|mut st| {
+            st.execute(params![
+                s.status,
+                s.output_json,
+                s.error_json,
+                t,
+                rid,
+                owner
+            ])
+        })
+        .at(path)?;
+    if n == 0 {
+        return Err(moved_rid(tx, rid));
+    }
+    tx.prepare_cached("DELETE FROM run_recoveries WHERE rid = ?1")
+        .and_then(|mut st| st.execute([rid]))
+        .at(path)?;
+    for a in &s.agent_states {
+        write_agent_state(tx, rid, a, t).at(path)?;
+    }
+    crate::durable::store::on_settle(tx, rid, &s.status, s.wait.as_ref()).at(path)?;
+    for p in &s.pending {
+        tx.prepare_cached(
+            "INSERT OR REPLACE INTO pending_interrupts(rid, interrupt_id, kind, question, \
+             payload_json, created_at) VALUES(?1, ?2, ?3, ?4, ?5, ?6)",
+        )
+        .and_then(|mut st| {
+            st.execute(params![
+                rid,
+                p.interrupt_id,
+                p.kind,
+                p.question,
+                p.payload_json,
+                t
+            ])
+        })
+        .at(path)?;
+    }
+    Ok(())
 }
 
 fn write_agent_state(
