@@ -7,7 +7,7 @@
 use super::{claim_order, dedup_taken, window, Claimed, Claimer, Limits, Placement, QueueStats};
 use crate::error::{CoreError, CoreResult};
 use crate::runtime::block_on;
-use crate::store::postgres::PgStore;
+use crate::store::postgres::{insert_run_err, inserted_run, PgStore};
 use crate::store::sqlite::now;
 use crate::store::{NewRun, RunRow};
 
@@ -66,31 +66,11 @@ pub fn enqueue(s: &PgStore, new: &NewRun, p: &Placement) -> CoreResult<RunRow> {
                 ],
             )
             .await
-            .map_err(|e| {
-                if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) {
-                    CoreError::Config(format!("a run with run_id '{}' already exists", new.run_id))
-                } else {
-                    s.err()(e)
-                }
-            })?;
+            .map_err(insert_run_err(s, new))?;
         tx.commit().await.map_err(s.err())?;
         Ok::<_, CoreError>(row.get(0))
     })?;
-    Ok(RunRow {
-        rid,
-        run_id: new.run_id.clone(),
-        kind: new.kind.clone(),
-        name: new.name.clone(),
-        status: "queued".into(),
-        created_at: t,
-        updated_at: t,
-        trace_id: Some(new.trace_id.clone()),
-        fingerprint: new.fingerprint.clone(),
-        args_json: new.args_json.clone(),
-        output_json: None,
-        error_json: None,
-        budget_json: new.budget_json.clone(),
-    })
+    Ok(inserted_run(new, rid, "queued", t))
 }
 
 pub fn claim(
