@@ -870,9 +870,13 @@ impl PgStore {
         let t = now();
         let row = block_on(async {
             self.write_spans(&tx, &spans).await?;
-            rows(&tx, INSERT_RUN, &insert_run_params(new, &t, &owner, &lease_until))
-                .await
-                .map_err(insert_run_err(self, new))
+            rows(
+                &tx,
+                INSERT_RUN,
+                &insert_run_params(new, &t, &owner, &lease_until),
+            )
+            .await
+            .map_err(insert_run_err(self, new))
         })?;
         work(&PgGraph {
             c: &tx,
