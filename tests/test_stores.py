@@ -295,6 +295,41 @@ def test_store_11_writes_after_a_takeover_are_rejected(pg_cluster, pg_url, monke
     assert psql(pg_cluster, f"SELECT status FROM {schema}.runs") == "running"
 
 
+def test_store_30_a_step_that_lost_the_first_write_race_returns_the_stored_value(
+    pg_cluster, pg_url, monkeypatch
+):
+    """FLOW-17 on PostgreSQL: when the step's journal row was written first
+    (here by another session while the body ran), the one-statement commit
+    hands back the stored value, not the body's; a step that wins keeps its
+    own."""
+    monkeypatch.setenv("COMPOSE_STORE", pg_url)
+    schema = pg_url.split("schema=")[1].split("&")[0]
+
+    @compose.task
+    def raced() -> int:
+        keys = psql(pg_cluster, f"SELECT step_key FROM {schema}.journal")
+        assert keys == "", keys
+        psql(
+            pg_cluster,
+            f"INSERT INTO {schema}.journal(rid, step_key, value_json) "
+            f"SELECT rid, 'raced#1', '41' FROM {schema}.runs",
+        )
+        return 1
+
+    @compose.task
+    def own(x: int) -> int:
+        return x + 1
+
+    @compose.flow
+    def f() -> list:
+        x = raced()
+        return [x, own(x)]
+
+    assert f() == [41, 42]
+    rows = psql(pg_cluster, f"SELECT step_key, value_json FROM {schema}.journal ORDER BY 1")
+    assert rows.splitlines() == ["own#1|42", "raced#1|41"]
+
+
 def test_store_11_durable_waits_and_graph_steps_after_a_takeover_store_nothing(
     pg_cluster, pg_url, monkeypatch
 ):

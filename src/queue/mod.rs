@@ -113,25 +113,6 @@ fn window(limits: &Limits) -> f64 {
     limits.rate_limit.map_or(0.0, |(_, s)| s)
 }
 
-/// The row of a run `enqueue` just created with id `rid` at time `t`.
-fn queued_row(rid: i64, new: &NewRun, t: f64) -> RunRow {
-    RunRow {
-        rid,
-        run_id: new.run_id.clone(),
-        kind: new.kind.clone(),
-        name: new.name.clone(),
-        status: "queued".into(),
-        created_at: t,
-        updated_at: t,
-        trace_id: Some(new.trace_id.clone()),
-        fingerprint: new.fingerprint.clone(),
-        args_json: new.args_json.clone(),
-        output_json: None,
-        error_json: None,
-        budget_json: new.budget_json.clone(),
-    }
-}
-
 /// The store a queue operation runs on.
 #[derive(Clone, Copy)]
 pub enum Backend<'a> {

@@ -4,12 +4,10 @@
 //! count and the claim run under a transaction-scoped advisory lock of the
 //! queue, so two workers never both fill the last slot.
 
-use super::{
-    claim_order, dedup_taken, queued_row, window, Claimed, Claimer, Limits, Placement, QueueStats,
-};
+use super::{claim_order, dedup_taken, window, Claimed, Claimer, Limits, Placement, QueueStats};
 use crate::error::{CoreError, CoreResult};
 use crate::runtime::block_on;
-use crate::store::postgres::PgStore;
+use crate::store::postgres::{insert_run_err, PgStore};
 use crate::store::sqlite::now;
 use crate::store::{NewRun, RunRow};
 
@@ -68,17 +66,11 @@ pub fn enqueue(s: &PgStore, new: &NewRun, p: &Placement) -> CoreResult<RunRow> {
                 ],
             )
             .await
-            .map_err(|e| {
-                if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) {
-                    CoreError::Config(format!("a run with run_id '{}' already exists", new.run_id))
-                } else {
-                    s.err()(e)
-                }
-            })?;
+            .map_err(insert_run_err(s, new))?;
         tx.commit().await.map_err(s.err())?;
         Ok::<_, CoreError>(row.get(0))
     })?;
-    Ok(queued_row(rid, new, t))
+    Ok(RunRow::inserted(new, rid, "queued", t))
 }
 
 pub fn claim(

@@ -1,9 +1,7 @@
 //! The queues on SQLite: every operation is one `IMMEDIATE` transaction,
 //! so claims of concurrent workers are serialized by the file's write lock.
 
-use super::{
-    claim_order, dedup_taken, queued_row, window, Claimed, Claimer, Limits, Placement, QueueStats,
-};
+use super::{claim_order, dedup_taken, window, Claimed, Claimer, Limits, Placement, QueueStats};
 use crate::error::{AtPath, CoreResult};
 use crate::store::sqlite::{now, SqliteStore};
 use crate::store::{NewRun, RunRow, Store};
@@ -70,7 +68,7 @@ pub fn enqueue(s: &SqliteStore, new: &NewRun, p: &Placement) -> CoreResult<RunRo
         tx.commit().at(&path)?;
         Ok(rid)
     })?;
-    Ok(queued_row(rid, new, t))
+    Ok(RunRow::inserted(new, rid, "queued", t))
 }
 
 pub fn claim(

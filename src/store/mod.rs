@@ -37,6 +37,27 @@ pub struct RunRow {
     pub budget_json: Option<String>,
 }
 
+impl RunRow {
+    /// The row of `new` as just inserted at `t` under `rid`, in `status`.
+    pub fn inserted(new: &NewRun, rid: i64, status: &str, t: f64) -> RunRow {
+        RunRow {
+            rid,
+            run_id: new.run_id.clone(),
+            kind: new.kind.clone(),
+            name: new.name.clone(),
+            status: status.into(),
+            created_at: t,
+            updated_at: t,
+            trace_id: Some(new.trace_id.clone()),
+            fingerprint: new.fingerprint.clone(),
+            args_json: new.args_json.clone(),
+            output_json: None,
+            error_json: None,
+            budget_json: new.budget_json.clone(),
+        }
+    }
+}
+
 /// What a caller supplies to create a run.
 #[derive(Debug, Clone, Default)]
 pub struct NewRun {

@@ -129,7 +129,9 @@ const MIGRATIONS: [(i32, &str); 4] = [
 
 /// The fence every journal and snapshot write of an attempt carries: `$1`
 /// is the run, `$2` this process's owner id, which must hold the lease. The
-/// row is locked against a concurrent takeover.
+/// row is locked against a concurrent takeover. The lock is cheap next to
+/// the rest of a step; a shared advisory lock would need a fresh snapshot
+/// after it (a PL/pgSQL call per step), which measured slower.
 pub(super) const FENCE: &str =
     "f AS (SELECT rid, run_id FROM runs WHERE rid = $1 AND lease_owner = $2 FOR SHARE)";
 
@@ -161,6 +163,9 @@ pub struct PgInner {
     cfg: tokio_postgres::Config,
     spans: Mutex<Vec<SpanRecord>>,
     flush_armed: AtomicBool,
+    /// Held by the background span write from taking the queued spans until
+    /// they are written, so a `flush` meanwhile waits for them.
+    span_writing: tokio::sync::Mutex<()>,
 }
 
 fn store_err(url: &str) -> impl Fn(tokio_postgres::Error) -> CoreError + '_ {
@@ -314,23 +319,58 @@ fn span_placeholders(first: usize) -> String {
         .join(", ")
 }
 
+/// A journaled step: fenced (`FENCE`), first write wins, with the step's
+/// span row (`$5…`) in the same statement when `with_span`. Returns the run
+/// id (none: the run moved) and, only when an earlier write won, the stored
+/// value. Built once: a step is the hot path.
+fn step_sql(with_span: bool) -> &'static str {
+    static SQL: std::sync::OnceLock<[String; 2]> = std::sync::OnceLock::new();
+    let [bare, spanned] = SQL.get_or_init(|| {
+        let sql = |span: &str| {
+            format!(
+                "WITH {FENCE}, \
+                 j AS (INSERT INTO journal(rid, step_key, value_json) SELECT rid, $3, $4 FROM f \
+                       ON CONFLICT DO NOTHING RETURNING 1){span} \
+                 SELECT (SELECT run_id FROM f), CASE WHEN EXISTS (SELECT 1 FROM j) THEN NULL \
+                        ELSE (SELECT value_json FROM journal WHERE rid = $1 AND step_key = $3) END"
+            )
+        };
+        [
+            sql(""),
+            sql(&format!(
+                ", s AS (INSERT INTO spans({SPAN_COLUMNS}) SELECT {} FROM f)",
+                span_placeholders(5)
+            )),
+        ]
+    });
+    if with_span {
+        spanned
+    } else {
+        bare
+    }
+}
+
 /// Inserts a span unless another owner holds its run, or the run was
 /// released after this process's lease of it was taken over (spans of no
 /// run are always written; those of a run this process settled may trail).
-fn span_insert_sql() -> String {
-    format!(
-        "INSERT INTO spans({SPAN_COLUMNS}) SELECT {} WHERE $2::BIGINT IS NULL OR EXISTS (\
-         SELECT 1 FROM runs WHERE rid = $2 AND (lease_owner = $23 OR (lease_owner IS NULL \
-         AND NOT EXISTS (SELECT 1 FROM lease_takeovers t WHERE t.rid = $2 AND t.owner = $23))))",
-        span_placeholders(1)
-    )
+fn span_insert_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        format!(
+            "INSERT INTO spans({SPAN_COLUMNS}) SELECT {} WHERE $2::BIGINT IS NULL OR EXISTS (\
+             SELECT 1 FROM runs WHERE rid = $2 AND (lease_owner = $23 OR (lease_owner IS NULL \
+             AND NOT EXISTS (SELECT 1 FROM lease_takeovers t WHERE t.rid = $2 AND t.owner = $23))))",
+            span_placeholders(1)
+        )
+    })
 }
 
 pub(super) fn owner() -> &'static str {
     crate::run::owner_id()
 }
 
-fn read_run(r: &tokio_postgres::Row) -> RunRow {
+/// A run row read with `RUN_COLUMNS` first.
+pub(super) fn read_run(r: &tokio_postgres::Row) -> RunRow {
     RunRow {
         rid: r.get(0),
         run_id: r.get(1),
@@ -351,6 +391,48 @@ fn read_run(r: &tokio_postgres::Row) -> RunRow {
 pub(super) const RUN_COLUMNS: &str =
     "rid, run_id, kind, name, status, created_at, updated_at, trace_id, \
      fingerprint, args_json, output_json, error_json, budget_json";
+
+/// Inserts a `running` run held by `$9` until `$10`, returning its rid;
+/// `INSERT_RUN_PARAMS` are its parameters.
+pub(super) const INSERT_RUN: &str = "INSERT INTO runs(run_id, kind, name, status, created_at, \
+     updated_at, trace_id, fingerprint, args_json, budget_json, lease_owner, lease_until) \
+     VALUES($1, $2, $3, 'running', $4, $4, $5, $6, $7, $8, $9, $10) RETURNING rid";
+
+/// The parameters of `INSERT_RUN`.
+pub(super) fn insert_run_params<'a>(
+    new: &'a NewRun,
+    t: &'a f64,
+    owner: &'a &str,
+    lease_until: &'a f64,
+) -> [&'a (dyn ToSql + Sync); 10] {
+    [
+        &new.run_id,
+        &new.kind,
+        &new.name,
+        t,
+        &new.trace_id,
+        &new.fingerprint,
+        &new.args_json,
+        &new.budget_json,
+        owner,
+        lease_until,
+    ]
+}
+
+/// The error of inserting run `new`: a taken run id is the caller's.
+pub(crate) fn insert_run_err<'a>(
+    store: &'a PgInner,
+    new: &NewRun,
+) -> impl Fn(tokio_postgres::Error) -> CoreError + 'a {
+    let run_id = new.run_id.clone();
+    move |e| {
+        if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) {
+            CoreError::Config(format!("a run with run_id '{run_id}' already exists"))
+        } else {
+            store.err()(e)
+        }
+    }
+}
 
 mod tls {
     //! rustls for `sslmode`: `prefer`/`require` encrypt without verifying
@@ -492,6 +574,7 @@ impl PgStore {
         runtime().spawn(async move {
             tokio::time::sleep(SPAN_LATENCY).await;
             inner.flush_armed.store(false, Ordering::SeqCst);
+            let _writing = inner.span_writing.lock().await;
             let spans = inner.take_spans();
             if spans.is_empty() {
                 return;
@@ -555,6 +638,7 @@ impl PgStore {
                 cfg,
                 spans: Mutex::new(Vec::new()),
                 flush_armed: AtomicBool::new(false),
+                span_writing: tokio::sync::Mutex::new(()),
             }),
         })
     }
@@ -772,7 +856,10 @@ impl PgInner {
         if spans.is_empty() {
             return Ok(());
         }
-        let st = c.prepare(&span_insert_sql()).await.map_err(self.err())?;
+        let st = c
+            .prepare_cached(span_insert_sql())
+            .await
+            .map_err(self.err())?;
         let owner = owner().to_string();
         let futs = spans.iter().map(|s| {
             let mut p = s.params();
@@ -866,30 +953,13 @@ impl PgInner {
     ) -> CoreResult<Option<String>> {
         let queued = self.take_spans();
         let c = self.client().await?;
-        let owner = owner().to_string();
+        let owner = owner();
         let span = span.map(SpanParams::new);
-        let sql = match &span {
-            Some(_) => format!(
-                "WITH {FENCE}, \
-                 j AS (INSERT INTO journal(rid, step_key, value_json) SELECT rid, $3, $4 FROM f \
-                       ON CONFLICT DO NOTHING RETURNING 1), \
-                 s AS (INSERT INTO spans({SPAN_COLUMNS}) SELECT {} FROM f) \
-                 SELECT (SELECT run_id FROM f), \
-                        (SELECT value_json FROM journal WHERE rid = $1 AND step_key = $3)",
-                span_placeholders(5)
-            ),
-            None => format!(
-                "WITH {FENCE}, \
-                 j AS (INSERT INTO journal(rid, step_key, value_json) SELECT rid, $3, $4 FROM f \
-                       ON CONFLICT DO NOTHING RETURNING 1) \
-                 SELECT (SELECT run_id FROM f), \
-                        (SELECT value_json FROM journal WHERE rid = $1 AND step_key = $3)"
-            ),
-        };
-        let st = c.prepare_cached(&sql).await.map_err(self.err())?;
-        let key_s = key.to_string();
-        let value_s = value.to_string();
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&rid, &owner, &key_s, &value_s];
+        let st = c
+            .prepare_cached(step_sql(span.is_some()))
+            .await
+            .map_err(self.err())?;
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&rid, &owner, &key, &value];
         if let Some(s) = &span {
             params.extend(s.params());
         }
@@ -964,50 +1034,12 @@ impl Store for PgStore {
             let spans = self.take_spans();
             let c = self.client().await?;
             let t = now();
-            let st = c
-                .prepare_cached(
-                    "INSERT INTO runs(run_id, kind, name, status, created_at, updated_at, \
-                     trace_id, fingerprint, args_json, budget_json, lease_owner, lease_until) \
-                     VALUES($1, $2, $3, 'running', $4, $4, $5, $6, $7, $8, $9, $10) RETURNING rid",
-                )
-                .await
-                .map_err(self.err())?;
-            let params: [&(dyn ToSql + Sync); 10] = [
-                &new.run_id,
-                &new.kind,
-                &new.name,
-                &t,
-                &new.trace_id,
-                &new.fingerprint,
-                &new.args_json,
-                &new.budget_json,
-                &owner,
-                &lease_until,
-            ];
+            let st = c.prepare_cached(INSERT_RUN).await.map_err(self.err())?;
+            let params = insert_run_params(new, &t, &owner, &lease_until);
             let (row, _) =
                 futures_util::join!(c.query_one(&st, &params), self.write_spans(&c, &spans));
-            let row = row.map_err(|e| {
-                if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) {
-                    CoreError::Config(format!("a run with run_id '{}' already exists", new.run_id))
-                } else {
-                    self.err()(e)
-                }
-            })?;
-            Ok(RunRow {
-                rid: row.get(0),
-                run_id: new.run_id.clone(),
-                kind: new.kind.clone(),
-                name: new.name.clone(),
-                status: "running".into(),
-                created_at: t,
-                updated_at: t,
-                trace_id: Some(new.trace_id.clone()),
-                fingerprint: new.fingerprint.clone(),
-                args_json: new.args_json.clone(),
-                output_json: None,
-                error_json: None,
-                budget_json: new.budget_json.clone(),
-            })
+            let row = row.map_err(insert_run_err(self, new))?;
+            Ok(RunRow::inserted(new, row.get(0), "running", t))
         })
     }
 
@@ -1157,11 +1189,12 @@ impl Store for PgStore {
     }
 
     fn flush(&self) -> CoreResult<()> {
-        let spans = self.take_spans();
-        if spans.is_empty() {
-            return Ok(());
-        }
         block_on(async {
+            let _writing = self.span_writing.lock().await;
+            let spans = self.take_spans();
+            if spans.is_empty() {
+                return Ok(());
+            }
             let c = self.client().await?;
             self.write_spans(&c, &spans).await
         })

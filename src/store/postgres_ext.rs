@@ -6,7 +6,9 @@
 //! the same statement (the `FENCE` CTE) or the same transaction (a
 //! `FOR SHARE` read of the run row first), as the journal is (STORE-11).
 
-use super::postgres::{moved, owner, PgInner, PgStore, FENCE};
+use super::postgres::{
+    insert_run_err, insert_run_params, moved, owner, PgInner, PgStore, FENCE, INSERT_RUN,
+};
 use super::{LeaseCheck, NewRun, RunRow, Settlement};
 use crate::durable::store::{CancelOutcome, DueRun, DurableStore};
 use crate::durable::{clock, WaitRow, EPSILON};
@@ -869,52 +871,18 @@ impl PgStore {
             self.write_spans(&tx, &spans).await?;
             rows(
                 &tx,
-                "INSERT INTO runs(run_id, kind, name, status, created_at, updated_at, \
-                 trace_id, fingerprint, args_json, budget_json, lease_owner, lease_until) \
-                 VALUES($1, $2, $3, 'running', $4, $4, $5, $6, $7, $8, $9, $10) \
-                 RETURNING rid",
-                &[
-                    &new.run_id,
-                    &new.kind,
-                    &new.name,
-                    &t,
-                    &new.trace_id,
-                    &new.fingerprint,
-                    &new.args_json,
-                    &new.budget_json,
-                    &owner,
-                    &lease_until,
-                ],
+                INSERT_RUN,
+                &insert_run_params(new, &t, &owner, &lease_until),
             )
             .await
-            .map_err(|e| {
-                if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) {
-                    CoreError::Config(format!("a run with run_id '{}' already exists", new.run_id))
-                } else {
-                    self.err()(e)
-                }
-            })
+            .map_err(insert_run_err(self, new))
         })?;
         work(&PgGraph {
             c: &tx,
             store: self,
         })?;
         block_on(tx.commit()).map_err(self.err())?;
-        Ok(RunRow {
-            rid: row[0].get(0),
-            run_id: new.run_id.clone(),
-            kind: new.kind.clone(),
-            name: new.name.clone(),
-            status: "running".into(),
-            created_at: t,
-            updated_at: t,
-            trace_id: Some(new.trace_id.clone()),
-            fingerprint: new.fingerprint.clone(),
-            args_json: new.args_json.clone(),
-            output_json: None,
-            error_json: None,
-            budget_json: new.budget_json.clone(),
-        })
+        Ok(RunRow::inserted(new, row[0].get(0), "running", t))
     }
 
     /// A settlement with `work` in its transaction.

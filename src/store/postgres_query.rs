@@ -1,7 +1,7 @@
 //! The `compose` CLI's queries on a PostgreSQL store (STORE-2): the same
 //! rows as `query` reads from SQLite, so every command prints the same.
 
-use super::postgres::{PgStore, RUN_COLUMNS};
+use super::postgres::{read_run, PgStore, RUN_COLUMNS};
 use super::query::{
     model_attribute, parse_error, CostBucket, CostsBy, LocalDates, Resolved, RunFilter, RunSummary,
     StoredSpan,
@@ -18,24 +18,6 @@ use tokio_postgres::types::ToSql;
 /// A span's output JSON: the column, or the journal value it references.
 const OUTPUT_JSON: &str = "CASE WHEN s.flags & 2 <> 0 THEN (SELECT j.value_json FROM journal j \
      WHERE j.rid = s.rid AND j.step_key = s.step_key) ELSE s.output_json END";
-
-fn read_run(r: &tokio_postgres::Row) -> RunRow {
-    RunRow {
-        rid: r.get(0),
-        run_id: r.get(1),
-        kind: r.get(2),
-        name: r.get(3),
-        status: r.get(4),
-        created_at: r.get(5),
-        updated_at: r.get(6),
-        trace_id: r.get(7),
-        fingerprint: r.get(8),
-        args_json: r.get(9),
-        output_json: r.get(10),
-        error_json: r.get(11),
-        budget_json: r.get(12),
-    }
-}
 
 impl PgStore {
     fn cli_rows(

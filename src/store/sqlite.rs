@@ -1002,21 +1002,7 @@ impl Store for SqliteStore {
             rid = tx.last_insert_rowid();
             work(&**tx)
         })?;
-        Ok(RunRow {
-            rid,
-            run_id: new.run_id.clone(),
-            kind: new.kind.clone(),
-            name: new.name.clone(),
-            status: "running".into(),
-            created_at: t,
-            updated_at: t,
-            trace_id: Some(new.trace_id.clone()),
-            fingerprint: new.fingerprint.clone(),
-            args_json: new.args_json.clone(),
-            output_json: None,
-            error_json: None,
-            budget_json: new.budget_json.clone(),
-        })
+        Ok(RunRow::inserted(new, rid, "running", t))
     }
 
     fn acquire(
@@ -1248,21 +1234,7 @@ impl Store for SqliteStore {
     ) -> CoreResult<(RunRow, Arc<RowSlot>)> {
         let slot = Arc::new(RowSlot::default());
         let t = now();
-        let run = RunRow {
-            rid: 0,
-            run_id: new.run_id.clone(),
-            kind: new.kind.clone(),
-            name: new.name.clone(),
-            status: "running".into(),
-            created_at: t,
-            updated_at: t,
-            trace_id: Some(new.trace_id.clone()),
-            fingerprint: new.fingerprint.clone(),
-            args_json: new.args_json.clone(),
-            output_json: None,
-            error_json: None,
-            budget_json: new.budget_json.clone(),
-        };
+        let run = RunRow::inserted(new, 0, "running", t);
         let op = Op::Run(Box::new(QueuedRun {
             new: new.clone(),
             owner: owner.to_string(),
