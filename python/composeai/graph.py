@@ -565,10 +565,7 @@ class _Driver:
     def drive(self, budget: Any) -> GraphResult:
         root, tokens = self._enter(budget, _engine.driven_synchronously)
         try:
-            status = self._loop(root)
-            if status in ("step_limit", "deadline"):
-                raise self._limit_error(status)
-            return self._settle(root, status)
+            return self._finish(root, self._loop(root))
         except BaseException as exc:
             if not self.settled:
                 self._fail(root, exc)
@@ -581,16 +578,18 @@ class _Driver:
         there, in the caller's context, and cancelled with its task."""
         root, tokens = self._enter(budget, _engine.driven_by_running_loop)
         try:
-            status = await self._aloop(root)
-            if status in ("step_limit", "deadline"):
-                raise self._limit_error(status)
-            return self._settle(root, status)
+            return self._finish(root, await self._aloop(root))
         except BaseException as exc:
             if not self.settled:
                 self._fail(root, exc)
             raise
         finally:
             self._exit(tokens)
+
+    def _finish(self, root, status: str) -> GraphResult:
+        if status in ("step_limit", "deadline"):
+            raise self._limit_error(status)
+        return self._settle(root, status)
 
     def _enter(self, budget: Any, drive_mode: Callable[[], Any]) -> tuple:
         """Opens the root span and sets the run's frame, budget meter and
@@ -621,35 +620,35 @@ class _Driver:
     lean_spans = False
 
     def _loop(self, root) -> str:
-        gr = self.gr
-        self.state = _decode(gr.state_json())
-        ready = gr.ready()
+        self.state = _decode(self.gr.state_json())
+        ready = self.gr.ready()
         while ready:
-            outcomes = self._run_step(root, [_Step(t) for t in ready])
-            delta_json, routers, status, ready = gr.step(outcomes)
-            _apply_delta(self.state, _decode(delta_json))
-            if routers:
-                status, ready = gr.route([(n, self._route(n)) for n in routers])
+            status, ready = self._advance(self._run_step(root, [_Step(t) for t in ready]))
             if status != "running":
                 # A stopped run's last checkpoint is written with its
                 # settlement, in one transaction.
                 return status
-        return gr.idle_status()
+        return self.gr.idle_status()
 
     async def _aloop(self, root) -> str:
         """`_loop` with each step's nodes awaited on the running loop."""
-        gr = self.gr
-        self.state = _decode(gr.state_json())
-        ready = gr.ready()
+        self.state = _decode(self.gr.state_json())
+        ready = self.gr.ready()
         while ready:
-            outcomes = await self._arun_step(root, [_Step(t) for t in ready])
-            delta_json, routers, status, ready = gr.step(outcomes)
-            _apply_delta(self.state, _decode(delta_json))
-            if routers:
-                status, ready = gr.route([(n, self._route(n)) for n in routers])
+            status, ready = self._advance(await self._arun_step(root, [_Step(t) for t in ready]))
             if status != "running":
                 return status
-        return gr.idle_status()
+        return self.gr.idle_status()
+
+    def _advance(self, outcomes: list) -> tuple:
+        """Hands a step's outcomes to the core and applies its merged
+        update and routes: `(status, next ready nodes)`."""
+        gr = self.gr
+        delta_json, routers, status, ready = gr.step(outcomes)
+        _apply_delta(self.state, _decode(delta_json))
+        if routers:
+            status, ready = gr.route([(n, self._route(n)) for n in routers])
+        return status, ready
 
     def _route(self, node: str) -> str:
         router = self.compiled._routers[node]
