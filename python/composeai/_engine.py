@@ -1187,12 +1187,88 @@ def error_json(exc: BaseException) -> str:
     return _codec.dumps({"type": type(exc).__name__, "message": message})
 
 
+# A settlement is written as a plan: a generator that yields each
+# `(run, settle arguments)` to commit and continues once it is durable (or
+# gets the store's error thrown in), so the blocking and the async drivers
+# share every decision and differ only in how they wait for the server.
+
+
+def _settle_now(plan) -> Any:
+    """Commits a settlement plan's writes in place."""
+    try:
+        run, args = next(plan)
+        while True:
+            try:
+                run.attempt.settle(*args)
+            except BaseException as exc:  # noqa: BLE001 -- handed to the plan
+                run, args = plan.throw(exc)
+            else:
+                run, args = plan.send(None)
+    except StopIteration as stop:
+        return stop.value
+
+
+async def _asettle_now(plan) -> Any:
+    """Commits a settlement plan's writes, awaiting a server-backed store
+    off the event loop."""
+    try:
+        run, args = next(plan)
+        while True:
+            try:
+                await asettle(run.attempt, *args)
+            except BaseException as exc:  # noqa: BLE001 -- handed to the plan
+                run, args = plan.throw(exc)
+            else:
+                run, args = plan.send(None)
+    except StopIteration as stop:
+        return stop.value
+
+
+async def off_loop(method: Callable[..., None], *args: Any) -> Any:
+    """Awaits a core call that resolves an asyncio future of this loop once
+    the server answered (`Store.astart_run`, `Attempt.asettle`, ...)."""
+    import asyncio
+
+    future = asyncio.get_running_loop().create_future()
+    method(future, *args)
+    return await future
+
+
+async def astart_run(*args: Any) -> Any:
+    """`get_store().start_run(*args)`, off the loop when the store is a server."""
+    store = get_store()
+    if store.kind == "sqlite":
+        return store.start_run(*args)
+    return await off_loop(store.astart_run, *args)
+
+
+async def aresume_attempt(run_id: str, recover: bool = False) -> Any:
+    """`get_store().resume(run_id, recover)`, off the loop when the store is a
+    server."""
+    store = get_store()
+    if store.kind == "sqlite":
+        return store.resume(run_id, recover)
+    return await off_loop(store.aresume, run_id, recover)
+
+
+async def asettle(attempt: Any, *args: Any) -> None:
+    """`attempt.settle(*args)`, off the loop when the store is a server."""
+    if attempt.remote:
+        await off_loop(attempt.asettle, *args)
+    else:
+        attempt.settle(*args)
+
+
 def settle_failed(run: RunState, exc: BaseException) -> None:
+    return _settle_now(_settle_failed(run, exc))
+
+
+def _settle_failed(run: RunState, exc: BaseException):
     if isinstance(exc, KeyboardInterrupt):
         err = _codec.dumps({"type": "CancelledError", "message": "cancelled"})
     else:
         err = error_json(exc)
-    run.attempt.settle("failed", None, err)
+    yield run, ("failed", None, err)
     _check_span_writes()
 
 
@@ -1233,7 +1309,7 @@ def join_started(run: RunState) -> None:
     join_handles(run.started)
 
 
-def settle_paused(run: RunState, root: Span, pause: _Pause):
+def _settle_paused(run: RunState, root: Span, pause: _Pause):
     """Persists the pause: every pending interrupt of it, the agent
     snapshots it carries, and the row's status, in one transaction."""
     mark_failed(root, pause)
@@ -1241,24 +1317,24 @@ def settle_paused(run: RunState, root: Span, pause: _Pause):
     try:
         pending = [_pending_row(p) for p in (pause, *pause.others)]
     except SerializationError as exc:
-        settle_failed(run, exc)
+        yield from _settle_failed(run, exc)
         raise
-    run.attempt.settle("paused", None, None, pending, pause.snapshots)
+    yield run, ("paused", None, None, pending, pause.snapshots)
     _check_span_writes()
     emit_run_finished(root, "paused")
     return ("paused", None, pause)
 
 
-def settle_cancelled(run: RunState, root: Span, exc: _Cancelled, row_status: str = "failed"):
+def _settle_cancelled(run: RunState, root: Span, exc: _Cancelled, row_status: str = "failed"):
     """A run whose stream was cancelled; the caller gets a cancelled Run. A
     flow's row is failed with message "cancelled" (resumable, like
     ASYNC-10); agents and composites mark theirs `cancelled` (AGENT-93)."""
     fail_span(run, root, exc)
     if row_status == "failed":
         error = _codec.dumps({"type": "CancelledError", "message": "cancelled"})
-        run.attempt.settle("failed", None, error)
+        yield run, ("failed", None, error)
     else:
-        run.attempt.settle(row_status, None, None)
+        yield run, (row_status, None, None)
     _check_span_writes()
     emit_run_finished(root, "cancelled")
     return ("cancelled", None, None)
@@ -1266,8 +1342,12 @@ def settle_cancelled(run: RunState, root: Span, exc: _Cancelled, row_status: str
 
 def settle_error(run: RunState, root: Span, exc: BaseException) -> None:
     """A run that failed: span, row and `run_finished` (FLOW-12)."""
+    return _settle_now(_settle_error(run, root, exc))
+
+
+def _settle_error(run: RunState, root: Span, exc: BaseException):
     fail_span(run, root, exc)
-    settle_failed(run, exc)
+    yield from _settle_failed(run, exc)
     emit_run_finished(root, "failed", exc)
 
 
@@ -1277,24 +1357,44 @@ def settle_interrupted(
     """Settles a run whose body raised: a pause or a cancellation becomes the
     outcome `(status, None, pause)`; anything else fails the run and is
     re-raised unchanged."""
+    return _settle_now(_settle_interrupted(run, root, exc, cancelled_status))
+
+
+async def asettle_interrupted(
+    run: RunState, root: Span, exc: BaseException, cancelled_status: str = "failed"
+):
+    """`settle_interrupted` for an async driver."""
+    return await _asettle_now(_settle_interrupted(run, root, exc, cancelled_status))
+
+
+def _settle_interrupted(run: RunState, root: Span, exc: BaseException, cancelled_status: str):
     if isinstance(exc, _Pause):
-        return settle_paused(run, root, exc)
+        return (yield from _settle_paused(run, root, exc))
     if isinstance(exc, _Cancelled):
-        return settle_cancelled(run, root, exc, cancelled_status)
+        return (yield from _settle_cancelled(run, root, exc, cancelled_status))
     if isinstance(exc, _RunCancelled):
-        return settle_cancelled(run, root, exc, "cancelled")
-    settle_error(run, root, exc)
+        return (yield from _settle_cancelled(run, root, exc, "cancelled"))
+    yield from _settle_error(run, root, exc)
     raise exc
 
 
 def settle_completed(run: RunState, root: Span, output: Any, lenient: bool = False):
     """A run whose body returned. An unencodable output fails a flow
     (FLOW-12); agents and composites store it as NULL instead (AGENT-52)."""
+    return _settle_now(_settle_completed(run, root, output, lenient))
+
+
+async def asettle_completed(run: RunState, root: Span, output: Any, lenient: bool = False):
+    """`settle_completed` for an async driver."""
+    return await _asettle_now(_settle_completed(run, root, output, lenient))
+
+
+def _settle_completed(run: RunState, root: Span, output: Any, lenient: bool):
     try:
         output_json = _codec.dumps(output)
     except SerializationError as exc:
         if not lenient:
-            settle_error(run, root, exc)
+            yield from _settle_error(run, root, exc)
             raise
         output_json = None
     root.ended_at = time.time()
@@ -1302,7 +1402,7 @@ def settle_completed(run: RunState, root: Span, output: Any, lenient: bool = Fal
     persist_span(run, root, output_json)
     if _capture():
         root.output = output
-    run.attempt.settle("completed", output_json, None)
+    yield run, ("completed", output_json, None)
     _check_span_writes()
     emit_run_finished(root, "completed")
     return ("completed", output, None)
@@ -1320,11 +1420,11 @@ async def drive_async(run: RunState, body: Callable[[], Any], root: Span) -> Any
 
             await ajoin_handles(run.started)
     except BaseException as exc:  # noqa: BLE001 -- settled, re-raised unless a pause/cancel
-        return settle_interrupted(run, root, exc)
+        return await asettle_interrupted(run, root, exc)
     finally:
         ASYNC_DRIVER.reset(driver)
         FRAME.reset(token)
-    return settle_completed(run, root, output)
+    return await asettle_completed(run, root, output)
 
 
 def make_run_result(run: RunState, outcome, usage: Any = None, messages: Any = None) -> Any:

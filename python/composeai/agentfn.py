@@ -1411,26 +1411,50 @@ async def _standalone_async(
     agent: AgentFunction, args: tuple, kwargs: dict, opts: dict, run=None, meter=None
 ):
     if run is None:
-        run, meter = _standalone_start(agent, args, kwargs, opts)
+        run, meter = await _astandalone_start(agent, args, kwargs, opts)
     call = _standalone_frame(agent, run, args, kwargs, opts)
     token = FRAME.set(call.frame)
     budget_token = _push_budget(meter)
     try:
         output = await _agent_loop_async(call, args, kwargs)
     except BaseException as exc:  # noqa: BLE001 -- settled, then re-raised or returned
-        return _settle_standalone_error(call, exc)
+        outcome = await _engine.asettle_interrupted(
+            run, call.frame.span, exc, cancelled_status="cancelled"
+        )
+        return _engine.make_run_result(run, outcome)
     finally:
         _pop_budget(budget_token)
         FRAME.reset(token)
-    return _settle_standalone_ok(call, output)
+    outcome = await _engine.asettle_completed(run, call.frame.span, output, lenient=True)
+    return _standalone_result(call, outcome)
 
 
-def _settle_standalone_ok(call: _Call, output: Any) -> Run:
+async def _astandalone_start(agent: AgentFunction, args: tuple, kwargs: dict, opts: dict):
+    """`_standalone_start` for an async caller: a server-backed store creates
+    the row off the loop (SQLite queues it without I/O)."""
+    if _engine.get_store().kind == "sqlite":
+        return _standalone_start(agent, args, kwargs, opts)
+    budget = opts["budget"]
+    attempt = await _engine.astart_run(
+        "agent",
+        agent.name,
+        None,
+        _standalone_payload(args, kwargs, opts),
+        _engine.budget_json(budget),
+    )
+    return _engine.RunState(attempt, agent.name), _engine.budget_meter(budget, "agent", agent.name)
+
+
+def _standalone_result(call: _Call, outcome: tuple) -> Run:
     run, root = call.run, call.frame.span
-    outcome = _engine.settle_completed(run, root, output, lenient=True)
     return _engine.make_run_result(
         run, outcome, _engine.subtree_usage(run.trace, root), list(call.messages)
     )
+
+
+def _settle_standalone_ok(call: _Call, output: Any) -> Run:
+    outcome = _engine.settle_completed(call.run, call.frame.span, output, lenient=True)
+    return _standalone_result(call, outcome)
 
 
 def _settle_standalone_error(call: _Call, exc: BaseException) -> Run:
@@ -1472,22 +1496,30 @@ def resume_standalone(
     from .flow import begin_resume, resolve_pending_answers
 
     resolved = resolve_pending_answers(run_id, answers)
+    hooks = (approver, tool_interceptor, context_manager)
+    if asynchronous:
+        return _aresume_standalone(agent, run_id, resolved, budget, hooks)
     run, payload, meter = begin_resume(run_id, resolved, budget, "agent", agent.name)
-    opts = _overrides(
-        budget,
-        payload.get("system"),
-        payload.get("model"),
-        approver,
-        tool_interceptor,
-        context_manager,
-    )
+    args, kwargs, opts = _resumed_call(payload, budget, hooks)
+    return _standalone_sync(agent, args, kwargs, opts, run, meter)
+
+
+async def _aresume_standalone(
+    agent: AgentFunction, run_id: str, resolved: list, budget: Any, hooks: tuple
+) -> Run:
+    from .flow import abegin_resume
+
+    run, payload, meter = await abegin_resume(run_id, resolved, budget, "agent", agent.name)
+    args, kwargs, opts = _resumed_call(payload, budget, hooks)
+    return await _standalone_async(agent, args, kwargs, opts, run, meter)
+
+
+def _resumed_call(payload: dict, budget: Any, hooks: tuple) -> tuple:
+    """`(args, kwargs, opts)` of a resumed standalone run's stored call."""
+    opts = _overrides(budget, payload.get("system"), payload.get("model"), *hooks)
     if payload.get("messages") is not None:
         opts["seed"] = list(payload["messages"])
-    args = tuple(payload.get("args", ()))
-    kwargs = dict(payload.get("kwargs", {}))
-    if asynchronous:
-        return _standalone_async(agent, args, kwargs, opts, run, meter)
-    return _standalone_sync(agent, args, kwargs, opts, run, meter)
+    return tuple(payload.get("args", ())), dict(payload.get("kwargs", {})), opts
 
 
 # ---------------------------------------------------------------------------

@@ -360,6 +360,15 @@ class Flow(Generic[P, R]):
         run = _engine.RunState(attempt, self.name, not wait)
         return run, _engine.budget_meter(budget, "flow", self.name)
 
+    async def _astart(self, args: tuple, kwargs: dict, budget: Any, wait: bool = True):
+        args_json = _codec.dumps(_args_payload(args, kwargs))
+        budget_json = _engine.budget_json(budget)
+        attempt = await _engine.astart_run(
+            "flow", self.name, self.fingerprint, args_json, budget_json
+        )
+        run = _engine.RunState(attempt, self.name, not wait)
+        return run, _engine.budget_meter(budget, "flow", self.name)
+
     def _root(self, run, args: tuple, kwargs: dict):
         root = _engine.open_span(None, run.trace, "flow", self.name)
         if _engine._capture():
@@ -494,7 +503,7 @@ class Flow(Generic[P, R]):
             if budget is not None:
                 raise ConfigError(self._nested_budget_message())
             return await self._anested(frame, args, kwargs)
-        run, meter = self._start(args, kwargs, budget, wait)
+        run, meter = await self._astart(args, kwargs, budget, wait)
         return await self._adrive(run, args, kwargs, meter)
 
     async def _anested(self, frame: Frame, args: tuple, kwargs: dict):
@@ -768,6 +777,31 @@ def begin_resume(
     return _engine.RunState(attempt, name), payload, meter
 
 
+async def abegin_resume(run_id: str, resolved: list, budget: Any, span_kind: str, name: str):
+    """`begin_resume` for an async driver: the lease claim, the answers and
+    a failure's settlement are awaited off the loop on a server-backed store."""
+    attempt = await _engine.aresume_attempt(run_id)
+    try:
+        if budget is not None:
+            attempt.set_budget(_engine.budget_json(budget))
+        if resolved:
+            if attempt.remote:
+                await _engine.off_loop(attempt.arecord_answers, resolved)
+            else:
+                attempt.record_answers(resolved)
+        payload = _codec.loads(attempt.args_json) if attempt.args_json else {}
+        effective = budget
+        if effective is None and attempt.budget_json:
+            effective = _engine.budget_from_json(attempt.budget_json)
+        meter = None
+        if effective is not None:
+            meter = _engine.budget_meter(effective, span_kind, name, attempt.prior_llm_usage())
+    except BaseException as exc:
+        await _engine.asettle(attempt, "failed", None, _engine.error_json(exc))
+        raise
+    return _engine.RunState(attempt, name), payload, meter
+
+
 def _begin_resume(
     flow_obj: Flow, run_id: str, resolved, budget, wait: bool = True, recover: bool = False
 ):
@@ -870,5 +904,7 @@ async def aresume(
         )
     if done is not None:
         return done
-    run, args, kwargs, meter = _begin_resume(flow_obj, run_id, resolved, budget, wait)
+    run, payload, meter = await abegin_resume(run_id, resolved, budget, "flow", flow_obj.name)
+    run.park = not wait
+    args, kwargs = tuple(payload.get("args", ())), dict(payload.get("kwargs", {}))
     return await flow_obj._adrive(run, args, kwargs, meter)

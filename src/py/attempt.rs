@@ -10,12 +10,8 @@ use crate::journal::Fence;
 use crate::run::{Attempt, Commit};
 use crate::store::{AgentStateRow, InterruptRow, Settlement};
 use pyo3::prelude::*;
-use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyBool, PyFloat, PyString, PyTuple};
 use std::sync::Arc;
-
-/// `composeai._engine.resolve_future`, looked up once.
-static RESOLVE: GILOnceCell<PyObject> = GILOnceCell::new();
 
 #[pyclass(name = "Fence", module = "composeai._core", frozen)]
 #[derive(Clone)]
@@ -267,29 +263,17 @@ impl PyAttempt {
         };
         let event_loop = future.call_method0("get_loop")?.unbind();
         let future = future.unbind();
-        let resolve = RESOLVE
-            .get_or_try_init(py, || {
-                py.import("composeai._engine")?
-                    .getattr("resolve_future")
-                    .map(Bound::unbind)
-            })?
-            .clone_ref(py);
+        super::offloop::resolver(py)?;
         let inner = self.inner.clone();
         crate::runtime::runtime().spawn(async move {
             let outcome = pending
                 .await
                 .map(|winner| inner.end_commit(&key, &value_json, winner));
             Python::with_gil(|py| {
-                let (ok, value): (bool, PyObject) = match outcome {
-                    Ok(v) => (true, PyString::new(py, &v).into_any().unbind()),
-                    Err(e) => (false, to_py(e).into_value(py).into_any()),
-                };
-                // A closed loop has nobody left to tell.
-                let _ = event_loop.call_method1(
-                    py,
-                    "call_soon_threadsafe",
-                    (resolve, future, ok, value),
-                );
+                let outcome = outcome
+                    .map(|v| PyString::new(py, &v).into_any().unbind())
+                    .map_err(to_py);
+                super::offloop::deliver(py, &event_loop, future, outcome);
             });
         });
         Ok(())
@@ -443,25 +427,75 @@ impl PyAttempt {
         pending: Vec<PendingTuple>,
         agent_states: Vec<AgentStateTuple>,
     ) -> PyResult<()> {
-        let settlement = Settlement {
-            status,
-            output_json,
-            error_json,
-            pending: pending
-                .into_iter()
-                .map(
-                    |(interrupt_id, kind, question, payload_json)| InterruptRow {
-                        interrupt_id,
-                        kind,
-                        question,
-                        payload_json,
-                    },
-                )
-                .collect(),
-            agent_states: agent_states.into_iter().map(agent_state_row).collect(),
-            wait: None,
-            defer_spans: false,
-        };
+        let settlement = settlement(status, output_json, error_json, pending, agent_states);
         py.allow_threads(|| self.inner.settle(settlement)).py_err()
+    }
+
+    /// `settle` for an async driver: `future` (of the running loop) is
+    /// resolved with `None` once the settlement is durable.
+    #[pyo3(signature = (future, status, output_json=None, error_json=None, pending=vec![], agent_states=vec![]))]
+    #[allow(clippy::too_many_arguments)]
+    fn asettle(
+        &self,
+        py: Python<'_>,
+        future: Bound<'_, PyAny>,
+        status: String,
+        output_json: Option<String>,
+        error_json: Option<String>,
+        pending: Vec<PendingTuple>,
+        agent_states: Vec<AgentStateTuple>,
+    ) -> PyResult<()> {
+        let settlement = settlement(status, output_json, error_json, pending, agent_states);
+        let inner = self.inner.clone();
+        super::offloop::resolve_with(
+            py,
+            future,
+            move || inner.settle(settlement),
+            |py, ()| Ok(py.None()),
+        )
+    }
+
+    /// `record_answers` for an async driver, resolving `future` with `None`.
+    fn arecord_answers(
+        &self,
+        py: Python<'_>,
+        future: Bound<'_, PyAny>,
+        answers: Vec<(String, String)>,
+    ) -> PyResult<()> {
+        let inner = self.inner.clone();
+        super::offloop::resolve_with(
+            py,
+            future,
+            move || inner.record_answers(answers),
+            |py, ()| Ok(py.None()),
+        )
+    }
+}
+
+fn settlement(
+    status: String,
+    output_json: Option<String>,
+    error_json: Option<String>,
+    pending: Vec<PendingTuple>,
+    agent_states: Vec<AgentStateTuple>,
+) -> Settlement {
+    Settlement {
+        status,
+        output_json,
+        error_json,
+        pending: pending
+            .into_iter()
+            .map(
+                |(interrupt_id, kind, question, payload_json)| InterruptRow {
+                    interrupt_id,
+                    kind,
+                    question,
+                    payload_json,
+                },
+            )
+            .collect(),
+        agent_states: agent_states.into_iter().map(agent_state_row).collect(),
+        wait: None,
+        defer_spans: false,
     }
 }

@@ -7,6 +7,7 @@ mod codec;
 mod durable;
 mod errors;
 mod graph;
+mod offloop;
 mod query;
 mod queue;
 mod spans;

@@ -184,6 +184,64 @@ impl PyStore {
         Ok(PyAttempt::new(attempt))
     }
 
+    /// `start_run` for an async driver: `future` (of the running loop) gets
+    /// the attempt once the server answered; the loop runs meanwhile.
+    #[pyo3(signature = (future, kind, name, fingerprint=None, args_json=None, budget_json=None, run_id=None, trace_id=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn astart_run(
+        &self,
+        py: Python<'_>,
+        future: Bound<'_, PyAny>,
+        kind: String,
+        name: String,
+        fingerprint: Option<String>,
+        args_json: Option<String>,
+        budget_json: Option<String>,
+        run_id: Option<String>,
+        trace_id: Option<String>,
+    ) -> PyResult<()> {
+        let new = NewRun {
+            run_id: run_id.unwrap_or_else(crate::ids::new_ulid),
+            trace_id: trace_id.unwrap_or_else(crate::ids::new_ulid),
+            kind,
+            name,
+            fingerprint,
+            args_json,
+            budget_json,
+        };
+        let store: Arc<dyn Store> = self.inner.clone();
+        super::offloop::resolve_with(
+            py,
+            future,
+            move || Attempt::start(store, new),
+            |py, a| Ok(Py::new(py, PyAttempt::new(a))?.into_any()),
+        )
+    }
+
+    /// `resume` for an async driver, resolving `future` with the attempt.
+    #[pyo3(signature = (future, run_id, recover=false))]
+    fn aresume(
+        &self,
+        py: Python<'_>,
+        future: Bound<'_, PyAny>,
+        run_id: String,
+        recover: bool,
+    ) -> PyResult<()> {
+        let store: Arc<dyn Store> = self.inner.clone();
+        super::offloop::resolve_with(
+            py,
+            future,
+            move || {
+                if recover {
+                    Attempt::recover(store, &run_id)
+                } else {
+                    Attempt::resume(store, &run_id)
+                }
+            },
+            |py, a| Ok(Py::new(py, PyAttempt::new(a))?.into_any()),
+        )
+    }
+
     /// Takes the lease of an existing run and loads its journal. With
     /// `recover` (a worker continuing a due run), taking it from a dead
     /// holder counts against the recovery limit (STORE-12).

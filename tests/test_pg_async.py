@@ -1,0 +1,237 @@
+"""ASYNC-1 / STORE-2 on PostgreSQL: the async entry points never block the event loop for a
+server round trip. Run creation (`Flow.arun`, a standalone `Agent.arun`), settlement, the lease
+claim of `aresume` and its answer writes are awaited off the loop.
+
+Each test holds a lock on the `runs` table from another connection, so the round trip under
+test waits on the server until the test releases it. Meanwhile a ticker task must keep
+advancing and the test's own coroutine must see the waiting statement; only then is the lock
+released. A blocked loop could do neither: a watchdog thread then releases the lock so the test
+ends, and the test fails because the watchdog had to step in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import composeai as compose
+from composeai import _engine
+from composeai.errors import ConfigError
+from composeai.testing import FakeModel
+
+try:
+    import _proc
+except ImportError:  # pragma: no cover - when tests/ is not on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _proc
+
+pytestmark = pytest.mark.parametrize("store_kind", ["postgresql"], indirect=True)
+
+# How long the lock may be held before the watchdog gives up on the loop (not a speed
+# assertion: a responsive loop releases it as soon as it has seen the statement waiting).
+WATCHDOG_SECONDS = 30.0
+
+
+class RunsLock:
+    """`LOCK TABLE runs IN EXCLUSIVE MODE` held by a `psql` session of its own until
+    `release()`: every write to `runs` (and every row lock on it) waits meanwhile."""
+
+    def __init__(self) -> None:
+        import _pg
+
+        _engine.get_store()  # the schema exists before its table is locked
+        url = os.environ["COMPOSE_STORE"]
+        base, _, query = url.partition("?")
+        options = dict(kv.split("=", 1) for kv in query.split("&") if "=" in kv)
+        bindir = _pg.find_bindir() or ""
+        psql = os.path.join(bindir, "psql") if bindir else "psql"
+        env = {**os.environ, "PGOPTIONS": f"-c search_path={options.get('schema', 'composeai')}"}
+        self.proc = subprocess.Popen(
+            [psql, "-qAtX", "-v", "ON_ERROR_STOP=1", base],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.by_watchdog = False
+        self._released = threading.Event()
+        self._send("BEGIN; LOCK TABLE runs IN EXCLUSIVE MODE; SELECT 'locked';")
+        assert self.proc.stdout.readline().strip() == "locked"
+        self._watchdog = threading.Thread(target=self._watch, daemon=True)
+        self._watchdog.start()
+
+    def _send(self, sql: str) -> None:
+        self.proc.stdin.write(sql + "\n")
+        self.proc.stdin.flush()
+
+    def _watch(self) -> None:
+        if not self._released.wait(WATCHDOG_SECONDS):
+            self.by_watchdog = True
+            self.release()
+
+    def release(self) -> None:
+        if self._released.is_set() and self.proc.stdin.closed:
+            return
+        self._released.set()
+        self._send("COMMIT;")
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+    def waiters(self) -> int:
+        """Statements of other sessions waiting for a lock on `runs` right now."""
+        return _proc.pg_exec(
+            os.environ["COMPOSE_STORE"],
+            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+            "WHERE NOT l.granted AND c.relname = 'runs'",
+        ).strip()
+
+
+async def _responsive_while_blocked(lock: RunsLock, task: asyncio.Task) -> None:
+    """Asserts that while `task` waits on the lock the loop keeps running: a ticker
+    advances and this coroutine observes the waiting statement; then releases the lock."""
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    tick_task = asyncio.create_task(ticker())
+    try:
+        while True:
+            waiting = await asyncio.to_thread(lock.waiters)
+            if waiting != "0" or task.done():
+                break
+        assert not task.done(), "the call finished while the lock was held"
+        assert not lock.by_watchdog, "the event loop was blocked by the round trip"
+        before = ticks
+        while ticks < before + 50:
+            await asyncio.sleep(0)
+        # Still in flight: the server has not answered yet.
+        assert not task.done()
+        assert await asyncio.to_thread(lock.waiters) != "0"
+    finally:
+        lock.release()
+        tick_task.cancel()
+    assert not lock.by_watchdog
+
+
+@compose.task
+async def add(x: int, y: int) -> int:
+    return x + y
+
+
+@compose.flow
+async def adder(n: int) -> int:
+    return await add.arun(n, 1)
+
+
+def test_async_run_creation_awaits_the_server_off_the_loop(store_kind):
+    """ASYNC-1: `Flow.arun` creates its run row off the loop."""
+
+    async def main():
+        lock = RunsLock()
+        task = asyncio.create_task(adder.arun(41))
+        await _responsive_while_blocked(lock, task)
+        return await task
+
+    run = asyncio.run(main())
+    assert run.output == 42 and run.status == "completed"
+    assert _engine.get_store().get_run(run.id)["status"] == "completed"
+
+
+GATE: dict = {}
+
+
+@compose.flow
+async def gated(n: int) -> int:
+    value = await add.arun(n, 2)
+    GATE["entered"].set()
+    await GATE["open"].wait()
+    return value
+
+
+def test_async_settlement_awaits_the_server_off_the_loop(store_kind):
+    """ASYNC-1: the settlement of an async flow run is awaited off the loop; the row is
+    completed once the call returns."""
+
+    async def main():
+        GATE["entered"], GATE["open"] = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(gated.arun(1))
+        await GATE["entered"].wait()
+        lock = await asyncio.to_thread(RunsLock)
+        GATE["open"].set()
+        await _responsive_while_blocked(lock, task)
+        return await task
+
+    run = asyncio.run(main())
+    assert run.output == 3
+    assert _engine.get_store().get_run(run.id)["status"] == "completed"
+
+
+def test_aresume_claims_the_lease_and_records_answers_off_the_loop(store_kind):
+    """ASYNC-1 / FLOW-40: `aresume` takes the lease, journals the answer and settles
+    without blocking the loop."""
+
+    @compose.flow
+    async def asks(n: int) -> int:
+        value = await add.arun(n, 0)
+        answer = compose.ask_human("more", "how many more?")
+        return value + int(answer)
+
+    paused = asyncio.run(asks.arun(5))
+    assert paused.status == "paused"
+
+    async def main():
+        lock = RunsLock()
+        task = asyncio.create_task(compose.aresume(paused.id, {"more": "4"}))
+        await _responsive_while_blocked(lock, task)
+        return await task
+
+    run = asyncio.run(main())
+    assert run.status == "completed" and run.output == 9
+    assert _engine.get_store().pending(paused.id) == []
+
+
+def test_standalone_agent_arun_creates_and_settles_off_the_loop(store_kind):
+    """ASYNC-1 / AGENT-52: a standalone `Agent.arun` creates its row off the loop."""
+
+    @compose.agent(model=FakeModel(["hello"]))
+    async def greeter(name: str) -> str:
+        return f"greet {name}"
+
+    async def main():
+        lock = RunsLock()
+        task = asyncio.create_task(greeter.arun("ada"))
+        await _responsive_while_blocked(lock, task)
+        return await task
+
+    run = asyncio.run(main())
+    assert run.output == "hello"
+    assert _engine.get_store().get_run(run.id)["status"] == "completed"
+
+
+def test_a_failing_settlement_raises_on_the_awaiting_task(store_kind):
+    """A store error of an off-loop call reaches the awaiting coroutine as its exception:
+    a run whose lease moved on cannot settle."""
+
+    async def main():
+        GATE["entered"], GATE["open"] = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(gated.arun(1))
+        await GATE["entered"].wait()
+        _proc.pg_exec(
+            os.environ["COMPOSE_STORE"],
+            "UPDATE runs SET lease_owner = 'someone-else' WHERE status = 'running'",
+        )
+        GATE["open"].set()
+        return await task
+
+    with pytest.raises(ConfigError, match="moved to another owner"):
+        asyncio.run(main())
