@@ -392,6 +392,18 @@ impl Attempt {
         }
     }
 
+    /// Before a synchronous write under batch durability on a server-backed
+    /// store: the batched steps commit first (the journal never holds a
+    /// later write without the earlier steps), and a lost one fails the
+    /// write. A local store orders them in its writer queue already.
+    pub(crate) fn sync_point(&self) -> CoreResult<()> {
+        if self.batch.load(Ordering::Relaxed) && self.store.remote() {
+            self.store.flush()?;
+            self.batch_failure()?;
+        }
+        Ok(())
+    }
+
     /// Journals `value` under `key` with its span, durably, and returns the
     /// stored value (an earlier write wins). Under batch durability an
     /// unfenced step is queued instead and durable within the store's batch
@@ -419,6 +431,7 @@ impl Attempt {
                 .commit_batched(rid, key, value, record, &self.batch_slot)?;
             return Ok(stored);
         }
+        self.sync_point()?;
         let rid = self.rid()?;
         let record = span.map(|s| self.record(rid, s, Some(value)));
         let winner = self.store.commit_step(rid, key, value, record)?;
@@ -443,6 +456,11 @@ impl Attempt {
             }
             return Ok(Commit::Stored(existing));
         }
+        if self.batches(fence) {
+            // Queued without I/O: nothing to await.
+            return self.commit(key, value, span, fence).map(Commit::Stored);
+        }
+        self.sync_point()?;
         let rid = self.rid()?;
         let record = span.map(|s| self.record(rid, s, Some(value)));
         Ok(Commit::Pending(self.store.commit_step_future(
@@ -469,6 +487,7 @@ impl Attempt {
         work: &mut TxWork<'_>,
     ) -> CoreResult<()> {
         self.check(None)?;
+        self.sync_point()?;
         self.store.commit_with(self.rid()?, entries, work)?;
         let mut j = self.journal.lock();
         for (k, v) in entries {
@@ -499,6 +518,7 @@ impl Attempt {
             }
             j.record(key, Arc::from(value))
         };
+        self.sync_point()?;
         let rid = self.rid()?;
         let record = span.map(|s| self.record(rid, s, Some(value)));
         let slot = self.store.commit_deferred(rid, key, value, record);
@@ -610,6 +630,7 @@ impl Attempt {
         // An agent turn is a durable boundary for cancel requests (EXT-10).
         self.check_cancel(false)?;
         self.saved_state.store(true, Ordering::SeqCst);
+        self.sync_point()?;
         self.store.save_agent_state(self.rid()?, state)
     }
 
@@ -647,11 +668,13 @@ impl Attempt {
 
     pub fn set_budget(&self, budget_json: &str) -> CoreResult<()> {
         self.check(None)?;
+        self.sync_point()?;
         self.store.set_budget(self.rid()?, budget_json)
     }
 
     pub fn record_answers(&self, answers: Vec<(String, String)>) -> CoreResult<()> {
         self.check(None)?;
+        self.sync_point()?;
         self.store.record_answers(self.rid()?, &answers)?;
         let mut j = self.journal.lock();
         for (id, value) in answers {
@@ -697,6 +720,7 @@ impl Attempt {
         }
         // A lost batched step must not be settled over: the attempt fails
         // with the store's error and the run stays resumable.
+        self.sync_point()?;
         self.batch_failure()?;
         if self.closed.swap(true, Ordering::SeqCst) {
             return Ok(());

@@ -184,34 +184,69 @@ def _sql_literal(v: Any) -> str:
     return "'" + str(v).replace("'", "''") + "'"
 
 
-def _pg_read(url: str, sql: str, params: tuple, row_factory: Any) -> list:
-    """Runs one SELECT on a PostgreSQL store with `psql` (read only): `?`
-    placeholders are inlined as literals; rows come back typed through JSON
-    (so result columns need distinct names)."""
-    import _pg
+class _PsqlReader:
+    """One `psql` session reading a PostgreSQL store: a query is one line in, one JSON line
+    out, so a test that observes the store after every child pays one round trip per read
+    rather than a `psql` process."""
 
-    base, _, query = url.partition("?")
-    options = dict(kv.split("=", 1) for kv in query.split("&") if "=" in kv)
+    def __init__(self, url: str) -> None:
+        import _pg
+
+        self.url = url
+        base, _, query = url.partition("?")
+        options = dict(kv.split("=", 1) for kv in query.split("&") if "=" in kv)
+        bindir = _pg.find_bindir() or ""
+        psql = os.path.join(bindir, "psql") if bindir else shutil.which("psql") or "psql"
+        env = {**os.environ, "PGOPTIONS": f"-c search_path={options.get('schema', 'composeai')}"}
+        self.proc = subprocess.Popen(
+            [psql, "-qAtX", "-v", "ON_ERROR_STOP=1", base],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+    def read(self, text: str) -> list:
+        # Raw newlines in the document are whitespace between tokens (JSON escapes them in
+        # strings): dropping them keeps the answer on one line.
+        self.proc.stdin.write(
+            "BEGIN READ ONLY;\nSELECT replace(coalesce(json_agg(row_to_json(t)), '[]'::json)"
+            f"::text, E'\\n', ' ') FROM ({text}) t;\nCOMMIT;\n"
+        )
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(timeout=TIMEOUT)
+            raise RuntimeError(f"psql: {self.proc.stderr.read().strip()} (query: {text})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=TIMEOUT)
+
+
+# The session of the store read last: each test has a schema of its own, and one session at a
+# time keeps the cluster's connections free.
+_READER: list[_PsqlReader] = []
+
+
+def _pg_read(url: str, sql: str, params: tuple, row_factory: Any) -> list:
+    """Runs one SELECT on a PostgreSQL store through a read-only `psql` session: `?`
+    placeholders are inlined as literals; rows come back typed through JSON (so result
+    columns need distinct names)."""
     parts = sql.split("?")
     assert len(parts) == len(params) + 1, (sql, params)
     text = parts[0] + "".join(_sql_literal(p) + rest for p, rest in zip(params, parts[1:]))
-    wrapped = (
-        "SET TRANSACTION READ ONLY; "
-        f"SELECT coalesce(json_agg(row_to_json(t)), '[]'::json) FROM ({text}) t"
-    )
-    bindir = _pg.find_bindir() or ""
-    psql = os.path.join(bindir, "psql") if bindir else shutil.which("psql") or "psql"
-    env = {**os.environ, "PGOPTIONS": f"-c search_path={options.get('schema', 'composeai')}"}
-    out = subprocess.run(
-        [psql, "-qAtX", "-v", "ON_ERROR_STOP=1", base, "-c", "BEGIN", "-c", wrapped],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"psql: {out.stderr.strip()} (query: {text})")
-    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    if _READER and (_READER[0].url != url or _READER[0].proc.poll() is not None):
+        _READER.pop().close()
+    if not _READER:
+        _READER.append(_PsqlReader(url))
+    try:
+        rows = _READER[0].read(text)
+    except RuntimeError:
+        _READER.pop()
+        raise
     if row_factory is not None:
         return rows
     return [tuple(r.values()) for r in rows]

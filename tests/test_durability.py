@@ -85,7 +85,8 @@ def test_decorator_argument_wins_over_the_environment(monkeypatch):
     assert f.run().output == 1
 
 
-def test_batch_flow_pauses_resumes_and_replays_in_process():
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"], indirect=True)
+def test_batch_flow_pauses_resumes_and_replays_in_process(store_kind):
     calls = []
 
     @compose.task
@@ -167,6 +168,7 @@ def die():
 _N = 200
 
 
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"], indirect=True)
 @pytest.mark.parametrize(
     ("flow_name", "status", "park"),
     [
@@ -176,7 +178,7 @@ _N = 200
         ("to_fail", "failed", False),
     ],
 )
-def test_settling_commits_every_pending_step_first(tmp_path, flow_name, status, park):
+def test_settling_commits_every_pending_step_first(tmp_path, flow_name, status, park, store_kind):
     """A pause, a completion, a parked wait (signal) and a failure each commit the pending batch
     before their own row: killed the instant the run returns, nothing is lost."""
     box = _proc.Sandbox(tmp_path)
@@ -202,7 +204,8 @@ def test_settling_commits_every_pending_step_first(tmp_path, flow_name, status, 
         assert [p[0] for p in box.pending(run_id)] == ["go"]
 
 
-def test_an_answer_and_the_steps_before_a_second_pause_survive_a_kill(tmp_path):
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"], indirect=True)
+def test_an_answer_and_the_steps_before_a_second_pause_survive_a_kill(tmp_path, store_kind):
     box = _proc.Sandbox(tmp_path)
     box.write_module(
         "answers",
@@ -307,8 +310,9 @@ def _prefix_len(journal: dict[str, str]) -> int:
     return d
 
 
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"], indirect=True)
 @pytest.mark.parametrize("seed", range(6))
-def test_kill9_in_batch_mode_reruns_only_a_tail_in_order(tmp_path, seed):
+def test_kill9_in_batch_mode_reruns_only_a_tail_in_order(tmp_path, seed, store_kind):
     rng = random.Random(seed)
     box = _proc.Sandbox(tmp_path)
     box.write_module("longrun", _LONG)
@@ -357,7 +361,7 @@ def test_kill9_in_batch_mode_reruns_only_a_tail_in_order(tmp_path, seed):
     assert max(counts.values()) <= 2 and min(counts.values()) == 1
     (run_id,) = box.run_ids()
     assert _prefix_len(box.journal(run_id)) == _STEPS
-    assert box.query("PRAGMA integrity_check") == [("ok",)]
+    assert box.integrity_ok()
 
 
 # --------------------------------------------------------------------------- Run.trace
@@ -434,23 +438,41 @@ def test_resumed_run_trace_holds_this_attempts_replayed_spans_only():
 
 
 @pytest.mark.parametrize("store_kind", ["postgresql"], indirect=True)
-def test_batch_mode_is_refused_on_postgresql(store_kind):
+def test_batched_steps_are_fenced_on_the_owning_attempt_on_postgresql(store_kind):
+    """STORE-11 under batch durability: once another owner holds the run, the group-commit
+    stores none of this attempt's waiting steps and the attempt ends with the takeover error;
+    the default mode keeps every span in memory on this store."""
+    import os
+
+    url = os.environ["COMPOSE_STORE"]
+
     @compose.task
-    def one():
-        return 1
+    def inc(x):
+        return x + 1
+
+    def steal():
+        _proc.pg_exec(url, "UPDATE runs SET lease_owner = 'elsewhere'")
 
     @compose.flow(durability="batch")
-    def batched():
-        return one()
+    def batched(n):
+        x = 0
+        for _ in range(n):
+            x = inc(x)
+        steal()
+        for _ in range(n):
+            x = inc(x)
+        return x
 
     @compose.flow
     def stepwise():
-        return one()
+        return inc(0)
 
-    with pytest.raises(ConfigError, match="durability 'batch' is not supported") as info:
-        batched.run()
-    assert "'step'" in str(info.value)
-    # The default mode keeps every span in memory there.
+    with pytest.raises(ConfigError, match="moved to another owner"):
+        batched.run(5)
+    run_id = _proc.pg_exec(url, "SELECT run_id FROM runs WHERE name = 'batched'").strip()
+    journal = journal_of(run_id)
+    assert not {f"inc#{i}" for i in range(6, 11)} & set(journal), sorted(journal)
+    assert set(journal) <= {f"inc#{i}" for i in range(1, 6)}
     run = stepwise.run()
     assert run.output == 1 and [s.kind for s in run.trace.spans] == ["flow", "task"]
 

@@ -235,3 +235,29 @@ def test_a_failing_settlement_raises_on_the_awaiting_task(store_kind):
 
     with pytest.raises(ConfigError, match="moved to another owner"):
         asyncio.run(main())
+
+
+def test_async_batch_flow_queues_steps_and_its_pause_commits_them(store_kind):
+    """Issue 13's batch durability from an async flow on PostgreSQL: a step's value is handed
+    back without awaiting the server, and the pause commits every waiting row first."""
+    calls = []
+
+    @compose.task
+    async def inc(x: int) -> int:
+        calls.append(x)
+        return x + 1
+
+    @compose.flow(durability="batch")
+    async def counted(n: int) -> tuple:
+        x = 0
+        for _ in range(n):
+            x = await inc.arun(x)
+        return x, compose.ask_human("go", "continue?")
+
+    paused = asyncio.run(counted.arun(30))
+    assert paused.status == "paused"
+    journal = dict(_engine.get_store().journal(paused.id))
+    assert [journal[f"inc#{i}"] for i in range(1, 31)] == [str(i) for i in range(1, 31)]
+    done = asyncio.run(compose.aresume(paused.id, {"go": "yes"}))
+    assert done.status == "completed" and done.output == (30, "yes")
+    assert calls == list(range(30)), "a batched step never runs again once durable"

@@ -236,6 +236,18 @@ class Attempt:
         pending: Sequence[_PendingTuple] = ...,
         agent_states: Sequence[_AgentStateTuple] = ...,
     ) -> None: ...
+    def asettle(
+        self,
+        future: Any,
+        status: str,
+        output_json: str | None = None,
+        error_json: str | None = None,
+        pending: Sequence[_PendingTuple] = ...,
+        agent_states: Sequence[_AgentStateTuple] = ...,
+    ) -> None:
+        """`settle` off the event loop: resolves `future` with None once durable."""
+    def arecord_answers(self, future: Any, answers: Sequence[tuple[str, str]]) -> None:
+        """`record_answers` off the event loop: resolves `future` with None."""
 
 @final
 def store_target(spec: str, default_sqlite: str) -> tuple[str, str]: ...
@@ -261,6 +273,20 @@ class Store:
         queued: bool = False,
     ) -> Attempt: ...
     def resume(self, run_id: str, recover: bool = False) -> Attempt: ...
+    def astart_run(
+        self,
+        future: Any,
+        kind: str,
+        name: str,
+        fingerprint: str | None = None,
+        args_json: str | None = None,
+        budget_json: str | None = None,
+        run_id: str | None = None,
+        trace_id: str | None = None,
+    ) -> None:
+        """`start_run` off the event loop: resolves `future` with the attempt."""
+    def aresume(self, future: Any, run_id: str, recover: bool = False) -> None:
+        """`resume` off the event loop: resolves `future` with the attempt."""
     def get_run(self, run_id: str) -> _RunRow | None: ...
     def pending(self, run_id: str) -> list[_PendingTuple]: ...
     def journal(self, run_id: str) -> list[tuple[str, str]]: ...

@@ -115,6 +115,7 @@ impl Attempt {
         if let Some(v) = self.journal_get(key) {
             return Ok(v);
         }
+        self.sync_point()?;
         let winner = self.store().commit_wait(self.rid()?, key, value, timer)?;
         Ok(self.journal_record(key, Arc::from(winner.as_deref().unwrap_or(value))))
     }

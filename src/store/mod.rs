@@ -9,6 +9,7 @@ pub mod chat;
 mod checkpointer;
 mod migrate;
 pub mod postgres;
+mod postgres_batch;
 mod postgres_ext;
 pub mod postgres_query;
 pub mod query;

@@ -161,8 +161,10 @@ pub struct PgInner {
     /// The pool's connection settings, for the wake-up listener's own
     /// connection (STORE-22).
     cfg: tokio_postgres::Config,
-    spans: Mutex<Vec<SpanRecord>>,
+    pub(super) spans: Mutex<Vec<SpanRecord>>,
     flush_armed: AtomicBool,
+    /// Batch durability's waiting journal rows (`postgres_batch`).
+    pub(super) batch: super::postgres_batch::Batch,
     /// Held by the background span write from taking the queued spans until
     /// they are written, so a `flush` meanwhile waits for them.
     span_writing: tokio::sync::Mutex<()>,
@@ -323,7 +325,7 @@ fn span_placeholders(first: usize) -> String {
 /// span row (`$5…`) in the same statement when `with_span`. Returns the run
 /// id (none: the run moved) and, only when an earlier write won, the stored
 /// value. Built once: a step is the hot path.
-fn step_sql(with_span: bool) -> &'static str {
+pub(super) fn step_sql(with_span: bool) -> &'static str {
     static SQL: std::sync::OnceLock<[String; 2]> = std::sync::OnceLock::new();
     let [bare, spanned] = SQL.get_or_init(|| {
         let sql = |span: &str| {
@@ -638,6 +640,7 @@ impl PgStore {
                 cfg,
                 spans: Mutex::new(Vec::new()),
                 flush_armed: AtomicBool::new(false),
+                batch: Default::default(),
                 span_writing: tokio::sync::Mutex::new(()),
             }),
         })
@@ -1190,6 +1193,7 @@ impl Store for PgStore {
 
     fn flush(&self) -> CoreResult<()> {
         block_on(async {
+            self.write_batch().await?;
             let _writing = self.span_writing.lock().await;
             let spans = self.take_spans();
             if spans.is_empty() {
@@ -1198,6 +1202,22 @@ impl Store for PgStore {
             let c = self.client().await?;
             self.write_spans(&c, &spans).await
         })
+    }
+
+    fn supports_batch(&self) -> bool {
+        true
+    }
+
+    fn commit_batched(
+        &self,
+        rid: i64,
+        key: &str,
+        value: &str,
+        span: Option<SpanRecord>,
+        slot: &Arc<Slot>,
+    ) -> CoreResult<()> {
+        self.inner.queue_batched(rid, key, value, span, slot);
+        Ok(())
     }
 
     fn settle(&self, rid: i64, owner: &str, s: &Settlement) -> CoreResult<()> {
@@ -1396,6 +1416,8 @@ impl Store for PgStore {
 
     fn journal(&self, rid: i64) -> CoreResult<Vec<(String, String)>> {
         block_on(async {
+            // Batched steps are part of the journal this process reads.
+            self.write_batch().await?;
             let c = self.client().await?;
             Ok(c.query(
                 "SELECT step_key, value_json FROM journal WHERE rid = $1",

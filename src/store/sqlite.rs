@@ -138,6 +138,14 @@ impl Slot {
         self.0.lock().clone()
     }
 
+    /// Records a write's outcome; a failure already held is kept.
+    pub(crate) fn fill(&self, outcome: StepResult) {
+        let mut held = self.0.lock();
+        if !matches!(&*held, Some(Err(_))) {
+            *held = Some(outcome);
+        }
+    }
+
     /// A slot for a write that was applied before it was handed out.
     pub fn filled(outcome: StepResult) -> Arc<Slot> {
         Arc::new(Slot(Mutex::new(Some(outcome))))
