@@ -159,6 +159,8 @@ class _Call:
         self.frame = frame  # the agent span's frame
         self.tool_scope = tool_scope
         self.snapshot_scope: str | None = None
+        # False for a run this call just created: it has no snapshot to load.
+        self.restorable = True
         self.messages: list[Message] = []
         self.turn = 0
         self.partial: dict[str, ToolResultPart] = {}
@@ -1002,7 +1004,7 @@ def _seed_from_body(agent: AgentFunction, result: Any) -> list[Message]:
 
 def _restore(call: _Call) -> bool:
     """Loads the call's snapshot, if any (AGENT-53)."""
-    if not call.durable:
+    if not call.durable or not call.restorable:
         return False
     row = call.run.attempt.load_agent_state(call.snapshot_scope)
     if row is None:
@@ -1379,22 +1381,26 @@ def _standalone_start(agent: AgentFunction, args: tuple, kwargs: dict, opts: dic
     return _engine.RunState(attempt, agent.name), _engine.budget_meter(budget, "agent", agent.name)
 
 
-def _standalone_frame(agent: AgentFunction, run: RunState, args: tuple, kwargs: dict, opts: dict):
+def _standalone_frame(
+    agent: AgentFunction, run: RunState, args: tuple, kwargs: dict, opts: dict, fresh: bool
+):
     root = _engine.open_span(None, run.trace, "agent", agent.name)
     if _engine._capture():
         root.input = {"args": list(args), "kwargs": kwargs}
     frame = Frame(run, "", root, None, run.trace)
     call = _Call(agent, opts, frame, "")
     call.snapshot_scope = ""
+    call.restorable = not fresh
     return call
 
 
 def _standalone_sync(
     agent: AgentFunction, args: tuple, kwargs: dict, opts: dict, run=None, meter=None
 ):
-    if run is None:
+    fresh = run is None
+    if fresh:
         run, meter = _standalone_start(agent, args, kwargs, opts)
-    call = _standalone_frame(agent, run, args, kwargs, opts)
+    call = _standalone_frame(agent, run, args, kwargs, opts, fresh)
     token = FRAME.set(call.frame)
     budget_token = _push_budget(meter)
     try:
@@ -1410,9 +1416,10 @@ def _standalone_sync(
 async def _standalone_async(
     agent: AgentFunction, args: tuple, kwargs: dict, opts: dict, run=None, meter=None
 ):
-    if run is None:
+    fresh = run is None
+    if fresh:
         run, meter = _standalone_start(agent, args, kwargs, opts)
-    call = _standalone_frame(agent, run, args, kwargs, opts)
+    call = _standalone_frame(agent, run, args, kwargs, opts, fresh)
     token = FRAME.set(call.frame)
     budget_token = _push_budget(meter)
     try:
