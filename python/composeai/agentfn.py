@@ -1103,11 +1103,11 @@ def _agent_loop_sync_body(call: _Call, args: tuple, kwargs: dict) -> Any:
             body = _runtime.run_sync(lambda: agent.fn(*args, **kwargs))
         else:
             body = agent.fn(*args, **kwargs)
-            if inspect.iscoroutine(body):
+            if type(body) is not str and inspect.iscoroutine(body):
                 from . import _runtime
 
                 body = _runtime.run_sync(lambda: body)
-        call.messages = _seed_from_body(agent, body)
+        call.messages = [Message.user(body)] if type(body) is str else _seed_from_body(agent, body)
     if (
         call.turn == 0
         and call.agent._direct
@@ -1451,13 +1451,14 @@ def _standalone_payload(args: tuple, kwargs: dict, opts: dict) -> str:
 def _standalone_start(agent: AgentFunction, args: tuple, kwargs: dict, opts: dict):
     args_json = _standalone_payload(args, kwargs, opts)
     budget = opts["budget"]
-    budget_json = _engine.budget_json(budget)
+    budget_json = None if budget is None else _engine.budget_json(budget)
     # The row is inserted with the settlement (or by the store's writer
     # within milliseconds): a short call commits once (AGENT-52).
     attempt = _engine.get_store().start_run(
         "agent", agent.name, None, args_json, budget_json, queued=True
     )
-    return _engine.RunState(attempt, agent.name), _engine.budget_meter(budget, "agent", agent.name)
+    meter = None if budget is None else _engine.budget_meter(budget, "agent", agent.name)
+    return _engine.RunState(attempt, agent.name), meter
 
 
 def _standalone_frame(
