@@ -382,9 +382,9 @@ def _llm_call(call: _Call) -> Generator[tuple, Any, Any]:
 def _direct_turn(call: _Call) -> Any:
     """The first turn of a call made on the calling thread, without the
     loop's effect machinery: the checks of `_next_turn`, then `_llm_call`
-    for an agent with no retries, no fallback and no turn limit below 1
-    (`AgentFunction._direct`), whose model answers `complete`. The reply is
-    appended to the conversation."""
+    for an agent with no retries, no fallback, no timeout and no turn limit
+    below 1, whose model answers `complete`. The reply is appended to the
+    conversation."""
     _check_cancel()
     call.turn += 1
     if call.run is not None:
@@ -1094,9 +1094,9 @@ def _agent_loop_sync(call: _Call, args: tuple, kwargs: dict) -> Any:
 
 
 def _agent_loop_sync_body(call: _Call, args: tuple, kwargs: dict) -> Any:
+    agent = call.agent
     call.resolve_model()
     if not _restore_or_seed(call):
-        agent = call.agent
         if agent._is_async:
             from . import _runtime
 
@@ -1108,16 +1108,22 @@ def _agent_loop_sync_body(call: _Call, args: tuple, kwargs: dict) -> Any:
 
                 body = _runtime.run_sync(lambda: body)
         call.messages = [Message.user(body)] if type(body) is str else _seed_from_body(agent, body)
+    # `_direct_turn` makes the first turn when nothing could make the loop
+    # call the model again or act before the call.
     if (
         call.turn == 0
-        and call.agent._direct
+        and agent.retries == 0
+        and agent.retry is None
+        and agent.fallback is None
+        and agent.timeout is None
+        and (agent.max_turns is None or agent.max_turns >= 1)
         and call.context_manager is None
         and _current_bus() is None
         and _has(call.model, "complete")
         and not (call.messages and _pending_calls(call.messages[-1]))
     ):
         response = _direct_turn(call)
-        if response.stop_reason == StopReason.END_TURN and call.agent._schema is None:
+        if response.stop_reason == StopReason.END_TURN and agent._schema is None:
             return response.message.text
         return _drive_sync(_loop(call, response))
     return _drive_sync(_loop(call))
@@ -1187,15 +1193,6 @@ class AgentFunction(Generic[P, R]):
         self._schema, self._wrapped = _output_schema(self.output_type)
         self._tool_map = {t.name: t for t in self.tools}
         self._tool_specs = [t.spec for t in self.tools] or None
-        # A first turn that can be made by `_direct_turn`: nothing can make
-        # the loop call the model again or act before the call.
-        self._direct = (
-            self.retries == 0
-            and self.retry is None
-            and self.fallback is None
-            and self.timeout is None
-            and (self.max_turns is None or self.max_turns >= 1)
-        )
 
     def __repr__(self) -> str:
         return f"<AgentFunction {self.name!r}>"
