@@ -2,7 +2,7 @@
 the Responses API and Chat Completions; N standalone @agent calls (each a durable run with its
 llm span) go through OpenAIModel / OpenAICompatibleModel, next to N bare SDK calls sending the
 same request to the same server, and N bare adapter calls (``model.complete``), interleaved
-call by call. Figures are medians.
+call by call (the kind that goes first rotating). Figures are medians.
 
 ``*_overhead_ms_per_call`` = agent call − bare SDK call (median of the paired differences);
 ``*_adapter_overhead_ms_per_call`` = ``model.complete`` − bare SDK call (the wire mapping
@@ -105,8 +105,11 @@ def main() -> None:
         samples: dict[str, list[float]] = {k: [] for k in fns}
         # Interleaved per call, so drift and neighbours' load hit every kind alike; the
         # overhead is the median of the paired differences.
-        for _ in range(n):
-            for kind, fn in fns.items():
+        # The kind that goes first rotates, so none always follows another's commit.
+        order = list(fns.items())
+        for i in range(n):
+            k = i % len(order)
+            for kind, fn in order[k:] + order[:k]:
                 t0 = clock()
                 fn()
                 samples[kind].append((clock() - t0) * 1e3)

@@ -671,6 +671,82 @@ def test_agent23_exhausted_retries_propagate_the_provider_error_unchanged():
     assert info.value is err
 
 
+@pytest.mark.sqlite_file
+def test_agent23_a_failed_call_without_retries_is_recorded_on_its_span():
+    """An agent with no retries makes its first turn on the calling thread
+    (no effect loop): a provider failure is still recorded on the llm span,
+    which is stored failed with the run."""
+
+    @agent(model=FakeModel([raising(ProviderError("down"))]))
+    def once(x: str) -> str:
+        return x
+
+    with pytest.raises(ProviderError, match="down"):
+        once.run("q")
+    db = sqlite3.connect(f"{_engine.state_dir()}/runs.db")
+    status, attributes = db.execute(
+        "SELECT s.status, s.attributes_json FROM spans s JOIN runs r ON r.rid = s.rid "
+        "WHERE s.kind = 'llm' AND r.name = 'once'"
+    ).fetchone()
+    (run_status,) = db.execute("SELECT status FROM runs WHERE name = 'once'").fetchone()
+    db.close()
+    assert (status, run_status) == ("error", "failed")
+    assert json.loads(attributes)["retries"] == [{"type": "ProviderError", "message": "down"}]
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        response(StopReason.MAX_TOKENS, "max_tokens"),
+        response(StopReason.REFUSAL, "refusal"),
+        response(StopReason.OTHER, "pause"),
+    ],
+)
+def test_agent24_first_turn_stop_reasons_match_the_loop_with_retries(reply):
+    """AGENT-24: a first reply that is not a final text ends the same way
+    whether the turn was made directly (no retries) or through the effect
+    loop (retries allowed)."""
+    outcomes = []
+    for retries in (0, 1):
+
+        @agent(model=FakeModel([reply]), retries=retries, name=f"stops_{retries}")
+        def stops(x: str) -> str:
+            return x
+
+        with pytest.raises(ComposeError) as info:
+            stops.run("q")
+        outcomes.append((type(info.value), str(info.value).replace(f"stops_{retries}", "A")))
+    assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.sqlite_file
+def test_agent22_llm_span_rows_match_with_and_without_the_direct_turn():
+    """The stored llm and agent span rows of a call whose first turn is made
+    directly equal those of the effect loop's, but for ids and times."""
+
+    def stored(name: str) -> list:
+        db = sqlite3.connect(f"{_engine.state_dir()}/runs.db")
+        rows = db.execute(
+            "SELECT s.kind, s.name, s.status, s.attributes_json, s.input_tokens, "
+            "s.output_tokens, s.input_json, s.output_json FROM spans s "
+            "JOIN runs r ON r.rid = s.rid WHERE r.name = ? ORDER BY s.span_id",
+            (name,),
+        ).fetchall()
+        db.close()
+        return [r[:1] + r[2:] for r in rows]
+
+    for retries in (0, 1):
+
+        @agent(model=FakeModel(["hi there"]), retries=retries, name=f"same_{retries}")
+        def same(x: str) -> str:
+            """Be brief."""
+            return x
+
+        assert same.run("q").output == "hi there"
+    assert stored("same_0") == stored("same_1")
+    assert len(stored("same_0")) == 2
+
+
 def test_agent23_stop_reason_error_becomes_a_retryable_provider_error():
     @agent(model=FakeModel([response(StopReason.ERROR, "overloaded")]))
     def errs(x: str) -> str:

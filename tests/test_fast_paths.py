@@ -271,3 +271,60 @@ def test_test22_message_hash_is_the_sha256_of_the_canonical_json():
     messages = [Message.user("hi")]
     digest = testing.compute_message_hash("sys", messages)
     assert len(digest) == 64 and digest != testing.compute_message_hash("other", messages)
+
+
+def _same_model(a, b) -> None:
+    """Equal as pydantic models, and in every observable piece of state."""
+    assert a == b
+    assert type(a) is type(b)
+    assert a.model_fields_set == b.model_fields_set
+    assert a.model_dump(exclude_unset=True) == b.model_dump(exclude_unset=True)
+    assert a.model_dump_json() == b.model_dump_json()
+    assert repr(a) == repr(b)
+    assert pickle.loads(pickle.dumps(a)) == b
+    assert _codec.dumps(a) == _codec.dumps(b)
+
+
+@pytest.mark.parametrize("text", ["hi", "", "héllo \u2603", "x" * 10_000])
+def test_agent60_text_messages_are_the_validated_messages(text):
+    """AGENT-60/AGENT-7: `Message.user`/`assistant` of a str, built without
+    re-validation, are exactly the validated `Message(role, [TextPart])`."""
+    from composeai.messages import Message, TextPart
+
+    for role, build in (("user", Message.user), ("assistant", Message.assistant)):
+        made = build(text)
+        _same_model(made, Message(role=role, parts=[TextPart(text=text)]))
+        _same_model(made.parts[0], TextPart(text=text))
+        assert made.text == text
+        with pytest.raises(Exception, match="frozen"):
+            made.role = "user"  # type: ignore[misc]
+
+
+def test_agent60_messages_of_other_inputs_are_still_validated():
+    """Anything that is not an exact `str` or an instance of a part class
+    goes through pydantic validation, with its error."""
+    import pydantic
+
+    from composeai.messages import Message, TextPart, _message_of, _text_part
+
+    class Sub(str):
+        pass
+
+    _same_model(Message.user(Sub("a")), Message(role="user", parts=[TextPart(text="a")]))
+    with pytest.raises(pydantic.ValidationError):
+        _text_part(7)
+    with pytest.raises(pydantic.ValidationError):
+        _message_of("assistant", [{"type": "nope"}])
+    parts = [TextPart(text="a"), {"type": "text", "text": "b"}]
+    _same_model(_message_of("assistant", parts), Message(role="assistant", parts=parts))
+
+
+def test_prov13_rates_are_resolved_per_price_object():
+    """PROV-13/PROV-30: the cached rates follow the price object in use, so a
+    newly registered price is priced by its own rates."""
+    from composeai.models.prices import ModelPrice, _rates, resolved_rates
+
+    a, b = ModelPrice(input=1.0, output=2.0), ModelPrice(input=3.0, output=4.0)
+    assert resolved_rates(a) == _rates(a)
+    assert resolved_rates(b) == _rates(b)
+    assert resolved_rates(a) is resolved_rates(a)

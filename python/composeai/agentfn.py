@@ -159,6 +159,8 @@ class _Call:
         self.frame = frame  # the agent span's frame
         self.tool_scope = tool_scope
         self.snapshot_scope: str | None = None
+        # False for a run this call just created: it has no snapshot to load.
+        self.restorable = True
         self.messages: list[Message] = []
         self.turn = 0
         self.partial: dict[str, ToolResultPart] = {}
@@ -248,38 +250,19 @@ def _extract(agent: AgentFunction, response: Any) -> Any:
         ) from None
 
 
-def _loop(call: _Call) -> Generator[tuple, Any, Any]:
+def _loop(call: _Call, first: Any = None) -> Generator[tuple, Any, Any]:
     """The agent loop (AGENT-20 … AGENT-24). Yields I/O effects:
-    `("model", request)`, `("tools", batch)`, `("callback", fn, args)`."""
+    `("model", request)`, `("tools", batch)`, `("callback", fn, args)`.
+    `first`: the reply of a first turn already made (see `_direct_turn`)."""
     agent = call.agent
     repairs = 0
-    if call.messages and _pending_calls(call.messages[-1]):
+    if first is None and call.messages and _pending_calls(call.messages[-1]):
         yield from _tool_batch(call, _pending_calls(call.messages[-1]))
     while True:
-        _check_cancel()
-        call.turn += 1
-        if agent.max_turns is not None and call.turn > agent.max_turns:
-            raise MaxTurnsExceededError(
-                f"@agent {agent.name!r} exceeded max_turns={agent.max_turns} (it kept calling "
-                "tools/turns without finishing; raise max_turns if this agent legitimately needs "
-                "more)"
-            )
-        if agent.timeout is not None and time.monotonic() - call.started > agent.timeout:
-            raise AgentTimeoutError(
-                f"@agent {agent.name!r} exceeded timeout={agent.timeout}s (checked at turn "
-                "boundaries only; an in-flight model call is never interrupted)"
-            )
-        if call.context_manager is not None:
-            managed = yield (
-                "callback",
-                call.context_manager,
-                (list(call.messages), call.last_input_tokens),
-            )
-            if not isinstance(managed, list) or not all(isinstance(m, Message) for m in managed):
-                raise ConfigError("context_manager must return list[Message]")
-            call.messages = list(managed)
-        response = yield from _llm_call(call)
-        call.messages.append(response.message)
+        if first is not None:
+            response, first = first, None
+        else:
+            response = yield from _next_turn(call)
         stop = response.stop_reason
         if stop == StopReason.TOOL_USE:
             calls = _pending_calls(response.message)
@@ -324,6 +307,37 @@ def _loop(call: _Call) -> Generator[tuple, Any, Any]:
         )
 
 
+def _next_turn(call: _Call) -> Generator[tuple, Any, Any]:
+    """The checks at a turn's start, then the turn's model call; the reply
+    is appended to the conversation."""
+    agent = call.agent
+    _check_cancel()
+    call.turn += 1
+    if agent.max_turns is not None and call.turn > agent.max_turns:
+        raise MaxTurnsExceededError(
+            f"@agent {agent.name!r} exceeded max_turns={agent.max_turns} (it kept calling "
+            "tools/turns without finishing; raise max_turns if this agent legitimately needs "
+            "more)"
+        )
+    if agent.timeout is not None and time.monotonic() - call.started > agent.timeout:
+        raise AgentTimeoutError(
+            f"@agent {agent.name!r} exceeded timeout={agent.timeout}s (checked at turn "
+            "boundaries only; an in-flight model call is never interrupted)"
+        )
+    if call.context_manager is not None:
+        managed = yield (
+            "callback",
+            call.context_manager,
+            (list(call.messages), call.last_input_tokens),
+        )
+        if not isinstance(managed, list) or not all(isinstance(m, Message) for m in managed):
+            raise ConfigError("context_manager must return list[Message]")
+        call.messages = list(managed)
+    response = yield from _llm_call(call)
+    call.messages.append(response.message)
+    return response
+
+
 def _pending_calls(message: Message) -> list[ToolCallPart]:
     if message.role != "assistant":
         return []
@@ -338,46 +352,15 @@ def _llm_call(call: _Call) -> Generator[tuple, Any, Any]:
         # An LLM turn is a durable boundary for cancel requests (EXT-10).
         _core.check_cancel(call.run.attempt, False)
     while True:
-        span = _engine.open_span(call.frame.span, call.frame.trace, "llm", call.label)
-        span.attributes["model"] = call.model_id
-        if call.provider is not None:
-            span.attributes["provider"] = call.provider
-        request = ModelRequest(
-            model=call.model_id,
-            messages=list(call.messages),
-            system=call.system,
-            tools=agent._tool_specs,
-            output_schema=agent._schema,
-            max_tokens=agent.max_tokens,
-            temperature=agent.temperature,
-            provider=call.provider,
-            prompt_cache=agent.prompt_cache,
-            thinking=agent.thinking,
-            effort=agent.effort,
-            thinking_budget=agent.thinking_budget,
-        )
-        input_json = None
-        if _engine._capture():
-            span.input = {"system": call.system, "messages": list(call.messages)}
-            input_json = _llm_input_json(call.system, span.input["messages"])
+        span, request, input_json = _open_llm(call)
         attempts = 0
         while True:
             try:
                 response = yield ("model", call, request, span)
-                if response.stop_reason == StopReason.ERROR:
-                    raise ProviderError(
-                        f"model returned stop_reason=ERROR (raw={response.raw_stop_reason!r})"
-                    )
+                _check_reply(response)
                 break
             except ProviderError as exc:
-                failure = {"type": type(exc).__name__, "message": str(exc)}
-                policy = agent.retry
-                if policy is None:
-                    again = attempts < agent.retries
-                else:
-                    again = attempts + 1 < policy.max_attempts and policy.retries(exc)
-                    failure["delay"] = policy.delay(attempts + 2) if again else 0.0
-                span.attributes.setdefault("retries", []).append(failure)
+                failure, again = _record_failure(agent, span, exc, attempts)
                 if again:
                     attempts += 1
                     if failure.get("delay"):
@@ -392,18 +375,95 @@ def _llm_call(call: _Call) -> Generator[tuple, Any, Any]:
                 raise
         if span.status == "error":
             continue  # retry the turn once against the fallback
-        span.usage = response.usage
-        if getattr(call.model, "last_was_hit", False):
-            span.attributes["cached"] = True
-        call.last_input_tokens = response.usage.input_tokens
-        try:
-            _charge_budgets(response.usage)
-        except BudgetExceededError as exc:
-            span.output = response.message if _engine._capture() else None
-            _engine.fail_span(call.run, span, exc)
-            raise
-        _close_llm_span(call, span, response.message, input_json)
+        _llm_done(call, span, response, input_json)
         return response
+
+
+def _direct_turn(call: _Call) -> Any:
+    """The first turn of a call made on the calling thread, without the
+    loop's effect machinery: the checks of `_next_turn`, then `_llm_call`
+    for an agent with no retries, no fallback, no timeout and no turn limit
+    below 1, whose model answers `complete`. The reply is appended to the
+    conversation."""
+    _check_cancel()
+    call.turn += 1
+    if call.run is not None:
+        _core.check_cancel(call.run.attempt, False)
+    span, request, input_json = _open_llm(call)
+    try:
+        response = call.model.complete(request)
+        _check_reply(response)
+    except ProviderError as exc:
+        _record_failure(call.agent, span, exc, 0)
+        _engine.fail_span(call.run, span, exc)
+        raise
+    except BaseException as exc:
+        _engine.fail_span(call.run, span, exc)
+        raise
+    _llm_done(call, span, response, input_json)
+    call.messages.append(response.message)
+    return response
+
+
+def _open_llm(call: _Call) -> tuple:
+    """A model call's `llm` span, its request, and its stored input."""
+    agent = call.agent
+    span = _engine.open_span(call.frame.span, call.frame.trace, "llm", call.label)
+    span.attributes["model"] = call.model_id
+    if call.provider is not None:
+        span.attributes["provider"] = call.provider
+    request = ModelRequest(
+        model=call.model_id,
+        messages=list(call.messages),
+        system=call.system,
+        tools=agent._tool_specs,
+        output_schema=agent._schema,
+        max_tokens=agent.max_tokens,
+        temperature=agent.temperature,
+        provider=call.provider,
+        prompt_cache=agent.prompt_cache,
+        thinking=agent.thinking,
+        effort=agent.effort,
+        thinking_budget=agent.thinking_budget,
+    )
+    input_json = None
+    if _engine._capture():
+        span.input = {"system": call.system, "messages": list(call.messages)}
+        input_json = _llm_input_json(call.system, span.input["messages"])
+    return span, request, input_json
+
+
+def _check_reply(response: Any) -> None:
+    if response.stop_reason == StopReason.ERROR:
+        raise ProviderError(f"model returned stop_reason=ERROR (raw={response.raw_stop_reason!r})")
+
+
+def _record_failure(agent: AgentFunction, span, exc: ProviderError, attempts: int) -> tuple:
+    """Records a failed model call on its span; `(failure, whether to call again)`."""
+    failure = {"type": type(exc).__name__, "message": str(exc)}
+    policy = agent.retry
+    if policy is None:
+        again = attempts < agent.retries
+    else:
+        again = attempts + 1 < policy.max_attempts and policy.retries(exc)
+        failure["delay"] = policy.delay(attempts + 2) if again else 0.0
+    span.attributes.setdefault("retries", []).append(failure)
+    return failure, again
+
+
+def _llm_done(call: _Call, span, response: Any, input_json: str | None) -> None:
+    """A model call that replied: usage, the budget check, the span closed."""
+    span.usage = response.usage
+    if getattr(call.model, "last_was_hit", False):
+        span.attributes["cached"] = True
+    call.last_input_tokens = response.usage.input_tokens
+    try:
+        _charge_budgets(response.usage)
+    except BudgetExceededError as exc:
+        span.output = response.message if _engine._capture() else None
+        _engine.fail_span(call.run, span, exc)
+        raise
+    _close_llm_span(call, span, response.message, input_json)
 
 
 # ---------------------------------------------------------------------------
@@ -1002,7 +1062,7 @@ def _seed_from_body(agent: AgentFunction, result: Any) -> list[Message]:
 
 def _restore(call: _Call) -> bool:
     """Loads the call's snapshot, if any (AGENT-53)."""
-    if not call.durable:
+    if not call.durable or not call.restorable:
         return False
     row = call.run.attempt.load_agent_state(call.snapshot_scope)
     if row is None:
@@ -1034,20 +1094,38 @@ def _agent_loop_sync(call: _Call, args: tuple, kwargs: dict) -> Any:
 
 
 def _agent_loop_sync_body(call: _Call, args: tuple, kwargs: dict) -> Any:
+    agent = call.agent
     call.resolve_model()
     if not _restore_or_seed(call):
-        agent = call.agent
         if agent._is_async:
             from . import _runtime
 
             body = _runtime.run_sync(lambda: agent.fn(*args, **kwargs))
         else:
             body = agent.fn(*args, **kwargs)
-            if inspect.iscoroutine(body):
+            if type(body) is not str and inspect.iscoroutine(body):
                 from . import _runtime
 
                 body = _runtime.run_sync(lambda: body)
-        call.messages = _seed_from_body(agent, body)
+        call.messages = [Message.user(body)] if type(body) is str else _seed_from_body(agent, body)
+    # `_direct_turn` makes the first turn when nothing could make the loop
+    # call the model again or act before the call.
+    if (
+        call.turn == 0
+        and agent.retries == 0
+        and agent.retry is None
+        and agent.fallback is None
+        and agent.timeout is None
+        and (agent.max_turns is None or agent.max_turns >= 1)
+        and call.context_manager is None
+        and _current_bus() is None
+        and _has(call.model, "complete")
+        and not (call.messages and _pending_calls(call.messages[-1]))
+    ):
+        response = _direct_turn(call)
+        if response.stop_reason == StopReason.END_TURN and agent._schema is None:
+            return response.message.text
+        return _drive_sync(_loop(call, response))
     return _drive_sync(_loop(call))
 
 
@@ -1370,31 +1448,36 @@ def _standalone_payload(args: tuple, kwargs: dict, opts: dict) -> str:
 def _standalone_start(agent: AgentFunction, args: tuple, kwargs: dict, opts: dict):
     args_json = _standalone_payload(args, kwargs, opts)
     budget = opts["budget"]
-    budget_json = _engine.budget_json(budget)
+    budget_json = None if budget is None else _engine.budget_json(budget)
     # The row is inserted with the settlement (or by the store's writer
     # within milliseconds): a short call commits once (AGENT-52).
     attempt = _engine.get_store().start_run(
         "agent", agent.name, None, args_json, budget_json, queued=True
     )
-    return _engine.RunState(attempt, agent.name), _engine.budget_meter(budget, "agent", agent.name)
+    meter = None if budget is None else _engine.budget_meter(budget, "agent", agent.name)
+    return _engine.RunState(attempt, agent.name), meter
 
 
-def _standalone_frame(agent: AgentFunction, run: RunState, args: tuple, kwargs: dict, opts: dict):
+def _standalone_frame(
+    agent: AgentFunction, run: RunState, args: tuple, kwargs: dict, opts: dict, fresh: bool
+):
     root = _engine.open_span(None, run.trace, "agent", agent.name)
     if _engine._capture():
         root.input = {"args": list(args), "kwargs": kwargs}
     frame = Frame(run, "", root, None, run.trace)
     call = _Call(agent, opts, frame, "")
     call.snapshot_scope = ""
+    call.restorable = not fresh
     return call
 
 
 def _standalone_sync(
     agent: AgentFunction, args: tuple, kwargs: dict, opts: dict, run=None, meter=None
 ):
-    if run is None:
+    fresh = run is None
+    if fresh:
         run, meter = _standalone_start(agent, args, kwargs, opts)
-    call = _standalone_frame(agent, run, args, kwargs, opts)
+    call = _standalone_frame(agent, run, args, kwargs, opts, fresh)
     token = FRAME.set(call.frame)
     budget_token = _push_budget(meter)
     try:
@@ -1410,9 +1493,10 @@ def _standalone_sync(
 async def _standalone_async(
     agent: AgentFunction, args: tuple, kwargs: dict, opts: dict, run=None, meter=None
 ):
-    if run is None:
+    fresh = run is None
+    if fresh:
         run, meter = await _astandalone_start(agent, args, kwargs, opts)
-    call = _standalone_frame(agent, run, args, kwargs, opts)
+    call = _standalone_frame(agent, run, args, kwargs, opts, fresh)
     token = FRAME.set(call.frame)
     budget_token = _push_budget(meter)
     try:
@@ -1440,9 +1524,10 @@ async def _astandalone_start(agent: AgentFunction, args: tuple, kwargs: dict, op
         agent.name,
         None,
         _standalone_payload(args, kwargs, opts),
-        _engine.budget_json(budget),
+        None if budget is None else _engine.budget_json(budget),
     )
-    return _engine.RunState(attempt, agent.name), _engine.budget_meter(budget, "agent", agent.name)
+    meter = None if budget is None else _engine.budget_meter(budget, "agent", agent.name)
+    return _engine.RunState(attempt, agent.name), meter
 
 
 def _standalone_result(call: _Call, outcome: tuple) -> Run:

@@ -87,15 +87,57 @@ class Message(BaseModel):
 
     @classmethod
     def user(cls, text_or_parts: str | list[Any]) -> Message:
+        if cls is Message and type(text_or_parts) is str:
+            return _text_message("user", text_or_parts)
         return cls(role="user", parts=_parts(text_or_parts))
 
     @classmethod
     def assistant(cls, text_or_parts: str | list[Any]) -> Message:
+        if cls is Message and type(text_or_parts) is str:
+            return _text_message("assistant", text_or_parts)
         return cls(role="assistant", parts=_parts(text_or_parts))
 
     @property
     def text(self) -> str:
         return "".join(p.text for p in self.parts if isinstance(p, TextPart))
+
+
+def _text_part(text: Any) -> TextPart:
+    """`TextPart(text=text)` for a `str` text, built as `model_construct`
+    builds (nothing here can fail validation), without its per-field loop:
+    the same fields, fields-set and state. Any other value is validated."""
+    if type(text) is not str:
+        return TextPart(text=text)
+    part = _new(TextPart)
+    _set(part, "__dict__", {"type": "text", "text": text})
+    _set(part, "__pydantic_fields_set__", {"text"})
+    _set(part, "__pydantic_extra__", None)
+    _set(part, "__pydantic_private__", None)
+    return part
+
+
+def _message_of(role: str, parts: list[Any]) -> Message:
+    """`Message(role=role, parts=parts)` for a valid role and parts that are
+    all instances of the part classes themselves: validation would keep
+    each part as it is (instances are not revalidated), so it is skipped."""
+    for part in parts:
+        if type(part) not in _PART_TYPES:
+            return Message(role=role, parts=parts)
+    message = _new(Message)
+    _set(message, "__dict__", {"role": role, "parts": list(parts)})
+    _set(message, "__pydantic_fields_set__", {"role", "parts"})
+    _set(message, "__pydantic_extra__", None)
+    _set(message, "__pydantic_private__", None)
+    return message
+
+
+def _text_message(role: str, text: str) -> Message:
+    return _message_of(role, [_text_part(text)])
+
+
+_new = object.__new__
+_set = object.__setattr__
+_PART_TYPES = frozenset((TextPart, ImagePart, ToolCallPart, ToolResultPart, ThinkingPart))
 
 
 class StopReason(str, Enum):

@@ -18,7 +18,7 @@ from typing import Any
 
 from composeai.errors import ComposeError, ConfigError, ProviderError
 from composeai.messages import Usage
-from composeai.models.prices import _rates, get_price
+from composeai.models.prices import get_price, resolved_rates
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ def make_usage(
     price = get_price(provider, model_id)
     cost = None
     if price is not None:
-        p = _rates(price)
+        p = resolved_rates(price)
         cost = (
             (input_tokens - cached) * p.input + output_tokens * p.output + cached * p.cache_read
         ) / 1_000_000

@@ -27,9 +27,11 @@ from composeai.messages import (
     ToolCallPart,
     ToolResultPart,
     Usage,
+    _message_of,
+    _text_part,
 )
 from composeai.models.base import ModelRequest, ModelResponse, RawStreamEvent, own_echo
-from composeai.models.prices import ModelPrice, _Rates, _rates, get_price
+from composeai.models.prices import get_price, resolved_rates
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -259,7 +261,7 @@ def usage_from_wire(usage: dict[str, Any] | None, model_id: str) -> Usage:
             write_1h = split.get("ephemeral_1h_input_tokens") or 0
         else:
             write_5m, write_1h = cache_creation, 0
-        p = _resolved(price)
+        p = resolved_rates(price)
         # compute_cost's formula (PROV-30), on a price resolved once rather than per call.
         cost = (
             input_tokens * p.input
@@ -280,22 +282,12 @@ def usage_from_wire(usage: dict[str, Any] | None, model_id: str) -> Usage:
     )
 
 
-_RESOLVED: dict[ModelPrice, _Rates] = {}
-
-
-def _resolved(price: ModelPrice) -> _Rates:
-    resolved = _RESOLVED.get(price)
-    if resolved is None:
-        resolved = _RESOLVED[price] = _rates(price)
-    return resolved
-
-
 def _blocks_to_parts(blocks: list[dict[str, Any]], model_id: str) -> list[Any]:
     parts: list[Any] = []
     for block in blocks:
         kind = block.get("type")
         if kind == "text":
-            parts.append(TextPart(text=block.get("text") or ""))
+            parts.append(_text_part(block.get("text") or ""))
         elif kind == "tool_use":
             arguments = block.get("input")
             if not isinstance(arguments, dict):
@@ -332,7 +324,7 @@ def parse_response(
         usage = spent if usage is None else usage + spent
     raw = replies[-1].get("stop_reason") if replies else None
     stop = map_stop_reason(raw)
-    message = Message(role="assistant", parts=parts)
+    message = _message_of("assistant", parts)
     parsed = None
     if structured and stop is StopReason.END_TURN:
         try:

@@ -23,6 +23,8 @@ from composeai.messages import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    _message_of,
+    _text_part,
 )
 from composeai.models._openai_common import (
     NO_USAGE,
@@ -271,10 +273,10 @@ def _parse(completion: Any, request: ModelRequest, model_id: str, mode: str) -> 
     parts: list[Any] = []
     content = get(message, "content")
     if isinstance(content, str) and content:
-        parts.append(TextPart(text=content))
+        parts.append(_text_part(content))
     refusal = get(message, "refusal")
     if refusal:
-        parts.append(TextPart(text=refusal))
+        parts.append(_text_part(refusal))
     for call in get(message, "tool_calls") or []:
         function = get(call, "function")
         name = get(function, "name")
@@ -288,7 +290,7 @@ def _parse(completion: Any, request: ModelRequest, model_id: str, mode: str) -> 
     finish = get(choice, "finish_reason")
     stop = StopReason.REFUSAL if refusal else _FINISH.get(finish, StopReason.OTHER)
     usage = usage_of(get(completion, "usage"), model_id)
-    reply = Message(role="assistant", parts=parts)
+    reply = _message_of("assistant", parts)
     parsed = None
     if request.output_schema is not None and stop is StopReason.END_TURN:
         text = reply.text

@@ -24,6 +24,8 @@ from composeai.messages import (
     ThinkingPart,
     ToolCallPart,
     ToolResultPart,
+    _message_of,
+    _text_part,
 )
 from composeai.models._openai_common import (
     NO_USAGE,
@@ -242,9 +244,9 @@ def parse_response(response: Any, request: ModelRequest, model_id: str) -> Model
             for block in get(item, "content") or []:
                 block_type = get(block, "type")
                 if block_type == "output_text":
-                    parts.append(TextPart(text=get(block, "text") or ""))
+                    parts.append(_text_part(get(block, "text") or ""))
                 elif block_type == "refusal":
-                    parts.append(TextPart(text=get(block, "refusal") or ""))
+                    parts.append(_text_part(get(block, "refusal") or ""))
                     refused = True
         elif kind == "function_call":
             called = True
@@ -272,7 +274,7 @@ def parse_response(response: Any, request: ModelRequest, model_id: str) -> Model
         stop = StopReason.END_TURN
     else:
         stop = StopReason.OTHER
-    message = Message(role="assistant", parts=parts)
+    message = _message_of("assistant", parts)
     parsed = None
     if request.output_schema is not None and stop is StopReason.END_TURN:
         try:

@@ -74,6 +74,21 @@ def _rates(price: ModelPrice) -> _Rates:
     )
 
 
+# Rates per price object, by identity: hashing a price costs more than the
+# formula it feeds. The price is kept with its rates, so an id is never reused.
+_RESOLVED: dict[int, tuple[ModelPrice, _Rates]] = {}
+
+
+def resolved_rates(price: ModelPrice) -> _Rates:
+    """`_rates(price)`, computed once per price object."""
+    entry = _RESOLVED.get(id(price))
+    if entry is None or entry[0] is not price:
+        if len(_RESOLVED) >= 1024:
+            _RESOLVED.clear()
+        entry = _RESOLVED[id(price)] = (price, _rates(price))
+    return entry[1]
+
+
 def resolve_price(price: ModelPrice) -> ModelPrice:
     """``price`` with every unset cache field filled: 0.1×, 1.25×, 2.0× ``input``."""
     r = _rates(price)
