@@ -330,6 +330,75 @@ def test_store_30_a_step_that_lost_the_first_write_race_returns_the_stored_value
     assert rows.splitlines() == ["own#1|42", "raced#1|41"]
 
 
+def test_store_30_a_step_whose_idle_connection_the_server_ended_commits_once(
+    pg_cluster, pg_url, monkeypatch
+):
+    """A blocking step commits on a pooled connection its own thread drives;
+    when the server ended that connection while it was idle (a restart, an
+    idle timeout), the step is committed on a new one, exactly once."""
+    monkeypatch.setenv("COMPOSE_STORE", pg_url)
+    schema = pg_url.split("schema=")[1].split("&")[0]
+
+    @compose.task
+    def one() -> int:
+        return 1
+
+    @compose.task
+    def cut() -> int:
+        ended = psql(
+            pg_cluster,
+            "SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity "
+            "WHERE state = 'idle' AND query LIKE 'WITH f AS (SELECT rid, run_id FROM runs%'",
+        )
+        assert ended == "1", ended
+        return 2
+
+    @compose.task
+    def three(x: int) -> int:
+        return x + 1
+
+    @compose.flow
+    def f() -> int:
+        return three(one() + cut())
+
+    assert f() == 4
+    rows = psql(pg_cluster, f"SELECT step_key, value_json FROM {schema}.journal ORDER BY 1")
+    assert rows.splitlines() == ["cut#1|2", "one#1|1", "three#1|4"]
+    assert psql(pg_cluster, f"SELECT status FROM {schema}.runs") == "completed"
+
+
+def test_store_30_more_threads_stepping_at_once_than_pool_size_all_commit(
+    pg_cluster, pg_url, monkeypatch
+):
+    """Threads committing steps at once beyond `pool_size` share the pool
+    instead of opening more connections; every step is journaled once."""
+    import threading
+
+    monkeypatch.setenv("COMPOSE_STORE", pg_url + "&pool_size=1")
+    schema = pg_url.split("schema=")[1].split("&")[0]
+
+    @compose.task
+    def inc(x: int) -> int:
+        return x + 1
+
+    @compose.flow
+    def count(n: int) -> int:
+        x = 0
+        for _ in range(n):
+            x = inc(x)
+        return x
+
+    outputs: list[int] = []
+    threads = [threading.Thread(target=lambda: outputs.append(count(25))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outputs == [25] * 4
+    assert psql(pg_cluster, f"SELECT count(*) FROM {schema}.journal") == "100"
+    assert psql(pg_cluster, f"SELECT count(DISTINCT status) FROM {schema}.runs") == "1"
+
+
 def test_store_11_durable_waits_and_graph_steps_after_a_takeover_store_nothing(
     pg_cluster, pg_url, monkeypatch
 ):

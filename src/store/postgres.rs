@@ -28,6 +28,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio_postgres::types::ToSql;
 
+mod driven;
+
 /// Versions of the PostgreSQL schema (its own series; step `n` brings a
 /// schema at `n - 1` to `n`).
 pub const PG_SCHEMA_VERSION: i32 = crate::lease::PG_SCHEMA_VERSION;
@@ -168,6 +170,8 @@ pub struct PgInner {
     /// Held by the background span write from taking the queued spans until
     /// they are written, so a `flush` meanwhile waits for them.
     span_writing: tokio::sync::Mutex<()>,
+    /// Connections for blocking step commits (`driven`).
+    driven: driven::DrivenPool,
 }
 
 fn store_err(url: &str) -> impl Fn(tokio_postgres::Error) -> CoreError + '_ {
@@ -642,6 +646,7 @@ impl PgStore {
                 flush_armed: AtomicBool::new(false),
                 batch: Default::default(),
                 span_writing: tokio::sync::Mutex::new(()),
+                driven: driven::DrivenPool::default(),
             }),
         })
     }
@@ -1172,7 +1177,7 @@ impl Store for PgStore {
         value: &str,
         span: Option<SpanRecord>,
     ) -> CoreResult<Option<String>> {
-        block_on(self.commit_step_async(rid, key, value, span))
+        self.commit_step_driven(rid, key, value, span)
     }
 
     fn queue_span(&self, span: SpanRecord) {

@@ -1,0 +1,281 @@
+//! A synchronous step commit on a connection the calling thread drives
+//! itself (STORE-30).
+//!
+//! A pooled client's connection runs as a task on the shared runtime, so a
+//! blocking caller crosses threads twice per round trip: it hands its request
+//! to a runtime worker, which writes the socket, and the worker hands the
+//! reply back. The connections here keep their own single-threaded runtime
+//! and their `Connection` future beside the client: the thread that commits a
+//! step writes the request, waits on the socket and reads the reply itself, as
+//! the `postgres` crate does. They are pooled (at most the URL's
+//! `pool_size`; beyond that a step goes through the shared pool), connected
+//! like the pool's (TLS included), and carry the same fenced statements.
+
+use super::{owner, span_insert_sql, step_sql, tls, PgInner, SpanParams};
+use crate::error::{CoreError, CoreResult};
+use crate::store::url::SslMode;
+use crate::store::SpanRecord;
+use futures_util::future::join_all;
+use parking_lot::Mutex;
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Statement};
+
+type Driver = Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send>>;
+
+/// A connection with its own runtime, and the statements prepared on it.
+struct Driven {
+    client: Client,
+    /// The connection's I/O; `None` once it ended (the client is then closed).
+    conn: Option<Driver>,
+    /// The step statement without and with its span row (`step_sql`).
+    steps: [Option<Statement>; 2],
+    spans: Option<Statement>,
+    /// Last, so the connection's socket is gone before its runtime.
+    rt: OwnRuntime,
+}
+
+/// A connection's runtime. Dropped without blocking: the last handle on the
+/// store may go on the shared runtime (its background span flush).
+struct OwnRuntime(Option<tokio::runtime::Runtime>);
+
+impl std::ops::Deref for OwnRuntime {
+    type Target = tokio::runtime::Runtime;
+    fn deref(&self) -> &tokio::runtime::Runtime {
+        self.0
+            .as_ref()
+            .expect("a connection's runtime lives as long as it")
+    }
+}
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// The idle driven connections, and how many are open.
+#[derive(Default)]
+pub(super) struct DrivenPool {
+    idle: Mutex<Vec<Driven>>,
+    open: AtomicUsize,
+}
+
+/// Runs `fut` on the calling thread, driving the connection's I/O with it.
+fn drive<T>(
+    rt: &tokio::runtime::Runtime,
+    conn: &mut Option<Driver>,
+    fut: impl Future<Output = T>,
+) -> T {
+    let mut fut = pin!(fut);
+    rt.block_on(std::future::poll_fn(|cx| {
+        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+            return Poll::Ready(v);
+        }
+        if let Some(c) = conn {
+            if c.as_mut().poll(cx).is_ready() {
+                // Dropping the ended connection fails its pending requests,
+                // so `fut` finishes with the driver's error when polled again.
+                *conn = None;
+                cx.waker().wake_by_ref();
+            }
+        }
+        Poll::Pending
+    }))
+}
+
+impl Driven {
+    fn connect(inner: &PgInner) -> CoreResult<Driven> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| CoreError::Store(format!("composeai cannot start a runtime: {e}")))?;
+        let tls = match inner.url.sslmode {
+            SslMode::Disable => None,
+            _ => Some(tls::connector(&inner.url)?),
+        };
+        let connected = rt.block_on(async {
+            match tls {
+                None => {
+                    let (client, conn) = inner.cfg.connect(tokio_postgres::NoTls).await?;
+                    Ok::<_, tokio_postgres::Error>((client, Box::pin(conn) as Driver))
+                }
+                Some(tls) => {
+                    let (client, conn) = inner.cfg.connect(tls).await?;
+                    Ok((client, Box::pin(conn) as Driver))
+                }
+            }
+        });
+        let (client, conn) = connected.map_err(|e| {
+            CoreError::Store(format!(
+                "composeai store '{}': cannot connect ({})",
+                inner.url.redacted,
+                super::describe(&e)
+            ))
+        })?;
+        Ok(Driven {
+            client,
+            conn: Some(conn),
+            steps: [None, None],
+            spans: None,
+            rt: OwnRuntime(Some(rt)),
+        })
+    }
+
+    /// One step: the queued spans and the fenced step statement pipelined in
+    /// one round trip, as `commit_step_async` sends them.
+    fn commit(
+        &mut self,
+        inner: &PgInner,
+        rid: i64,
+        key: &str,
+        value: &str,
+        span: &Option<SpanParams>,
+        queued: &[SpanParams],
+    ) -> Result<Option<String>, Failure> {
+        let Driven {
+            rt,
+            client,
+            conn,
+            steps,
+            spans,
+        } = self;
+        let slot = &mut steps[usize::from(span.is_some())];
+        let step = match slot {
+            Some(st) => st.clone(),
+            None => {
+                let st = drive(rt, conn, client.prepare(step_sql(span.is_some())))?;
+                slot.insert(st).clone()
+            }
+        };
+        if spans.is_none() && !queued.is_empty() {
+            *spans = Some(drive(rt, conn, client.prepare(span_insert_sql()))?);
+        }
+        let spans = spans.as_ref();
+        let owner = owner();
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&rid, &owner, &key, &value];
+        if let Some(s) = span {
+            params.extend(s.params());
+        }
+        let span_owner = owner.to_string();
+        let writes = queued.iter().map(|s| {
+            let mut p = s.params();
+            p.push(&span_owner);
+            let client = &*client;
+            async move {
+                match spans {
+                    Some(st) => client.execute(st, &p).await.map(|_| ()),
+                    None => Ok(()),
+                }
+            }
+        });
+        let (row, written) = drive(rt, conn, async {
+            futures_util::join!(client.query_one(&step, &params), join_all(writes))
+        });
+        let row = row?;
+        for r in written {
+            if let Err(e) = r {
+                crate::store::sqlite::record_span_write_error(inner.err()(e).to_string());
+                break;
+            }
+        }
+        let run_id: Option<String> = row.get(0);
+        if run_id.is_none() {
+            let found = drive(
+                rt,
+                conn,
+                client.query_opt("SELECT run_id FROM runs WHERE rid = $1", &[&rid]),
+            );
+            let run_id = found
+                .ok()
+                .flatten()
+                .map_or_else(|| format!("#{rid}"), |r| r.get(0));
+            return Err(Failure::Moved(crate::lease::moved(&run_id)));
+        }
+        let stored: Option<String> = row.get(1);
+        Ok(stored.filter(|s| s != value))
+    }
+
+    fn closed(&self) -> bool {
+        self.conn.is_none() || self.client.is_closed()
+    }
+}
+
+/// Why a driven step failed: the server's or driver's error, or a refused
+/// write (the run moved to another owner).
+enum Failure {
+    Pg(tokio_postgres::Error),
+    Moved(CoreError),
+}
+
+impl From<tokio_postgres::Error> for Failure {
+    fn from(e: tokio_postgres::Error) -> Failure {
+        Failure::Pg(e)
+    }
+}
+
+impl PgInner {
+    /// `commit_step` for a blocking caller: on a driven connection (see the
+    /// module), or through the shared pool when all `pool_size` are busy.
+    pub(super) fn commit_step_driven(
+        &self,
+        rid: i64,
+        key: &str,
+        value: &str,
+        span: Option<SpanRecord>,
+    ) -> CoreResult<Option<String>> {
+        let reused = self.driven.idle.lock().pop();
+        let (mut d, mut fresh) = match reused {
+            Some(d) => (d, false),
+            None if self.driven.open.fetch_add(1, Ordering::SeqCst) < self.url.pool_size => {
+                match Driven::connect(self) {
+                    Ok(d) => (d, true),
+                    Err(e) => {
+                        self.driven.open.fetch_sub(1, Ordering::SeqCst);
+                        return Err(e);
+                    }
+                }
+            }
+            None => {
+                self.driven.open.fetch_sub(1, Ordering::SeqCst);
+                return crate::runtime::block_on(self.commit_step_async(rid, key, value, span));
+            }
+        };
+        let queued = self.take_spans();
+        let span = span.map(SpanParams::new);
+        loop {
+            let out = d.commit(self, rid, key, value, &span, &queued);
+            if !d.closed() {
+                self.driven.idle.lock().push(d);
+                return out.map_err(|f| self.failure(f));
+            }
+            drop(d);
+            // A connection that ended while idle (a server restart, an idle
+            // timeout) is replaced once; the step is idempotent (first write
+            // wins, and a stored equal value reads as this write).
+            if fresh || out.is_ok() {
+                self.driven.open.fetch_sub(1, Ordering::SeqCst);
+                return out.map_err(|f| self.failure(f));
+            }
+            match Driven::connect(self) {
+                Ok(next) => (d, fresh) = (next, true),
+                Err(e) => {
+                    self.driven.open.fetch_sub(1, Ordering::SeqCst);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    fn failure(&self, f: Failure) -> CoreError {
+        match f {
+            Failure::Pg(e) => self.err()(e),
+            Failure::Moved(e) => e,
+        }
+    }
+}
