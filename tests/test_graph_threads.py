@@ -39,6 +39,15 @@ def read(path, sql: str) -> list:
         return db.execute(sql).fetchall()
 
 
+def checkpoints(path) -> str:
+    """Every checkpoint row of a store, as a table expression: on SQLite, a
+    thread's rows from schema version 9 on are in `graph_steps`."""
+    if str(path).startswith("postgresql://"):
+        return "graph_checkpoints"
+    columns = "delta_json, snapshot_json, meta_json"
+    return f"(SELECT {columns} FROM graph_checkpoints UNION ALL SELECT {columns} FROM graph_steps)"
+
+
 def counter_graph(name="counter", storage=None, audit=False):
     wf = Graph(reducers={"log": "append"}, name=name)
     wf.add_node("inc", lambda s: {"n": s.get("n", 0) + 1, "log": [s.get("tag", "-")]})
@@ -317,7 +326,7 @@ def test_ext30a_checkpoints_store_deltas_and_periodic_snapshots():
         return read(
             path,
             "SELECT sum(length(coalesce(delta_json, '')) + length(coalesce(snapshot_json, '')) "
-            "+ length(meta_json)) FROM graph_checkpoints",
+            f"+ length(meta_json)) FROM {checkpoints(path)}",
         )[0][0]
 
     base = stored_bytes()
@@ -336,7 +345,7 @@ def test_ext30a_checkpoints_store_deltas_and_periodic_snapshots():
     (kinds,) = read(
         path,
         "SELECT count(snapshot_json) AS snapshots, count(delta_json) AS deltas "
-        "FROM graph_checkpoints",
+        f"FROM {checkpoints(path)}",
     )
     assert kinds[0] >= 2 and kinds[1] > kinds[0] * 10
     assert len(thread.state()["messages"]) == 601
@@ -375,7 +384,7 @@ def test_ext33_cli_threads_history_rewind_and_prune(capsys):
     assert main(["threads", "--prune", "--older-than", "2999-01-01", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == ["cli-1", "cli-2"]
     assert thread.state() == {}
-    assert read(path, "SELECT count(*) FROM graph_checkpoints") == [(0,)]
+    assert read(path, f"SELECT count(*) FROM {checkpoints(path)}") == [(0,)]
     assert main(["threads", "--prune", "--older-than", "30d"]) == 0
     assert capsys.readouterr().out == "pruned 0 threads\n"
     assert main(["threads", "--prune"]) == 1
@@ -432,10 +441,11 @@ def test_ext0_3_a_version_2_store_gains_the_graph_tables_in_place(tmp_path):
     with closing(sqlite3.connect(path)) as db:
         db.executescript(
             "DROP TABLE graph_threads; DROP TABLE graph_checkpoints; DROP TABLE graph_audit; "
+            "DROP TABLE graph_steps; "
             "PRAGMA user_version = 2;"
         )
         runs_before = db.execute("SELECT count(*) FROM runs").fetchone()[0]
     app = counter_graph("v2b", f"sqlite:///{path}")
     assert app.thread("new").run().state["n"] == 1
-    assert read(path, "PRAGMA user_version") == [(8,)]
+    assert read(path, "PRAGMA user_version") == [(9,)]
     assert read(path, "SELECT count(*) FROM runs") == [(runs_before + 1,)]
