@@ -729,6 +729,105 @@ mod tests {
         assert_eq!(read, p, "progress is kept whole when there is some");
     }
 
+    #[test]
+    fn chain_ids_round_trip_and_nothing_else_parses_as_one() {
+        let top = CHAIN_LIMIT - 1;
+        for (chain, version) in [(0, 1), (0x1f, 12), (top, MAX_STEP_VERSION)] {
+            let id = chain_id(chain, version);
+            assert_eq!(parse_chain_id(&id), Some((chain, version)), "{id}");
+            assert_eq!(step_rowid(chain, version) >> VERSION_BITS, chain);
+        }
+        assert_eq!(chain_id(0x1f, 12), "00000001f.12");
+        for other in [
+            "01J9ZQ6W3K8V5X2N4M7P0R1T3Y",
+            "00000001f.0",
+            "00000001f.012",
+            "00000001F.12",
+            "0000001f.12",
+            "fffffffff.1",
+            "00000001f.268435456",
+            "00000001f.",
+            "bogus",
+        ] {
+            assert_eq!(parse_chain_id(other), None, "{other}");
+        }
+        assert_eq!(new_id(Some(0x1f), 12), "00000001f.12");
+        assert_eq!(new_id(Some(0x1f), MAX_STEP_VERSION + 1).len(), 26);
+        assert_eq!(new_id(None, 1).len(), 26);
+        // The thread read spells the rowid layout out in SQL.
+        assert!(THREAD_COLUMNS.contains(&format!("t.chain << {VERSION_BITS}")));
+        assert!(THREAD_COLUMNS.contains(&format!("+ {MAX_STEP_VERSION} ")));
+    }
+
+    #[test]
+    fn a_chain_keeps_its_rows_in_version_order_with_implied_parents() {
+        let c = conn();
+        let chain = ensure_chain(&c, "t", None).unwrap();
+        upsert_thread(
+            &c,
+            &Thread {
+                thread_id: "t".into(),
+                graph: "g".into(),
+                fingerprint: "f".into(),
+                status: "idle".into(),
+                chain: Some(chain),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut first = row(&chain_id(chain, 1), None, None, Some("{}"));
+        first.version = 1;
+        first.run_id = Some(crate::ids::new_ulid());
+        insert(&c, &first).unwrap();
+        let mut second = row(
+            &chain_id(chain, 2),
+            Some(&first.checkpoint_id),
+            Some("[]"),
+            None,
+        );
+        second.version = 2;
+        insert(&c, &second).unwrap();
+        let mut copy = row(
+            &chain_id(chain, 3),
+            Some("01J9ZQ6W3K8V5X2N4M7P0R1T3Y"),
+            None,
+            Some("{}"),
+        );
+        copy.version = 3;
+        insert(&c, &copy).unwrap();
+        let stored: Vec<Option<String>> = c
+            .prepare("SELECT parent_id FROM graph_steps ORDER BY ckpt")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(
+            stored,
+            [None, None, Some("01J9ZQ6W3K8V5X2N4M7P0R1T3Y".to_string())],
+            "parents that are the previous version are implied"
+        );
+        let read = get(&c, &second.checkpoint_id).unwrap().unwrap();
+        assert_eq!(read.parent_id, Some(first.checkpoint_id.clone()));
+        assert_eq!(read.thread_id.as_deref(), Some("t"));
+        let read = get(&c, &first.checkpoint_id).unwrap().unwrap();
+        assert_eq!((read.parent_id, read.run_id), (None, first.run_id.clone()));
+        let t = thread(&c, "t").unwrap().unwrap();
+        assert_eq!(
+            (t.head.clone(), t.version),
+            (Some(copy.checkpoint_id.clone()), 3)
+        );
+        let versions: Vec<i64> = history(&c, "t", 2)
+            .unwrap()
+            .iter()
+            .map(|r| r.version)
+            .collect();
+        assert_eq!(versions, [3, 2]);
+        assert_eq!(ensure_chain(&c, "t", Some(&t)).unwrap(), chain);
+        assert!(delete_thread(&c, "t").unwrap());
+        assert!(get(&c, &first.checkpoint_id).unwrap().is_none());
+    }
+
     fn conn() -> Connection {
         let c = Connection::open_in_memory().unwrap();
         c.execute_batch(super::super::schema::GRAPH_SCHEMA).unwrap();
