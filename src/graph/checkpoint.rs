@@ -643,7 +643,7 @@ pub fn history(conn: &Connection, thread_id: &str, limit: i64) -> CoreResult<Vec
         .query_map(params![thread_id, limit], read_row)
         .map_err(db)?;
     out.extend(rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db)?);
-    out.sort_by(|a, b| b.version.cmp(&a.version));
+    out.sort_by_key(|r| std::cmp::Reverse(r.version));
     if let Ok(n) = usize::try_from(limit) {
         out.truncate(n);
     }

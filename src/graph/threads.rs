@@ -240,13 +240,13 @@ fn unknown_thread(thread_id: &str) -> crate::error::CoreError {
     )
 }
 
-/// A snapshot copy of `checkpoint_id` (which must belong to `source`).
+/// A snapshot copy of `checkpoint_id` (which must belong to `source`) for
+/// thread `into`, on its chain.
 fn copy_of(
     c: &dyn GraphTx,
     source: &str,
     checkpoint_id: &str,
-    into: &str,
-    chain: Option<i64>,
+    (into, chain): (&str, Option<i64>),
     parent: Option<String>,
     version: i64,
     kind: &str,
@@ -303,8 +303,7 @@ pub fn rewind(
             tx,
             thread_id,
             checkpoint_id,
-            thread_id,
-            t.chain,
+            (thread_id, t.chain),
             t.head.clone(),
             t.version + 1,
             "rewind",
@@ -349,8 +348,7 @@ pub fn fork(
             tx,
             thread_id,
             checkpoint_id,
-            new_thread_id,
-            chain,
+            (new_thread_id, chain),
             Some(checkpoint_id.to_string()),
             1,
             "fork",
