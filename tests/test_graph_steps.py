@@ -75,10 +75,15 @@ def test_ext30_a_thread_run_that_cannot_open_fails_its_run_and_frees_the_thread(
     _engine.get_store().flush()
     db = isolated_state / "runs.db"
     with closing(sqlite3.connect(db)) as conn:
-        conn.execute(
-            "UPDATE graph_checkpoints SET meta_json = '{' WHERE checkpoint_id = ?", (head,)
-        )
+        # A thread's checkpoint id is its chain (hex) and version; its row in
+        # `graph_steps` has the chain in the rowid's high bits.
+        chain, version = head.split(".")
+        changed = conn.execute(
+            "UPDATE graph_steps SET meta_json = '{' WHERE ckpt = ?",
+            ((int(chain, 16) << 28) | int(version),),
+        ).rowcount
         conn.commit()
+    assert changed == 1
     with pytest.raises(GraphStorageError) as info:
         thread.run({"x": 5})
     assert info.value.code == "checkpoint_corrupt"
@@ -146,7 +151,7 @@ def test_ext30a_checkpoints_store_join_and_pending_progress_only_when_there_is_s
         json.loads(m)
         for (m,) in _rows(
             isolated_state / "runs.db",
-            "SELECT meta_json FROM graph_checkpoints ORDER BY version",
+            "SELECT meta_json FROM graph_steps ORDER BY ckpt",
         )
     ]
     assert metas[-2] == {"step": 1, "next": ["fast", "slow"]}

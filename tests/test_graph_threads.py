@@ -39,6 +39,15 @@ def read(path, sql: str) -> list:
         return db.execute(sql).fetchall()
 
 
+def checkpoints(path) -> str:
+    """Every checkpoint row of a store, as a table expression: on SQLite, a
+    thread's rows from schema version 9 on are in `graph_steps`."""
+    if str(path).startswith("postgresql://"):
+        return "graph_checkpoints"
+    columns = "delta_json, snapshot_json, meta_json"
+    return f"(SELECT {columns} FROM graph_checkpoints UNION ALL SELECT {columns} FROM graph_steps)"
+
+
 def counter_graph(name="counter", storage=None, audit=False):
     wf = Graph(reducers={"log": "append"}, name=name)
     wf.add_node("inc", lambda s: {"n": s.get("n", 0) + 1, "log": [s.get("tag", "-")]})
@@ -317,7 +326,7 @@ def test_ext30a_checkpoints_store_deltas_and_periodic_snapshots():
         return read(
             path,
             "SELECT sum(length(coalesce(delta_json, '')) + length(coalesce(snapshot_json, '')) "
-            "+ length(meta_json)) FROM graph_checkpoints",
+            f"+ length(meta_json)) FROM {checkpoints(path)}",
         )[0][0]
 
     base = stored_bytes()
@@ -336,7 +345,7 @@ def test_ext30a_checkpoints_store_deltas_and_periodic_snapshots():
     (kinds,) = read(
         path,
         "SELECT count(snapshot_json) AS snapshots, count(delta_json) AS deltas "
-        "FROM graph_checkpoints",
+        f"FROM {checkpoints(path)}",
     )
     assert kinds[0] >= 2 and kinds[1] > kinds[0] * 10
     assert len(thread.state()["messages"]) == 601
@@ -375,7 +384,7 @@ def test_ext33_cli_threads_history_rewind_and_prune(capsys):
     assert main(["threads", "--prune", "--older-than", "2999-01-01", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == ["cli-1", "cli-2"]
     assert thread.state() == {}
-    assert read(path, "SELECT count(*) FROM graph_checkpoints") == [(0,)]
+    assert read(path, f"SELECT count(*) FROM {checkpoints(path)}") == [(0,)]
     assert main(["threads", "--prune", "--older-than", "30d"]) == 0
     assert capsys.readouterr().out == "pruned 0 threads\n"
     assert main(["threads", "--prune"]) == 1
@@ -432,10 +441,104 @@ def test_ext0_3_a_version_2_store_gains_the_graph_tables_in_place(tmp_path):
     with closing(sqlite3.connect(path)) as db:
         db.executescript(
             "DROP TABLE graph_threads; DROP TABLE graph_checkpoints; DROP TABLE graph_audit; "
+            "DROP TABLE graph_steps; "
             "PRAGMA user_version = 2;"
         )
         runs_before = db.execute("SELECT count(*) FROM runs").fetchone()[0]
     app = counter_graph("v2b", f"sqlite:///{path}")
     assert app.thread("new").run().state["n"] == 1
-    assert read(path, "PRAGMA user_version") == [(8,)]
+    assert read(path, "PRAGMA user_version") == [(9,)]
     assert read(path, "SELECT count(*) FROM runs") == [(runs_before + 1,)]
+
+
+# A version 8 store: every checkpoint in `graph_checkpoints` under a ULID,
+# threads without a chain. Made from a version 9 store by moving its rows.
+TO_VERSION_8 = """
+import sqlite3, sys
+from composeai import _core
+
+CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def ulid_text(blob):
+    n = int.from_bytes(blob, "big")
+    return "".join(CROCKFORD[(n >> (5 * (25 - i))) & 31] for i in range(26))
+
+
+db = sqlite3.connect(sys.argv[1])
+rows = db.execute(
+    "SELECT s.ckpt, t.thread_id, s.source, s.status, s.run_id, s.step, s.created_at_ms, "
+    "s.delta_json, s.snapshot_json, s.meta_json FROM graph_steps s "
+    "JOIN graph_threads t ON t.chain = s.ckpt >> 28 ORDER BY s.ckpt"
+).fetchall()
+ids = {}
+for ckpt, thread_id, source, status, run_id, step, at, delta, snap, meta in rows:
+    ids[ckpt] = _core.ulid()
+    run_id = ulid_text(run_id)
+    (rid,) = db.execute("SELECT rid FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    db.execute(
+        "INSERT INTO graph_checkpoints(checkpoint_id, thread_id, rid, parent_id, version, "
+        "source, status, run_id, step, created_at_ms, delta_json, snapshot_json, meta_json) "
+        "VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (ids[ckpt], thread_id, rid, ids.get(ckpt - 1), ckpt & ((1 << 28) - 1), source,
+         status, run_id, step, at, delta, snap, meta),
+    )
+db.executescript(
+    "DROP TABLE graph_steps; DROP INDEX graph_threads_by_chain; "
+    "ALTER TABLE graph_threads DROP COLUMN chain; PRAGMA user_version = 8;"
+)
+db.commit()
+"""
+
+MAKE_V9_THREAD = """
+import sys
+from composeai.graph import END, Graph
+wf = Graph(reducers={"log": "append"}, name="upgraded")
+wf.add_node("inc", lambda s: {"n": s.get("n", 0) + 1, "log": [s.get("tag", "-")]})
+wf.start("inc").edge("inc", END)
+thread = wf.compile(sys.argv[1]).thread("old")
+thread.run({"tag": "a"})
+thread.run({"tag": "b"})
+thread.graph._store().flush()
+"""
+
+
+@pytest.mark.sqlite_file
+def test_ext30_a_version_8_thread_keeps_its_history_and_continues_in_graph_steps(tmp_path):
+    """EXT-0.3/EXT-30: a thread stored before schema version 9 (checkpoints
+    with ULIDs in `graph_checkpoints`) is read, continued, rewound and
+    forked after the upgrade; its new checkpoints go to `graph_steps`,
+    linked to the old head."""
+    path = tmp_path / "v8" / "runs.db"
+    path.parent.mkdir()
+    url = f"sqlite:///{path}"
+    for script, arg in ((MAKE_V9_THREAD, url), (TO_VERSION_8, str(path))):
+        subprocess.run([sys.executable, "-c", script, arg], check=True, timeout=60)
+    assert read(path, "PRAGMA user_version") == [(8,)]
+    old_ids = [
+        r[0] for r in read(path, "SELECT checkpoint_id FROM graph_checkpoints ORDER BY version")
+    ]
+    assert len(old_ids) == 4 and all(len(i) == 26 for i in old_ids)
+    thread = counter_graph("upgraded", url).thread("old")
+    before = thread.history()
+    assert [h["id"] for h in before] == old_ids[::-1]
+    assert thread.state() == {"n": 2, "log": ["a", "b"], "tag": "b"}
+    assert read(path, "PRAGMA user_version") == [(9,)]
+    third = thread.run({"tag": "c"})
+    assert third.state["log"] == ["a", "b", "c"]
+    after = thread.history()
+    assert [h["version"] for h in after] == [6, 5, 4, 3, 2, 1]
+    assert after[0]["id"] == third.checkpoint_id and third.checkpoint_id not in old_ids
+    assert after[1]["parent_id"] == old_ids[-1], "the first new checkpoint follows the old head"
+    assert after[2:] == before
+    assert read(path, "SELECT count(*) FROM graph_steps") == [(2,)]
+    rewound = thread.rewind(old_ids[1])
+    assert rewound["parent_id"] == third.checkpoint_id and rewound["version"] == 7
+    assert thread.state()["log"] == ["a"]
+    forked = thread.fork(old_ids[3], "old-fork")
+    assert forked.state()["log"] == ["a", "b"]
+    assert forked.run({"tag": "d"}).state["log"] == ["a", "b", "d"]
+    assert forked.history()[-1]["parent_id"] == old_ids[3]
+    assert thread.run({"tag": "e"}).state["log"] == ["a", "e"]
+    assert thread.delete() and forked.delete()
+    assert read(path, f"SELECT count(*) FROM {checkpoints(path)}") == [(0,)]

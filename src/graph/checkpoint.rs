@@ -108,7 +108,57 @@ impl Row {
     }
 }
 
+// ---------------------------------------------------------------------------
+// Checkpoint ids
+
+/// Bits of a `graph_steps` rowid that hold the version; the chain has
+/// the 35 above them.
+const VERSION_BITS: u32 = 28;
+const MAX_STEP_VERSION: i64 = (1 << VERSION_BITS) - 1;
+const CHAIN_LIMIT: i64 = 1 << (63 - VERSION_BITS);
+
+/// The rowid of version `version` of a chain in `graph_steps`.
+fn step_rowid(chain: i64, version: i64) -> i64 {
+    (chain << VERSION_BITS) | version
+}
+
+/// The id of version `version` of a thread's chain (schema version 9):
+/// the chain in 9 hex digits, a dot, the version. Never a ULID, so the id
+/// alone says which table holds the row.
+pub fn chain_id(chain: i64, version: i64) -> String {
+    format!("{chain:09x}.{version}")
+}
+
+/// `(chain, version)` of an id `chain_id` wrote (exactly that spelling).
+pub fn parse_chain_id(id: &str) -> Option<(i64, i64)> {
+    let (c, v) = id.split_once('.')?;
+    let hex = |b: u8| b.is_ascii_digit() || (b'a'..=b'f').contains(&b);
+    if c.len() != 9 || !c.bytes().all(hex) {
+        return None;
+    }
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) || (v.len() > 1 && v.starts_with('0'))
+    {
+        return None;
+    }
+    let chain = i64::from_str_radix(c, 16).ok()?;
+    let version: i64 = v.parse().ok()?;
+    let fits = chain < CHAIN_LIMIT && (1..=MAX_STEP_VERSION).contains(&version);
+    fits.then_some((chain, version))
+}
+
+/// A new checkpoint's id: on its thread's chain when the store keeps one
+/// (and the chain has room), else a ULID.
+pub fn new_id(chain: Option<i64>, version: i64) -> String {
+    match chain {
+        Some(c) if (1..=MAX_STEP_VERSION).contains(&version) => chain_id(c, version),
+        _ => crate::ids::new_ulid(),
+    }
+}
+
 pub fn insert(tx: &Connection, r: &Row) -> CoreResult<()> {
+    if let Some((chain, version)) = parse_chain_id(&r.checkpoint_id) {
+        return insert_step(tx, chain, version, r);
+    }
     tx.prepare_cached(
         "INSERT INTO graph_checkpoints(checkpoint_id, thread_id, rid, parent_id, version, source, \
          status, run_id, step, created_at_ms, delta_json, snapshot_json, meta_json) \
@@ -135,6 +185,79 @@ pub fn insert(tx: &Connection, r: &Row) -> CoreResult<()> {
     Ok(())
 }
 
+/// A row of `graph_steps`: the previous version as parent is implied
+/// (stored NULL), no parent at all is an empty text past version 1.
+fn insert_step(tx: &Connection, chain: i64, version: i64, r: &Row) -> CoreResult<()> {
+    let parent = match &r.parent_id {
+        Some(p) if version > 1 && *p == chain_id(chain, version - 1) => None,
+        Some(p) => Some(p.as_str()),
+        None if version == 1 => None,
+        None => Some(""),
+    };
+    tx.prepare_cached(
+        "INSERT INTO graph_steps(ckpt, parent_id, source, status, run_id, step, created_at_ms, \
+         delta_json, snapshot_json, meta_json) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            step_rowid(chain, version),
+            parent,
+            r.source,
+            r.status,
+            r.run_id.as_deref().map(crate::ids::encode_id),
+            r.step,
+            r.created_at_ms,
+            r.delta_json,
+            r.snapshot_json,
+            r.meta_json
+        ])
+    })
+    .map_err(db)?;
+    Ok(())
+}
+
+const STEP_COLUMNS: &str = "s.ckpt, s.parent_id, s.source, s.status, s.run_id, s.step, \
+     s.created_at_ms, s.delta_json, s.snapshot_json, s.meta_json";
+
+fn read_step(thread_id: Option<String>, r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
+    let rowid: i64 = r.get(0)?;
+    let (chain, version) = (rowid >> VERSION_BITS, rowid & MAX_STEP_VERSION);
+    let parent_id = match r.get::<_, Option<String>>(1)? {
+        None if version > 1 => Some(chain_id(chain, version - 1)),
+        Some(p) if !p.is_empty() => Some(p),
+        _ => None,
+    };
+    Ok(Row {
+        checkpoint_id: chain_id(chain, version),
+        thread_id,
+        rid: None,
+        parent_id,
+        version,
+        source: r.get(2)?,
+        status: r.get(3)?,
+        run_id: crate::ids::read_id(r.get_ref(4)?),
+        step: r.get(5)?,
+        created_at_ms: r.get(6)?,
+        delta_json: r.get(7)?,
+        snapshot_json: r.get(8)?,
+        meta_json: r.get(9)?,
+    })
+}
+
+fn get_step(conn: &Connection, chain: i64, version: i64) -> CoreResult<Option<Row>> {
+    conn.prepare_cached(&format!(
+        "SELECT {STEP_COLUMNS}, (SELECT t.thread_id FROM graph_threads t WHERE t.chain = ?2) \
+         FROM graph_steps s WHERE s.ckpt = ?1"
+    ))
+    .and_then(|mut st| {
+        st.query_row(params![step_rowid(chain, version), chain], |r| {
+            read_step(r.get(10)?, r)
+        })
+        .optional()
+    })
+    .map_err(db)
+}
+
 const ROW_COLUMNS: &str = "checkpoint_id, thread_id, rid, parent_id, version, source, status, \
      run_id, step, created_at_ms, delta_json, snapshot_json, meta_json";
 
@@ -157,6 +280,9 @@ fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
 }
 
 pub fn get(conn: &Connection, checkpoint_id: &str) -> CoreResult<Option<Row>> {
+    if let Some((chain, version)) = parse_chain_id(checkpoint_id) {
+        return get_step(conn, chain, version);
+    }
     conn.prepare_cached(&format!(
         "SELECT {ROW_COLUMNS} FROM graph_checkpoints WHERE checkpoint_id = ?1"
     ))
@@ -263,6 +389,8 @@ pub struct Thread {
     pub owner: Option<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// The key of the thread's rows in `graph_steps` (SQLite), once given.
+    pub chain: Option<i64>,
 }
 
 impl Thread {
@@ -281,26 +409,41 @@ impl Thread {
 }
 
 /// A thread's head is its newest checkpoint: steps of a running thread add
-/// checkpoints without rewriting the thread row.
-const THREAD_COLUMNS: &str = "t.thread_id, t.graph, t.fingerprint, \
+/// checkpoints without rewriting the thread row. The newest of its chain
+/// and the newest of the rows from before schema version 9 are read; the
+/// higher version is the head.
+const THREAD_COLUMNS: &str = "t.thread_id, t.graph, t.fingerprint, t.status, t.run_id, t.owner, \
+     t.created_at_ms, t.updated_at_ms, t.chain, \
+     (SELECT s.ckpt FROM graph_steps s WHERE s.ckpt BETWEEN t.chain << 28 AND \
+      (t.chain << 28) + 268435455 ORDER BY s.ckpt DESC LIMIT 1), \
      (SELECT c.checkpoint_id FROM graph_checkpoints c WHERE c.thread_id = t.thread_id \
       ORDER BY c.version DESC LIMIT 1), \
-     coalesce((SELECT c.version FROM graph_checkpoints c WHERE c.thread_id = t.thread_id \
-      ORDER BY c.version DESC LIMIT 1), 0), \
-     t.status, t.run_id, t.owner, t.created_at_ms, t.updated_at_ms";
+     (SELECT c.version FROM graph_checkpoints c WHERE c.thread_id = t.thread_id \
+      ORDER BY c.version DESC LIMIT 1)";
 
 fn read_thread(r: &rusqlite::Row<'_>) -> rusqlite::Result<Thread> {
+    let chain: Option<i64> = r.get(8)?;
+    let newest = r
+        .get::<_, Option<i64>>(9)?
+        .map(|rowid| rowid & MAX_STEP_VERSION);
+    let old_head: Option<String> = r.get(10)?;
+    let old_version: Option<i64> = r.get(11)?;
+    let (head, version) = match (chain, newest) {
+        (Some(c), Some(v)) if old_version.is_none_or(|o| v >= o) => (Some(chain_id(c, v)), v),
+        _ => (old_head, old_version.unwrap_or(0)),
+    };
     Ok(Thread {
         thread_id: r.get(0)?,
         graph: r.get(1)?,
         fingerprint: r.get(2)?,
-        head: r.get(3)?,
-        version: r.get(4)?,
-        status: r.get(5)?,
-        run_id: r.get(6)?,
-        owner: r.get(7)?,
-        created_at_ms: r.get(8)?,
-        updated_at_ms: r.get(9)?,
+        head,
+        version,
+        status: r.get(3)?,
+        run_id: r.get(4)?,
+        owner: r.get(5)?,
+        created_at_ms: r.get(6)?,
+        updated_at_ms: r.get(7)?,
+        chain,
     })
 }
 
@@ -343,10 +486,14 @@ pub fn check_graph(t: &Thread, graph: &str, fingerprint: &str) -> CoreResult<()>
     Ok(())
 }
 
+/// Inserts or updates a thread row. An existing row's chain is left as it
+/// is (naming the column would rewrite its index page): `ensure_chain`
+/// gives an older thread its chain.
 pub fn upsert_thread(tx: &Connection, t: &Thread) -> CoreResult<()> {
     tx.prepare_cached(
         "INSERT INTO graph_threads(thread_id, graph, fingerprint, head, version, status, run_id, \
-         owner, created_at_ms, updated_at_ms) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
+         owner, created_at_ms, updated_at_ms, chain) \
+         VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
          ON CONFLICT(thread_id) DO UPDATE SET head = ?4, version = ?5, status = ?6, run_id = ?7, \
          owner = ?8, updated_at_ms = ?10",
     )
@@ -361,11 +508,36 @@ pub fn upsert_thread(tx: &Connection, t: &Thread) -> CoreResult<()> {
             t.run_id,
             t.owner,
             t.created_at_ms,
-            t.updated_at_ms
+            t.updated_at_ms,
+            t.chain
         ])
     })
     .map_err(db)?;
     Ok(())
+}
+
+/// The chain of thread `t` (`None`: a thread not yet stored), giving a
+/// stored thread without one its chain now.
+pub fn ensure_chain(tx: &Connection, thread_id: &str, t: Option<&Thread>) -> CoreResult<i64> {
+    if let Some(c) = t.and_then(|t| t.chain) {
+        return Ok(c);
+    }
+    let chain = loop {
+        let c = rand::random::<i64>().rem_euclid(CHAIN_LIMIT);
+        let taken = tx
+            .prepare_cached("SELECT 1 FROM graph_threads WHERE chain = ?1")
+            .and_then(|mut st| st.exists([c]))
+            .map_err(db)?;
+        if !taken {
+            break c;
+        }
+    };
+    if t.is_some() {
+        tx.prepare_cached("UPDATE graph_threads SET chain = ?2 WHERE thread_id = ?1")
+            .and_then(|mut st| st.execute(params![thread_id, chain]))
+            .map_err(db)?;
+    }
+    Ok(chain)
 }
 
 /// Moves a thread's head (a step of the run that holds it).
@@ -432,9 +604,35 @@ pub fn audit_entries(conn: &Connection, thread_id: &str, limit: i64) -> CoreResu
     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db)
 }
 
-/// The thread's checkpoints, newest first, following parent links from
-/// the head (so a rewound thread lists the copy, then what led to it).
+fn thread_chain(conn: &Connection, thread_id: &str) -> CoreResult<Option<i64>> {
+    conn.prepare_cached("SELECT chain FROM graph_threads WHERE thread_id = ?1")
+        .and_then(|mut st| {
+            st.query_row([thread_id], |r| r.get::<_, Option<i64>>(0))
+                .optional()
+        })
+        .map(Option::flatten)
+        .map_err(db)
+}
+
+/// The thread's checkpoints, newest first (by version, across its chain
+/// and its rows from before schema version 9).
 pub fn history(conn: &Connection, thread_id: &str, limit: i64) -> CoreResult<Vec<Row>> {
+    let mut out = Vec::new();
+    if let Some(chain) = thread_chain(conn, thread_id)? {
+        let mut st = conn
+            .prepare_cached(&format!(
+                "SELECT {STEP_COLUMNS} FROM graph_steps s WHERE s.ckpt BETWEEN ?1 AND ?2 \
+                 ORDER BY s.ckpt DESC LIMIT ?3"
+            ))
+            .map_err(db)?;
+        let (low, high) = (step_rowid(chain, 0), step_rowid(chain, MAX_STEP_VERSION));
+        let rows = st
+            .query_map(params![low, high, limit], |r| {
+                read_step(Some(thread_id.to_string()), r)
+            })
+            .map_err(db)?;
+        out = rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db)?;
+    }
     let mut st = conn
         .prepare_cached(&format!(
             "SELECT {ROW_COLUMNS} FROM graph_checkpoints WHERE thread_id = ?1 \
@@ -444,11 +642,23 @@ pub fn history(conn: &Connection, thread_id: &str, limit: i64) -> CoreResult<Vec
     let rows = st
         .query_map(params![thread_id, limit], read_row)
         .map_err(db)?;
-    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db)
+    out.extend(rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db)?);
+    out.sort_by_key(|r| std::cmp::Reverse(r.version));
+    if let Ok(n) = usize::try_from(limit) {
+        out.truncate(n);
+    }
+    Ok(out)
 }
 
 /// Deletes a thread and its checkpoints; true when it existed.
 pub fn delete_thread(tx: &Connection, thread_id: &str) -> CoreResult<bool> {
+    if let Some(chain) = thread_chain(tx, thread_id)? {
+        tx.execute(
+            "DELETE FROM graph_steps WHERE ckpt BETWEEN ?1 AND ?2",
+            [step_rowid(chain, 0), step_rowid(chain, MAX_STEP_VERSION)],
+        )
+        .map_err(db)?;
+    }
     tx.execute(
         "DELETE FROM graph_checkpoints WHERE thread_id = ?1",
         [thread_id],
@@ -519,9 +729,109 @@ mod tests {
         assert_eq!(read, p, "progress is kept whole when there is some");
     }
 
+    #[test]
+    fn chain_ids_round_trip_and_nothing_else_parses_as_one() {
+        let top = CHAIN_LIMIT - 1;
+        for (chain, version) in [(0, 1), (0x1f, 12), (top, MAX_STEP_VERSION)] {
+            let id = chain_id(chain, version);
+            assert_eq!(parse_chain_id(&id), Some((chain, version)), "{id}");
+            assert_eq!(step_rowid(chain, version) >> VERSION_BITS, chain);
+        }
+        assert_eq!(chain_id(0x1f, 12), "00000001f.12");
+        for other in [
+            "01J9ZQ6W3K8V5X2N4M7P0R1T3Y",
+            "00000001f.0",
+            "00000001f.012",
+            "00000001F.12",
+            "0000001f.12",
+            "fffffffff.1",
+            "00000001f.268435456",
+            "00000001f.",
+            "bogus",
+        ] {
+            assert_eq!(parse_chain_id(other), None, "{other}");
+        }
+        assert_eq!(new_id(Some(0x1f), 12), "00000001f.12");
+        assert_eq!(new_id(Some(0x1f), MAX_STEP_VERSION + 1).len(), 26);
+        assert_eq!(new_id(None, 1).len(), 26);
+        // The thread read spells the rowid layout out in SQL.
+        assert!(THREAD_COLUMNS.contains(&format!("t.chain << {VERSION_BITS}")));
+        assert!(THREAD_COLUMNS.contains(&format!("+ {MAX_STEP_VERSION} ")));
+    }
+
+    #[test]
+    fn a_chain_keeps_its_rows_in_version_order_with_implied_parents() {
+        let c = conn();
+        let chain = ensure_chain(&c, "t", None).unwrap();
+        upsert_thread(
+            &c,
+            &Thread {
+                thread_id: "t".into(),
+                graph: "g".into(),
+                fingerprint: "f".into(),
+                status: "idle".into(),
+                chain: Some(chain),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut first = row(&chain_id(chain, 1), None, None, Some("{}"));
+        first.version = 1;
+        first.run_id = Some(crate::ids::new_ulid());
+        insert(&c, &first).unwrap();
+        let mut second = row(
+            &chain_id(chain, 2),
+            Some(&first.checkpoint_id),
+            Some("[]"),
+            None,
+        );
+        second.version = 2;
+        insert(&c, &second).unwrap();
+        let mut copy = row(
+            &chain_id(chain, 3),
+            Some("01J9ZQ6W3K8V5X2N4M7P0R1T3Y"),
+            None,
+            Some("{}"),
+        );
+        copy.version = 3;
+        insert(&c, &copy).unwrap();
+        let stored: Vec<Option<String>> = c
+            .prepare("SELECT parent_id FROM graph_steps ORDER BY ckpt")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(
+            stored,
+            [None, None, Some("01J9ZQ6W3K8V5X2N4M7P0R1T3Y".to_string())],
+            "parents that are the previous version are implied"
+        );
+        let read = get(&c, &second.checkpoint_id).unwrap().unwrap();
+        assert_eq!(read.parent_id, Some(first.checkpoint_id.clone()));
+        assert_eq!(read.thread_id.as_deref(), Some("t"));
+        let read = get(&c, &first.checkpoint_id).unwrap().unwrap();
+        assert_eq!((read.parent_id, read.run_id), (None, first.run_id.clone()));
+        let t = thread(&c, "t").unwrap().unwrap();
+        assert_eq!(
+            (t.head.clone(), t.version),
+            (Some(copy.checkpoint_id.clone()), 3)
+        );
+        let versions: Vec<i64> = history(&c, "t", 2)
+            .unwrap()
+            .iter()
+            .map(|r| r.version)
+            .collect();
+        assert_eq!(versions, [3, 2]);
+        assert_eq!(ensure_chain(&c, "t", Some(&t)).unwrap(), chain);
+        assert!(delete_thread(&c, "t").unwrap());
+        assert!(get(&c, &first.checkpoint_id).unwrap().is_none());
+    }
+
     fn conn() -> Connection {
         let c = Connection::open_in_memory().unwrap();
         c.execute_batch(super::super::schema::GRAPH_SCHEMA).unwrap();
+        super::super::schema::apply_steps(&c, ":memory:").unwrap();
         c
     }
 

@@ -73,9 +73,12 @@ pub struct GraphRun {
     pub progress: Progress,
     pub head: Option<String>,
     pub version: i64,
+    /// The thread's chain: new checkpoints get ids on it (see
+    /// `checkpoint::new_id`).
+    chain: Option<i64>,
     snapshot_bytes: usize,
     delta_bytes: usize,
-    chain: usize,
+    links: usize,
     running: Vec<Exec>,
     merged: Option<Merged>,
     /// Checkpoints written with the next step's transaction.
@@ -169,15 +172,15 @@ impl GraphRun {
         )
     }
 
-    /// `open` of a thread whose head the caller read in the transaction
-    /// that claimed it (`known_head`: `Some(head)`); a head this process
-    /// settled itself is not read again.
+    /// `open` of a thread whose head and chain the caller read in the
+    /// transaction that claimed it (`known`: `Some((head, chain))`); a head
+    /// this process settled itself is not read again.
     #[allow(clippy::too_many_arguments)]
     pub fn open_at(
         graph: Arc<Graph>,
         attempt: Arc<Attempt>,
         thread: Option<String>,
-        known_head: Option<Option<String>>,
+        known: Option<(Option<String>, Option<i64>)>,
         input: Option<State>,
         fresh: bool,
         max_steps: i64,
@@ -185,6 +188,8 @@ impl GraphRun {
     ) -> CoreResult<GraphRun> {
         let rid = attempt.run.rid;
         let path = attempt.store().path().to_string();
+        let mut chain = known.as_ref().and_then(|k| k.1);
+        let known_head = known.map(|k| k.0);
         let cached = match (&thread, &known_head) {
             (Some(t), Some(Some(h))) => cached_head(&path, t, h),
             _ => None,
@@ -197,7 +202,10 @@ impl GraphRun {
             attempt.store().read(&mut |conn| {
                 let head = match (&known_head, &head_thread) {
                     (Some(h), _) => h.clone(),
-                    (None, Some(t)) => conn.thread(t)?.and_then(|t| t.head),
+                    (None, Some(t)) => conn.thread(t)?.and_then(|t| {
+                        chain = t.chain;
+                        t.head
+                    }),
                     (None, None) => conn.run_head(rid)?.map(|r| r.checkpoint_id),
                 };
                 if let Some(h) = head {
@@ -220,9 +228,10 @@ impl GraphRun {
             progress: Progress::default(),
             head: None,
             version: 0,
+            chain,
             snapshot_bytes: 0,
             delta_bytes: 0,
-            chain: 0,
+            links: 0,
             running: Vec::new(),
             merged: None,
             unsaved: Vec::new(),
@@ -242,7 +251,7 @@ impl GraphRun {
             run.version = r.row.version;
             run.snapshot_bytes = r.snapshot_bytes;
             run.delta_bytes = r.delta_bytes;
-            run.chain = r.chain;
+            run.links = r.chain;
             if continues {
                 run.progress = r.progress;
                 return Ok(run);
@@ -287,9 +296,10 @@ impl GraphRun {
             progress,
             head: None,
             version: 0,
+            chain: None,
             snapshot_bytes: 0,
             delta_bytes: 0,
-            chain: 0,
+            links: 0,
             running: Vec::new(),
             merged: None,
             unsaved: Vec::new(),
@@ -306,21 +316,21 @@ impl GraphRun {
     /// and moves the head to it; `commit` (or `answer`) writes it.
     fn stage_checkpoint(&mut self, source: &str, status: &str, delta: String) {
         self.delta_bytes += delta.len();
-        self.chain += 1;
+        self.links += 1;
         let snapshot = self.head.is_none()
-            || checkpoint::wants_snapshot(self.snapshot_bytes, self.delta_bytes, self.chain);
+            || checkpoint::wants_snapshot(self.snapshot_bytes, self.delta_bytes, self.links);
         let (delta_json, snapshot_json) = if snapshot {
             let text = state_text(&self.state);
             self.snapshot_bytes = text.len();
             self.delta_bytes = 0;
-            self.chain = 0;
+            self.links = 0;
             (None, Some(text))
         } else {
             (Some(delta), None)
         };
         self.version += 1;
         let row = Row {
-            checkpoint_id: crate::ids::new_ulid(),
+            checkpoint_id: checkpoint::new_id(self.chain, self.version),
             thread_id: self.thread.clone(),
             rid: Some(self.attempt.run.rid),
             parent_id: self.head.clone(),
@@ -795,7 +805,7 @@ impl GraphRun {
                 progress: self.progress.clone(),
                 snapshot_bytes: self.snapshot_bytes,
                 delta_bytes: self.delta_bytes,
-                chain: self.chain,
+                chain: self.links,
             },
         ));
     }

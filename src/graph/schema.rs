@@ -1,7 +1,14 @@
 //! The graph tables (EXT-30, EXT-30a, EXT-32): threads, their checkpoints
-//! and the audit trail. Schema version 5; re-applying is harmless.
+//! and the audit trail. Schema version 5, and version 9 for the checkpoints
+//! of threads; re-applying either is harmless.
+
+use crate::error::{AtPath, CoreResult};
+use rusqlite::Connection;
 
 pub const VERSION: i64 = 5;
+
+/// Schema version 9: a thread's checkpoints in a table of their own.
+pub const STEPS_VERSION: i64 = 9;
 
 pub const GRAPH_SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS graph_threads(
@@ -49,3 +56,50 @@ CREATE TABLE IF NOT EXISTS graph_audit(
 );
 CREATE INDEX IF NOT EXISTS graph_audit_by_thread ON graph_audit(thread_id, aid);
 "#;
+
+/// Checkpoints of threads from schema version 9 on (older rows stay in
+/// `graph_checkpoints` and are read from there). The rowid is the thread's
+/// `chain` (a random key given to the thread once) in the high bits and the
+/// version in the low ones (see `checkpoint::step_rowid`), so a thread's
+/// rows are clustered in version order with no secondary index: a step
+/// appends one small row at its thread's end of the tree and writes a
+/// single page, and a full page at the end of the table is split without
+/// rewriting its neighbours. `parent_id` is left out (NULL) when it is the
+/// previous version; `run_id` is stored in its 16-byte form.
+pub const STEPS_SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS graph_steps(
+    ckpt INTEGER PRIMARY KEY,
+    parent_id TEXT,
+    source TEXT NOT NULL,
+    status TEXT NOT NULL,
+    run_id BLOB,
+    step INTEGER NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    delta_json TEXT,
+    snapshot_json TEXT,
+    meta_json TEXT NOT NULL
+);
+"#;
+
+/// Applies the version 9 step: `graph_steps`, and the `chain` column of
+/// `graph_threads` with its index (a thread made before gets its chain
+/// when it is next written).
+pub fn apply_steps(conn: &Connection, path: &str) -> CoreResult<()> {
+    conn.execute_batch(STEPS_SCHEMA).at(path)?;
+    let has_chain: bool = conn
+        .query_row(
+            "SELECT count(*) FROM pragma_table_info('graph_threads') WHERE name = 'chain'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .at(path)?
+        > 0;
+    if !has_chain {
+        conn.execute_batch("ALTER TABLE graph_threads ADD COLUMN chain INTEGER")
+            .at(path)?;
+    }
+    conn.execute_batch(
+        "CREATE UNIQUE INDEX IF NOT EXISTS graph_threads_by_chain ON graph_threads(chain)",
+    )
+    .at(path)
+}

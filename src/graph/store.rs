@@ -17,6 +17,13 @@ pub trait GraphTx {
     fn thread(&self, thread_id: &str) -> CoreResult<Option<Thread>>;
     fn threads(&self, graph: Option<&str>) -> CoreResult<Vec<Thread>>;
     fn upsert_thread(&self, t: &Thread) -> CoreResult<()>;
+    /// The key a store that clusters a thread's checkpoints gives them
+    /// (`t`: the stored thread, `None` for one not yet stored, whose row
+    /// `upsert_thread` then writes with it); `None` on other stores, whose
+    /// checkpoints have ULIDs.
+    fn ensure_chain(&self, _thread_id: &str, _t: Option<&Thread>) -> CoreResult<Option<i64>> {
+        Ok(None)
+    }
     /// Moves a thread's head; a status other than `running` releases it.
     fn set_head(&self, thread_id: &str, head: &str, version: i64, status: &str) -> CoreResult<()>;
     fn set_status(&self, thread_id: &str, status: &str) -> CoreResult<()>;
@@ -59,6 +66,9 @@ impl GraphTx for Connection {
     }
     fn upsert_thread(&self, t: &Thread) -> CoreResult<()> {
         checkpoint::upsert_thread(self, t)
+    }
+    fn ensure_chain(&self, thread_id: &str, t: Option<&Thread>) -> CoreResult<Option<i64>> {
+        checkpoint::ensure_chain(self, thread_id, t).map(Some)
     }
     fn set_head(&self, thread_id: &str, head: &str, version: i64, status: &str) -> CoreResult<()> {
         checkpoint::set_head(self, thread_id, head, version, status)

@@ -74,14 +74,14 @@ pub fn claim(
 ) -> CoreResult<Option<Thread>> {
     let mut before = None;
     store.transact(&mut |tx| {
-        before = claim_in(tx, thread_id, graph, fingerprint, mode, run_id)?;
+        before = claim_in(tx, thread_id, graph, fingerprint, mode, run_id)?.0;
         Ok(())
     })?;
     Ok(before)
 }
 
 /// `claim` inside a caller's transaction (the one creating the thread's
-/// new run, for `run()`).
+/// new run, for `run()`); also returns the thread's chain.
 pub fn claim_in(
     tx: &dyn GraphTx,
     thread_id: &str,
@@ -89,14 +89,15 @@ pub fn claim_in(
     fingerprint: &str,
     mode: Claim,
     run_id: Option<&str>,
-) -> CoreResult<Option<Thread>> {
+) -> CoreResult<(Option<Thread>, Option<i64>)> {
     let owner = crate::run::owner_id();
     {
         let now = checkpoint::now_ms();
         let Some(t) = tx.thread(thread_id)? else {
             return match mode {
-                Claim::Run => tx
-                    .upsert_thread(&Thread {
+                Claim::Run => {
+                    let chain = tx.ensure_chain(thread_id, None)?;
+                    tx.upsert_thread(&Thread {
                         thread_id: thread_id.to_string(),
                         graph: graph.to_string(),
                         fingerprint: fingerprint.to_string(),
@@ -107,8 +108,10 @@ pub fn claim_in(
                         owner: Some(owner.to_string()),
                         created_at_ms: now,
                         updated_at_ms: now,
-                    })
-                    .map(|_| None),
+                        chain,
+                    })?;
+                    Ok((None, chain))
+                }
                 Claim::Resume => Err(graph_error(
                     "resume_invalid",
                     format!("thread '{thread_id}' has no suspended nodes to resume"),
@@ -158,8 +161,9 @@ pub fn claim_in(
             claimed.run_id = Some(r.to_string());
         }
         claimed.updated_at_ms = now;
+        claimed.chain = tx.ensure_chain(thread_id, Some(&t))?;
         tx.upsert_thread(&claimed)?;
-        Ok(Some(t))
+        Ok((Some(t), claimed.chain))
     }
 }
 
@@ -236,12 +240,13 @@ fn unknown_thread(thread_id: &str) -> crate::error::CoreError {
     )
 }
 
-/// A snapshot copy of `checkpoint_id` (which must belong to `source`).
+/// A snapshot copy of `checkpoint_id` (which must belong to `source`) for
+/// thread `into`, on its chain.
 fn copy_of(
     c: &dyn GraphTx,
     source: &str,
     checkpoint_id: &str,
-    into: &str,
+    (into, chain): (&str, Option<i64>),
     parent: Option<String>,
     version: i64,
     kind: &str,
@@ -253,7 +258,7 @@ fn copy_of(
     let rebuilt =
         checkpoint::rebuild(c, checkpoint_id)?.ok_or_else(|| not_found(source, checkpoint_id))?;
     Ok(Row {
-        checkpoint_id: crate::ids::new_ulid(),
+        checkpoint_id: checkpoint::new_id(chain, version),
         thread_id: Some(into.to_string()),
         rid: row.rid,
         parent_id: parent,
@@ -293,11 +298,12 @@ pub fn rewind(
             .ok_or_else(|| not_found(thread_id, checkpoint_id))?;
         checkpoint::check_graph(&t, graph, fingerprint)?;
         refuse_busy(&t)?;
+        t.chain = tx.ensure_chain(thread_id, Some(&t))?;
         let row = copy_of(
             tx,
             thread_id,
             checkpoint_id,
-            thread_id,
+            (thread_id, t.chain),
             t.head.clone(),
             t.version + 1,
             "rewind",
@@ -337,11 +343,12 @@ pub fn fork(
                 json!({"thread_id": new_thread_id}),
             ));
         }
+        let chain = tx.ensure_chain(new_thread_id, None)?;
         let row = copy_of(
             tx,
             thread_id,
             checkpoint_id,
-            new_thread_id,
+            (new_thread_id, chain),
             Some(checkpoint_id.to_string()),
             1,
             "fork",
@@ -359,6 +366,7 @@ pub fn fork(
             owner: None,
             created_at_ms: now,
             updated_at_ms: now,
+            chain,
         })?;
         out = row.entry();
         Ok(())

@@ -346,7 +346,7 @@ pub fn thread_start(
                 s.clone(),
                 new,
                 &mut |tx| {
-                    let before = threads::claim_in(
+                    let (before, chain) = threads::claim_in(
                         tx,
                         thread_id,
                         &name,
@@ -354,7 +354,7 @@ pub fn thread_start(
                         Claim::Run,
                         Some(&run_id),
                     )?;
-                    head = Some(before.and_then(|t| t.head));
+                    head = Some((before.and_then(|t| t.head), chain));
                     Ok(())
                 },
             )?);

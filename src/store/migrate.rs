@@ -106,6 +106,9 @@ pub fn bring_up_to_date(conn: &Connection, path: &str, version: i64) -> CoreResu
         conn.execute_batch(crate::durable::schema::ACTIVE_RUNS_SCHEMA)
             .at(path)?;
     }
+    if version < crate::graph::schema::STEPS_VERSION {
+        crate::graph::schema::apply_steps(conn, path)?;
+    }
     conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
         .at(path)?;
     conn_tx.commit()?;

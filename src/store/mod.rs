@@ -16,6 +16,7 @@ pub mod query;
 pub mod sqlite;
 pub mod step_spans;
 pub mod url;
+mod write_tx;
 
 use crate::error::CoreResult;
 use crate::graph::store::GraphWork;

@@ -636,6 +636,7 @@ fn read_thread(r: &tokio_postgres::Row) -> Thread {
         owner: r.get(7),
         created_at_ms: r.get(8),
         updated_at_ms: r.get(9),
+        chain: None,
     }
 }
 

@@ -9,6 +9,7 @@
 
 use super::checkpointer::Checkpointer;
 use super::migrate;
+use super::write_tx::WriteTx;
 use super::{
     AgentStateRow, InterruptRow, LeaseCheck, NewRun, PriorSpend, RowSlot, RunRow, Settlement,
     SpanRecord, Store,
@@ -22,7 +23,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 pub fn now() -> f64 {
     SystemTime::now()
@@ -420,16 +421,14 @@ impl Inner {
         &self,
         w: &mut Writer,
         ops: Vec<Op>,
-        extra: impl FnOnce(&rusqlite::Transaction<'_>) -> CoreResult<()>,
+        extra: impl FnOnce(&WriteTx<'_>) -> CoreResult<()>,
     ) -> CoreResult<()> {
         let path = self.path.clone();
         let Writer { conn, traces, .. } = w;
         let mut results: Vec<(Arc<Slot>, CoreResult<Option<String>>)> = Vec::new();
         let mut extra_failed = false;
         let mut outcome = (|| -> CoreResult<()> {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .at(&path)?;
+            let tx = WriteTx::immediate(conn).at(&path)?;
             write_ops(&tx, traces, &ops, &mut results, &path)?;
             if let Err(e) = extra(&tx) {
                 extra_failed = true;
@@ -445,9 +444,7 @@ impl Inner {
             results.clear();
             extra_error = outcome.err();
             outcome = (|| -> CoreResult<()> {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .at(&path)?;
+                let tx = WriteTx::immediate(conn).at(&path)?;
                 write_ops(&tx, traces, &ops, &mut results, &path)?;
                 tx.commit().at(&path)
             })();
@@ -584,7 +581,7 @@ fn count_recovery(
 /// Applies queued journal writes and spans inside `tx`, those of runs
 /// another process took over refused.
 fn write_ops(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &Connection,
     traces: &mut HashMap<String, i64>,
     ops: &[Op],
     results: &mut Vec<(Arc<Slot>, CoreResult<Option<String>>)>,
@@ -594,7 +591,7 @@ fn write_ops(
 }
 
 fn write_ops_tx(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &Connection,
     traces: &mut HashMap<String, i64>,
     ops: &[Op],
     results: &mut Vec<(Arc<Slot>, CoreResult<Option<String>>)>,
@@ -809,7 +806,7 @@ fn create_private_file(path: &str) -> CoreResult<()> {
 }
 
 pub(crate) fn insert_journal(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &Connection,
     rid: i64,
     key: &str,
     value: &str,
@@ -824,7 +821,7 @@ const JOURNAL_INSERT: &str =
 /// `insert_journal` with its statement prepared by the caller (a batch
 /// reuses one statement for all its rows).
 fn insert_journal_with(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &Connection,
     st: &mut rusqlite::Statement<'_>,
     rid: i64,
     key: &str,
@@ -1533,13 +1530,7 @@ impl Store for SqliteStore {
 }
 
 /// The settlement's writes (see `Store::settle`) inside `tx`.
-fn settle_tx(
-    tx: &rusqlite::Transaction<'_>,
-    path: &str,
-    rid: i64,
-    owner: &str,
-    s: &Settlement,
-) -> CoreResult<()> {
+fn settle_tx(tx: &Connection, path: &str, rid: i64, owner: &str, s: &Settlement) -> CoreResult<()> {
     let t = now();
     let n = tx
         .prepare_cached(
