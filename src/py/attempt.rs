@@ -291,9 +291,9 @@ impl PyAttempt {
         fence: Option<&PyFence>,
     ) -> PyResult<Bound<'py, PyString>> {
         let span = span.map(span_from_py).transpose()?;
-        let stored = self
-            .inner
-            .commit_deferred(key, value_json, span, fence.map(|f| &f.inner))
+        let inner = &self.inner;
+        let stored = py
+            .allow_threads(|| inner.commit_deferred(key, value_json, span, fence.map(|f| &f.inner)))
             .py_err()?;
         Ok(PyString::new(py, &stored))
     }

@@ -375,8 +375,8 @@ fn task_call<'py>(
         output_json: capture.then(|| value_json.clone()),
     };
     let stored = if frame.getattr(intern!(py, "defer"))?.is_truthy()? {
-        attempt
-            .commit_deferred(&key, &value_json, Some(row), fence.as_ref())
+        // A server store commits here; the GIL is not held across the trip.
+        py.allow_threads(|| attempt.commit_deferred(&key, &value_json, Some(row), fence.as_ref()))
             .py_err()?
     } else {
         commit(py, &attempt, &key, &value_json, row, fence)?
