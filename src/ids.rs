@@ -22,6 +22,15 @@ pub fn new_ulid() -> String {
     }
 }
 
+/// `new_ulid` in its 16-byte stored form.
+pub fn new_ulid_bytes() -> [u8; 16] {
+    let mut gen = generator().lock();
+    match gen.generate() {
+        Ok(id) => id.to_bytes(),
+        Err(_) => Ulid::new().to_bytes(),
+    }
+}
+
 /// The stored form of an id: 16 bytes when it is a canonical ULID, else the
 /// text itself (ids written by other tools are kept verbatim).
 pub enum StoredId {

@@ -274,10 +274,10 @@ fn task_call<'py>(
     if let Some(stored) = hit {
         // FLOW-16: replayed, the body not run; the span row is queued.
         let value = super::codec::decode(py, &stored)?;
-        attempt.queue_replayed_span(
-            crate::ids::new_ulid(),
+        attempt.queue_replayed(
+            crate::ids::new_ulid_bytes(),
             parent,
-            "task".to_owned(),
+            "task".into(),
             name.to_owned(),
             crate::store::sqlite::now(),
             key,
