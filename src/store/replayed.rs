@@ -6,7 +6,7 @@
 
 use super::sqlite::{FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
 use super::{SpanRecord, SpanRow};
-use crate::ids::{encode_id, StoredId};
+use crate::ids::encode_id;
 use rusqlite::Connection;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -64,9 +64,11 @@ impl ReplayedSpan {
 /// the largest as fit, then the smaller ones (each prepared once per
 /// connection and kept in its statement cache).
 const CHUNKS: [usize; 3] = [32, 8, 1];
-/// Parameters per row: tid, rid, span_id, parent, kind, name, at (started
-/// and ended), flags, step_key.
-const PER_ROW: usize = 9;
+/// Parameters shared by the rows of one statement: tid, rid, parent, kind,
+/// flags (a replay's spans share them).
+const SHARED: usize = 5;
+/// Parameters per row: span_id, name, at (started and ended), step_key.
+const PER_ROW: usize = 4;
 
 fn chunk_sql(rows: usize) -> &'static str {
     static SQL: OnceLock<Vec<String>> = OnceLock::new();
@@ -79,22 +81,17 @@ fn chunk_sql(rows: usize) -> &'static str {
                      ended_at, status, flags, step_key) VALUES",
                 );
                 for i in 0..n {
-                    let b = i * PER_ROW;
+                    let b = SHARED + i * PER_ROW;
                     if i > 0 {
                         sql.push(',');
                     }
                     sql.push_str(&format!(
-                        "(?{},?{},?{},?{},?{},?{},?{},?{},'ok',?{},?{})",
+                        "(?1,?2,?{},?3,?4,?{},?{},?{},'ok',?5,?{})",
                         b + 1,
                         b + 2,
                         b + 3,
-                        b + 4,
-                        b + 5,
-                        b + 6,
-                        b + 7,
-                        b + 7,
-                        b + 8,
-                        b + 9
+                        b + 3,
+                        b + 4
                     ));
                 }
                 sql
@@ -105,6 +102,15 @@ fn chunk_sql(rows: usize) -> &'static str {
     &all[i]
 }
 
+/// What the rows of one statement share.
+struct Shared<'a> {
+    tid: i64,
+    rid: i64,
+    parent: Option<&'a str>,
+    kind: &'a str,
+    flags: i64,
+}
+
 /// Inserts `spans` in order (refused ones already left out), under the
 /// trace ids cached in `traces`.
 pub(crate) fn insert_replayed(
@@ -112,53 +118,120 @@ pub(crate) fn insert_replayed(
     traces: &mut HashMap<String, i64>,
     spans: &[&ReplayedSpan],
 ) -> rusqlite::Result<()> {
-    // A replay's spans share their trace and parent: each is resolved once.
-    let mut tids: Vec<i64> = Vec::with_capacity(spans.len());
-    let mut parents: Vec<Option<Arc<StoredId>>> = Vec::with_capacity(spans.len());
     let mut last_trace: Option<(&Arc<str>, i64)> = None;
-    let mut last_parent: Option<(&str, Arc<StoredId>)> = None;
-    for s in spans {
+    let mut at = 0;
+    while at < spans.len() {
+        let first = spans[at];
         let tid = match last_trace {
-            Some((t, tid)) if Arc::ptr_eq(t, &s.trace_id) || **t == *s.trace_id => tid,
+            Some((t, tid)) if Arc::ptr_eq(t, &first.trace_id) || **t == *first.trace_id => tid,
             _ => {
-                let tid = super::sqlite::trace_tid(tx, traces, &s.trace_id)?;
-                last_trace = Some((&s.trace_id, tid));
+                let tid = super::sqlite::trace_tid(tx, traces, &first.trace_id)?;
+                last_trace = Some((&first.trace_id, tid));
                 tid
             }
         };
-        tids.push(tid);
-        parents.push(match s.parent_span_id.as_deref() {
-            None => None,
-            Some(p) => match &last_parent {
-                Some((q, id)) if *q == p => Some(id.clone()),
-                _ => {
-                    let id = Arc::new(encode_id(p));
-                    last_parent = Some((p, id.clone()));
-                    Some(id)
-                }
-            },
-        });
-    }
-    let mut at = 0;
-    for &size in &CHUNKS {
-        while spans.len() - at >= size {
-            let mut st = tx.prepare_cached(chunk_sql(size))?;
-            for i in 0..size {
-                let s = spans[at + i];
-                let b = i * PER_ROW;
-                st.raw_bind_parameter(b + 1, tids[at + i])?;
-                st.raw_bind_parameter(b + 2, s.rid)?;
-                st.raw_bind_parameter(b + 3, &s.span_id[..])?;
-                st.raw_bind_parameter(b + 4, parents[at + i].as_deref())?;
-                st.raw_bind_parameter(b + 5, s.kind.as_ref())?;
-                st.raw_bind_parameter(b + 6, s.name.as_str())?;
-                st.raw_bind_parameter(b + 7, s.at)?;
-                st.raw_bind_parameter(b + 8, s.flags())?;
-                st.raw_bind_parameter(b + 9, s.step_key.as_str())?;
+        let shared = Shared {
+            tid,
+            rid: first.rid,
+            parent: first.parent_span_id.as_deref(),
+            kind: &first.kind,
+            flags: first.flags(),
+        };
+        // The run of spans sharing these values.
+        let mut end = at + 1;
+        while end < spans.len() {
+            let s = spans[end];
+            let same = s.rid == shared.rid
+                && s.parent_span_id.as_deref() == shared.parent
+                && *s.kind == *shared.kind
+                && s.flags() == shared.flags
+                && (Arc::ptr_eq(&s.trace_id, &first.trace_id) || s.trace_id == first.trace_id);
+            if !same {
+                break;
             }
-            st.raw_execute()?;
-            at += size;
+            end += 1;
+        }
+        let parent = shared.parent.map(encode_id);
+        for &size in &CHUNKS {
+            while end - at >= size {
+                let mut st = tx.prepare_cached(chunk_sql(size))?;
+                st.raw_bind_parameter(1, shared.tid)?;
+                st.raw_bind_parameter(2, shared.rid)?;
+                st.raw_bind_parameter(3, &parent)?;
+                st.raw_bind_parameter(4, shared.kind)?;
+                st.raw_bind_parameter(5, shared.flags)?;
+                for (i, s) in spans[at..at + size].iter().enumerate() {
+                    let b = SHARED + i * PER_ROW;
+                    st.raw_bind_parameter(b + 1, &s.span_id[..])?;
+                    st.raw_bind_parameter(b + 2, s.name.as_str())?;
+                    st.raw_bind_parameter(b + 3, s.at)?;
+                    st.raw_bind_parameter(b + 4, s.step_key.as_str())?;
+                }
+                st.raw_execute()?;
+                at += size;
+            }
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::sqlite::{insert_span, open_connection};
+
+    /// Every column of every span row, in insertion order.
+    fn rows(conn: &Connection) -> Vec<Vec<rusqlite::types::Value>> {
+        let mut st = conn.prepare("SELECT * FROM spans ORDER BY sid").unwrap();
+        let n = st.column_count();
+        st.query_map([], |r| (0..n).map(|i| r.get(i)).collect())
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+
+    #[test]
+    fn multi_row_inserts_store_the_rows_of_the_general_insert() {
+        let dir = std::env::temp_dir().join(format!("composeai-replayed-{}", crate::ids::new_ulid()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let trace: Arc<str> = Arc::from(crate::ids::new_ulid().as_str());
+        let other: Arc<str> = Arc::from(crate::ids::new_ulid().as_str());
+        // 83 rows: runs of shared values broken by a parent, a kind, the
+        // output flag, a foreign parent id and another trace, so every
+        // statement size is used.
+        let spans: Vec<ReplayedSpan> = (0..83)
+            .map(|i| ReplayedSpan {
+                trace_id: if i == 70 { other.clone() } else { trace.clone() },
+                rid: 1 + (i / 60) as i64,
+                span_id: crate::ids::new_ulid_bytes(),
+                parent_span_id: match i {
+                    0 => None,
+                    41 => Some("foreign parent".into()),
+                    _ => Some("01ARZ3NDEKTSV4RRFFQ69G5FAV".into()),
+                },
+                kind: if i == 50 { "llm".into() } else { "task".into() },
+                name: format!("step{}", i % 3),
+                at: 1_700_000_000.25 + i as f64,
+                step_key: format!("scope/step{}#{i}", i % 3),
+                output_in_journal: i % 17 != 5,
+            })
+            .collect();
+        let mut stored = Vec::new();
+        for (name, batched) in [("a.db", true), ("b.db", false)] {
+            let conn = open_connection(dir.join(name).to_str().unwrap(), false).unwrap();
+            let mut traces = HashMap::new();
+            if batched {
+                let refs: Vec<&ReplayedSpan> = spans.iter().collect();
+                insert_replayed(&conn, &mut traces, &refs).unwrap();
+            } else {
+                for s in &spans {
+                    insert_span(&conn, &mut traces, &s.clone().into_record()).unwrap();
+                }
+            }
+            stored.push(rows(&conn));
+        }
+        assert_eq!(stored[0].len(), 83);
+        assert_eq!(stored[0], stored[1]);
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }
