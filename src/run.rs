@@ -644,10 +644,9 @@ impl Attempt {
             output_in_journal: with_output,
         };
         match self.row.committed() {
-            Some(Ok(rid)) => self.store.queue_replayed(crate::store::replayed::ReplayedSpan {
-                rid,
-                ..span
-            }),
+            Some(Ok(rid)) => self
+                .store
+                .queue_replayed(crate::store::replayed::ReplayedSpan { rid, ..span }),
             Some(Err(_)) => {}
             None => {
                 let mut record = span.into_record();

@@ -143,8 +143,21 @@ mod tests {
         assert_eq!(json_int("0"), Some(0));
         assert_eq!(json_int("-0"), Some(0));
         assert_eq!(json_int("42"), Some(42));
-        assert_eq!(json_int("-123456789012345678"), Some(-123_456_789_012_345_678));
-        for text in ["", "-", "01", "+1", "1.0", "1e3", " 1", "1234567890123456789", "true"] {
+        assert_eq!(
+            json_int("-123456789012345678"),
+            Some(-123_456_789_012_345_678)
+        );
+        for text in [
+            "",
+            "-",
+            "01",
+            "+1",
+            "1.0",
+            "1e3",
+            " 1",
+            "1234567890123456789",
+            "true",
+        ] {
             assert_eq!(json_int(text), None, "{text:?}");
         }
     }

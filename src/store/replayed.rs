@@ -192,7 +192,8 @@ mod tests {
 
     #[test]
     fn multi_row_inserts_store_the_rows_of_the_general_insert() {
-        let dir = std::env::temp_dir().join(format!("composeai-replayed-{}", crate::ids::new_ulid()));
+        let dir =
+            std::env::temp_dir().join(format!("composeai-replayed-{}", crate::ids::new_ulid()));
         std::fs::create_dir_all(&dir).unwrap();
         let trace: Arc<str> = Arc::from(crate::ids::new_ulid().as_str());
         let other: Arc<str> = Arc::from(crate::ids::new_ulid().as_str());
@@ -201,7 +202,11 @@ mod tests {
         // statement size is used.
         let spans: Vec<ReplayedSpan> = (0..83)
             .map(|i| ReplayedSpan {
-                trace_id: if i == 70 { other.clone() } else { trace.clone() },
+                trace_id: if i == 70 {
+                    other.clone()
+                } else {
+                    trace.clone()
+                },
                 rid: 1 + (i / 60) as i64,
                 span_id: crate::ids::new_ulid_bytes(),
                 parent_span_id: match i {
