@@ -108,6 +108,9 @@ pub enum Commit {
 use crate::graph::store::GraphWork as TxWork;
 
 /// One attempt at executing a run, holding its lease.
+/// The last task name and parent span id of a replayed span.
+type ReplayNames = (Option<Arc<str>>, Option<Arc<str>>);
+
 pub struct Attempt {
     store: Arc<dyn Store>,
     /// The run row as created or loaded; its `rid` is 0 while a queued
@@ -137,8 +140,11 @@ pub struct Attempt {
     pub(crate) durable: crate::durable::AttemptState,
     /// Renewed by the heartbeat until the attempt ends.
     lease: Mutex<Option<crate::lease::Lease>>,
-    /// The run's trace id, shared by the replayed spans it queues.
+    /// The run's trace id, shared by the replayed spans it queues, and
+    /// the last task name and parent span id they had (consecutive ones
+    /// share them).
     trace: Arc<str>,
+    replay_names: Mutex<ReplayNames>,
 }
 
 impl Attempt {
@@ -280,6 +286,7 @@ impl Attempt {
             durable,
             lease: Mutex::new(Some(lease)),
             trace,
+            replay_names: Mutex::new((None, None)),
         }
     }
 
@@ -590,9 +597,9 @@ impl Attempt {
         match crate::ids::encode_id(&span_id) {
             crate::ids::StoredId::Bytes(id) => self.queue_replayed(
                 id,
-                parent_span_id,
+                parent_span_id.as_deref(),
                 kind.into(),
-                name,
+                &name,
                 at,
                 step_key,
                 with_output,
@@ -625,13 +632,27 @@ impl Attempt {
     pub fn queue_replayed(
         &self,
         span_id: [u8; 16],
-        parent_span_id: Option<String>,
+        parent_span_id: Option<&str>,
         kind: std::borrow::Cow<'static, str>,
-        name: String,
+        name: &str,
         at: f64,
         step_key: String,
         with_output: bool,
     ) {
+        fn shared(last: &mut Option<Arc<str>>, text: &str) -> Arc<str> {
+            match last {
+                Some(s) if **s == *text => s.clone(),
+                _ => last.insert(Arc::from(text)).clone(),
+            }
+        }
+        let (name, parent_span_id) = {
+            let mut last = self.replay_names.lock();
+            let (names, parents) = &mut *last;
+            (
+                shared(names, name),
+                parent_span_id.map(|p| shared(parents, p)),
+            )
+        };
         let span = crate::store::replayed::ReplayedSpan {
             trace_id: self.trace.clone(),
             rid: 0,

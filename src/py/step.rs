@@ -261,7 +261,11 @@ fn task_call<'py>(
             .getattr(intern!(py, "span"))?
             .getattr(intern!(py, "span_id"))?,
     };
-    let parent: Option<String> = parent_obj.extract()?;
+    let parent: Option<&str> = if parent_obj.is_none() {
+        None
+    } else {
+        Some(parent_obj.downcast::<PyString>()?.to_str()?)
+    };
     let scope_obj = frame.getattr(intern!(py, "scope"))?;
     let scope = scope_obj.downcast::<PyString>()?.to_str()?;
     let fence_obj = frame.getattr(intern!(py, "fence"))?;
@@ -280,15 +284,8 @@ fn task_call<'py>(
     if let Some(stored) = hit {
         // FLOW-16: replayed, the body not run; the span row is queued.
         let value = super::codec::decode(py, &stored)?;
-        attempt.queue_replayed(
-            crate::ids::new_ulid_bytes(),
-            parent,
-            "task".into(),
-            name.to_owned(),
-            crate::store::sqlite::now(),
-            key,
-            capture,
-        );
+        let (span_id, at) = crate::ids::new_ulid_bytes();
+        attempt.queue_replayed(span_id, parent, "task".into(), name, at, key, capture);
         return Ok(value);
     }
     let body = spec.get_item(0)?;
@@ -365,7 +362,7 @@ fn task_call<'py>(
     };
     let row = SpanRow {
         span_id,
-        parent_span_id: parent,
+        parent_span_id: parent.map(str::to_owned),
         kind: "task".to_owned(),
         name: name.to_owned(),
         started_at,

@@ -21,9 +21,10 @@ pub struct ReplayedSpan {
     pub rid: i64,
     /// A ULID, in its 16-byte stored form.
     pub span_id: [u8; 16],
-    pub parent_span_id: Option<String>,
+    /// Shared with the replay's other spans (see `Attempt::queue_replayed`).
+    pub parent_span_id: Option<Arc<str>>,
     pub kind: Cow<'static, str>,
-    pub name: String,
+    pub name: Arc<str>,
     pub at: f64,
     pub step_key: String,
     pub output_in_journal: bool,
@@ -37,9 +38,9 @@ impl ReplayedSpan {
             rid: Some(self.rid),
             span: SpanRow {
                 span_id: crate::ids::decode_id(&self.span_id),
-                parent_span_id: self.parent_span_id,
+                parent_span_id: self.parent_span_id.map(|p| p.to_string()),
                 kind: self.kind.into_owned(),
-                name: self.name,
+                name: self.name.to_string(),
                 started_at: self.at,
                 ended_at: Some(self.at),
                 status: "ok".into(),
@@ -163,7 +164,7 @@ pub(crate) fn insert_replayed(
                 for (i, s) in spans[at..at + size].iter().enumerate() {
                     let b = SHARED + i * PER_ROW;
                     st.raw_bind_parameter(b + 1, &s.span_id[..])?;
-                    st.raw_bind_parameter(b + 2, s.name.as_str())?;
+                    st.raw_bind_parameter(b + 2, &*s.name)?;
                     st.raw_bind_parameter(b + 3, s.at)?;
                     st.raw_bind_parameter(b + 4, s.step_key.as_str())?;
                 }
@@ -208,14 +209,14 @@ mod tests {
                     trace.clone()
                 },
                 rid: 1 + (i / 60) as i64,
-                span_id: crate::ids::new_ulid_bytes(),
+                span_id: crate::ids::new_ulid_bytes().0,
                 parent_span_id: match i {
                     0 => None,
-                    41 => Some("foreign parent".into()),
-                    _ => Some("01ARZ3NDEKTSV4RRFFQ69G5FAV".into()),
+                    41 => Some(Arc::from("foreign parent")),
+                    _ => Some(Arc::from("01ARZ3NDEKTSV4RRFFQ69G5FAV")),
                 },
                 kind: if i == 50 { "llm".into() } else { "task".into() },
-                name: format!("step{}", i % 3),
+                name: Arc::from(format!("step{}", i % 3).as_str()),
                 at: 1_700_000_000.25 + i as f64,
                 step_key: format!("scope/step{}#{i}", i % 3),
                 output_in_journal: i % 17 != 5,

@@ -193,7 +193,7 @@ enum Op {
     RowSpan(Arc<RowSlot>, Box<SpanRecord>),
     /// A replayed step's span (`replayed`): consecutive ones are inserted
     /// together.
-    Replayed(Box<ReplayedSpan>),
+    Replayed(ReplayedSpan),
 }
 
 struct QueuedRun {
@@ -1150,7 +1150,7 @@ impl Store for SqliteStore {
     }
 
     fn queue_replayed(&self, span: ReplayedSpan) {
-        self.enqueue(Op::Replayed(Box::new(span)), false);
+        self.enqueue(Op::Replayed(span), false);
     }
 
     fn commit_deferred(
