@@ -22,6 +22,22 @@ pub fn new_ulid() -> String {
     }
 }
 
+/// `new_ulid` in its 16-byte stored form, with the time it was made (in
+/// seconds since the epoch): one clock read for both.
+pub fn new_ulid_bytes() -> ([u8; 16], f64) {
+    let now = std::time::SystemTime::now();
+    let at = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    let mut gen = generator().lock();
+    let id = match gen.generate_from_datetime(now) {
+        Ok(id) => id,
+        Err(_) => Ulid::from_datetime(now),
+    };
+    (id.to_bytes(), at)
+}
+
 /// The stored form of an id: 16 bytes when it is a canonical ULID, else the
 /// text itself (ids written by other tools are kept verbatim).
 pub enum StoredId {

@@ -11,15 +11,22 @@ use std::sync::Arc;
 pub struct Journal {
     values: HashMap<String, Arc<str>>,
     counters: HashMap<String, u32>,
+    /// Reused to look a counter up without allocating its key.
+    scratch: String,
 }
 
 /// `"<name>#<n>"`, prefixed by `"<scope>/"` inside a scope.
 pub fn format_key(scope: &str, name: &str, n: u32) -> String {
-    if scope.is_empty() {
-        format!("{name}#{n}")
-    } else {
-        format!("{scope}/{name}#{n}")
+    use std::fmt::Write;
+    let mut key = String::with_capacity(scope.len() + name.len() + 12);
+    if !scope.is_empty() {
+        key.push_str(scope);
+        key.push('/');
     }
+    key.push_str(name);
+    key.push('#');
+    let _ = write!(key, "{n}");
+    key
 }
 
 impl Journal {
@@ -30,19 +37,29 @@ impl Journal {
                 .map(|(k, v)| (k, Arc::from(v)))
                 .collect(),
             counters: HashMap::new(),
+            scratch: String::new(),
         }
     }
 
     /// Allocates the next key for `name` in `scope` (call order, never
     /// completion order).
     pub fn next_key(&mut self, scope: &str, name: &str) -> String {
-        let mut counter_key = String::with_capacity(scope.len() + name.len() + 1);
+        let counter_key = &mut self.scratch;
+        counter_key.clear();
         counter_key.push_str(scope);
         counter_key.push('\0');
         counter_key.push_str(name);
-        let n = self.counters.entry(counter_key).or_insert(0);
-        *n += 1;
-        format_key(scope, name, *n)
+        let n = match self.counters.get_mut(counter_key.as_str()) {
+            Some(n) => {
+                *n += 1;
+                *n
+            }
+            None => {
+                self.counters.insert(counter_key.clone(), 1);
+                1
+            }
+        };
+        format_key(scope, name, n)
     }
 
     pub fn get(&self, key: &str) -> Option<Arc<str>> {

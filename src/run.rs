@@ -108,6 +108,9 @@ pub enum Commit {
 use crate::graph::store::GraphWork as TxWork;
 
 /// One attempt at executing a run, holding its lease.
+/// The last task name and parent span id of a replayed span.
+type ReplayNames = (Option<Arc<str>>, Option<Arc<str>>);
+
 pub struct Attempt {
     store: Arc<dyn Store>,
     /// The run row as created or loaded; its `rid` is 0 while a queued
@@ -137,6 +140,11 @@ pub struct Attempt {
     pub(crate) durable: crate::durable::AttemptState,
     /// Renewed by the heartbeat until the attempt ends.
     lease: Mutex<Option<crate::lease::Lease>>,
+    /// The run's trace id, shared by the replayed spans it queues, and
+    /// the last task name and parent span id they had (consecutive ones
+    /// share them).
+    trace: Arc<str>,
+    replay_names: Mutex<ReplayNames>,
 }
 
 impl Attempt {
@@ -256,6 +264,7 @@ impl Attempt {
     ) -> Attempt {
         let lease = crate::lease::register(store.clone(), row.clone(), seconds);
         let durable = crate::durable::AttemptState::default();
+        let trace = Arc::from(run.trace_id.as_deref().unwrap_or(""));
         if first {
             // The run row was created just now, with no cancel request: the
             // first poll is due one interval later, as after any check.
@@ -276,6 +285,8 @@ impl Attempt {
             saved_state: AtomicBool::new(false),
             durable,
             lease: Mutex::new(Some(lease)),
+            trace,
+            replay_names: Mutex::new((None, None)),
         }
     }
 
@@ -603,25 +614,87 @@ impl Attempt {
         step_key: String,
         with_output: bool,
     ) {
-        let span = SpanRow {
+        match crate::ids::encode_id(&span_id) {
+            crate::ids::StoredId::Bytes(id) => self.queue_replayed(
+                id,
+                parent_span_id.as_deref(),
+                kind.into(),
+                &name,
+                at,
+                step_key,
+                with_output,
+            ),
+            crate::ids::StoredId::Text(_) => {
+                let span = SpanRow {
+                    span_id,
+                    parent_span_id,
+                    kind,
+                    name,
+                    started_at: at,
+                    ended_at: Some(at),
+                    status: "ok".into(),
+                    replayed: true,
+                    step_key: Some(step_key),
+                    ..Default::default()
+                };
+                self.queue_record(SpanRecord {
+                    trace_id: self.trace_id().to_string(),
+                    rid: None,
+                    span,
+                    output_in_journal: with_output,
+                });
+            }
+        }
+    }
+
+    /// `queue_replayed_span` of a span id in its stored form.
+    #[allow(clippy::too_many_arguments)]
+    pub fn queue_replayed(
+        &self,
+        span_id: [u8; 16],
+        parent_span_id: Option<&str>,
+        kind: std::borrow::Cow<'static, str>,
+        name: &str,
+        at: f64,
+        step_key: String,
+        with_output: bool,
+    ) {
+        fn shared(last: &mut Option<Arc<str>>, text: &str) -> Arc<str> {
+            match last {
+                Some(s) if **s == *text => s.clone(),
+                _ => last.insert(Arc::from(text)).clone(),
+            }
+        }
+        let (name, parent_span_id) = {
+            let mut last = self.replay_names.lock();
+            let (names, parents) = &mut *last;
+            (
+                shared(names, name),
+                parent_span_id.map(|p| shared(parents, p)),
+            )
+        };
+        let span = crate::store::replayed::ReplayedSpan {
+            trace_id: self.trace.clone(),
+            rid: 0,
             span_id,
             parent_span_id,
             kind,
             name,
-            started_at: at,
-            ended_at: Some(at),
-            status: "ok".into(),
-            replayed: true,
-            step_key: Some(step_key),
-            ..Default::default()
-        };
-        let record = SpanRecord {
-            trace_id: self.trace_id().to_string(),
-            rid: None,
-            span,
+            at,
+            step_key,
             output_in_journal: with_output,
         };
-        self.queue_record(record);
+        match self.row.committed() {
+            Some(Ok(rid)) => self
+                .store
+                .queue_replayed(crate::store::replayed::ReplayedSpan { rid, ..span }),
+            Some(Err(_)) => {}
+            None => {
+                let mut record = span.into_record();
+                record.rid = None;
+                self.store.queue_row_span(&self.row, record);
+            }
+        }
     }
 
     /// Stores the agent loop's snapshot for `state.scope_key` durably.

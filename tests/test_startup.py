@@ -35,6 +35,13 @@ HEAVY = (
     "enum",
     "pydantic",
     "asyncio",
+    # `threading` and `functools` import `collections` and more: together
+    # several milliseconds of a fresh process (issue 13's resume).
+    "threading",
+    "functools",
+    "collections",
+    "contextvars",
+    "types",
 )
 
 

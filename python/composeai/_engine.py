@@ -11,12 +11,14 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-import threading
 import time
-from collections.abc import Callable
-from contextvars import ContextVar, copy_context
 
-from . import _codec, _core, _threads
+# `_thread` and `_contextvars` rather than `threading` and `contextvars`:
+# the modules those import cost a fresh process milliseconds.
+from _contextvars import ContextVar, copy_context
+from _thread import allocate_lock
+
+from . import _codec, _core
 from . import events as _events
 from . import tracing as _tracing
 from .errors import ConfigError, SerializationError, TaskTimeoutError
@@ -25,6 +27,7 @@ from .tracing import ErrorInfo, Span, Trace, _capture_content, replayed_span
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 
@@ -76,7 +79,7 @@ _core.register_decoder(_codec.loads)
 
 
 _store: Any = None
-_store_lock = threading.Lock()
+_store_lock = allocate_lock()
 
 
 def state_dir() -> str:
@@ -624,7 +627,11 @@ def run_on_thread(
     caller derived for it). On timeout the fence is revoked and the thread
     abandoned (FLOW-3, FLOW-61)."""
     outcome: list[Any] = []
-    finished = threading.Event()
+    from threading import Event
+
+    from . import _threads
+
+    finished = Event()
     ctx = copy_context()
 
     def target() -> None:
@@ -1500,6 +1507,8 @@ async def run_on_thread_async(
     """Awaits a sync body run on a dedicated daemon thread (never a shared,
     bounded pool: ASYNC-7). Timeout or cancellation revokes its fence."""
     import asyncio
+
+    from . import _threads
 
     loop = asyncio.get_running_loop()
     future = loop.create_future()

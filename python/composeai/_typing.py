@@ -12,7 +12,8 @@ definition, as `typing.overload`'s callers see it.
 
 from __future__ import annotations
 
-from types import GenericAlias
+# `types.GenericAlias`, without importing `types`.
+GenericAlias = type(list[int])
 
 
 class Generic:

@@ -7,8 +7,8 @@ The `chats` row is written by the core after every completed send.
 
 from __future__ import annotations
 
-import threading
 import time
+from _thread import allocate_lock
 
 from . import _codec, _engine
 from .errors import ConfigError
@@ -59,7 +59,7 @@ class Chat:
         self.created_at = created_at
         self._pending: Interrupt | None = None
         self._last_run_id: str | None = None
-        self._lock = threading.Lock()
+        self._lock = allocate_lock()
 
     def __repr__(self) -> str:
         return f"<Chat {self.id!r} agent={self._agent.name!r} messages={len(self._messages)}>"
@@ -154,7 +154,7 @@ class ChatStream:
         self._stream = stream
         self._closed = False
         self._folded = False
-        self._lock = threading.Lock()
+        self._lock = allocate_lock()
 
     def __iter__(self) -> ChatStream:
         return self

@@ -17,10 +17,12 @@ This module imports only cheap stdlib modules; asyncio is imported lazily by
 from __future__ import annotations
 
 import reprlib
-import threading
 import time
-from collections import deque
-from contextvars import ContextVar
+
+# Not `threading`, `collections`, `contextvars`: their imports cost a fresh
+# process milliseconds; a subscription imports what it needs.
+from _contextvars import ContextVar
+from _thread import allocate_lock
 
 from . import _dataclass
 
@@ -168,7 +170,7 @@ class EventBus:
     def __init__(self) -> None:
         # One lock guards the bus and every subscription's queue: emits are
         # totally ordered and a subscription's waiters wait on this lock.
-        self._lock = threading.Lock()
+        self._lock = allocate_lock()
         # Copy-on-write, so `emit` can skip the lock when nobody listens.
         self._subs: tuple[Subscription | AsyncSubscription, ...] = ()
         self._closed = False
@@ -240,7 +242,10 @@ class Subscription:
 
     def __init__(self, bus: EventBus) -> None:
         self._bus = bus
-        self._cond = threading.Condition(bus._lock)
+        from collections import deque
+        from threading import Condition
+
+        self._cond = Condition(bus._lock)
         self._queue: deque[Event] = deque()
         self._waiting = 0  # threads blocked in __next__
         self._ended = False  # the bus closed: stop once drained
@@ -323,6 +328,8 @@ class AsyncSubscription:
     def __init__(self, bus: EventBus, loop: asyncio.AbstractEventLoop) -> None:
         self._bus = bus
         self._loop = loop
+        from collections import deque
+
         self._queue: deque[Event] = deque()
         self._waiters: list[asyncio.Future[None]] = []
         self._wake_scheduled = False

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 import sys
-from collections.abc import Callable
 
 from . import _codec, _core, _engine, _source
 from ._engine import FRAME, Frame
@@ -14,7 +12,7 @@ __all__ = ["Flow", "Task", "anow", "arandom", "aresume", "flow", "now", "random"
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Coroutine
+    from collections.abc import Callable, Coroutine
     from typing import Any, Generic, Protocol, overload
 
     import typing_extensions
@@ -36,6 +34,31 @@ _FLOWS: dict[str, Flow] = {}
 
 
 _CO_COROUTINE = 0x80  # inspect.CO_COROUTINE
+
+
+# `functools.update_wrapper`'s copies, written out: `functools` (and the
+# `collections` it imports) costs a fresh process milliseconds. Later
+# Pythons change the list, so they use `functools` itself.
+_WRAPPER_ASSIGNMENTS = ("__module__", "__name__", "__qualname__", "__doc__", "__annotations__")
+if sys.version_info >= (3, 12):
+    _WRAPPER_ASSIGNMENTS += ("__type_params__",)
+
+
+def _update_wrapper(wrapper: Any, wrapped: Any) -> None:
+    if sys.version_info >= (3, 14):
+        from functools import update_wrapper
+
+        update_wrapper(wrapper, wrapped)
+        return
+    for attr in _WRAPPER_ASSIGNMENTS:
+        try:
+            value = getattr(wrapped, attr)
+        except AttributeError:
+            pass
+        else:
+            setattr(wrapper, attr, value)
+    wrapper.__dict__.update(getattr(wrapped, "__dict__", {}))
+    wrapper.__wrapped__ = wrapped
 
 
 def _is_coroutine_function(fn: Callable) -> bool:
@@ -68,7 +91,7 @@ class Task(_core.TaskCall, Generic[P, R]):
         name: str,
         retry: Any = None,
     ):
-        functools.update_wrapper(self, fn)
+        _update_wrapper(self, fn)
         self.fn = fn
         self.name = name
         self.retries = retries
@@ -86,7 +109,9 @@ class Task(_core.TaskCall, Generic[P, R]):
     def __get__(self, obj, objtype=None):
         if obj is None:
             return self
-        return functools.partial(self, obj)
+        from functools import partial
+
+        return partial(self, obj)
 
     if TYPE_CHECKING:
         # The call is the core's (`_core.TaskCall`): a replay or a plain
@@ -291,7 +316,7 @@ class Flow(Generic[P, R]):
         retry: Any = None,
         durability: str | None = None,
     ):
-        functools.update_wrapper(self, fn)
+        _update_wrapper(self, fn)
         self.fn = fn
         self.name = name
         self.journal_failures = journal_failures

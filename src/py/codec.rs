@@ -80,8 +80,28 @@ fn transcode<'py>(py: Python<'py>, text: &str) -> Option<Bound<'py, PyAny>> {
     Some(value)
 }
 
+/// `text` when it is a JSON integer of at most 18 digits (a replayed
+/// counter's value, say), read without the general decoder.
+fn json_int(text: &str) -> Option<i64> {
+    let digits = text.strip_prefix('-').unwrap_or(text).as_bytes();
+    let canonical = match digits {
+        [] => false,
+        [b'0'] => true,
+        [b'0', ..] => false,
+        _ => digits.len() <= 18 && digits.iter().all(u8::is_ascii_digit),
+    };
+    if canonical {
+        text.parse().ok()
+    } else {
+        None
+    }
+}
+
 /// Decodes stored text: the fast path, else the registered Python codec.
 pub fn decode<'py>(py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyAny>> {
+    if let Some(n) = json_int(text) {
+        return Ok(n.into_pyobject(py)?.into_any());
+    }
     if let Some(value) = decode_plain(py, text) {
         return Ok(value);
     }
@@ -116,7 +136,31 @@ pub fn loads_plain<'py>(
 
 #[cfg(test)]
 mod tests {
-    use super::is_plain;
+    use super::{is_plain, json_int};
+
+    #[test]
+    fn json_integers_are_read_directly_and_anything_else_declined() {
+        assert_eq!(json_int("0"), Some(0));
+        assert_eq!(json_int("-0"), Some(0));
+        assert_eq!(json_int("42"), Some(42));
+        assert_eq!(
+            json_int("-123456789012345678"),
+            Some(-123_456_789_012_345_678)
+        );
+        for text in [
+            "",
+            "-",
+            "01",
+            "+1",
+            "1.0",
+            "1e3",
+            " 1",
+            "1234567890123456789",
+            "true",
+        ] {
+            assert_eq!(json_int(text), None, "{text:?}");
+        }
+    }
 
     #[test]
     fn plain_text_is_recognised() {

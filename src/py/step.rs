@@ -22,10 +22,14 @@ use std::sync::Arc;
 
 /// What the call needs of the Python side, registered once by the engine.
 struct Hooks {
-    /// `_engine.FRAME`, `_engine.ASYNC_DRIVER`, `events._BUS`.
-    frame: PyObject,
-    driver: PyObject,
-    bus: PyObject,
+    /// The bound `get` of `_engine.FRAME`, `_engine.ASYNC_DRIVER` and
+    /// `events._BUS`, and `FRAME`'s `set` and `reset`: called with no
+    /// method lookup.
+    frame_get: PyObject,
+    frame_set: PyObject,
+    frame_reset: PyObject,
+    driver_get: PyObject,
+    bus_get: PyObject,
     /// `sys.modules`: the facade and cancel checks apply once their modules are loaded.
     modules: Py<PyDict>,
     facade: PyObject,
@@ -67,10 +71,16 @@ fn hook(hooks: &Bound<'_, PyDict>, name: &str) -> PyResult<PyObject> {
 /// stays).
 #[pyfunction]
 pub fn register_task_path(py: Python<'_>, hooks: &Bound<'_, PyDict>) -> PyResult<()> {
+    let frame = hook(hooks, "frame")?.into_bound(py);
+    let bound = |name: &str, method: &str| -> PyResult<PyObject> {
+        Ok(hook(hooks, name)?.bind(py).getattr(method)?.unbind())
+    };
     let registered = Hooks {
-        frame: hook(hooks, "frame")?,
-        driver: hook(hooks, "driver")?,
-        bus: hook(hooks, "bus")?,
+        frame_get: frame.getattr("get")?.unbind(),
+        frame_set: frame.getattr("set")?.unbind(),
+        frame_reset: frame.getattr("reset")?.unbind(),
+        driver_get: bound("driver", "get")?,
+        bus_get: bound("bus", "get")?,
         modules: hook(hooks, "modules")?
             .into_bound(py)
             .downcast_into::<PyDict>()?
@@ -207,15 +217,11 @@ fn task_call<'py>(
     // ASYNC-6: nothing to check before the runtime is loaded or an async
     // driver is set.
     if modules.contains(intern!(py, "composeai._runtime"))?
-        || !h
-            .driver
-            .bind(py)
-            .call_method0(intern!(py, "get"))?
-            .is_none()
+        || !h.driver_get.bind(py).call0()?.is_none()
     {
         h.facade.call0(py)?;
     }
-    let frame = h.frame.bind(py).call_method0(intern!(py, "get"))?;
+    let frame = h.frame_get.bind(py).call0()?;
     let run = if frame.is_none() {
         frame.clone()
     } else {
@@ -229,7 +235,7 @@ fn task_call<'py>(
     let spec = spec.downcast::<PyTuple>()?;
     if !spec.get_item(2)?.is_truthy()?
         || run.getattr(intern!(py, "span_mark"))?.is_none()
-        || !h.bus.bind(py).call_method0(intern!(py, "get"))?.is_none()
+        || !h.bus_get.bind(py).call0()?.is_none()
         || run.getattr(intern!(py, "journal_failures"))?.is_truthy()?
     {
         let kw = kwargs_dict(py, kwargs);
@@ -255,7 +261,11 @@ fn task_call<'py>(
             .getattr(intern!(py, "span"))?
             .getattr(intern!(py, "span_id"))?,
     };
-    let parent: Option<String> = parent_obj.extract()?;
+    let parent: Option<&str> = if parent_obj.is_none() {
+        None
+    } else {
+        Some(parent_obj.downcast::<PyString>()?.to_str()?)
+    };
     let scope_obj = frame.getattr(intern!(py, "scope"))?;
     let scope = scope_obj.downcast::<PyString>()?.to_str()?;
     let fence_obj = frame.getattr(intern!(py, "fence"))?;
@@ -274,15 +284,8 @@ fn task_call<'py>(
     if let Some(stored) = hit {
         // FLOW-16: replayed, the body not run; the span row is queued.
         let value = super::codec::decode(py, &stored)?;
-        attempt.queue_replayed_span(
-            crate::ids::new_ulid(),
-            parent,
-            "task".to_owned(),
-            name.to_owned(),
-            crate::store::sqlite::now(),
-            key,
-            capture,
-        );
+        let (span_id, at) = crate::ids::new_ulid_bytes();
+        attempt.queue_replayed(span_id, parent, "task".into(), name, at, key, capture);
         return Ok(value);
     }
     let body = spec.get_item(0)?;
@@ -306,8 +309,7 @@ fn task_call<'py>(
             built: GILOnceCell::new(),
         },
     )?;
-    let frame_var = h.frame.bind(py);
-    let token = frame_var.call_method1(intern!(py, "set"), (&inner,))?;
+    let token = h.frame_set.bind(py).call1((&inner,))?;
     let outcome = if is_async {
         h.call_body
             .bind(py)
@@ -315,7 +317,7 @@ fn task_call<'py>(
     } else {
         body.call(args, kwargs)
     };
-    frame_var.call_method1(intern!(py, "reset"), (token,))?;
+    h.frame_reset.bind(py).call1((token,))?;
     let value = match outcome {
         Ok(value) => value,
         Err(err) => {
@@ -360,7 +362,7 @@ fn task_call<'py>(
     };
     let row = SpanRow {
         span_id,
-        parent_span_id: parent,
+        parent_span_id: parent.map(str::to_owned),
         kind: "task".to_owned(),
         name: name.to_owned(),
         started_at,

@@ -13,6 +13,7 @@ mod postgres_batch;
 mod postgres_ext;
 pub mod postgres_query;
 pub mod query;
+pub mod replayed;
 pub mod sqlite;
 pub mod step_spans;
 pub mod url;
@@ -335,6 +336,11 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
     /// Queues a span; it is written with the next commit or `flush`, or in
     /// the background once enough are waiting.
     fn queue_span(&self, span: SpanRecord);
+
+    /// Queues the span of a replayed step of a run whose row is stored.
+    fn queue_replayed(&self, span: replayed::ReplayedSpan) {
+        self.queue_span(span.into_record());
+    }
 
     /// Journals `value` under `key` with its span without waiting: a
     /// background commit makes it durable soon, and `flush` waits for it.

@@ -10,6 +10,7 @@
 use super::checkpointer::Checkpointer;
 use super::migrate;
 use super::write_tx::WriteTx;
+use super::replayed::ReplayedSpan;
 use super::{
     AgentStateRow, InterruptRow, LeaseCheck, NewRun, PriorSpend, RowSlot, RunRow, Settlement,
     SpanRecord, Store,
@@ -199,6 +200,9 @@ enum Op {
     Run(Box<QueuedRun>),
     /// A span of a run whose row was queued: its rid is the row's.
     RowSpan(Arc<RowSlot>, Box<SpanRecord>),
+    /// A replayed step's span (`replayed`): consecutive ones are inserted
+    /// together.
+    Replayed(ReplayedSpan),
 }
 
 struct QueuedRun {
@@ -479,7 +483,7 @@ impl Inner {
                     match op {
                         Op::Step { slot, .. } => *slot.0.lock() = Some(Err(e.clone())),
                         Op::Run(run) => run.slot.resolve(Err(e.clone())),
-                        Op::Span(_) | Op::RowSpan(..) => span_failed = true,
+                        Op::Span(_) | Op::RowSpan(..) | Op::Replayed(_) => span_failed = true,
                     }
                 }
                 if span_failed {
@@ -606,26 +610,39 @@ fn write_ops_tx(
         Ok(m)
     };
     let mut refused: HashMap<i64, bool> = HashMap::new();
+    let mut is_refused = |rid: i64| -> rusqlite::Result<bool> {
+        if let Some(no) = refused.get(&rid) {
+            return Ok(*no);
+        }
+        let no = span_refused(tx, rid)?;
+        refused.insert(rid, no);
+        Ok(no)
+    };
     let mut journal_insert = None;
     let mut span_inserts = SpanInserts::default();
-    let mut write_span = |rid: Option<i64>, rec: &SpanRecord| -> rusqlite::Result<()> {
-        if let Some(rid) = rid {
-            let no = match refused.get(&rid) {
-                Some(no) => *no,
-                None => {
-                    let no = span_refused(tx, rid)?;
-                    refused.insert(rid, no);
-                    no
-                }
-            };
-            if no {
-                return Ok(());
-            }
-        }
-        span_inserts.insert(tx, traces, rec, rid)
-    };
-    for op in ops {
+    let mut replayed: Vec<&ReplayedSpan> = Vec::new();
+    let mut i = 0;
+    while i < ops.len() {
+        let op = &ops[i];
+        i += 1;
         match op {
+            Op::Replayed(first) => {
+                replayed.clear();
+                let mut next = Some(first);
+                while let Some(s) = next {
+                    if !is_refused(s.rid)? {
+                        replayed.push(s);
+                    }
+                    next = match ops.get(i) {
+                        Some(Op::Replayed(s)) => {
+                            i += 1;
+                            Some(s)
+                        }
+                        _ => None,
+                    };
+                }
+                super::replayed::insert_replayed(tx, traces, &replayed)?;
+            }
             Op::Step {
                 rid,
                 key,
@@ -652,11 +669,19 @@ fn write_ops_tx(
                 // the commit, and this run's spans are dropped.
                 run.slot.inserted(rid.unwrap_or(0));
             }
-            Op::Span(rec) => write_span(rec.rid, rec)?,
+            Op::Span(rec) => {
+                if !rec.rid.map_or(Ok(false), &mut is_refused)? {
+                    span_inserts.insert(tx, traces, rec, rec.rid)?;
+                }
+            }
             Op::RowSpan(row, rec) => match row.in_tx() {
                 // The row was not inserted: its run failed.
                 0 => {}
-                rid => write_span(Some(rid), rec)?,
+                rid => {
+                    if !is_refused(rid)? {
+                        span_inserts.insert(tx, traces, rec, Some(rid))?;
+                    }
+                }
             },
         }
     }
@@ -837,7 +862,7 @@ fn insert_journal_with(
     Ok(if stored == value { None } else { Some(stored) })
 }
 
-fn trace_tid(
+pub(crate) fn trace_tid(
     tx: &Connection,
     traces: &mut HashMap<String, i64>,
     trace_id: &str,
@@ -1127,6 +1152,10 @@ impl Store for SqliteStore {
 
     fn queue_span(&self, span: SpanRecord) {
         self.enqueue(Op::Span(Box::new(span)), false);
+    }
+
+    fn queue_replayed(&self, span: ReplayedSpan) {
+        self.enqueue(Op::Replayed(span), false);
     }
 
     fn commit_deferred(

@@ -1,0 +1,243 @@
+//! The spans of replayed steps: one is queued per replayed step, so a
+//! replay queues them as fast as the flow body runs. They are queued in a
+//! compact form (the span id as bytes, the trace shared) and SQLite inserts
+//! a batch of them with multi-row statements; the rows are the ones a
+//! `SpanRecord` of the same span would write.
+
+use super::sqlite::{FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
+use super::{SpanRecord, SpanRow};
+use crate::ids::encode_id;
+use rusqlite::Connection;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+/// The span of a step replayed from the journal: finished when it started,
+/// status `ok`, no input, its output the journaled value (stored by
+/// reference) when `output_in_journal`.
+#[derive(Debug, Clone)]
+pub struct ReplayedSpan {
+    pub trace_id: Arc<str>,
+    pub rid: i64,
+    /// A ULID, in its 16-byte stored form.
+    pub span_id: [u8; 16],
+    /// Shared with the replay's other spans (see `Attempt::queue_replayed`).
+    pub parent_span_id: Option<Arc<str>>,
+    pub kind: Cow<'static, str>,
+    pub name: Arc<str>,
+    pub at: f64,
+    pub step_key: String,
+    pub output_in_journal: bool,
+}
+
+impl ReplayedSpan {
+    /// The same span as a general record.
+    pub fn into_record(self) -> SpanRecord {
+        SpanRecord {
+            trace_id: self.trace_id.to_string(),
+            rid: Some(self.rid),
+            span: SpanRow {
+                span_id: crate::ids::decode_id(&self.span_id),
+                parent_span_id: self.parent_span_id.map(|p| p.to_string()),
+                kind: self.kind.into_owned(),
+                name: self.name.to_string(),
+                started_at: self.at,
+                ended_at: Some(self.at),
+                status: "ok".into(),
+                replayed: true,
+                step_key: Some(self.step_key),
+                ..Default::default()
+            },
+            output_in_journal: self.output_in_journal,
+        }
+    }
+
+    fn flags(&self) -> i64 {
+        if self.output_in_journal {
+            FLAG_REPLAYED | FLAG_OUTPUT_IN_JOURNAL
+        } else {
+            FLAG_REPLAYED
+        }
+    }
+}
+
+/// Rows per statement, largest first: a batch is inserted with as many of
+/// the largest as fit, then the smaller ones (each prepared once per
+/// connection and kept in its statement cache).
+const CHUNKS: [usize; 3] = [32, 8, 1];
+/// Parameters shared by the rows of one statement: tid, rid, parent, kind,
+/// flags (a replay's spans share them).
+const SHARED: usize = 5;
+/// Parameters per row: span_id, name, at (started and ended), step_key.
+const PER_ROW: usize = 4;
+
+fn chunk_sql(rows: usize) -> &'static str {
+    static SQL: OnceLock<Vec<String>> = OnceLock::new();
+    let all = SQL.get_or_init(|| {
+        CHUNKS
+            .iter()
+            .map(|&n| {
+                let mut sql = String::from(
+                    "INSERT INTO spans(tid, rid, span_id, parent, kind, name, started_at, \
+                     ended_at, status, flags, step_key) VALUES",
+                );
+                for i in 0..n {
+                    let b = SHARED + i * PER_ROW;
+                    if i > 0 {
+                        sql.push(',');
+                    }
+                    sql.push_str(&format!(
+                        "(?1,?2,?{},?3,?4,?{},?{},?{},'ok',?5,?{})",
+                        b + 1,
+                        b + 2,
+                        b + 3,
+                        b + 3,
+                        b + 4
+                    ));
+                }
+                sql
+            })
+            .collect()
+    });
+    let i = CHUNKS.iter().position(|&n| n == rows).unwrap_or(0);
+    &all[i]
+}
+
+/// What the rows of one statement share.
+struct Shared<'a> {
+    tid: i64,
+    rid: i64,
+    parent: Option<&'a str>,
+    kind: &'a str,
+    flags: i64,
+}
+
+/// Inserts `spans` in order (refused ones already left out), under the
+/// trace ids cached in `traces`.
+pub(crate) fn insert_replayed(
+    tx: &Connection,
+    traces: &mut HashMap<String, i64>,
+    spans: &[&ReplayedSpan],
+) -> rusqlite::Result<()> {
+    let mut last_trace: Option<(&Arc<str>, i64)> = None;
+    let mut at = 0;
+    while at < spans.len() {
+        let first = spans[at];
+        let tid = match last_trace {
+            Some((t, tid)) if Arc::ptr_eq(t, &first.trace_id) || **t == *first.trace_id => tid,
+            _ => {
+                let tid = super::sqlite::trace_tid(tx, traces, &first.trace_id)?;
+                last_trace = Some((&first.trace_id, tid));
+                tid
+            }
+        };
+        let shared = Shared {
+            tid,
+            rid: first.rid,
+            parent: first.parent_span_id.as_deref(),
+            kind: &first.kind,
+            flags: first.flags(),
+        };
+        // The run of spans sharing these values.
+        let mut end = at + 1;
+        while end < spans.len() {
+            let s = spans[end];
+            let same = s.rid == shared.rid
+                && s.parent_span_id.as_deref() == shared.parent
+                && *s.kind == *shared.kind
+                && s.flags() == shared.flags
+                && (Arc::ptr_eq(&s.trace_id, &first.trace_id) || s.trace_id == first.trace_id);
+            if !same {
+                break;
+            }
+            end += 1;
+        }
+        let parent = shared.parent.map(encode_id);
+        for &size in &CHUNKS {
+            while end - at >= size {
+                let mut st = tx.prepare_cached(chunk_sql(size))?;
+                st.raw_bind_parameter(1, shared.tid)?;
+                st.raw_bind_parameter(2, shared.rid)?;
+                st.raw_bind_parameter(3, &parent)?;
+                st.raw_bind_parameter(4, shared.kind)?;
+                st.raw_bind_parameter(5, shared.flags)?;
+                for (i, s) in spans[at..at + size].iter().enumerate() {
+                    let b = SHARED + i * PER_ROW;
+                    st.raw_bind_parameter(b + 1, &s.span_id[..])?;
+                    st.raw_bind_parameter(b + 2, &*s.name)?;
+                    st.raw_bind_parameter(b + 3, s.at)?;
+                    st.raw_bind_parameter(b + 4, s.step_key.as_str())?;
+                }
+                st.raw_execute()?;
+                at += size;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::sqlite::{insert_span, open_connection};
+
+    /// Every column of every span row, in insertion order.
+    fn rows(conn: &Connection) -> Vec<Vec<rusqlite::types::Value>> {
+        let mut st = conn.prepare("SELECT * FROM spans ORDER BY sid").unwrap();
+        let n = st.column_count();
+        st.query_map([], |r| (0..n).map(|i| r.get(i)).collect())
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+
+    #[test]
+    fn multi_row_inserts_store_the_rows_of_the_general_insert() {
+        let dir =
+            std::env::temp_dir().join(format!("composeai-replayed-{}", crate::ids::new_ulid()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let trace: Arc<str> = Arc::from(crate::ids::new_ulid().as_str());
+        let other: Arc<str> = Arc::from(crate::ids::new_ulid().as_str());
+        // 83 rows: runs of shared values broken by a parent, a kind, the
+        // output flag, a foreign parent id and another trace, so every
+        // statement size is used.
+        let spans: Vec<ReplayedSpan> = (0..83)
+            .map(|i| ReplayedSpan {
+                trace_id: if i == 70 {
+                    other.clone()
+                } else {
+                    trace.clone()
+                },
+                rid: 1 + (i / 60) as i64,
+                span_id: crate::ids::new_ulid_bytes().0,
+                parent_span_id: match i {
+                    0 => None,
+                    41 => Some(Arc::from("foreign parent")),
+                    _ => Some(Arc::from("01ARZ3NDEKTSV4RRFFQ69G5FAV")),
+                },
+                kind: if i == 50 { "llm".into() } else { "task".into() },
+                name: Arc::from(format!("step{}", i % 3).as_str()),
+                at: 1_700_000_000.25 + i as f64,
+                step_key: format!("scope/step{}#{i}", i % 3),
+                output_in_journal: i % 17 != 5,
+            })
+            .collect();
+        let mut stored = Vec::new();
+        for (name, batched) in [("a.db", true), ("b.db", false)] {
+            let conn = open_connection(dir.join(name).to_str().unwrap(), false).unwrap();
+            let mut traces = HashMap::new();
+            if batched {
+                let refs: Vec<&ReplayedSpan> = spans.iter().collect();
+                insert_replayed(&conn, &mut traces, &refs).unwrap();
+            } else {
+                for s in &spans {
+                    insert_span(&conn, &mut traces, &s.clone().into_record()).unwrap();
+                }
+            }
+            stored.push(rows(&conn));
+        }
+        assert_eq!(stored[0].len(), 83);
+        assert_eq!(stored[0], stored[1]);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
