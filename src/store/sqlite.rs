@@ -9,8 +9,8 @@
 
 use super::checkpointer::Checkpointer;
 use super::migrate;
-use super::write_tx::WriteTx;
 use super::replayed::ReplayedSpan;
+use super::write_tx::WriteTx;
 use super::{
     AgentStateRow, InterruptRow, LeaseCheck, NewRun, PriorSpend, RowSlot, RunRow, Settlement,
     SpanRecord, Store,
