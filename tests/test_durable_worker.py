@@ -56,7 +56,8 @@ def boom(label: str) -> int:
 
 @flow
 def sluggish(label: str) -> int:
-    compose.sleep(0.01)
+    # Long enough that the starting process parks it even when slowed by load.
+    compose.sleep(0.3)
     work(label, 1)
     slow(label)
     return work(label, 2)
