@@ -265,11 +265,12 @@ impl PyAttempt {
         let future = future.unbind();
         super::offloop::resolver(py)?;
         let inner = self.inner.clone();
+        let owed = super::offloop::Owed::new();
         crate::runtime::runtime().spawn(async move {
             let outcome = pending
                 .await
                 .map(|winner| inner.end_commit(&key, &value_json, winner));
-            Python::with_gil(|py| {
+            owed.with_gil(|py| {
                 let outcome = outcome
                     .map(|v| PyString::new(py, &v).into_any().unbind())
                     .map_err(to_py);

@@ -45,6 +45,11 @@ fn take_span_write_error() -> Option<String> {
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    py.import("atexit")?.call_method1(
+        "register",
+        (wrap_pyfunction!(offloop::settle_deliveries, py)?,),
+    )?;
     m.add_class::<store::PyStore>()?;
     m.add_class::<attempt::PyAttempt>()?;
     m.add_class::<attempt::PyFence>()?;
