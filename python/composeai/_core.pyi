@@ -209,6 +209,8 @@ class Attempt:
     def set_batch(self) -> None:
         """Batch durability: unfenced steps are group-committed in the background."""
     def sync(self) -> None: ...
+    def aflush(self, future: Any) -> None:
+        """`sync` off the event loop: resolves `future` with None."""
     def replayed(
         self,
         span_id: str,
@@ -225,6 +227,8 @@ class Attempt:
     def store_row(self) -> None: ...
     def span(self, span: _SpanRecord) -> None: ...
     def set_budget(self, budget_json: str) -> None: ...
+    def aset_budget(self, future: Any, budget_json: str) -> None:
+        """`set_budget` off the event loop: resolves `future` with None."""
     def record_answers(self, answers: Sequence[tuple[str, str]]) -> None: ...
     def pending(self) -> list[_PendingTuple]: ...
     def discard(self) -> None: ...
@@ -499,13 +503,23 @@ _OutcomeTuple: TypeAlias = tuple[
 class GraphRun:
     def ready(self) -> list[_ExecTuple]: ...
     def answer(self, values: list[tuple[str, str]]) -> None: ...
+    def aanswer(self, future: Any, values: list[tuple[str, str]]) -> None:
+        """`answer` off the event loop: resolves `future` with None."""
     def step(
         self, outcomes: list[_OutcomeTuple]
     ) -> tuple[str, list[str], str | None, list[_ExecTuple]]: ...
+    def astep(self, future: Any, outcomes: list[_OutcomeTuple]) -> None:
+        """`step` off the event loop: resolves `future` with its tuple."""
     def route(self, labels: list[tuple[str, str]]) -> tuple[str, list[_ExecTuple]]: ...
+    def aroute(self, future: Any, labels: list[tuple[str, str]]) -> None:
+        """`route` off the event loop: resolves `future` with its tuple."""
     def idle_status(self) -> str: ...
     def commit(self, output_json: str | None = None) -> None: ...
+    def acommit(self, future: Any, output_json: str | None = None) -> None:
+        """`commit` off the event loop: resolves `future` with None."""
     def release(self, status: str) -> None: ...
+    def arelease(self, future: Any, status: str) -> None:
+        """`release` off the event loop: resolves `future` with None."""
     def state_json(self) -> str: ...
     def progress_json(self) -> str: ...
     def pending(self) -> list[tuple[str, str]]: ...
@@ -526,6 +540,18 @@ def graph_open(
     max_steps: int,
     deadline: float | None = None,
 ) -> GraphRun: ...
+def graph_aopen(
+    future: Any,
+    graph: GraphDef,
+    attempt: Attempt,
+    thread_id: str | None,
+    input_json: str | None,
+    fresh: bool,
+    max_steps: int,
+    deadline: float | None = None,
+) -> None:
+    """`graph_open` off the event loop: resolves `future` with the GraphRun."""
+
 def graph_from_snapshot(
     graph: GraphDef,
     attempt: Attempt,
@@ -547,6 +573,50 @@ def thread_start(
     max_steps: int,
     deadline: float | None = None,
 ) -> tuple[Attempt, GraphRun]: ...
+def thread_astart(
+    future: Any,
+    store: Store,
+    graph: GraphDef,
+    thread_id: str,
+    args_json: str,
+    budget_json: str | None,
+    run_id: str,
+    input_json: str,
+    max_steps: int,
+    deadline: float | None = None,
+) -> None:
+    """`thread_start` off the event loop: resolves `future` with its pair."""
+
+def thread_aclaim(
+    future: Any,
+    store: Store,
+    thread_id: str,
+    graph: str,
+    fingerprint: str,
+    mode: Literal["run", "resume", "retry"],
+    run_id: str | None = None,
+) -> None:
+    """`thread_claim` off the event loop: resolves `future` with its JSON."""
+
+def thread_arelease(future: Any, store: Store, thread_id: str, status: str) -> None:
+    """`thread_release` off the event loop: resolves `future` with None."""
+
+def thread_ainfo(future: Any, store: Store, thread_id: str) -> None:
+    """`thread_info` off the event loop: resolves `future` with its JSON."""
+
+def thread_acheck_resume(future: Any, store: Store, thread_id: str, names: list[str]) -> None:
+    """`thread_check_resume` off the event loop: resolves `future` with None."""
+
+def thread_aaudit_add(
+    future: Any,
+    store: Store,
+    thread_id: str,
+    actor: str | None,
+    action: str,
+    checkpoint_id: str | None = None,
+) -> None:
+    """`thread_audit_add` off the event loop: resolves `future` with None."""
+
 def thread_claim(
     store: Store,
     thread_id: str,
