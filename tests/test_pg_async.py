@@ -431,3 +431,27 @@ def test_graph_thread_aresume_claims_the_lease_off_the_loop(store_kind):
     assert _engine.get_store().get_run(paused.run_id)["status"] == "completed"
     assert _engine.get_store().pending(paused.run_id) == []
     assert thread.state() == {"x": 1, "n": 4}
+
+
+def test_graph_aresume_of_a_snapshot_claims_the_lease_off_the_loop(store_kind):
+    """ASYNC-1 / EXT-29: `CompiledGraph.aresume` of a thread-less suspended run reads the
+    run, takes its lease, records the answer and settles without blocking the loop."""
+    from composeai.graph import END, Graph, suspend
+
+    def ask(state, ctx):
+        return suspend("which?") if ctx.resume is None else {"pick": ctx.resume}
+
+    app = Graph(name="pg_async_snapshot").add_node("ask", ask).start("ask")
+    app = app.edge("ask", END).compile(replace=True)
+    paused = app.run({"x": 2})
+    assert paused.suspended
+
+    async def main():
+        lock = RunsLock()
+        task = asyncio.create_task(app.aresume(paused.snapshot, {"ask": "b"}))
+        await _responsive_while_blocked(lock, task)
+        return await task
+
+    result = asyncio.run(main())
+    assert result.state == {"x": 2, "pick": "b"} and result.run_id == paused.run_id
+    assert _engine.get_store().get_run(paused.run_id)["status"] == "completed"

@@ -1366,17 +1366,17 @@ class CompiledGraph:
         encoded = _encode_values(values)
         _core.graph_check_resume(progress_json, [n for n, _ in encoded])
         store = self._store()
+        remote = _remote(store)
         run_id = snapshot.get("run_id")
-        row = store.get_run(run_id) if isinstance(run_id, str) else None
-        same = (
-            isinstance(run_id, str)
-            and row is not None
-            and row["kind"] == "graph"
-            and row["status"] in _RESUMABLE
-            and _core.graph_run_head(store, run_id) == snapshot.get("checkpoint_id")
-        )
+        row = None
+        if isinstance(run_id, str):
+            row = yield _io(remote, store.get_run, store.aget_run, run_id)
+        same = row is not None and row["kind"] == "graph" and row["status"] in _RESUMABLE
         if same:
-            attempt = yield _io(_remote(store), store.resume, store.aresume, run_id)
+            head = yield _io(remote, _core.graph_run_head, _core.graph_arun_head, store, run_id)
+            same = head == snapshot.get("checkpoint_id")
+        if same:
+            attempt = yield _io(remote, store.resume, store.aresume, run_id)
             gr = yield from self._open(attempt, None, None, False, max_steps, until)
         else:
             attempt = yield from self._start("{}", None, budget)
@@ -1702,7 +1702,9 @@ class GraphThread:
                 self.thread_id,
                 names,
             )
-        row = store.get_run(info["run_id"]) if info and info.get("run_id") else None
+        row = None
+        if info and info.get("run_id"):
+            row = yield _io(remote, store.get_run, store.aget_run, info["run_id"])
         reused = row if row is not None and row["status"] in _RESUMABLE else None
         new_run_id = None if reused is not None else _core.ulid()
         before = yield from self._claim(store, mode, new_run_id)

@@ -906,15 +906,34 @@ pub fn graph_check_resume(progress_json: &str, names: Vec<String>) -> PyResult<(
 /// The newest checkpoint id of a thread-less graph run, or `None`.
 #[pyfunction]
 pub fn graph_run_head(py: Python<'_>, store: &PyStore, run_id: &str) -> PyResult<Option<String>> {
-    on_store(py, store, |s| {
-        let Some(run) = s.get_run(run_id)? else {
-            return Ok(None);
-        };
-        let mut out = None;
-        s.read(&mut |c| {
-            out = c.run_head(run.rid)?.map(|r| r.checkpoint_id);
-            Ok(())
-        })?;
-        Ok(out)
-    })
+    on_store(py, store, |s| run_head(s, run_id))
+}
+
+/// `graph_run_head` for an async driver, resolving `future` with the id.
+#[pyfunction]
+pub fn graph_arun_head(
+    py: Python<'_>,
+    future: Bound<'_, PyAny>,
+    store: &PyStore,
+    run_id: String,
+) -> PyResult<()> {
+    on_store_off_loop(
+        py,
+        future,
+        store,
+        move |s| run_head(s, &run_id),
+        |py, head| Ok(head.into_pyobject(py)?.into_any().unbind()),
+    )
+}
+
+fn run_head(s: &dyn Store, run_id: &str) -> CoreResult<Option<String>> {
+    let Some(run) = s.get_run(run_id)? else {
+        return Ok(None);
+    };
+    let mut out = None;
+    s.read(&mut |c| {
+        out = c.run_head(run.rid)?.map(|r| r.checkpoint_id);
+        Ok(())
+    })?;
+    Ok(out)
 }

@@ -268,6 +268,20 @@ impl PyStore {
         }
     }
 
+    /// `get_run` for an async driver, resolving `future` with the row.
+    fn aget_run(&self, py: Python<'_>, future: Bound<'_, PyAny>, run_id: String) -> PyResult<()> {
+        let store: Arc<dyn Store> = self.inner.clone();
+        super::offloop::resolve_with(
+            py,
+            future,
+            move || store.get_run(&run_id),
+            |py, row| match row {
+                Some(r) => Ok(run_row_dict(py, &r)?.into_any().unbind()),
+                None => Ok(py.None()),
+            },
+        )
+    }
+
     /// Pending interrupts of a run: `(id, kind, question, payload_json)`,
     /// ordered by id.
     fn pending(&self, py: Python<'_>, run_id: &str) -> PyResult<Vec<PendingTuple>> {
