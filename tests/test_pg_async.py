@@ -455,3 +455,33 @@ def test_graph_aresume_of_a_snapshot_claims_the_lease_off_the_loop(store_kind):
     result = asyncio.run(main())
     assert result.state == {"x": 2, "pick": "b"} and result.run_id == paused.run_id
     assert _engine.get_store().get_run(paused.run_id)["status"] == "completed"
+
+
+def test_graph_ask_human_in_an_async_node_resumes_on_postgresql(store_kind):
+    """EXT-21 / ASYNC-1: a resumed async node's `ask_human()` answer is journaled through
+    the off-loop bridge before the node runs again."""
+    from composeai.graph import END, Graph
+
+    async def interview(state):
+        name = compose.ask_human("name", "Who are you?")
+        await asyncio.sleep(0)
+        city = compose.ask_human("city", f"Where do you live, {name}?")
+        return {"profile": f"{name}@{city}"}
+
+    wf = Graph(name="pg_async_hitl").add_node("interview", interview)
+    app = wf.start("interview").edge("interview", END).compile(replace=True)
+
+    async def main():
+        thread = app.thread("pg-async-hitl")
+        first = await thread.arun({})
+        second = await thread.aresume({"interview": "Ada"})
+        third = await thread.aresume({"interview": "London"})
+        return first, second, third
+
+    first, second, third = asyncio.run(main())
+    assert first.interrupts[0].payload["id"] == "name"
+    assert second.interrupts[0].payload["question"] == "Where do you live, Ada?"
+    assert third.state == {"profile": "Ada@London"} and not third.suspended
+    journal = dict(_engine.get_store().journal(third.run_id))
+    assert journal["__interrupt__:name"] == '"Ada"'
+    assert journal["__interrupt__:city"] == '"London"'

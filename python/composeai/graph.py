@@ -925,6 +925,8 @@ class _Driver:
 
                 reducer = self.compiled._builder._reducers.get("messages", "replace")
                 return run_agent_node(node.fn, dict(self.state), step.resume, reducer != "replace")
+            if step.attempt > 1:
+                _now(self._answer_asked(step))
             args = self._args(node, step)
             return _engine.call_body(node.fn, node.is_async, args, {})
         except _engine._Pause as pause:
@@ -936,6 +938,8 @@ class _Driver:
 
     async def _acall(self, node: _Node, step: _Step) -> Any:
         try:
+            if step.attempt > 1:
+                await _anow(self._answer_asked(step))
             return await node.fn(*self._args(node, step))
         except _engine._Pause as pause:
             return _human_suspend(pause)
@@ -945,10 +949,7 @@ class _Driver:
             raise _node_failed(step, exc) from exc
 
     def _args(self, node: _Node, step: _Step) -> tuple:
-        """A function node's arguments; a node resumed after `approve()` or
-        `ask_human()` paused it finds its answer journaled first."""
-        if step.attempt > 1:
-            self._answer_asked(step)
+        """A function node's arguments."""
         state = dict(self.state)
         if not node.takes_ctx:
             return (state,)
@@ -963,7 +964,9 @@ class _Driver:
 
     _asked: dict | None = None
 
-    def _answer_asked(self, step: _Step) -> None:
+    def _answer_asked(self, step: _Step):
+        """Plan: a node resumed after `approve()` or `ask_human()` paused it
+        finds its answer journaled before it runs again."""
         asked = self._asked
         if asked is None:
             asked = self._asked = {
@@ -974,7 +977,9 @@ class _Driver:
         interrupt_id = asked.get(step.node)
         if interrupt_id is not None:
             # First write wins, so a retry of the resumed node records nothing new.
-            self.attempt.record_answers([(interrupt_id, _codec.dumps(step.resume))])
+            attempt = self.attempt
+            answers = [(interrupt_id, _codec.dumps(step.resume))]
+            yield _io(self.remote, attempt.record_answers, attempt.arecord_answers, answers)
 
     def _outcome(self, node: str, value: Any) -> tuple:
         if value is None:
