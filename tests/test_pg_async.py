@@ -485,3 +485,31 @@ def test_graph_ask_human_in_an_async_node_resumes_on_postgresql(store_kind):
     journal = dict(_engine.get_store().journal(third.run_id))
     assert journal["__interrupt__:name"] == '"Ada"'
     assert journal["__interrupt__:city"] == '"London"'
+
+
+def test_compose_aresume_of_a_graph_run_with_a_budget_off_the_loop(store_kind):
+    """ASYNC-1 / EXT-29: `compose.aresume(run_id, answers, budget=...)` of a graph run reads
+    its interrupts, takes the lease, records the answer and the budget, reads the usage
+    earlier attempts spent and settles, without blocking the loop."""
+    from composeai.graph import END, Graph, suspend
+
+    def ask(state, ctx):
+        return suspend("size?") if ctx.resume is None else {"size": ctx.resume}
+
+    app = Graph(name="pg_async_compose").add_node("ask", ask).start("ask")
+    app = app.edge("ask", END).compile(replace=True)
+    paused = app.run({})
+    assert paused.suspended
+
+    async def main():
+        lock = RunsLock()
+        task = asyncio.create_task(
+            compose.aresume(paused.run_id, {"ask": 3}, budget=compose.Budget(tokens=100))
+        )
+        await _responsive_while_blocked(lock, task)
+        return await task
+
+    result = asyncio.run(main())
+    assert result.state == {"size": 3} and not result.suspended
+    row = _engine.get_store().get_run(paused.run_id)
+    assert row["status"] == "completed" and json.loads(row["budget_json"])["tokens"] == 100

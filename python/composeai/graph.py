@@ -646,7 +646,8 @@ class _Driver:
         self.remote = attempt.remote
 
     def drive(self, budget: Any) -> GraphResult:
-        root, tokens = self._enter(budget, _engine.driven_synchronously)
+        prior = _now(self._prior_usage(budget))
+        root, tokens = self._enter(budget, prior, _engine.driven_synchronously)
         try:
             return _now(self._finish(root, self._loop(root)))
         except BaseException as exc:
@@ -659,7 +660,8 @@ class _Driver:
     async def adrive(self, budget: Any) -> GraphResult:
         """`drive` on the caller's running loop: async nodes are awaited
         there, in the caller's context, and cancelled with its task."""
-        root, tokens = self._enter(budget, _engine.driven_by_running_loop)
+        prior = await _anow(self._prior_usage(budget))
+        root, tokens = self._enter(budget, prior, _engine.driven_by_running_loop)
         try:
             return await _anow(self._finish(root, await self._aloop(root)))
         except BaseException as exc:
@@ -675,9 +677,18 @@ class _Driver:
             raise self._limit_error(status)
         return (yield from self._settle(root, status))
 
-    def _enter(self, budget: Any, drive_mode: Callable[[], Any]) -> tuple:
-        """Opens the root span and sets the run's frame, budget meter and
-        driver (`drive_mode`); returns the root and the tokens `_exit` resets."""
+    def _prior_usage(self, budget: Any):
+        """Plan: the usage earlier attempts of the run spent, which a budget
+        counts (None without a budget)."""
+        if budget is None:
+            return None
+        attempt = self.attempt
+        return (yield _io(self.remote, attempt.prior_llm_usage, attempt.aprior_llm_usage))
+
+    def _enter(self, budget: Any, prior: Any, drive_mode: Callable[[], Any]) -> tuple:
+        """Opens the root span and sets the run's frame, budget meter (`prior`:
+        the usage it starts from) and driver (`drive_mode`); returns the root
+        and the tokens `_exit` resets."""
         run = self.run
         name = self.compiled.name
         root = _engine.open_span(None, run.trace, "graph", name)
@@ -685,7 +696,7 @@ class _Driver:
             root.attributes["thread_id"] = self.thread_id
         meter = None
         if budget is not None:
-            meter = _engine.budget_meter(budget, "graph", name, self.attempt.prior_llm_usage())
+            meter = _engine.budget_meter(budget, "graph", name, prior)
         budgets = _engine.BUDGETS.set((meter,)) if meter is not None else None
         frame = Frame(run, "", root, None, run.trace)
         # Without an event bus and with content captured (the defaults), node
@@ -1421,7 +1432,7 @@ class CompiledGraph:
                 details={"run_id": row["run_id"], "graph": self.name},
             )
         args = _codec.loads(row["args_json"]) if row["args_json"] else {}
-        values = self._answer_values(row["run_id"], answers)
+        values = yield from self._answer_values(row["run_id"], answers)
         thread_id = args.get("thread")
         if thread_id is not None:
             thread = self.thread(thread_id)
@@ -1447,10 +1458,12 @@ class CompiledGraph:
             raise
         return _Attempt(_Driver(self, attempt, gr, None), self._budget(budget, attempt))
 
-    def _answer_values(self, run_id: str, answers: Mapping[str, Any] | None) -> dict:
-        """`compose.resume()` answers as resume values by node name."""
+    def _answer_values(self, run_id: str, answers: Mapping[str, Any] | None):
+        """Plan: `compose.resume()` answers as resume values by node name."""
+        store = self._store()
+        pending = yield _io(_remote(store), store.pending, store.apending, run_id)
         asked = {}
-        for interrupt_id, _, _, payload_json in self._store().pending(run_id):
+        for interrupt_id, _, _, payload_json in pending:
             if interrupt_id.startswith("node:") and payload_json is not None:
                 ask = _asked_id(_decode(payload_json))
                 if ask is not None:

@@ -386,6 +386,18 @@ impl PyAttempt {
             .py_err()
     }
 
+    /// `prior_llm_usage()` of the whole run for an async driver, resolving
+    /// `future` with `(tokens, cost)`.
+    fn aprior_llm_usage(&self, py: Python<'_>, future: Bound<'_, PyAny>) -> PyResult<()> {
+        let inner = self.inner.clone();
+        super::offloop::resolve_with(
+            py,
+            future,
+            move || inner.prior_llm_usage(None),
+            |py, usage| Ok(usage.into_pyobject(py)?.into_any().unbind()),
+        )
+    }
+
     /// Commits the run row now if its insert is still queued: before user
     /// code that may run long or tell others the run id (a tool batch).
     fn store_row(&self, py: Python<'_>) -> PyResult<()> {

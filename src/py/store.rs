@@ -296,6 +296,23 @@ impl PyStore {
         Ok(rows.into_iter().map(interrupt_tuple).collect())
     }
 
+    /// `pending` for an async driver, resolving `future` with the list.
+    fn apending(&self, py: Python<'_>, future: Bound<'_, PyAny>, run_id: String) -> PyResult<()> {
+        let store: Arc<dyn Store> = self.inner.clone();
+        super::offloop::resolve_with(
+            py,
+            future,
+            move || match store.get_run(&run_id)? {
+                Some(r) => store.pending(r.rid),
+                None => Ok(vec![]),
+            },
+            |py, rows| {
+                let rows: Vec<PendingTuple> = rows.into_iter().map(interrupt_tuple).collect();
+                Ok(rows.into_pyobject(py)?.into_any().unbind())
+            },
+        )
+    }
+
     /// The stored journal of a run as `(step_key, value_json)` pairs.
     fn journal(&self, py: Python<'_>, run_id: &str) -> PyResult<Vec<(String, String)>> {
         py.allow_threads(|| -> crate::error::CoreResult<_> {
