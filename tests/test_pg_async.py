@@ -12,6 +12,8 @@ ends, and the test fails because the watchdog had to step in.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import os
 import subprocess
 import sys
@@ -21,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import composeai as compose
-from composeai import _engine
+from composeai import _core, _engine
 from composeai.errors import ConfigError
 from composeai.testing import FakeModel
 
@@ -92,9 +94,10 @@ class RunsLock:
         ).strip()
 
 
-async def _responsive_while_blocked(lock: RunsLock, task: asyncio.Task) -> None:
+async def _responsive_while_blocked(lock: RunsLock, task: asyncio.Task, check=None) -> None:
     """Asserts that while `task` waits on the lock the loop keeps running: a ticker
-    advances and this coroutine observes the waiting statement; then releases the lock."""
+    advances and this coroutine observes the waiting statement (then calls `check`, if
+    given, to say what the task has done so far); then releases the lock."""
     ticks = 0
 
     async def ticker() -> None:
@@ -117,6 +120,8 @@ async def _responsive_while_blocked(lock: RunsLock, task: asyncio.Task) -> None:
         # Still in flight: the server has not answered yet.
         assert not task.done()
         assert await asyncio.to_thread(lock.waiters) != "0"
+        if check is not None:
+            check()
     finally:
         lock.release()
         tick_task.cancel()
@@ -261,3 +266,250 @@ def test_async_batch_flow_queues_steps_and_its_pause_commits_them(store_kind):
     done = asyncio.run(compose.aresume(paused.id, {"go": "yes"}))
     assert done.status == "completed" and done.output == (30, "yes")
     assert calls == list(range(30)), "a batched step never runs again once durable"
+
+
+# -- graphs (EXT-27, EXT-30): the same round trips of `CompiledGraph.arun` and
+# `GraphThread.aresume`, awaited off the loop.
+
+
+def _gated_graph(name: str, order: list, nodes: int):
+    """A graph of `nodes` async nodes in a line; the first waits on GATE["open"] after
+    setting GATE["entered"], each appends its name to `order`."""
+    from composeai.graph import END, Graph
+
+    names = [f"n{i}" for i in range(nodes)]
+
+    def make(node: str, first: bool):
+        async def run(state: dict) -> dict:
+            if first:
+                GATE["entered"].set()
+                await GATE["open"].wait()
+            order.append(node)
+            return {node: state.get("x", 0) + 1}
+
+        return run
+
+    wf = Graph(name=name)
+    for i, node in enumerate(names):
+        wf.add_node(node, make(node, i == 0))
+    wf.start(names[0])
+    for a, b in itertools.pairwise(names):
+        wf.edge(a, b)
+    wf.edge(names[-1], END)
+    return wf.compile(replace=True)
+
+
+def test_graph_arun_creates_its_run_off_the_loop(store_kind):
+    """ASYNC-1 / EXT-27: `CompiledGraph.arun` creates its run row off the loop."""
+    order: list = []
+    app = _gated_graph("pg_async_create", order, 1)
+
+    async def main():
+        GATE["entered"], GATE["open"] = asyncio.Event(), asyncio.Event()
+        GATE["open"].set()
+        lock = RunsLock()
+        task = asyncio.create_task(app.arun({"x": 1}))
+        await _responsive_while_blocked(lock, task)
+        return await task
+
+    result = asyncio.run(main())
+    assert result.state == {"x": 1, "n0": 2} and order == ["n0"]
+    assert _engine.get_store().get_run(result.run_id)["status"] == "completed"
+
+
+def test_graph_step_checkpoint_is_awaited_off_the_loop(store_kind):
+    """ASYNC-1 / EXT-27: a step's checkpoint is committed off the loop, before the next
+    step's node runs."""
+    order: list = []
+    app = _gated_graph("pg_async_step", order, 2)
+
+    async def main():
+        GATE["entered"], GATE["open"] = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(app.arun({"x": 1}))
+        await GATE["entered"].wait()
+        lock = await asyncio.to_thread(RunsLock)
+        GATE["open"].set()
+
+        def first_step_only() -> None:
+            assert order == ["n0"], "the next step ran before the checkpoint was durable"
+
+        await _responsive_while_blocked(lock, task, first_step_only)
+        return await task
+
+    result = asyncio.run(main())
+    assert order == ["n0", "n1"] and result.steps == 2
+    assert result.state == {"x": 1, "n0": 2, "n1": 2}
+    assert _engine.get_store().get_run(result.run_id)["status"] == "completed"
+
+
+def test_graph_settlement_is_awaited_off_the_loop(store_kind):
+    """ASYNC-1 / EXT-27: the last checkpoint and the settlement of an async graph run
+    (one transaction) are awaited off the loop; the row is completed once it returns."""
+    order: list = []
+    app = _gated_graph("pg_async_settle", order, 1)
+    seen: list = []
+
+    async def main():
+        GATE["entered"], GATE["open"] = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(app.arun({"x": 5}))
+        await GATE["entered"].wait()
+        lock = await asyncio.to_thread(RunsLock)
+        GATE["open"].set()
+
+        def still_running() -> None:
+            # The node has returned; the run stays running until the settlement commits.
+            assert order == ["n0"]
+            seen.append(
+                _proc.pg_exec(
+                    os.environ["COMPOSE_STORE"],
+                    "SELECT status FROM runs WHERE name = 'pg_async_settle'",
+                ).strip()
+            )
+
+        await _responsive_while_blocked(lock, task, still_running)
+        return await task
+
+    result = asyncio.run(main())
+    assert seen == ["running"]
+    assert result.state == {"x": 5, "n0": 6}
+    assert _engine.get_store().get_run(result.run_id)["status"] == "completed"
+
+
+def test_graph_failure_settles_off_the_loop(store_kind):
+    """ASYNC-1 / EXT-31: a node's failure releases the thread and settles the run failed
+    off the loop; the error reaches the awaiting task."""
+    from composeai.graph import END, Graph, GraphError
+
+    async def boom(state: dict) -> dict:
+        GATE["entered"].set()
+        await GATE["open"].wait()
+        raise ValueError("no")
+
+    app = Graph(name="pg_async_fail").add_node("boom", boom).start("boom")
+    app = app.edge("boom", END).compile(replace=True)
+    thread = app.thread("pg-async-fail")
+
+    async def main():
+        GATE["entered"], GATE["open"] = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(thread.arun({"x": 1}))
+        await GATE["entered"].wait()
+        lock = await asyncio.to_thread(RunsLock)
+        GATE["open"].set()
+        await _responsive_while_blocked(lock, task)
+        return await task
+
+    with pytest.raises(GraphError, match="node 'boom' failed"):
+        asyncio.run(main())
+    info = json.loads(_core.thread_info(_engine.get_store(), "pg-async-fail"))
+    assert info["status"] == "failed"
+    assert _engine.get_store().get_run(info["run_id"])["status"] == "failed"
+
+
+def test_graph_thread_aresume_claims_the_lease_off_the_loop(store_kind):
+    """ASYNC-1 / EXT-30: `GraphThread.aresume` of a suspended thread takes the run's lease,
+    records the answer and settles without blocking the loop."""
+    from composeai.graph import END, Graph, suspend
+
+    def ask(state, ctx):
+        return suspend("how many?") if ctx.resume is None else {"n": ctx.resume}
+
+    app = Graph(name="pg_async_resume").add_node("ask", ask).start("ask")
+    app = app.edge("ask", END).compile(replace=True)
+    thread = app.thread("pg-async-resume")
+    paused = thread.run({"x": 1})
+    assert paused.suspended
+
+    async def main():
+        lock = RunsLock()
+        task = asyncio.create_task(thread.aresume({"ask": 4}))
+        await _responsive_while_blocked(lock, task)
+        return await task
+
+    result = asyncio.run(main())
+    assert not result.suspended and result.state == {"x": 1, "n": 4}
+    assert result.run_id == paused.run_id
+    assert _engine.get_store().get_run(paused.run_id)["status"] == "completed"
+    assert _engine.get_store().pending(paused.run_id) == []
+    assert thread.state() == {"x": 1, "n": 4}
+
+
+def test_graph_aresume_of_a_snapshot_claims_the_lease_off_the_loop(store_kind):
+    """ASYNC-1 / EXT-29: `CompiledGraph.aresume` of a thread-less suspended run reads the
+    run, takes its lease, records the answer and settles without blocking the loop."""
+    from composeai.graph import END, Graph, suspend
+
+    def ask(state, ctx):
+        return suspend("which?") if ctx.resume is None else {"pick": ctx.resume}
+
+    app = Graph(name="pg_async_snapshot").add_node("ask", ask).start("ask")
+    app = app.edge("ask", END).compile(replace=True)
+    paused = app.run({"x": 2})
+    assert paused.suspended
+
+    async def main():
+        lock = RunsLock()
+        task = asyncio.create_task(app.aresume(paused.snapshot, {"ask": "b"}))
+        await _responsive_while_blocked(lock, task)
+        return await task
+
+    result = asyncio.run(main())
+    assert result.state == {"x": 2, "pick": "b"} and result.run_id == paused.run_id
+    assert _engine.get_store().get_run(paused.run_id)["status"] == "completed"
+
+
+def test_graph_ask_human_in_an_async_node_resumes_on_postgresql(store_kind):
+    """EXT-21 / ASYNC-1: a resumed async node's `ask_human()` answer is journaled through
+    the off-loop bridge before the node runs again."""
+    from composeai.graph import END, Graph
+
+    async def interview(state):
+        name = compose.ask_human("name", "Who are you?")
+        await asyncio.sleep(0)
+        city = compose.ask_human("city", f"Where do you live, {name}?")
+        return {"profile": f"{name}@{city}"}
+
+    wf = Graph(name="pg_async_hitl").add_node("interview", interview)
+    app = wf.start("interview").edge("interview", END).compile(replace=True)
+
+    async def main():
+        thread = app.thread("pg-async-hitl")
+        first = await thread.arun({})
+        second = await thread.aresume({"interview": "Ada"})
+        third = await thread.aresume({"interview": "London"})
+        return first, second, third
+
+    first, second, third = asyncio.run(main())
+    assert first.interrupts[0].payload["id"] == "name"
+    assert second.interrupts[0].payload["question"] == "Where do you live, Ada?"
+    assert third.state == {"profile": "Ada@London"} and not third.suspended
+    journal = dict(_engine.get_store().journal(third.run_id))
+    assert journal["__interrupt__:name"] == '"Ada"'
+    assert journal["__interrupt__:city"] == '"London"'
+
+
+def test_compose_aresume_of_a_graph_run_with_a_budget_off_the_loop(store_kind):
+    """ASYNC-1 / EXT-29: `compose.aresume(run_id, answers, budget=...)` of a graph run reads
+    its interrupts, takes the lease, records the answer and the budget, reads the usage
+    earlier attempts spent and settles, without blocking the loop."""
+    from composeai.graph import END, Graph, suspend
+
+    def ask(state, ctx):
+        return suspend("size?") if ctx.resume is None else {"size": ctx.resume}
+
+    app = Graph(name="pg_async_compose").add_node("ask", ask).start("ask")
+    app = app.edge("ask", END).compile(replace=True)
+    paused = app.run({})
+    assert paused.suspended
+
+    async def main():
+        lock = RunsLock()
+        task = asyncio.create_task(
+            compose.aresume(paused.run_id, {"ask": 3}, budget=compose.Budget(tokens=100))
+        )
+        await _responsive_while_blocked(lock, task)
+        return await task
+
+    result = asyncio.run(main())
+    assert result.state == {"size": 3} and not result.suspended
+    row = _engine.get_store().get_run(paused.run_id)
+    assert row["status"] == "completed" and json.loads(row["budget_json"])["tokens"] == 100

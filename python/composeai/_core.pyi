@@ -209,6 +209,8 @@ class Attempt:
     def set_batch(self) -> None:
         """Batch durability: unfenced steps are group-committed in the background."""
     def sync(self) -> None: ...
+    def aflush(self, future: Any) -> None:
+        """`sync` off the event loop: resolves `future` with None."""
     def replayed(
         self,
         span_id: str,
@@ -222,9 +224,13 @@ class Attempt:
     def save_agent_state(self, state: _AgentStateTuple, fence: Fence | None = None) -> None: ...
     def load_agent_state(self, scope_key: str) -> tuple[str, str | None, int] | None: ...
     def prior_llm_usage(self, step_key: str | None = None) -> tuple[int, float]: ...
+    def aprior_llm_usage(self, future: Any) -> None:
+        """`prior_llm_usage()` off the event loop: resolves `future` with the pair."""
     def store_row(self) -> None: ...
     def span(self, span: _SpanRecord) -> None: ...
     def set_budget(self, budget_json: str) -> None: ...
+    def aset_budget(self, future: Any, budget_json: str) -> None:
+        """`set_budget` off the event loop: resolves `future` with None."""
     def record_answers(self, answers: Sequence[tuple[str, str]]) -> None: ...
     def pending(self) -> list[_PendingTuple]: ...
     def discard(self) -> None: ...
@@ -288,7 +294,11 @@ class Store:
     def aresume(self, future: Any, run_id: str, recover: bool = False) -> None:
         """`resume` off the event loop: resolves `future` with the attempt."""
     def get_run(self, run_id: str) -> _RunRow | None: ...
+    def aget_run(self, future: Any, run_id: str) -> None:
+        """`get_run` off the event loop: resolves `future` with the row."""
     def pending(self, run_id: str) -> list[_PendingTuple]: ...
+    def apending(self, future: Any, run_id: str) -> None:
+        """`pending` off the event loop: resolves `future` with the list."""
     def journal(self, run_id: str) -> list[tuple[str, str]]: ...
     def queue_span(self, trace_id: str, span: _SpanRecord) -> None: ...
     def save_chat(
@@ -499,13 +509,23 @@ _OutcomeTuple: TypeAlias = tuple[
 class GraphRun:
     def ready(self) -> list[_ExecTuple]: ...
     def answer(self, values: list[tuple[str, str]]) -> None: ...
+    def aanswer(self, future: Any, values: list[tuple[str, str]]) -> None:
+        """`answer` off the event loop: resolves `future` with None."""
     def step(
         self, outcomes: list[_OutcomeTuple]
     ) -> tuple[str, list[str], str | None, list[_ExecTuple]]: ...
+    def astep(self, future: Any, outcomes: list[_OutcomeTuple]) -> None:
+        """`step` off the event loop: resolves `future` with its tuple."""
     def route(self, labels: list[tuple[str, str]]) -> tuple[str, list[_ExecTuple]]: ...
+    def aroute(self, future: Any, labels: list[tuple[str, str]]) -> None:
+        """`route` off the event loop: resolves `future` with its tuple."""
     def idle_status(self) -> str: ...
     def commit(self, output_json: str | None = None) -> None: ...
+    def acommit(self, future: Any, output_json: str | None = None) -> None:
+        """`commit` off the event loop: resolves `future` with None."""
     def release(self, status: str) -> None: ...
+    def arelease(self, future: Any, status: str) -> None:
+        """`release` off the event loop: resolves `future` with None."""
     def state_json(self) -> str: ...
     def progress_json(self) -> str: ...
     def pending(self) -> list[tuple[str, str]]: ...
@@ -526,6 +546,18 @@ def graph_open(
     max_steps: int,
     deadline: float | None = None,
 ) -> GraphRun: ...
+def graph_aopen(
+    future: Any,
+    graph: GraphDef,
+    attempt: Attempt,
+    thread_id: str | None,
+    input_json: str | None,
+    fresh: bool,
+    max_steps: int,
+    deadline: float | None = None,
+) -> None:
+    """`graph_open` off the event loop: resolves `future` with the GraphRun."""
+
 def graph_from_snapshot(
     graph: GraphDef,
     attempt: Attempt,
@@ -536,6 +568,9 @@ def graph_from_snapshot(
 ) -> GraphRun: ...
 def graph_check_resume(progress_json: str, names: list[str]) -> None: ...
 def graph_run_head(store: Store, run_id: str) -> str | None: ...
+def graph_arun_head(future: Any, store: Store, run_id: str) -> None:
+    """`graph_run_head` off the event loop: resolves `future` with the id."""
+
 def thread_start(
     store: Store,
     graph: GraphDef,
@@ -547,6 +582,50 @@ def thread_start(
     max_steps: int,
     deadline: float | None = None,
 ) -> tuple[Attempt, GraphRun]: ...
+def thread_astart(
+    future: Any,
+    store: Store,
+    graph: GraphDef,
+    thread_id: str,
+    args_json: str,
+    budget_json: str | None,
+    run_id: str,
+    input_json: str,
+    max_steps: int,
+    deadline: float | None = None,
+) -> None:
+    """`thread_start` off the event loop: resolves `future` with its pair."""
+
+def thread_aclaim(
+    future: Any,
+    store: Store,
+    thread_id: str,
+    graph: str,
+    fingerprint: str,
+    mode: Literal["run", "resume", "retry"],
+    run_id: str | None = None,
+) -> None:
+    """`thread_claim` off the event loop: resolves `future` with its JSON."""
+
+def thread_arelease(future: Any, store: Store, thread_id: str, status: str) -> None:
+    """`thread_release` off the event loop: resolves `future` with None."""
+
+def thread_ainfo(future: Any, store: Store, thread_id: str) -> None:
+    """`thread_info` off the event loop: resolves `future` with its JSON."""
+
+def thread_acheck_resume(future: Any, store: Store, thread_id: str, names: list[str]) -> None:
+    """`thread_check_resume` off the event loop: resolves `future` with None."""
+
+def thread_aaudit_add(
+    future: Any,
+    store: Store,
+    thread_id: str,
+    actor: str | None,
+    action: str,
+    checkpoint_id: str | None = None,
+) -> None:
+    """`thread_audit_add` off the event loop: resolves `future` with None."""
+
 def thread_claim(
     store: Store,
     thread_id: str,

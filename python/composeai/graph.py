@@ -542,6 +542,88 @@ def _decode(text: str) -> Any:
     return _codec.loads(text)
 
 
+# A graph's store calls are written as plans: generators that yield each
+# call as `(call, acall, args)` and continue with its result (or get its
+# error thrown in), so the blocking and the async drivers share every
+# decision and differ only in how they wait. `acall` is the core's off-loop
+# twin of `call` (it resolves an asyncio future), None where the store is
+# local and its commits need no waiting for a server (ASYNC-1, STORE-2).
+
+
+def _io(remote: bool, call: Callable[..., Any], acall: Callable[..., None], *args: Any) -> tuple:
+    return (call, acall if remote else None, args)
+
+
+def _remote(store: Any) -> bool:
+    return store.kind != "sqlite"
+
+
+def _now(plan) -> Any:
+    """Runs a plan with each store call made in place."""
+    try:
+        call, _, args = next(plan)
+        while True:
+            try:
+                value = call(*args)
+            except BaseException as exc:  # noqa: BLE001 -- handed to the plan
+                call, _, args = plan.throw(exc)
+            else:
+                call, _, args = plan.send(value)
+    except StopIteration as stop:
+        return stop.value
+
+
+async def _anow(plan) -> Any:
+    """Runs a plan on the running loop, awaiting each server call off it."""
+    try:
+        call, acall, args = next(plan)
+        while True:
+            try:
+                if acall is None:
+                    value = call(*args)
+                else:
+                    value = await _engine.off_loop(acall, *args)
+            except BaseException as exc:  # noqa: BLE001 -- handed to the plan
+                call, acall, args = plan.throw(exc)
+            else:
+                call, acall, args = plan.send(value)
+    except StopIteration as stop:
+        return stop.value
+
+
+def _settling(plan):
+    """An `_engine` settlement plan (yielding `(run, settle arguments)`) as
+    graph store calls."""
+    try:
+        run, args = next(plan)
+        while True:
+            attempt = run.attempt
+            try:
+                yield _io(attempt.remote, attempt.settle, attempt.asettle, *args)
+            except BaseException as exc:  # noqa: BLE001 -- handed to the plan
+                run, args = plan.throw(exc)
+            else:
+                run, args = plan.send(None)
+    except StopIteration as stop:
+        return stop.value
+
+
+def _sleep_then(future: Any, delay: float) -> None:
+    """`time.sleep(delay)` for an async driver: resolves `future` after it."""
+
+    def wake() -> None:
+        if not future.done():
+            future.set_result(None)
+
+    future.get_loop().call_later(delay, wake)
+
+
+def _pause(delay: float) -> tuple:
+    """A plan's wait before trying a busy thread again; the async driver
+    never sleeps on the loop."""
+    return (time.sleep, _sleep_then, (delay,))
+
+
 class _Step:
     """One ready node of the current step."""
 
@@ -561,14 +643,16 @@ class _Driver:
         self.gr = gr
         self.thread_id = thread_id
         self.run = _engine.RunState(attempt, compiled.name)
+        self.remote = attempt.remote
 
     def drive(self, budget: Any) -> GraphResult:
-        root, tokens = self._enter(budget, _engine.driven_synchronously)
+        prior = _now(self._prior_usage(budget))
+        root, tokens = self._enter(budget, prior, _engine.driven_synchronously)
         try:
-            return self._finish(root, self._loop(root))
+            return _now(self._finish(root, self._loop(root)))
         except BaseException as exc:
             if not self.settled:
-                self._fail(root, exc)
+                _now(self._fail(root, exc))
             raise
         finally:
             self._exit(tokens)
@@ -576,24 +660,35 @@ class _Driver:
     async def adrive(self, budget: Any) -> GraphResult:
         """`drive` on the caller's running loop: async nodes are awaited
         there, in the caller's context, and cancelled with its task."""
-        root, tokens = self._enter(budget, _engine.driven_by_running_loop)
+        prior = await _anow(self._prior_usage(budget))
+        root, tokens = self._enter(budget, prior, _engine.driven_by_running_loop)
         try:
-            return self._finish(root, await self._aloop(root))
+            return await _anow(self._finish(root, await self._aloop(root)))
         except BaseException as exc:
             if not self.settled:
-                self._fail(root, exc)
+                await _anow(self._fail(root, exc))
             raise
         finally:
             self._exit(tokens)
 
-    def _finish(self, root, status: str) -> GraphResult:
+    def _finish(self, root, status: str):
+        """Plan: the settlement of a run whose loop stopped with `status`."""
         if status in ("step_limit", "deadline"):
             raise self._limit_error(status)
-        return self._settle(root, status)
+        return (yield from self._settle(root, status))
 
-    def _enter(self, budget: Any, drive_mode: Callable[[], Any]) -> tuple:
-        """Opens the root span and sets the run's frame, budget meter and
-        driver (`drive_mode`); returns the root and the tokens `_exit` resets."""
+    def _prior_usage(self, budget: Any):
+        """Plan: the usage earlier attempts of the run spent, which a budget
+        counts (None without a budget)."""
+        if budget is None:
+            return None
+        attempt = self.attempt
+        return (yield _io(self.remote, attempt.prior_llm_usage, attempt.aprior_llm_usage))
+
+    def _enter(self, budget: Any, prior: Any, drive_mode: Callable[[], Any]) -> tuple:
+        """Opens the root span and sets the run's frame, budget meter (`prior`:
+        the usage it starts from) and driver (`drive_mode`); returns the root
+        and the tokens `_exit` resets."""
         run = self.run
         name = self.compiled.name
         root = _engine.open_span(None, run.trace, "graph", name)
@@ -601,7 +696,7 @@ class _Driver:
             root.attributes["thread_id"] = self.thread_id
         meter = None
         if budget is not None:
-            meter = _engine.budget_meter(budget, "graph", name, self.attempt.prior_llm_usage())
+            meter = _engine.budget_meter(budget, "graph", name, prior)
         budgets = _engine.BUDGETS.set((meter,)) if meter is not None else None
         frame = Frame(run, "", root, None, run.trace)
         # Without an event bus and with content captured (the defaults), node
@@ -623,7 +718,7 @@ class _Driver:
         self.state = _decode(self.gr.state_json())
         ready = self.gr.ready()
         while ready:
-            status, ready = self._advance(self._run_step(root, [_Step(t) for t in ready]))
+            status, ready = _now(self._advance(self._run_step(root, [_Step(t) for t in ready])))
             if status != "running":
                 # A stopped run's last checkpoint is written with its
                 # settlement, in one transaction.
@@ -635,19 +730,22 @@ class _Driver:
         self.state = _decode(self.gr.state_json())
         ready = self.gr.ready()
         while ready:
-            status, ready = self._advance(await self._arun_step(root, [_Step(t) for t in ready]))
+            outcomes = await self._arun_step(root, [_Step(t) for t in ready])
+            status, ready = await _anow(self._advance(outcomes))
             if status != "running":
                 return status
         return self.gr.idle_status()
 
-    def _advance(self, outcomes: list) -> tuple:
-        """Hands a step's outcomes to the core and applies its merged
-        update and routes: `(status, next ready nodes)`."""
+    def _advance(self, outcomes: list):
+        """Plan: hands a step's outcomes to the core (which commits the
+        step's checkpoint) and applies its merged update and routes:
+        `(status, next ready nodes)`."""
         gr = self.gr
-        delta_json, routers, status, ready = gr.step(outcomes)
+        delta_json, routers, status, ready = yield _io(self.remote, gr.step, gr.astep, outcomes)
         _apply_delta(self.state, _decode(delta_json))
         if routers:
-            status, ready = gr.route([(n, self._route(n)) for n in routers])
+            labels = [(n, self._route(n)) for n in routers]
+            status, ready = yield _io(self.remote, gr.route, gr.aroute, labels)
         return status, ready
 
     def _route(self, node: str) -> str:
@@ -710,7 +808,11 @@ class _Driver:
         outcomes = await asyncio.gather(
             *(self._arun_node(root, step, False) for step in ready), return_exceptions=True
         )
-        self.attempt.sync()
+        attempt = self.attempt
+        if attempt.remote:
+            await _engine.off_loop(attempt.aflush)
+        else:
+            attempt.sync()
         for outcome in outcomes:
             # As in a sync step: every node settles, the first failure in
             # node order is raised.
@@ -834,6 +936,8 @@ class _Driver:
 
                 reducer = self.compiled._builder._reducers.get("messages", "replace")
                 return run_agent_node(node.fn, dict(self.state), step.resume, reducer != "replace")
+            if step.attempt > 1:
+                _now(self._answer_asked(step))
             args = self._args(node, step)
             return _engine.call_body(node.fn, node.is_async, args, {})
         except _engine._Pause as pause:
@@ -845,6 +949,8 @@ class _Driver:
 
     async def _acall(self, node: _Node, step: _Step) -> Any:
         try:
+            if step.attempt > 1:
+                await _anow(self._answer_asked(step))
             return await node.fn(*self._args(node, step))
         except _engine._Pause as pause:
             return _human_suspend(pause)
@@ -854,10 +960,7 @@ class _Driver:
             raise _node_failed(step, exc) from exc
 
     def _args(self, node: _Node, step: _Step) -> tuple:
-        """A function node's arguments; a node resumed after `approve()` or
-        `ask_human()` paused it finds its answer journaled first."""
-        if step.attempt > 1:
-            self._answer_asked(step)
+        """A function node's arguments."""
         state = dict(self.state)
         if not node.takes_ctx:
             return (state,)
@@ -872,7 +975,9 @@ class _Driver:
 
     _asked: dict | None = None
 
-    def _answer_asked(self, step: _Step) -> None:
+    def _answer_asked(self, step: _Step):
+        """Plan: a node resumed after `approve()` or `ask_human()` paused it
+        finds its answer journaled before it runs again."""
         asked = self._asked
         if asked is None:
             asked = self._asked = {
@@ -883,7 +988,9 @@ class _Driver:
         interrupt_id = asked.get(step.node)
         if interrupt_id is not None:
             # First write wins, so a retry of the resumed node records nothing new.
-            self.attempt.record_answers([(interrupt_id, _codec.dumps(step.resume))])
+            attempt = self.attempt
+            answers = [(interrupt_id, _codec.dumps(step.resume))]
+            yield _io(self.remote, attempt.record_answers, attempt.arecord_answers, answers)
 
     def _outcome(self, node: str, value: Any) -> tuple:
         if value is None:
@@ -900,13 +1007,15 @@ class _Driver:
             return (node, "goto", update, value.targets, None)
         return (node, "update", _encode_update(node, value), None, None)
 
-    def _fail(self, root, exc: BaseException) -> None:
+    def _fail(self, root, exc: BaseException):
+        """Plan: releases the thread and settles the run failed."""
         self.settled = True
         try:
             if self.thread_id is not None:
-                self.gr.release("failed")
+                gr = self.gr
+                yield _io(self.remote, gr.release, gr.arelease, "failed")
         finally:
-            _engine.settle_error(self.run, root, exc)
+            yield from _settling(_engine._settle_error(self.run, root, exc))
 
     def _limit_error(self, status: str) -> GraphLimitError:
         gr = self.gr
@@ -919,8 +1028,9 @@ class _Driver:
             details={"steps": gr.steps, "run_id": self.run.run_id},
         )
 
-    def _settle(self, root, status: str) -> GraphResult:
-        """Writes the last checkpoint and settles the run in one transaction."""
+    def _settle(self, root, status: str):
+        """Plan: writes the last checkpoint and settles the run in one
+        transaction; returns the GraphResult."""
         gr = self.gr
         run = self.run
         steps = gr.steps
@@ -962,7 +1072,7 @@ class _Driver:
             )
         else:
             _engine.persist_span(run, root, output_json)
-        gr.commit(output_json)
+        yield _io(self.remote, gr.commit, gr.acommit, output_json)
         self.settled = True
         _engine.emit_run_finished(root, "paused" if status == "suspended" else "completed")
         _engine._check_span_writes()
@@ -1097,9 +1207,10 @@ class _Attempt:
 
     __slots__ = ("after", "budget", "driver")
 
-    def __init__(self, driver: _Driver, budget: Any, after: Callable[[], None] | None = None):
+    def __init__(self, driver: _Driver, budget: Any, after: Callable[[], Any] | None = None):
         self.driver = driver
         self.budget = budget
+        # Makes the plan of what follows the run.
         self.after = after
 
     def drive(self) -> GraphResult:
@@ -1107,14 +1218,14 @@ class _Attempt:
             return self.driver.drive(self.budget)
         finally:
             if self.after is not None:
-                self.after()
+                _now(self.after())
 
     async def adrive(self) -> GraphResult:
         try:
             return await self.driver.adrive(self.budget)
         finally:
             if self.after is not None:
-                self.after()
+                await _anow(self.after())
 
 
 class CompiledGraph:
@@ -1145,14 +1256,20 @@ class CompiledGraph:
     def _start(
         self, input_json: str, thread_id: str | None, budget: Any, run_id: str | None = None
     ):
+        """Plan: creates the run; returns its attempt."""
         store = self._store()
-        return store.start_run(
-            "graph",
-            self.name,
-            self.fingerprint,
-            _args_json(input_json, thread_id),
-            _engine.budget_json(budget),
-            run_id,
+        return (
+            yield _io(
+                _remote(store),
+                store.start_run,
+                store.astart_run,
+                "graph",
+                self.name,
+                self.fingerprint,
+                _args_json(input_json, thread_id),
+                _engine.budget_json(budget),
+                run_id,
+            )
         )
 
     def run(
@@ -1165,7 +1282,7 @@ class CompiledGraph:
     ) -> GraphResult:
         """Runs once from the start node with `input` as the state (EXT-27)."""
         _engine.check_sync_facade()
-        return self._begin_run(input, max_steps, deadline, budget).drive()
+        return _now(self._begin_run(input, max_steps, deadline, budget)).drive()
 
     async def arun(
         self,
@@ -1177,23 +1294,41 @@ class CompiledGraph:
     ) -> GraphResult:
         """Async twin of `run`, on the caller's loop: async nodes are awaited
         there, sync nodes run on threads of their own."""
-        return await self._begin_run(input, max_steps, deadline, budget).adrive()
+        begun = await _anow(self._begin_run(input, max_steps, deadline, budget))
+        return await begun.adrive()
 
-    def _begin_run(self, input: Any, max_steps: Any, deadline: Any, budget: Any) -> _Attempt:
+    def _begin_run(self, input: Any, max_steps: Any, deadline: Any, budget: Any):
+        """Plan: the new run's `_Attempt`."""
         max_steps = _check_max_steps(max_steps)
         until = _deadline_at(deadline)
         input_json = _input_json(input)
-        attempt = self._start(input_json, None, budget)
-        gr = self._open(attempt, None, input_json, True, max_steps, until)
+        attempt = yield from self._start(input_json, None, budget)
+        gr = yield from self._open(attempt, None, input_json, True, max_steps, until)
         return _Attempt(_Driver(self, attempt, gr, None), budget)
 
     def _open(self, attempt, thread_id, input_json, fresh, max_steps, until):
+        """Plan: opens the graph run at its head; a run that cannot be
+        opened is settled failed."""
+        remote = attempt.remote
         try:
-            return _core.graph_open(
-                self._native, attempt, thread_id, input_json, fresh, max_steps, until
+            return (
+                yield _io(
+                    remote,
+                    _core.graph_open,
+                    _core.graph_aopen,
+                    self._native,
+                    attempt,
+                    thread_id,
+                    input_json,
+                    fresh,
+                    max_steps,
+                    until,
+                )
             )
         except BaseException as exc:
-            attempt.settle("failed", None, _engine.error_json(exc))
+            yield _io(
+                remote, attempt.settle, attempt.asettle, "failed", None, _engine.error_json(exc)
+            )
             raise
 
     def resume(
@@ -1208,7 +1343,7 @@ class CompiledGraph:
         """Continues a thread-less suspended run from its snapshot: each
         suspended node runs again with `ctx.resume == values[node]` (EXT-29)."""
         _engine.check_sync_facade()
-        return self._begin_resume(snapshot, values, max_steps, deadline, budget).drive()
+        return _now(self._begin_resume(snapshot, values, max_steps, deadline, budget)).drive()
 
     async def aresume(
         self,
@@ -1220,11 +1355,11 @@ class CompiledGraph:
         budget: Any = None,
     ) -> GraphResult:
         """Async twin of `resume`, on the caller's loop."""
-        return await self._begin_resume(snapshot, values, max_steps, deadline, budget).adrive()
+        begun = await _anow(self._begin_resume(snapshot, values, max_steps, deadline, budget))
+        return await begun.adrive()
 
-    def _begin_resume(
-        self, snapshot: Any, values: Any, max_steps: Any, deadline: Any, budget: Any
-    ) -> _Attempt:
+    def _begin_resume(self, snapshot: Any, values: Any, max_steps: Any, deadline: Any, budget: Any):
+        """Plan: the `_Attempt` continuing a snapshot."""
         max_steps = _check_max_steps(max_steps)
         until = _deadline_at(deadline)
         if (
@@ -1247,20 +1382,20 @@ class CompiledGraph:
         encoded = _encode_values(values)
         _core.graph_check_resume(progress_json, [n for n, _ in encoded])
         store = self._store()
+        remote = _remote(store)
         run_id = snapshot.get("run_id")
-        row = store.get_run(run_id) if isinstance(run_id, str) else None
-        same = (
-            isinstance(run_id, str)
-            and row is not None
-            and row["kind"] == "graph"
-            and row["status"] in _RESUMABLE
-            and _core.graph_run_head(store, run_id) == snapshot.get("checkpoint_id")
-        )
+        row = None
+        if isinstance(run_id, str):
+            row = yield _io(remote, store.get_run, store.aget_run, run_id)
+        same = row is not None and row["kind"] == "graph" and row["status"] in _RESUMABLE
         if same:
-            attempt = store.resume(run_id)
-            gr = self._open(attempt, None, None, False, max_steps, until)
+            head = yield _io(remote, _core.graph_run_head, _core.graph_arun_head, store, run_id)
+            same = head == snapshot.get("checkpoint_id")
+        if same:
+            attempt = yield _io(remote, store.resume, store.aresume, run_id)
+            gr = yield from self._open(attempt, None, None, False, max_steps, until)
         else:
-            attempt = self._start("{}", None, budget)
+            attempt = yield from self._start("{}", None, budget)
             gr = _core.graph_from_snapshot(
                 self._native,
                 attempt,
@@ -1269,12 +1404,14 @@ class CompiledGraph:
                 max_steps,
                 until,
             )
+        remote = attempt.remote
         try:
-            gr.answer(encoded)
+            yield _io(remote, gr.answer, gr.aanswer, encoded)
             if budget is not None:
-                attempt.set_budget(_engine.budget_json(budget))
+                budget_json = _engine.budget_json(budget)
+                yield _io(remote, attempt.set_budget, attempt.aset_budget, budget_json)
         except BaseException:
-            attempt.settle("paused", None, None)
+            yield _io(remote, attempt.settle, attempt.asettle, "paused", None, None)
             raise
         return _Attempt(_Driver(self, attempt, gr, None), self._budget(budget, attempt))
 
@@ -1284,8 +1421,8 @@ class CompiledGraph:
             raise ValueError(f"thread_id must be a non-empty str, got {thread_id!r}")
         return GraphThread(self, thread_id, actor)
 
-    def _continue_run(self, row: dict, answers: Mapping[str, Any] | None, budget: Any) -> _Attempt:
-        """`compose.resume(run_id, answers=...)` of one of this graph's runs:
+    def _continue_run(self, row: dict, answers: Mapping[str, Any] | None, budget: Any):
+        """Plan: `compose.resume(run_id, answers=...)` of one of this graph's runs:
         answers are keyed by node (`node:<name>` or the bare name) or by the
         id a node's `approve()`/`ask_human()` paused on."""
         if row["fingerprint"] != self.fingerprint:
@@ -1295,33 +1432,38 @@ class CompiledGraph:
                 details={"run_id": row["run_id"], "graph": self.name},
             )
         args = _codec.loads(row["args_json"]) if row["args_json"] else {}
-        values = self._answer_values(row["run_id"], answers)
+        values = yield from self._answer_values(row["run_id"], answers)
         thread_id = args.get("thread")
         if thread_id is not None:
             thread = self.thread(thread_id)
             if values:
-                return thread._begin_continue("resume", values, 64, None, budget)
-            return thread._begin_continue("retry", None, 64, None, budget)
+                return (yield from thread._begin_continue("resume", values, 64, None, budget))
+            return (yield from thread._begin_continue("retry", None, 64, None, budget))
         if row["status"] == "completed":
             raise ConfigError(f"graph run {row['run_id']!r} already completed")
         store = self._store()
-        attempt = store.resume(row["run_id"])
+        attempt = yield _io(_remote(store), store.resume, store.aresume, row["run_id"])
         input_json = json.dumps(args.get("input", {}))
-        gr = self._open(attempt, None, input_json, False, 64, None)
+        gr = yield from self._open(attempt, None, input_json, False, 64, None)
+        remote = attempt.remote
         try:
             if values:
-                gr.answer(_encode_values(values))
+                yield _io(remote, gr.answer, gr.aanswer, _encode_values(values))
             if budget is not None:
-                attempt.set_budget(_engine.budget_json(budget))
+                budget_json = _engine.budget_json(budget)
+                yield _io(remote, attempt.set_budget, attempt.aset_budget, budget_json)
         except BaseException:
-            attempt.settle(row["status"] if row["status"] != "running" else "failed", None, None)
+            status = row["status"] if row["status"] != "running" else "failed"
+            yield _io(remote, attempt.settle, attempt.asettle, status, None, None)
             raise
         return _Attempt(_Driver(self, attempt, gr, None), self._budget(budget, attempt))
 
-    def _answer_values(self, run_id: str, answers: Mapping[str, Any] | None) -> dict:
-        """`compose.resume()` answers as resume values by node name."""
+    def _answer_values(self, run_id: str, answers: Mapping[str, Any] | None):
+        """Plan: `compose.resume()` answers as resume values by node name."""
+        store = self._store()
+        pending = yield _io(_remote(store), store.pending, store.apending, run_id)
         asked = {}
-        for interrupt_id, _, _, payload_json in self._store().pending(run_id):
+        for interrupt_id, _, _, payload_json in pending:
             if interrupt_id.startswith("node:") and payload_json is not None:
                 ask = _asked_id(_decode(payload_json))
                 if ask is not None:
@@ -1363,14 +1505,15 @@ def _compiled_for(row: dict) -> CompiledGraph:
 
 def resume_graph_run(row: dict, answers: Mapping[str, Any] | None, budget: Any) -> GraphResult:
     """`compose.resume()` of a graph run: routed to its graph by name."""
-    return _compiled_for(row)._continue_run(row, answers, budget).drive()
+    return _now(_compiled_for(row)._continue_run(row, answers, budget)).drive()
 
 
 async def aresume_graph_run(
     row: dict, answers: Mapping[str, Any] | None, budget: Any
 ) -> GraphResult:
     """`compose.aresume()` of a graph run, on the caller's loop."""
-    return await _compiled_for(row)._continue_run(row, answers, budget).adrive()
+    begun = await _anow(_compiled_for(row)._continue_run(row, answers, budget))
+    return await begun.adrive()
 
 
 def find_run(run_id: str) -> tuple[Any, dict] | None:
@@ -1404,19 +1547,41 @@ class GraphThread:
         return self.graph._store()
 
     def _audit(self, action: str, checkpoint_id: str | None = None, store: Any = None) -> None:
-        """Appends to the audit trail (EXT-32) for an operation that acts on
-        the thread: run, resume, retry, rewind, fork (and the forked thread's
-        start) and delete. Reads (state, interrupts, history, audit) act on
-        nothing and are not recorded."""
+        _now(self._audit_io(action, checkpoint_id, store))
+
+    def _audit_io(self, action: str, checkpoint_id: str | None = None, store: Any = None):
+        """Plan: appends to the audit trail (EXT-32) for an operation that
+        acts on the thread: run, resume, retry, rewind, fork (and the forked
+        thread's start) and delete. Reads (state, interrupts, history,
+        audit) act on nothing and are not recorded."""
         if self.graph._audit:
             store = store or self._store()
             if checkpoint_id is None:
-                info = self._info(store)
+                info = yield from self._info_io(store)
                 checkpoint_id = info["head"] if info else None
-            _core.thread_audit_add(store, self.thread_id, self.actor, action, checkpoint_id)
+            yield _io(
+                _remote(store),
+                _core.thread_audit_add,
+                _core.thread_aaudit_add,
+                store,
+                self.thread_id,
+                self.actor,
+                action,
+                checkpoint_id,
+            )
 
     def _info(self, store: Any) -> dict | None:
-        info = json.loads(_core.thread_info(store, self.thread_id))
+        return _now(self._info_io(store))
+
+    def _info_io(self, store: Any):
+        """Plan: the thread's row, refused when another graph made it."""
+        info = json.loads(
+            (
+                yield _io(
+                    _remote(store), _core.thread_info, _core.thread_ainfo, store, self.thread_id
+                )
+            )
+        )
         if info is not None and (
             info["graph"] != self.graph.name or info["fingerprint"] != self.graph.fingerprint
         ):
@@ -1434,43 +1599,58 @@ class GraphThread:
         return info
 
     def _claim(self, store, mode: Literal["run", "resume", "retry"], run_id: str | None):
+        """Plan: claims the thread; returns its row before the claim."""
         g = self.graph
         wait = g._storage.on_busy == "wait"
         delay = 0.005
         while True:
             try:
-                return json.loads(
-                    _core.thread_claim(store, self.thread_id, g.name, g.fingerprint, mode, run_id)
+                before = yield _io(
+                    _remote(store),
+                    _core.thread_claim,
+                    _core.thread_aclaim,
+                    store,
+                    self.thread_id,
+                    g.name,
+                    g.fingerprint,
+                    mode,
+                    run_id,
                 )
+                return json.loads(before)
             except ThreadBusyError:
                 if not wait:
                     raise
-                time.sleep(delay)
+                yield _pause(delay)
                 delay = min(delay * 2, 0.2)
 
     def _start(self, store, input_json: str, budget: Any, max_steps: int, until: float | None):
-        """Claims the thread, creates its new run and opens it, in the core:
-        `(attempt, graph run)`."""
+        """Plan: claims the thread, creates its new run and opens it, in the
+        core: `(attempt, graph run)`."""
         g = self.graph
         wait = g._storage.on_busy == "wait"
         delay = 0.005
         while True:
             try:
-                return _core.thread_start(
-                    store,
-                    g._native,
-                    self.thread_id,
-                    _args_json(input_json, self.thread_id),
-                    _engine.budget_json(budget),
-                    _core.ulid(),
-                    input_json,
-                    max_steps,
-                    until,
+                return (
+                    yield _io(
+                        _remote(store),
+                        _core.thread_start,
+                        _core.thread_astart,
+                        store,
+                        g._native,
+                        self.thread_id,
+                        _args_json(input_json, self.thread_id),
+                        _engine.budget_json(budget),
+                        _core.ulid(),
+                        input_json,
+                        max_steps,
+                        until,
+                    )
                 )
             except ThreadBusyError:
                 if not wait:
                     raise
-                time.sleep(delay)
+                yield _pause(delay)
                 delay = min(delay * 2, 0.2)
 
     def run(
@@ -1484,7 +1664,7 @@ class GraphThread:
         """Runs from the start node on the stored state, `input` keys
         replacing stored ones (EXT-30)."""
         _engine.check_sync_facade()
-        return self._begin_run(input, max_steps, deadline, budget).drive()
+        return _now(self._begin_run(input, max_steps, deadline, budget)).drive()
 
     async def arun(
         self,
@@ -1495,19 +1675,21 @@ class GraphThread:
         budget: Any = None,
     ) -> GraphResult:
         """Async twin of `run`, on the caller's loop."""
-        return await self._begin_run(input, max_steps, deadline, budget).adrive()
+        begun = await _anow(self._begin_run(input, max_steps, deadline, budget))
+        return await begun.adrive()
 
-    def _begin_run(self, input: Any, max_steps: Any, deadline: Any, budget: Any) -> _Attempt:
+    def _begin_run(self, input: Any, max_steps: Any, deadline: Any, budget: Any):
+        """Plan: the `_Attempt` of the thread's new run."""
         g = self.graph
         max_steps = _check_max_steps(max_steps)
         until = _deadline_at(deadline)
         input_json = _input_json(input)
         store = self._store()
-        attempt, gr = self._start(store, input_json, budget, max_steps, until)
+        attempt, gr = yield from self._start(store, input_json, budget, max_steps, until)
         return _Attempt(
             _Driver(g, attempt, gr, self.thread_id),
             budget,
-            lambda: self._audit("run", store=store),
+            lambda: self._audit_io("run", store=store),
         )
 
     def _begin_continue(
@@ -1517,41 +1699,57 @@ class GraphThread:
         max_steps: int,
         deadline: Any,
         budget: Any,
-    ) -> _Attempt:
+    ):
+        """Plan: the `_Attempt` continuing the thread's run (`resume` with
+        answers, or `retry`)."""
         g = self.graph
         max_steps = _check_max_steps(max_steps)
         until = _deadline_at(deadline)
         store = self._store()
+        remote = _remote(store)
         encoded = None
-        info = self._info(store)
+        info = yield from self._info_io(store)
         if mode == "resume":
             encoded = _encode_values(values)
-            _core.thread_check_resume(store, self.thread_id, [n for n, _ in encoded])
-        row = store.get_run(info["run_id"]) if info and info.get("run_id") else None
+            names = [n for n, _ in encoded]
+            yield _io(
+                remote,
+                _core.thread_check_resume,
+                _core.thread_acheck_resume,
+                store,
+                self.thread_id,
+                names,
+            )
+        row = None
+        if info and info.get("run_id"):
+            row = yield _io(remote, store.get_run, store.aget_run, info["run_id"])
         reused = row if row is not None and row["status"] in _RESUMABLE else None
         new_run_id = None if reused is not None else _core.ulid()
-        before = self._claim(store, mode, new_run_id)
+        before = yield from self._claim(store, mode, new_run_id)
         prior = "failed" if before["status"] in ("running", "interrupted") else before["status"]
         try:
             input_json = "{}"
             if reused is not None:
-                attempt = store.resume(reused["run_id"])
+                attempt = yield _io(remote, store.resume, store.aresume, reused["run_id"])
                 args = _codec.loads(attempt.args_json) if attempt.args_json else {}
                 input_json = json.dumps(args.get("input", {}))
             else:
-                attempt = g._start("{}", self.thread_id, budget, new_run_id)
-            gr = g._open(attempt, self.thread_id, input_json, False, max_steps, until)
+                attempt = yield from g._start("{}", self.thread_id, budget, new_run_id)
+            gr = yield from g._open(attempt, self.thread_id, input_json, False, max_steps, until)
             if encoded is not None:
-                gr.answer(encoded)
+                yield _io(remote, gr.answer, gr.aanswer, encoded)
             if budget is not None:
-                attempt.set_budget(_engine.budget_json(budget))
+                budget_json = _engine.budget_json(budget)
+                yield _io(remote, attempt.set_budget, attempt.aset_budget, budget_json)
         except BaseException:
-            _core.thread_release(store, self.thread_id, prior)
+            yield _io(
+                remote, _core.thread_release, _core.thread_arelease, store, self.thread_id, prior
+            )
             raise
         return _Attempt(
             _Driver(g, attempt, gr, self.thread_id),
             g._budget(budget, attempt),
-            lambda: self._audit(mode, store=store),
+            lambda: self._audit_io(mode, store=store),
         )
 
     def resume(
@@ -1564,7 +1762,7 @@ class GraphThread:
     ) -> GraphResult:
         """Answers the suspended nodes and continues the run (EXT-30)."""
         _engine.check_sync_facade()
-        return self._begin_continue("resume", values, max_steps, deadline, budget).drive()
+        return _now(self._begin_continue("resume", values, max_steps, deadline, budget)).drive()
 
     def retry(
         self, *, max_steps: int = 64, deadline: float | None = None, budget: Any = None
@@ -1572,7 +1770,7 @@ class GraphThread:
         """Continues a failed or interrupted run from its last checkpoint;
         saved nodes do not run again (EXT-30)."""
         _engine.check_sync_facade()
-        return self._begin_continue("retry", None, max_steps, deadline, budget).drive()
+        return _now(self._begin_continue("retry", None, max_steps, deadline, budget)).drive()
 
     def state(self) -> dict:
         """The thread's current state (empty for a new thread)."""
@@ -1647,13 +1845,15 @@ class GraphThread:
         budget: Any = None,
     ) -> GraphResult:
         """Async twin of `resume`, on the caller's loop."""
-        return await self._begin_continue("resume", values, max_steps, deadline, budget).adrive()
+        begun = await _anow(self._begin_continue("resume", values, max_steps, deadline, budget))
+        return await begun.adrive()
 
     async def aretry(
         self, *, max_steps: int = 64, deadline: float | None = None, budget: Any = None
     ) -> GraphResult:
         """Async twin of `retry`, on the caller's loop."""
-        return await self._begin_continue("retry", None, max_steps, deadline, budget).adrive()
+        begun = await _anow(self._begin_continue("retry", None, max_steps, deadline, budget))
+        return await begun.adrive()
 
     async def astate(self) -> dict:
         return await _off_loop(self.state)

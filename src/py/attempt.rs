@@ -321,6 +321,12 @@ impl PyAttempt {
         py.allow_threads(move || inner.sync()).py_err()
     }
 
+    /// `sync` for an async driver, resolving `future` with `None`.
+    fn aflush(&self, py: Python<'_>, future: Bound<'_, PyAny>) -> PyResult<()> {
+        let inner = self.inner.clone();
+        super::offloop::resolve_with(py, future, move || inner.sync(), |py, ()| Ok(py.None()))
+    }
+
     /// Queues the span of a replayed step (see `Attempt::queue_replayed_span`).
     #[allow(clippy::too_many_arguments)]
     fn replayed(
@@ -381,6 +387,18 @@ impl PyAttempt {
             .py_err()
     }
 
+    /// `prior_llm_usage()` of the whole run for an async driver, resolving
+    /// `future` with `(tokens, cost)`.
+    fn aprior_llm_usage(&self, py: Python<'_>, future: Bound<'_, PyAny>) -> PyResult<()> {
+        let inner = self.inner.clone();
+        super::offloop::resolve_with(
+            py,
+            future,
+            move || inner.prior_llm_usage(None),
+            |py, usage| Ok(usage.into_pyobject(py)?.into_any().unbind()),
+        )
+    }
+
     /// Commits the run row now if its insert is still queued: before user
     /// code that may run long or tell others the run id (a tool batch).
     fn store_row(&self, py: Python<'_>) -> PyResult<()> {
@@ -397,6 +415,22 @@ impl PyAttempt {
     fn set_budget(&self, py: Python<'_>, budget_json: &str) -> PyResult<()> {
         py.allow_threads(|| self.inner.set_budget(budget_json))
             .py_err()
+    }
+
+    /// `set_budget` for an async driver, resolving `future` with `None`.
+    fn aset_budget(
+        &self,
+        py: Python<'_>,
+        future: Bound<'_, PyAny>,
+        budget_json: String,
+    ) -> PyResult<()> {
+        let inner = self.inner.clone();
+        super::offloop::resolve_with(
+            py,
+            future,
+            move || inner.set_budget(&budget_json),
+            |py, ()| Ok(py.None()),
+        )
     }
 
     /// Journals `(interrupt_id, value_json)` answers and clears them from

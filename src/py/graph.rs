@@ -69,7 +69,63 @@ pub fn graph_compile(spec_json: &str) -> PyResult<(Option<PyGraphDef>, String)> 
 
 #[pyclass(name = "GraphRun", module = "composeai._core", frozen)]
 pub struct PyGraphRun {
-    inner: Mutex<GraphRun>,
+    /// Shared with the work of an async driver's off-loop call.
+    inner: Arc<Mutex<GraphRun>>,
+}
+
+impl PyGraphRun {
+    fn new(run: GraphRun) -> Self {
+        PyGraphRun {
+            inner: Arc::new(Mutex::new(run)),
+        }
+    }
+
+    /// Runs `work` on the graph run off the loop, resolving `future` with
+    /// `convert` of its value (the `a…` twins of the methods below).
+    fn off_loop<T, W, C>(
+        &self,
+        py: Python<'_>,
+        future: Bound<'_, PyAny>,
+        work: W,
+        convert: C,
+    ) -> PyResult<()>
+    where
+        T: Send + 'static,
+        W: FnOnce(&mut GraphRun) -> CoreResult<T> + Send + 'static,
+        C: FnOnce(Python<'_>, T) -> PyResult<PyObject> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        super::offloop::resolve_with(py, future, move || work(&mut inner.lock()), convert)
+    }
+}
+
+/// `(delta_json, routers, status, ready)` of a step.
+type SteppedTuple = (String, Vec<String>, Option<String>, Vec<ExecTuple>);
+
+fn step_run(run: &mut GraphRun, outcomes: Vec<OutcomeTuple>) -> CoreResult<SteppedTuple> {
+    let parsed = outcomes
+        .into_iter()
+        .map(|t| outcome(run, t))
+        .collect::<CoreResult<Vec<_>>>()?;
+    let stepped = run.step(parsed)?;
+    Ok((
+        stepped.delta,
+        stepped.routers,
+        stepped.status,
+        stepped.ready.into_iter().map(exec_tuple).collect(),
+    ))
+}
+
+fn route_run(
+    run: &mut GraphRun,
+    labels: Vec<(String, String)>,
+) -> CoreResult<(String, Vec<ExecTuple>)> {
+    let (status, ready) = run.route(labels)?;
+    Ok((status, ready.into_iter().map(exec_tuple).collect()))
+}
+
+fn none(py: Python<'_>, (): ()) -> PyResult<PyObject> {
+    Ok(py.None())
 }
 
 /// `(node, scope, step, resume_json, attempt, done_json)`.
@@ -102,19 +158,56 @@ pub fn graph_open(
     max_steps: i64,
     deadline: Option<f64>,
 ) -> PyResult<PyGraphRun> {
+    let open = opener(
+        graph, attempt, thread_id, input_json, fresh, max_steps, deadline,
+    );
+    let run = py.allow_threads(open).py_err()?;
+    Ok(PyGraphRun::new(run))
+}
+
+/// `graph_open` for an async driver: `future` (of the running loop) gets
+/// the graph run once its head was read; the loop runs meanwhile.
+#[pyfunction]
+#[pyo3(signature = (future, graph, attempt, thread_id, input_json, fresh, max_steps, deadline=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn graph_aopen(
+    py: Python<'_>,
+    future: Bound<'_, PyAny>,
+    graph: &PyGraphDef,
+    attempt: &PyAttempt,
+    thread_id: Option<String>,
+    input_json: Option<String>,
+    fresh: bool,
+    max_steps: i64,
+    deadline: Option<f64>,
+) -> PyResult<()> {
+    let open = opener(
+        graph, attempt, thread_id, input_json, fresh, max_steps, deadline,
+    );
+    super::offloop::resolve_with(py, future, open, |py, run| {
+        Ok(Py::new(py, PyGraphRun::new(run))?.into_any())
+    })
+}
+
+/// The work of `graph_open`, to run wherever the caller waits.
+#[allow(clippy::too_many_arguments)]
+fn opener(
+    graph: &PyGraphDef,
+    attempt: &PyAttempt,
+    thread_id: Option<String>,
+    input_json: Option<String>,
+    fresh: bool,
+    max_steps: i64,
+    deadline: Option<f64>,
+) -> impl FnOnce() -> CoreResult<GraphRun> + Send + 'static {
     let g = graph.inner.clone();
     let a = attempt.inner.clone();
-    let run = py
-        .allow_threads(move || -> CoreResult<GraphRun> {
-            let input = input_json
-                .map(|t| parse_state(&t, "graph input"))
-                .transpose()?;
-            GraphRun::open(g, a, thread_id, input, fresh, max_steps, deadline)
-        })
-        .py_err()?;
-    Ok(PyGraphRun {
-        inner: Mutex::new(run),
-    })
+    move || {
+        let input = input_json
+            .map(|t| parse_state(&t, "graph input"))
+            .transpose()?;
+        GraphRun::open(g, a, thread_id, input, fresh, max_steps, deadline)
+    }
 }
 
 /// Opens a run from a caller's snapshot (`state_json`, `progress_json`).
@@ -138,9 +231,7 @@ pub fn graph_from_snapshot(
         max_steps,
         deadline,
     );
-    Ok(PyGraphRun {
-        inner: Mutex::new(run),
-    })
+    Ok(PyGraphRun::new(run))
 }
 
 fn exec_tuple(e: crate::graph::exec::Exec) -> ExecTuple {
@@ -186,30 +277,37 @@ impl PyGraphRun {
             .py_err()
     }
 
-    /// Merges a step's outcomes; returns `(delta_json, routers, status,
-    /// ready)`: with routers to call, `status` is `None` until `route`.
-    #[allow(clippy::type_complexity)]
-    fn step(
+    /// `answer` for an async driver, resolving `future` with `None`.
+    fn aanswer(
         &self,
         py: Python<'_>,
+        future: Bound<'_, PyAny>,
+        values: Vec<(String, String)>,
+    ) -> PyResult<()> {
+        self.off_loop(py, future, move |run| run.answer(values), none)
+    }
+
+    /// Merges a step's outcomes; returns `(delta_json, routers, status,
+    /// ready)`: with routers to call, `status` is `None` until `route`.
+    fn step(&self, py: Python<'_>, outcomes: Vec<OutcomeTuple>) -> PyResult<SteppedTuple> {
+        py.allow_threads(|| step_run(&mut self.inner.lock(), outcomes))
+            .py_err()
+    }
+
+    /// `step` for an async driver: `future` gets its tuple once the step's
+    /// checkpoint is durable.
+    fn astep(
+        &self,
+        py: Python<'_>,
+        future: Bound<'_, PyAny>,
         outcomes: Vec<OutcomeTuple>,
-    ) -> PyResult<(String, Vec<String>, Option<String>, Vec<ExecTuple>)> {
-        let stepped = py
-            .allow_threads(|| -> CoreResult<_> {
-                let mut run = self.inner.lock();
-                let parsed = outcomes
-                    .into_iter()
-                    .map(|t| outcome(&run, t))
-                    .collect::<CoreResult<Vec<_>>>()?;
-                run.step(parsed)
-            })
-            .py_err()?;
-        Ok((
-            stepped.delta,
-            stepped.routers,
-            stepped.status,
-            stepped.ready.into_iter().map(exec_tuple).collect(),
-        ))
+    ) -> PyResult<()> {
+        self.off_loop(
+            py,
+            future,
+            move |run| step_run(run, outcomes),
+            |py, t| Ok(t.into_pyobject(py)?.into_any().unbind()),
+        )
     }
 
     /// The routers' labels; returns `(status, ready)`.
@@ -218,10 +316,23 @@ impl PyGraphRun {
         py: Python<'_>,
         labels: Vec<(String, String)>,
     ) -> PyResult<(String, Vec<ExecTuple>)> {
-        let (status, ready) = py
-            .allow_threads(|| self.inner.lock().route(labels))
-            .py_err()?;
-        Ok((status, ready.into_iter().map(exec_tuple).collect()))
+        py.allow_threads(|| route_run(&mut self.inner.lock(), labels))
+            .py_err()
+    }
+
+    /// `route` for an async driver, resolving `future` with `(status, ready)`.
+    fn aroute(
+        &self,
+        py: Python<'_>,
+        future: Bound<'_, PyAny>,
+        labels: Vec<(String, String)>,
+    ) -> PyResult<()> {
+        self.off_loop(
+            py,
+            future,
+            move |run| route_run(run, labels),
+            |py, t| Ok(t.into_pyobject(py)?.into_any().unbind()),
+        )
     }
 
     /// The status of a run with nothing left to run in this attempt.
@@ -237,9 +348,25 @@ impl PyGraphRun {
             .py_err()
     }
 
+    /// `commit` for an async driver, resolving `future` with `None`.
+    #[pyo3(signature = (future, output_json=None))]
+    fn acommit(
+        &self,
+        py: Python<'_>,
+        future: Bound<'_, PyAny>,
+        output_json: Option<String>,
+    ) -> PyResult<()> {
+        self.off_loop(py, future, move |run| run.commit(output_json), none)
+    }
+
     fn release(&self, py: Python<'_>, status: &str) -> PyResult<()> {
         py.allow_threads(|| self.inner.lock().release(status))
             .py_err()
+    }
+
+    /// `release` for an async driver, resolving `future` with `None`.
+    fn arelease(&self, py: Python<'_>, future: Bound<'_, PyAny>, status: String) -> PyResult<()> {
+        self.off_loop(py, future, move |run| run.release(&status), none)
     }
 
     fn state_json(&self) -> String {
@@ -318,77 +445,135 @@ pub fn thread_start(
     py: Python<'_>,
     store: &PyStore,
     graph: &PyGraphDef,
-    thread_id: &str,
+    thread_id: String,
     args_json: String,
     budget_json: Option<String>,
     run_id: String,
-    input_json: &str,
+    input_json: String,
     max_steps: i64,
     deadline: Option<f64>,
 ) -> PyResult<(PyAttempt, PyGraphRun)> {
-    let g = graph.inner.clone();
-    let new = crate::store::NewRun {
-        run_id: run_id.clone(),
-        trace_id: crate::ids::new_ulid(),
-        kind: "graph".into(),
-        name: g.spec.name.clone(),
-        fingerprint: Some(g.fingerprint.clone()),
-        args_json: Some(args_json),
+    let start = thread_starter(
+        store,
+        graph,
+        thread_id,
+        args_json,
         budget_json,
-    };
+        run_id,
+        input_json,
+        max_steps,
+        deadline,
+    );
+    let (attempt, run) = py.allow_threads(start).py_err()?;
+    Ok((PyAttempt { inner: attempt }, PyGraphRun::new(run)))
+}
+
+/// `thread_start` for an async driver: `future` (of the running loop) gets
+/// `(attempt, graph run)` once the server answered.
+#[pyfunction]
+#[pyo3(signature = (future, store, graph, thread_id, args_json, budget_json, run_id, input_json, max_steps, deadline=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn thread_astart(
+    py: Python<'_>,
+    future: Bound<'_, PyAny>,
+    store: &PyStore,
+    graph: &PyGraphDef,
+    thread_id: String,
+    args_json: String,
+    budget_json: Option<String>,
+    run_id: String,
+    input_json: String,
+    max_steps: i64,
+    deadline: Option<f64>,
+) -> PyResult<()> {
+    let start = thread_starter(
+        store,
+        graph,
+        thread_id,
+        args_json,
+        budget_json,
+        run_id,
+        input_json,
+        max_steps,
+        deadline,
+    );
+    super::offloop::resolve_with(py, future, start, |py, (attempt, run)| {
+        let pair = (
+            Py::new(py, PyAttempt { inner: attempt })?,
+            Py::new(py, PyGraphRun::new(run))?,
+        );
+        Ok(pair.into_pyobject(py)?.into_any().unbind())
+    })
+}
+
+/// The work of `thread_start`, to run wherever the caller waits.
+#[allow(clippy::too_many_arguments)]
+fn thread_starter(
+    store: &PyStore,
+    graph: &PyGraphDef,
+    thread_id: String,
+    args_json: String,
+    budget_json: Option<String>,
+    run_id: String,
+    input_json: String,
+    max_steps: i64,
+    deadline: Option<f64>,
+) -> impl FnOnce() -> CoreResult<(Arc<crate::run::Attempt>, GraphRun)> + Send + 'static {
+    let g = graph.inner.clone();
     let s: Arc<dyn Store> = store.inner.clone();
-    let (attempt, run) = py
-        .allow_threads(move || -> CoreResult<_> {
-            let input = parse_state(input_json, "graph input")?;
-            let (name, fingerprint) = (g.spec.name.clone(), g.fingerprint.clone());
-            let mut head = None;
-            let attempt = Arc::new(crate::run::Attempt::start_with(
-                s.clone(),
-                new,
-                &mut |tx| {
-                    let (before, chain) = threads::claim_in(
-                        tx,
-                        thread_id,
-                        &name,
-                        &fingerprint,
-                        Claim::Run,
-                        Some(&run_id),
-                    )?;
-                    head = Some((before.and_then(|t| t.head), chain));
-                    Ok(())
-                },
-            )?);
-            let thread = Some(thread_id.to_string());
-            match GraphRun::open_at(
-                g,
-                attempt.clone(),
-                thread,
-                head,
-                Some(input),
-                true,
-                max_steps,
-                deadline,
-            ) {
-                Ok(run) => Ok((attempt, run)),
-                Err(e) => {
-                    // The error raised is the open's; these only tidy up.
-                    let _ = attempt.settle(crate::store::Settlement {
-                        status: "failed".into(),
-                        error_json: Some(open_error_json(&e)),
-                        ..Default::default()
-                    });
-                    let _ = threads::release(&*s, thread_id, "failed");
-                    Err(e)
-                }
+    move || {
+        let new = crate::store::NewRun {
+            run_id: run_id.clone(),
+            trace_id: crate::ids::new_ulid(),
+            kind: "graph".into(),
+            name: g.spec.name.clone(),
+            fingerprint: Some(g.fingerprint.clone()),
+            args_json: Some(args_json),
+            budget_json,
+        };
+        let input = parse_state(&input_json, "graph input")?;
+        let (name, fingerprint) = (g.spec.name.clone(), g.fingerprint.clone());
+        let mut head = None;
+        let attempt = Arc::new(crate::run::Attempt::start_with(
+            s.clone(),
+            new,
+            &mut |tx| {
+                let (before, chain) = threads::claim_in(
+                    tx,
+                    &thread_id,
+                    &name,
+                    &fingerprint,
+                    Claim::Run,
+                    Some(&run_id),
+                )?;
+                head = Some((before.and_then(|t| t.head), chain));
+                Ok(())
+            },
+        )?);
+        let thread = Some(thread_id.clone());
+        match GraphRun::open_at(
+            g,
+            attempt.clone(),
+            thread,
+            head,
+            Some(input),
+            true,
+            max_steps,
+            deadline,
+        ) {
+            Ok(run) => Ok((attempt, run)),
+            Err(e) => {
+                // The error raised is the open's; these only tidy up.
+                let _ = attempt.settle(crate::store::Settlement {
+                    status: "failed".into(),
+                    error_json: Some(open_error_json(&e)),
+                    ..Default::default()
+                });
+                let _ = threads::release(&*s, &thread_id, "failed");
+                Err(e)
             }
-        })
-        .py_err()?;
-    Ok((
-        PyAttempt { inner: attempt },
-        PyGraphRun {
-            inner: Mutex::new(run),
-        },
-    ))
+        }
+    }
 }
 
 /// Claims a thread (`mode`: run/resume/retry); returns the thread's row
@@ -421,6 +606,140 @@ pub fn thread_release(
     status: &str,
 ) -> PyResult<()> {
     on_store(py, store, |s| threads::release(s, thread_id, status))
+}
+
+/// Runs `f` on the store off the loop, resolving `future` with `convert`
+/// of its value (the `thread_a…` twins of the functions here).
+fn on_store_off_loop<T, F, C>(
+    py: Python<'_>,
+    future: Bound<'_, PyAny>,
+    store: &PyStore,
+    f: F,
+    convert: C,
+) -> PyResult<()>
+where
+    T: Send + 'static,
+    F: FnOnce(&dyn Store) -> CoreResult<T> + Send + 'static,
+    C: FnOnce(Python<'_>, T) -> PyResult<PyObject> + Send + 'static,
+{
+    let s: Arc<dyn Store> = store.inner.clone();
+    super::offloop::resolve_with(py, future, move || f(&*s), convert)
+}
+
+fn text(py: Python<'_>, t: String) -> PyResult<PyObject> {
+    Ok(pyo3::types::PyString::new(py, &t).into_any().unbind())
+}
+
+/// `thread_claim` for an async driver, resolving `future` with its JSON.
+#[pyfunction]
+#[pyo3(signature = (future, store, thread_id, graph, fingerprint, mode, run_id=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn thread_aclaim(
+    py: Python<'_>,
+    future: Bound<'_, PyAny>,
+    store: &PyStore,
+    thread_id: String,
+    graph: String,
+    fingerprint: String,
+    mode: &str,
+    run_id: Option<String>,
+) -> PyResult<()> {
+    let mode = Claim::parse(mode)
+        .ok_or_else(|| CoreError::Config(format!("unknown claim mode '{mode}'")))
+        .py_err()?;
+    on_store_off_loop(
+        py,
+        future,
+        store,
+        move |s| {
+            let before =
+                threads::claim(s, &thread_id, &graph, &fingerprint, mode, run_id.as_deref())?;
+            Ok(thread_json(before))
+        },
+        text,
+    )
+}
+
+/// `thread_release` for an async driver, resolving `future` with `None`.
+#[pyfunction]
+pub fn thread_arelease(
+    py: Python<'_>,
+    future: Bound<'_, PyAny>,
+    store: &PyStore,
+    thread_id: String,
+    status: String,
+) -> PyResult<()> {
+    on_store_off_loop(
+        py,
+        future,
+        store,
+        move |s| threads::release(s, &thread_id, &status),
+        none,
+    )
+}
+
+/// `thread_info` for an async driver, resolving `future` with its JSON.
+#[pyfunction]
+pub fn thread_ainfo(
+    py: Python<'_>,
+    future: Bound<'_, PyAny>,
+    store: &PyStore,
+    thread_id: String,
+) -> PyResult<()> {
+    on_store_off_loop(
+        py,
+        future,
+        store,
+        move |s| Ok(thread_json(threads::info(s, &thread_id)?)),
+        text,
+    )
+}
+
+/// `thread_check_resume` for an async driver, resolving `future` with `None`.
+#[pyfunction]
+pub fn thread_acheck_resume(
+    py: Python<'_>,
+    future: Bound<'_, PyAny>,
+    store: &PyStore,
+    thread_id: String,
+    names: Vec<String>,
+) -> PyResult<()> {
+    on_store_off_loop(
+        py,
+        future,
+        store,
+        move |s| threads::check_resume(s, &thread_id, &names),
+        none,
+    )
+}
+
+/// `thread_audit_add` for an async driver, resolving `future` with `None`.
+#[pyfunction]
+#[pyo3(signature = (future, store, thread_id, actor, action, checkpoint_id=None))]
+pub fn thread_aaudit_add(
+    py: Python<'_>,
+    future: Bound<'_, PyAny>,
+    store: &PyStore,
+    thread_id: String,
+    actor: Option<String>,
+    action: String,
+    checkpoint_id: Option<String>,
+) -> PyResult<()> {
+    on_store_off_loop(
+        py,
+        future,
+        store,
+        move |s| {
+            threads::add_audit(
+                s,
+                &thread_id,
+                actor.as_deref(),
+                &action,
+                checkpoint_id.as_deref(),
+            )
+        },
+        none,
+    )
 }
 
 /// The thread row as JSON (with its fingerprint), or `null`.
@@ -587,15 +906,34 @@ pub fn graph_check_resume(progress_json: &str, names: Vec<String>) -> PyResult<(
 /// The newest checkpoint id of a thread-less graph run, or `None`.
 #[pyfunction]
 pub fn graph_run_head(py: Python<'_>, store: &PyStore, run_id: &str) -> PyResult<Option<String>> {
-    on_store(py, store, |s| {
-        let Some(run) = s.get_run(run_id)? else {
-            return Ok(None);
-        };
-        let mut out = None;
-        s.read(&mut |c| {
-            out = c.run_head(run.rid)?.map(|r| r.checkpoint_id);
-            Ok(())
-        })?;
-        Ok(out)
-    })
+    on_store(py, store, |s| run_head(s, run_id))
+}
+
+/// `graph_run_head` for an async driver, resolving `future` with the id.
+#[pyfunction]
+pub fn graph_arun_head(
+    py: Python<'_>,
+    future: Bound<'_, PyAny>,
+    store: &PyStore,
+    run_id: String,
+) -> PyResult<()> {
+    on_store_off_loop(
+        py,
+        future,
+        store,
+        move |s| run_head(s, &run_id),
+        |py, head| Ok(head.into_pyobject(py)?.into_any().unbind()),
+    )
+}
+
+fn run_head(s: &dyn Store, run_id: &str) -> CoreResult<Option<String>> {
+    let Some(run) = s.get_run(run_id)? else {
+        return Ok(None);
+    };
+    let mut out = None;
+    s.read(&mut |c| {
+        out = c.run_head(run.rid)?.map(|r| r.checkpoint_id);
+        Ok(())
+    })?;
+    Ok(out)
 }

@@ -268,6 +268,20 @@ impl PyStore {
         }
     }
 
+    /// `get_run` for an async driver, resolving `future` with the row.
+    fn aget_run(&self, py: Python<'_>, future: Bound<'_, PyAny>, run_id: String) -> PyResult<()> {
+        let store: Arc<dyn Store> = self.inner.clone();
+        super::offloop::resolve_with(
+            py,
+            future,
+            move || store.get_run(&run_id),
+            |py, row| match row {
+                Some(r) => Ok(run_row_dict(py, &r)?.into_any().unbind()),
+                None => Ok(py.None()),
+            },
+        )
+    }
+
     /// Pending interrupts of a run: `(id, kind, question, payload_json)`,
     /// ordered by id.
     fn pending(&self, py: Python<'_>, run_id: &str) -> PyResult<Vec<PendingTuple>> {
@@ -280,6 +294,23 @@ impl PyStore {
             })
             .py_err()?;
         Ok(rows.into_iter().map(interrupt_tuple).collect())
+    }
+
+    /// `pending` for an async driver, resolving `future` with the list.
+    fn apending(&self, py: Python<'_>, future: Bound<'_, PyAny>, run_id: String) -> PyResult<()> {
+        let store: Arc<dyn Store> = self.inner.clone();
+        super::offloop::resolve_with(
+            py,
+            future,
+            move || match store.get_run(&run_id)? {
+                Some(r) => store.pending(r.rid),
+                None => Ok(vec![]),
+            },
+            |py, rows| {
+                let rows: Vec<PendingTuple> = rows.into_iter().map(interrupt_tuple).collect();
+                Ok(rows.into_pyobject(py)?.into_any().unbind())
+            },
+        )
     }
 
     /// The stored journal of a run as `(step_key, value_json)` pairs.
