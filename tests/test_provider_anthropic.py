@@ -1241,3 +1241,67 @@ def test_prov12_hand_built_replies_of_a_stub_client_are_read_by_attribute():
     assert response.stop_reason is StopReason.TOOL_USE
     assert (response.usage.input_tokens, response.usage.output_tokens) == (10, 5)
     assert response.usage.cost_usd == pytest.approx((10 * 3 + 5 * 15) / 1e6)
+
+
+def _rich_reply() -> dict:
+    return w.message(
+        w.thinking("let me see", signature="sig-9"),
+        w.text("Adding."),
+        w.tool_use("toolu_1", "add", {"a": 1, "b": 2}),
+        stop_reason="tool_use",
+        usage_=w.usage(30, 7, cache_read=4, cache_creation=6, ttl=(2, 4), thinking=3),
+    )
+
+
+def test_prov12_reply_read_from_the_raw_body_equals_the_typed_sdk_reply(wire):
+    """PROV-10/12/13: the SDK's own client has its reply read from the JSON body; a client of
+    another class (here a subclass) goes through the SDK's typed reply. Both map alike, sync
+    and async, thinking token and priced usage included."""
+    import anthropic
+
+    class Sub(anthropic.Anthropic):
+        pass
+
+    class AsyncSub(anthropic.AsyncAnthropic):
+        pass
+
+    raw_model = make(wire)
+    typed_model = make(wire)
+    typed_model._client = Sub(api_key="k", base_url=wire.url, max_retries=0)
+    wire.push(*[w.JsonReply(_rich_reply())] * 4)
+    raw = raw_model.complete(req())
+    typed = typed_model.complete(req())
+    assert raw == typed
+    assert raw.usage.cost_usd == pytest.approx(sonnet_cost(30, 7, cache_read=4, w5=2, w1=4))
+    assert [type(p).__name__ for p in raw.message.parts] == [
+        "ThinkingPart",
+        "TextPart",
+        "ToolCallPart",
+    ]
+
+    async def both():
+        typed_model._async_client = AsyncSub(api_key="k", base_url=wire.url, max_retries=0)
+        return await raw_model.acomplete(req()), await typed_model.acomplete(req())
+
+    araw, atyped = asyncio.run(both())
+    assert araw == atyped == raw
+    assert len(wire.requests) == 4
+
+
+def test_prov10_a_patched_create_of_the_sdk_client_is_still_called(wire):
+    """PROV-10: a test suite that patches ``messages.create`` on the adapter's own client
+    gets its stand-in called (the raw-body read applies only to the SDK's own method)."""
+    model = make(wire)
+    wire.push(w.JsonReply(w.message(w.text("first"))))
+    assert model.complete(req()).message.text == "first"
+    real = model._client.messages.create
+    seen = []
+
+    def patched(**kwargs):
+        seen.append(kwargs["model"])
+        return real(**kwargs)
+
+    model._client.messages.create = patched
+    wire.push(w.JsonReply(w.message(w.text("second"))))
+    assert model.complete(req()).message.text == "second"
+    assert seen == [SONNET] and len(wire.requests) == 2

@@ -660,3 +660,38 @@ def test_prov21_sdk_drift_unknown_keywords_go_through_extra_body(model):
     model._client = Client()
     assert model.complete(req(temperature=0.5)).message.text == "drifted"
     assert calls[0]["extra_body"] == {"max_tokens": 16000, "temperature": 0.5}
+
+
+def test_prov23_reply_read_from_the_raw_body_equals_the_typed_sdk_reply(server):
+    """PROV-23/24: the SDK's own client has its completion read from the JSON body, a client
+    of another class (a subclass) through the SDK's typed reply; both map alike, sync and
+    async, including the lenient JSON recovery of prompt mode."""
+    import openai
+
+    class Sub(openai.OpenAI):
+        pass
+
+    class AsyncSub(openai.AsyncOpenAI):
+        pass
+
+    calls = [wire.chat_call("c1", "add", {"a": 1})]
+    server.repeat = reply("Sure", tool_calls=calls, finish="tool_calls")
+    raw_model, typed_model = make(server), make(server)
+    typed_model._client = Sub(api_key="k", base_url=server.url, max_retries=0)
+    raw = raw_model.complete(req())
+    assert raw == typed_model.complete(req())
+    assert [type(p).__name__ for p in raw.message.parts] == ["TextPart", "ToolCallPart"]
+
+    async def both():
+        typed_model._async_client = AsyncSub(api_key="k", base_url=server.url, max_retries=0)
+        return await raw_model.acomplete(req()), await typed_model.acomplete(req())
+
+    assert asyncio.run(both()) == (raw, raw)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    server.repeat = reply('Here: ```json\n{"n": 3}\n```')
+    prompt_raw, prompt_typed = make(server, mode="prompt"), make(server, mode="prompt")
+    prompt_typed._client = Sub(api_key="k", base_url=server.url, max_retries=0)
+    parsed = prompt_raw.complete(req(output_schema=schema))
+    assert parsed == prompt_typed.complete(req(output_schema=schema))
+    assert parsed.parsed == {"n": 3}
+    assert len(server.requests) == 6

@@ -1060,3 +1060,54 @@ def test_prov15_live_smoke():
     assert r.stop_reason is StopReason.END_TURN and "pong" in r.message.text.lower()
     events = list(m.stream(req("Reply with the single word: pong", max_tokens=200)))
     assert events[-1].kind == "response_done"
+
+
+@pytest.mark.parametrize("reasoning", [False, True], ids=["plain", "reasoning"])
+def test_prov18_reply_read_from_the_raw_body_equals_the_typed_sdk_reply(server, reasoning):
+    """PROV-16/18/19: the SDK's own client has its reply read from the JSON body (a reply with
+    a reasoning item through the SDK's typed model, whose dump is the echo token); a client of
+    another class (here a subclass) always goes through the typed reply. Both map alike, sync
+    and async."""
+    import openai
+
+    class Sub(openai.OpenAI):
+        pass
+
+    class AsyncSub(openai.AsyncOpenAI):
+        pass
+
+    items = [wire.message_item("Sure thing"), wire.call_item("c1", "add", {"a": 1, "b": 2})]
+    if reasoning:
+        items.insert(0, wire.reasoning_item("plan it", encrypted="enc-1"))
+    server.repeat = wire.Reply(body=wire.response(items, use=wire.usage(50, 30, cached=10)))
+    raw_model = OpenAIModel("gpt-5.4", api_key=KEY, base_url=server.url, max_retries=0)
+    typed_model = OpenAIModel("gpt-5.4", api_key=KEY, base_url=server.url, max_retries=0)
+    typed_model._client = Sub(api_key=KEY, base_url=server.url, max_retries=0)
+    raw = raw_model.complete(req())
+    assert raw == typed_model.complete(req())
+    assert [type(p).__name__ for p in raw.message.parts][-2:] == ["TextPart", "ToolCallPart"]
+    assert raw.usage.cache_read_tokens == 10 and raw.usage.cost_usd is not None
+
+    async def both():
+        typed_model._async_client = AsyncSub(api_key=KEY, base_url=server.url, max_retries=0)
+        return await raw_model.acomplete(req()), await typed_model.acomplete(req())
+
+    assert asyncio.run(both()) == (raw, raw)
+    assert len(server.requests) == 4
+
+
+def test_prov16_a_patched_create_of_the_sdk_client_is_still_called(model, server):
+    """PROV-16: a suite that patches ``responses.create`` on the adapter's own client gets
+    its stand-in called (the raw-body read applies only to the SDK's own method)."""
+    server.repeat = wire.Reply(body=text_reply("hi there"))
+    assert model.complete(req()).message.text == "hi there"
+    real = model._client.responses.create
+    seen = []
+
+    def patched(**kwargs):
+        seen.append(kwargs["model"])
+        return real(**kwargs)
+
+    model._client.responses.create = patched
+    assert model.complete(req()).message.text == "hi there"
+    assert seen == ["gpt-5.4"] and len(server.requests) == 2

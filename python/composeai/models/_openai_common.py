@@ -57,6 +57,29 @@ def get(obj: Any, key: str) -> Any:
     return getattr(obj, key, None)
 
 
+def _raw_method(client: Any, method: Any, own_class: type) -> Any:
+    """The ``with_raw_response`` twin of ``method`` when ``client`` is the SDK's own client
+    class and ``method`` its own: the reply is then read from its JSON body (the mappers read
+    dicts and SDK objects alike), skipping the typed model the SDK would build. ``None`` for
+    anything else (an injected stub, a patched method), which is called as given."""
+    fn = getattr(method, "__func__", None)
+    if type(client) is not own_class or not getattr(fn, "__module__", "").startswith("openai."):
+        return None
+    return getattr(method.__self__.with_raw_response, fn.__name__, None)
+
+
+def _raw_json(raw: Any, typed: Any) -> dict[str, Any] | None:
+    """A raw SDK response's body when it is a JSON object that ``typed`` does not claim
+    (anything else is left to the SDK's own parsing, as a plain call would)."""
+    try:
+        data = raw.http_response.json()
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or (typed is not None and typed(data)):
+        return None
+    return data
+
+
 # -- strict flag (PROV-17) ---------------------------------------------------
 
 _UNSUPPORTED = frozenset(
@@ -324,6 +347,42 @@ class OpenAIClientBase:
     def _call(self, method: Any, kwargs: dict[str, Any]) -> Any:
         try:
             return method(**fit_kwargs(method, kwargs))
+        except ComposeError:
+            raise
+        except Exception as exc:
+            raise self._error(exc) from exc
+
+    def _call_reply(
+        self, client: Any, method: Any, kwargs: dict[str, Any], typed: Any = None
+    ) -> Any:
+        """``_call`` of a non-streaming ``create`` whose reply the mappers read: through the
+        SDK's raw response when ``method`` is the SDK client's own (see ``_raw_method``); a
+        body for which ``typed(body)`` holds is read through the SDK's typed model still."""
+        raw_method = _raw_method(client, method, sdk().OpenAI)
+        if raw_method is None:
+            return self._call(method, kwargs)
+        try:
+            raw = raw_method(**fit_kwargs(method, kwargs))
+            data = _raw_json(raw, typed)
+            return raw.parse() if data is None else data
+        except ComposeError:
+            raise
+        except Exception as exc:
+            raise self._error(exc) from exc
+
+    async def _acall_reply(
+        self, client: Any, method: Any, kwargs: dict[str, Any], typed: Any = None
+    ) -> Any:
+        raw_method = _raw_method(client, method, sdk().AsyncOpenAI)
+        if raw_method is None:
+            return await self._acall(method, kwargs)
+        try:
+            raw = await raw_method(**fit_kwargs(method, kwargs))
+            data = _raw_json(raw, typed)
+            if data is not None:
+                return data
+            parsed = raw.parse()  # a coroutine on SDKs whose async raw responses parse lazily
+            return await parsed if inspect.isawaitable(parsed) else parsed
         except ComposeError:
             raise
         except Exception as exc:

@@ -368,6 +368,40 @@ def _plain(obj: Any) -> Any:
     )
 
 
+def _raw_create(client: Any, create: Any, own_class: type) -> Any:
+    """``messages.with_raw_response.create`` when ``client`` is the SDK's own client class and
+    ``create`` its own method: the reply is then read from its JSON body, skipping the typed
+    model the SDK would build only for ``_plain`` to turn it back into dicts. ``None`` for
+    anything else (an injected stub, a patched method), which is called as given."""
+    fn = getattr(create, "__func__", None)
+    if type(client) is not own_class or not getattr(fn, "__module__", "").startswith("anthropic."):
+        return None
+    return client.messages.with_raw_response.create
+
+
+def _raw_reply(raw: Any) -> dict[str, Any]:
+    """The wire reply of a raw SDK response; a body that is not a JSON object is left to the
+    SDK's own parsing, as a plain call would."""
+    data = _raw_json(raw)
+    return _plain(raw.parse()) if data is None else data
+
+
+async def _araw_reply(raw: Any) -> dict[str, Any]:
+    data = _raw_json(raw)
+    if data is not None:
+        return data
+    parsed = raw.parse()  # a coroutine on SDKs whose async raw responses parse lazily
+    return _plain(await parsed if inspect.isawaitable(parsed) else parsed)
+
+
+def _raw_json(raw: Any) -> dict[str, Any] | None:
+    try:
+        data = raw.http_response.json()
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def _field(obj: Any, name: str) -> Any:
     if isinstance(obj, dict):
         return obj.get(name)
@@ -631,13 +665,18 @@ class AnthropicModel:
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         sdk = _load_sdk()
-        create = self._sync_client(sdk).messages.create
+        client = self._sync_client(sdk)
+        create = client.messages.create
+        raw_create = _raw_create(client, create, sdk.module.Anthropic)
         base = request_to_kwargs(request, self.model_id)
         kwargs = base
         replies: list[dict[str, Any]] = []
         try:
             while True:
-                reply = _plain(create(**fit_kwargs(create, kwargs)))
+                if raw_create is None:
+                    reply = _plain(create(**fit_kwargs(create, kwargs)))
+                else:
+                    reply = _raw_reply(raw_create(**fit_kwargs(create, kwargs)))
                 replies.append(reply)
                 if reply.get("stop_reason") != "pause_turn":
                     break
@@ -686,13 +725,18 @@ class AnthropicModel:
 
     async def acomplete(self, request: ModelRequest) -> ModelResponse:
         sdk = _load_sdk()
-        create = self._loop_client(sdk).messages.create
+        client = self._loop_client(sdk)
+        create = client.messages.create
+        raw_create = _raw_create(client, create, sdk.module.AsyncAnthropic)
         base = request_to_kwargs(request, self.model_id)
         kwargs = base
         replies: list[dict[str, Any]] = []
         try:
             while True:
-                reply = _plain(await create(**fit_kwargs(create, kwargs)))
+                if raw_create is None:
+                    reply = _plain(await create(**fit_kwargs(create, kwargs)))
+                else:
+                    reply = await _araw_reply(await raw_create(**fit_kwargs(create, kwargs)))
                 replies.append(reply)
                 if reply.get("stop_reason") != "pause_turn":
                     break

@@ -470,9 +470,8 @@ class OpenAICompatibleModel(OpenAIClientBase):
     def complete(self, request: ModelRequest) -> ModelResponse:
         client = self._sync_client()
         mode = self._mode
-        raw = self._call(
-            client.chat.completions.create, request_kwargs(request, self.model_id, mode)
-        )
+        create = client.chat.completions.create
+        raw = self._call_reply(client, create, request_kwargs(request, self.model_id, mode))
         try:
             return _parse(raw, request, self.model_id, mode)
         except _NonJSON as exc:
@@ -481,7 +480,7 @@ class OpenAICompatibleModel(OpenAIClientBase):
             first = usage_of(get(raw, "usage"), self.model_id)
         kwargs = request_kwargs(request, self.model_id, "prompt")
         response = parse_completion(
-            self._call(client.chat.completions.create, kwargs), request, self.model_id, "prompt"
+            self._call_reply(client, create, kwargs), request, self.model_id, "prompt"
         )
         return replace(response, usage=first + response.usage)
 
@@ -489,7 +488,7 @@ class OpenAICompatibleModel(OpenAIClientBase):
         client = self._aclient()
         mode = self._mode
         create = client.chat.completions.create
-        raw = await self._acall(create, request_kwargs(request, self.model_id, mode))
+        raw = await self._acall_reply(client, create, request_kwargs(request, self.model_id, mode))
         try:
             return _parse(raw, request, self.model_id, mode)
         except _NonJSON as exc:
@@ -498,7 +497,7 @@ class OpenAICompatibleModel(OpenAIClientBase):
             first = usage_of(get(raw, "usage"), self.model_id)
         kwargs = request_kwargs(request, self.model_id, "prompt")
         response = parse_completion(
-            await self._acall(create, kwargs), request, self.model_id, "prompt"
+            await self._acall_reply(client, create, kwargs), request, self.model_id, "prompt"
         )
         return replace(response, usage=first + response.usage)
 

@@ -205,6 +205,12 @@ def _to_plain(item: Any) -> dict:
     return dict(vars(item))
 
 
+def _reasons(response: dict) -> bool:
+    """Whether a raw reply holds a reasoning item: its echo token is the SDK object's dump
+    (field order included), so such a reply is read through the SDK's typed model."""
+    return any(get(item, "type") == "reasoning" for item in response.get("output") or ())
+
+
 def _thinking(item: Any, model_id: str) -> ThinkingPart:
     texts = [get(s, "text") or "" for s in get(item, "summary") or []]
     if not any(texts):
@@ -399,12 +405,16 @@ class OpenAIModel(OpenAIClientBase):
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         client = self._sync_client()
-        raw = self._call(client.responses.create, request_kwargs(request, self.model_id))
+        raw = self._call_reply(
+            client, client.responses.create, request_kwargs(request, self.model_id), _reasons
+        )
         return parse_response(raw, request, self.model_id)
 
     async def acomplete(self, request: ModelRequest) -> ModelResponse:
         client = self._aclient()
-        raw = await self._acall(client.responses.create, request_kwargs(request, self.model_id))
+        raw = await self._acall_reply(
+            client, client.responses.create, request_kwargs(request, self.model_id), _reasons
+        )
         return parse_response(raw, request, self.model_id)
 
     def stream(self, request: ModelRequest) -> Iterator[RawStreamEvent]:
