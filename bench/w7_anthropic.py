@@ -3,9 +3,14 @@ loopback Messages API server in this process) vs N bare SDK `client.messages.cre
 to the same server. Each agent call is a standalone durable agent run. Reports the per-call
 overhead of composeai over the bare SDK, and the adapter alone (`model.complete()`) too.
 
-The three sides are interleaved call by call, the first of each triple rotating, so drift,
-neighbours' load and the store's background work hit every side alike; figures are medians, and each overhead is the median of the paired differences (as
-`w7_openai.py` measures)."""
+A fourth side makes the same SDK call through its raw response and decodes the JSON body,
+as the adapter does: `overhead_vs_raw_sdk_ms_per_call` (agent − that call) is what composeai
+adds to the cheapest use of the SDK, since the adapter itself skips the typed reply the
+bare call builds.
+
+The sides are interleaved call by call, the first of each round rotating, so drift,
+neighbours' load and the store's background work hit every side alike; figures are medians,
+and each overhead is the median of the paired differences (as `w7_openai.py` measures)."""
 
 from __future__ import annotations
 
@@ -36,8 +41,8 @@ def main() -> None:
 
     server = w.WireServer().start()
     reply = w.JsonReply(w.message(w.text("Hello!"), usage_=w.usage(20, 5)))
-    # One reply per request: three measured sides, plus warm-ups.
-    server.push(*[reply] * (3 * n + 30))
+    # One reply per request: four measured sides, plus warm-ups.
+    server.push(*[reply] * (4 * n + 40))
 
     model = AnthropicModel(MODEL, api_key="bench", base_url=server.url, max_retries=0)
     bare = anthropic.Anthropic(api_key="bench", base_url=server.url, max_retries=0)
@@ -66,6 +71,20 @@ def main() -> None:
         )
         assert message.content[0].text == "Hello!"
 
+    def raw_call(i: int) -> None:
+        # The same request through the SDK's raw response, its JSON body decoded: the SDK
+        # without its typed reply, as the adapter uses it; the agent against this side is
+        # what composeai adds to the cheapest SDK call.
+        raw = bare.messages.with_raw_response.create(
+            model=MODEL,
+            max_tokens=16000,
+            system=system,
+            messages=[
+                {"role": "user", "content": [{"type": "text", "text": f"Say hello to {i}."}]}
+            ],
+        )
+        assert raw.http_response.json()["content"][0]["text"] == "Hello!"
+
     def adapter_call(i: int) -> None:
         request = ModelRequest(
             model=MODEL,
@@ -75,7 +94,7 @@ def main() -> None:
         )
         assert model.complete(request).message.text == "Hello!"
 
-    sides = {"agent": agent_call, "bare": bare_call, "adapter": adapter_call}
+    sides = {"agent": agent_call, "bare": bare_call, "raw": raw_call, "adapter": adapter_call}
     for i in range(10):  # warm-up: connections, the store, first-call imports
         for fn in sides.values():
             fn(i)
@@ -92,8 +111,8 @@ def main() -> None:
             samples[name].append((clock() - t0) * 1e3)
     server.close()
 
-    def paired(side: str) -> float:
-        return round(median(a - b for a, b in zip(samples[side], samples["bare"])), 4)
+    def paired(side: str, base: str = "bare") -> float:
+        return round(median(a - b for a, b in zip(samples[side], samples[base])), 4)
 
     emit(
         {
@@ -106,6 +125,8 @@ def main() -> None:
             "bare_sdk_ms_per_call": round(median(samples["bare"]), 4),
             "adapter_overhead_ms_per_call": paired("adapter"),
             "adapter_ms_per_call": round(median(samples["adapter"]), 4),
+            "raw_sdk_ms_per_call": round(median(samples["raw"]), 4),
+            "overhead_vs_raw_sdk_ms_per_call": paired("agent", "raw"),
         }
     )
 

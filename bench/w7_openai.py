@@ -6,7 +6,9 @@ call by call (the kind that goes first rotating). Figures are medians.
 
 ``*_overhead_ms_per_call`` = agent call − bare SDK call (median of the paired differences);
 ``*_adapter_overhead_ms_per_call`` = ``model.complete`` − bare SDK call (the wire mapping
-alone); ``fake_agent_ms_per_call`` is the same agent on a FakeModel (the engine's share, as
+alone, less the typed reply the adapters skip by reading the raw body);
+``*_overhead_vs_raw_sdk_ms_per_call`` = agent call − the same SDK call through its raw
+response with the JSON body decoded (what composeai adds to the cheapest SDK call); ``fake_agent_ms_per_call`` is the same agent on a FakeModel (the engine's share, as
 W5), and ``blocking_fake_agent_overhead_ms_per_call`` the engine's share when the model call
 blocks for as long as a bare SDK call (a model that sleeps, against the bare sleep)."""
 
@@ -69,11 +71,20 @@ def main() -> None:
     def c_sdk():
         bare.chat.completions.create(**c_kwargs)
 
+    # The same calls through the SDK's raw response, the JSON body decoded (as the adapters
+    # read a reply): the SDK without its typed reply.
+    def o_raw():
+        bare.responses.with_raw_response.create(**o_kwargs).http_response.json()
+
+    def c_raw():
+        bare.chat.completions.with_raw_response.create(**c_kwargs).http_response.json()
+
     groups = {
         "openai": (
             responses_reply,
             {
                 "sdk": o_sdk,
+                "raw_sdk": o_raw,
                 "adapter": lambda: o_model.complete(request),
                 "agent": lambda: o_agent.run("user"),
             },
@@ -82,6 +93,7 @@ def main() -> None:
             chat_reply,
             {
                 "sdk": c_sdk,
+                "raw_sdk": c_raw,
                 "adapter": lambda: c_model.complete(request),
                 "agent": lambda: c_agent.run("user"),
             },
@@ -121,6 +133,9 @@ def main() -> None:
         result[f"{group}_adapter_overhead_ms_per_call"] = _r(
             median(a - b for a, b in zip(samples["adapter"], samples["sdk"]))
         )
+        result[f"{group}_overhead_vs_raw_sdk_ms_per_call"] = _r(
+            median(a - b for a, b in zip(samples["agent"], samples["raw_sdk"]))
+        )
     fake_samples = []
     for _ in range(n):
         t0 = clock()
@@ -141,7 +156,7 @@ def main() -> None:
     result["blocking_fake_agent_overhead_ms_per_call"] = _r(median(paired))
     sent = len(server.requests)
     server.close()
-    assert sent == 6 * n, sent
+    assert sent == 8 * n, sent
     emit({"workload": "W7", "n": n, **result})
 
 
