@@ -829,9 +829,10 @@ _PLAIN_CASES = {
     "content off": (lambda: FakeModel(["hi there"]), {}, {"COMPOSE_TRACE_CONTENT": "0"}),
     "non-ascii, kwargs, system": (
         lambda: FakeModel(["Grüß dich, Zoë ✓"]),
-        {"system": "Be terse."},
+        {"system": "Be terse.", "call": {"greeting": "Hi"}},
         {},
     ),
+    "kwargs": (lambda: FakeModel(["hi there"]), {"call": {"greeting": "Hi"}}, {}),
     "tool then text": (
         lambda: FakeModel([calls(("_shout", {"text": "hey"}, "c1")), "done"]),
         {"tools": [_shout]},
@@ -856,8 +857,9 @@ def test_agent52_straight_line_standalone_call_stores_what_the_general_path_stor
     """AGENT-52, OBS-5, AGENT-55: a fresh standalone call made in one straight
     line (`_standalone_plain`) stores the same run and span rows, column by
     column, and returns the same `Run` and trace as the general standalone
-    path, for a text reply, with content capture off, a tool batch, structured
-    output, a retried call, a stop reason that fails and a provider error."""
+    path, for a text reply (with and without keyword arguments, a system
+    override, content capture off), a tool batch, structured output, a
+    retried call, a stop reason that fails and a provider error."""
     from composeai import agentfn
 
     make_model, options, env = _PLAIN_CASES[case]
@@ -885,12 +887,14 @@ def test_agent52_straight_line_standalone_call_stores_what_the_general_path_stor
             tools=options.get("tools", ()),
             retries=options.get("retries", 0),
         )(plain)
-        kwargs = {"system": options["system"]} if "system" in options else {}
+        kwargs = dict(options.get("call", {}))
+        if "system" in options:
+            kwargs["system"] = options["system"]
         with monkeypatch.context() as patch:
             if side == "general":
                 patch.setattr(agentfn, "_plain_standalone", lambda agent, opts: False)
             try:
-                result = _run_view(decorated.run("Zoë", greeting="Hi", **kwargs), f"plain_{side}")
+                result = _run_view(decorated.run("Zoë", **kwargs), f"plain_{side}")
             except ComposeError as exc:
                 result = (type(exc), str(exc).replace(f"plain_{side}", "A"))
         outcomes[side] = (result, _stored_call(f"plain_{side}"))

@@ -517,8 +517,11 @@ _ATTRIBUTES_JSON: dict[tuple, str] = {}
 def _attributes_json(attributes: dict) -> str | None:
     if not attributes:
         return None
-    if len(attributes) <= 2 and all(type(v) is str for v in attributes.values()):
+    if len(attributes) <= 2:
         key = tuple(attributes.items())
+        for _, value in key:
+            if type(value) is not str:
+                return _codec.dumps_lenient(attributes)
         text = _ATTRIBUTES_JSON.get(key)
         if text is None:
             if len(_ATTRIBUTES_JSON) >= 256:
@@ -1517,8 +1520,19 @@ def _standalone_plain(agent: AgentFunction, args: tuple, kwargs: dict, opts: dic
     OBS-5), without the settlement plan's machinery, the budget scopes and
     the snapshot lookup a fresh run cannot need."""
     name = agent.name
+    # The text of `{"args": [...], "kwargs": {...}}` when the payload is
+    # only that (no system or model override) and plain: the row's
+    # `args_json` and the root span's stored input both.
+    args_text = None
+    if opts["system"] is None and not isinstance(opts["model"], str):
+        args_text = _engine._args_text(args, kwargs)
     attempt = _engine.get_store().start_run(
-        "agent", name, None, _standalone_payload(args, kwargs, opts), None, queued=True
+        "agent",
+        name,
+        None,
+        args_text or _standalone_payload(args, kwargs, opts),
+        None,
+        queued=True,
     )
     run = RunState(attempt, name)
     trace = run.trace
@@ -1554,7 +1568,10 @@ def _standalone_plain(agent: AgentFunction, args: tuple, kwargs: dict, opts: dic
     root.ended_at = time.time()
     root.status = "ok"
     capture = _capture()
-    attempt.span(_engine.span_row(root, output_json if capture else None))
+    if capture:
+        attempt.span(_engine.span_row(root, output_json, args_text))
+    else:
+        attempt.span(_engine.span_row(root))
     if capture:
         root.output = output
     attempt.settle("completed", output_json, None)
