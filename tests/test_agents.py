@@ -829,7 +829,7 @@ _PLAIN_CASES = {
     "content off": (lambda: FakeModel(["hi there"]), {}, {"COMPOSE_TRACE_CONTENT": "0"}),
     "non-ascii, kwargs, system": (
         lambda: FakeModel(["Grüß dich, Zoë ✓"]),
-        {"system": "Be terse.", "call": {"greeting": "Hi"}},
+        {"system": "Be terse.", "call": {"greeting": "Hi"}, "who": "Zoë"},
         {},
     ),
     "kwargs": (lambda: FakeModel(["hi there"]), {"call": {"greeting": "Hi"}}, {}),
@@ -894,7 +894,9 @@ def test_agent52_straight_line_standalone_call_stores_what_the_general_path_stor
             if side == "general":
                 patch.setattr(agentfn, "_plain_standalone", lambda agent, opts: False)
             try:
-                result = _run_view(decorated.run("Zoë", **kwargs), f"plain_{side}")
+                result = _run_view(
+                    decorated.run(options.get("who", "Ada"), **kwargs), f"plain_{side}"
+                )
             except ComposeError as exc:
                 result = (type(exc), str(exc).replace(f"plain_{side}", "A"))
         outcomes[side] = (result, _stored_call(f"plain_{side}"))
