@@ -747,6 +747,164 @@ def test_agent22_llm_span_rows_match_with_and_without_the_direct_turn():
     assert len(stored("same_0")) == 2
 
 
+def _stored_call(name: str) -> tuple:
+    """Every stored column of a standalone call's run and span rows, but for
+    ids, times and the agent's name (the error stacktraces, which name the engine's frames,
+    are reduced to type and message)."""
+    db = sqlite3.connect(f"{_engine.state_dir()}/runs.db")
+    run = db.execute(
+        "SELECT kind, status, fingerprint, args_json, output_json, error_json, budget_json, "
+        "lease_owner, lease_until, created_at <= updated_at, "
+        "(SELECT count(*) FROM traces t WHERE t.trace_id = runs.trace_id), "
+        "(SELECT count(*) FROM journal j WHERE j.rid = runs.rid), "
+        "(SELECT count(*) FROM agent_state a WHERE a.rid = runs.rid), "
+        "(SELECT count(*) FROM pending_interrupts p WHERE p.rid = runs.rid) "
+        "FROM runs WHERE name = ?",
+        (name,),
+    ).fetchall()
+    rows = db.execute(
+        "SELECT s.kind, s.name, s.status, s.flags, s.step_key, s.attributes_json, s.error_json, "
+        "s.input_tokens, s.output_tokens, s.cache_read_tokens, s.cache_creation_tokens, "
+        "s.reasoning_tokens, s.cost_usd, s.cost_complete, s.input_json, s.output_json, "
+        "s.parent IS NULL, p.kind, length(s.span_id), s.started_at <= s.ended_at, "
+        "s.tid = (SELECT t.tid FROM traces t WHERE t.trace_id = r.trace_id) "
+        "FROM spans s JOIN runs r ON r.rid = s.rid "
+        "LEFT JOIN spans p ON p.span_id = s.parent AND p.tid = s.tid "
+        "WHERE r.name = ? ORDER BY s.sid",
+        (name,),
+    ).fetchall()
+    db.close()
+
+    def unnamed(row) -> list:
+        return [v.replace(name, "A") if type(v) is str else v for v in row]
+
+    spans = []
+    for r in map(unnamed, rows):
+        if r[6] is not None:
+            error = json.loads(r[6])
+            r[6] = (error["type"], error["message"])
+        spans.append(tuple(r))
+    return [tuple(unnamed(r)) for r in run], spans
+
+
+def _run_view(run, name: str) -> tuple:
+    """A returned `Run` and its trace, but for ids, times and the agent's
+    name."""
+    index = {s.span_id: i for i, s in enumerate(run.trace.spans)}
+    return (
+        run.status,
+        run.output,
+        run.usage,
+        run.messages,
+        run.pending,
+        [
+            (
+                s.kind,
+                "A" if s.name == name else s.name,
+                s.status,
+                s.input,
+                s.output,
+                s.usage,
+                s.attributes,
+                s.replayed,
+                None if s.error is None else (s.error.type, s.error.message),
+                index.get(s.parent_span_id),
+                s.trace_id == run.trace.trace_id,
+                s.ended_at is not None and s.started_at <= s.ended_at,
+            )
+            for s in run.trace.spans
+        ],
+        run.trace.status,
+    )
+
+
+@tool
+def _shout(text: str) -> str:
+    """Shouts the text."""
+    return text.upper()
+
+
+_PLAIN_CASES = {
+    "text": (lambda: FakeModel(["hi there"]), {}, {}),
+    "content off": (lambda: FakeModel(["hi there"]), {}, {"COMPOSE_TRACE_CONTENT": "0"}),
+    "non-ascii, kwargs, system": (
+        lambda: FakeModel(["Grüß dich, Zoë ✓"]),
+        {"system": "Be terse.", "call": {"greeting": "Hi"}, "who": "Zoë"},
+        {},
+    ),
+    "kwargs": (lambda: FakeModel(["hi there"]), {"call": {"greeting": "Hi"}}, {}),
+    "tool then text": (
+        lambda: FakeModel([calls(("_shout", {"text": "hey"}, "c1")), "done"]),
+        {"tools": [_shout]},
+        {},
+    ),
+    "structured": (lambda: FakeModel([{"json": {"title": "t", "count": 2}}]), {"out": Facts}, {}),
+    "retried": (
+        lambda: FakeModel([raising(ProviderError("flaky")), "after retry"]),
+        {"retries": 1},
+        {},
+    ),
+    "max tokens": (lambda: FakeModel([response(StopReason.MAX_TOKENS, "length")]), {}, {}),
+    "provider error": (lambda: FakeModel([raising(ProviderError("down"))]), {}, {}),
+}
+
+
+@pytest.mark.sqlite_file
+@pytest.mark.parametrize("case", list(_PLAIN_CASES))
+def test_agent52_straight_line_standalone_call_stores_what_the_general_path_stores(
+    case, monkeypatch
+):
+    """AGENT-52, OBS-5, AGENT-55: a fresh standalone call made in one straight
+    line (`_standalone_plain`) stores the same run and span rows, column by
+    column, and returns the same `Run` and trace as the general standalone
+    path, for a text reply (with and without keyword arguments, a system
+    override, content capture off), a tool batch, structured output, a
+    retried call, a stop reason that fails and a provider error."""
+    from composeai import agentfn
+
+    make_model, options, env = _PLAIN_CASES[case]
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    straight = []
+    made = agentfn._standalone_plain
+
+    def counted(*args):
+        straight.append(True)
+        return made(*args)
+
+    monkeypatch.setattr(agentfn, "_standalone_plain", counted)
+    outcomes = {}
+    for side in ("general", "straight"):
+
+        def plain(who, *, greeting="Hello"):
+            """You greet people."""
+            return f"{greeting}, {who}!"
+
+        plain.__annotations__ = {"who": str, "greeting": str, "return": options.get("out", str)}
+        decorated = agent(
+            model=make_model(),
+            name=f"plain_{side}",
+            tools=options.get("tools", ()),
+            retries=options.get("retries", 0),
+        )(plain)
+        kwargs = dict(options.get("call", {}))
+        if "system" in options:
+            kwargs["system"] = options["system"]
+        with monkeypatch.context() as patch:
+            if side == "general":
+                patch.setattr(agentfn, "_plain_standalone", lambda agent, opts: False)
+            try:
+                result = _run_view(
+                    decorated.run(options.get("who", "Ada"), **kwargs), f"plain_{side}"
+                )
+            except ComposeError as exc:
+                result = (type(exc), str(exc).replace(f"plain_{side}", "A"))
+        outcomes[side] = (result, _stored_call(f"plain_{side}"))
+    assert straight == [True]
+    assert outcomes["straight"] == outcomes["general"]
+    assert len(outcomes["straight"][1][0]) == 1 and outcomes["straight"][1][1]
+
+
 def test_agent23_stop_reason_error_becomes_a_retryable_provider_error():
     @agent(model=FakeModel([response(StopReason.ERROR, "overloaded")]))
     def errs(x: str) -> str:

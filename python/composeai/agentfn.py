@@ -17,6 +17,7 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from . import _codec, _core, _engine
+from ._engine import ASYNC_DRIVER as _ASYNC_DRIVER
 from ._engine import BUDGETS, FRAME, Frame, RunState
 from ._streams import current_cancel_token
 from .errors import (
@@ -27,12 +28,15 @@ from .errors import (
     MaxTurnsExceededError,
     ModelRefusalError,
     ProviderError,
+    SerializationError,
 )
 from .events import current_bus as _current_bus
 from .messages import Message, StopReason, TextPart, ToolCallPart, ToolResultPart, Usage
 from .models import registry as _registry
 from .models.base import ModelRequest
 from .runs import Run
+from .tracing import Span
+from .tracing import _capture_content as _capture
 
 __all__ = ["AgentFunction", "agent", "prompt"]
 
@@ -513,8 +517,11 @@ _ATTRIBUTES_JSON: dict[tuple, str] = {}
 def _attributes_json(attributes: dict) -> str | None:
     if not attributes:
         return None
-    if len(attributes) <= 2 and all(type(v) is str for v in attributes.values()):
+    if len(attributes) <= 2:
         key = tuple(attributes.items())
+        for _, value in key:
+            if type(value) is not str:
+                return _codec.dumps_lenient(attributes)
         text = _ATTRIBUTES_JSON.get(key)
         if text is None:
             if len(_ATTRIBUTES_JSON) >= 256:
@@ -1284,7 +1291,10 @@ class AgentFunction(Generic[P, R]):
         if frame is not None and frame.run is not None and frame.run.kind in ("flow", "graph"):
             result = self._flow_step(frame, args, kwargs, opts)
         elif frame is None or frame.span is None:
-            result = _standalone_sync(self, args, kwargs, opts)
+            if _plain_standalone(self, opts):
+                result = _standalone_plain(self, args, kwargs, opts)
+            else:
+                result = _standalone_sync(self, args, kwargs, opts)
         else:
             result = self._nested_sync(frame, args, kwargs, opts)
         return result if want_run else result.output
@@ -1488,6 +1498,100 @@ def _standalone_sync(
         _pop_budget(budget_token)
         FRAME.reset(token)
     return _settle_standalone_ok(call, output)
+
+
+def _plain_standalone(agent: AgentFunction, opts: dict) -> bool:
+    """Whether a fresh standalone call can be made by `_standalone_plain`: no
+    budget (its own or around it), context manager or chat seed, a sync body,
+    and no event bus. Read at call time: options may change after decoration."""
+    return (
+        opts["budget"] is None
+        and opts["context_manager"] is None
+        and opts.get("seed") is None
+        and not agent._is_async
+        and not BUDGETS.get()
+        and _current_bus() is None
+    )
+
+
+def _standalone_plain(agent: AgentFunction, args: tuple, kwargs: dict, opts: dict) -> Run:
+    """`_standalone_sync` of a fresh run that `_plain_standalone` admits, in
+    one straight line: the same rows, spans, events and `Run` (AGENT-52,
+    OBS-5), without the settlement plan's machinery, the budget scopes and
+    the snapshot lookup a fresh run cannot need."""
+    name = agent.name
+    # The text of `{"args": [...], "kwargs": {...}}` when the payload is
+    # only that (no system or model override) and plain: the row's
+    # `args_json` and the root span's stored input both.
+    args_text = None
+    if opts["system"] is None and not isinstance(opts["model"], str):
+        args_text = _engine._args_text(args, kwargs)
+    attempt = _engine.get_store().start_run(
+        "agent",
+        name,
+        None,
+        args_text or _standalone_payload(args, kwargs, opts),
+        None,
+        queued=True,
+    )
+    run = RunState(attempt, name)
+    trace = run.trace
+    root = Span(
+        trace_id=run.trace_id,
+        span_id=_core.ulid(),
+        parent_span_id=None,
+        kind="agent",
+        name=name,
+        started_at=time.time(),
+    )
+    trace._spans.append(root)
+    if _capture():
+        root.input = {"args": list(args), "kwargs": kwargs}
+    frame = Frame(run, "", root, None, trace)
+    call = _Call(agent, opts, frame, "")
+    call.snapshot_scope = ""
+    call.restorable = False
+    token = FRAME.set(frame)
+    driver = _ASYNC_DRIVER.set(None)
+    try:
+        output = _agent_loop_sync_body(call, args, kwargs)
+    except BaseException as exc:  # noqa: BLE001 -- settled, then re-raised or returned
+        return _settle_standalone_error(call, exc)
+    finally:
+        _ASYNC_DRIVER.reset(driver)
+        FRAME.reset(token)
+    # `_engine.settle_completed(..., lenient=True)`, written out.
+    try:
+        output_json = _codec.dumps(output)
+    except SerializationError:
+        output_json = None
+    root.ended_at = time.time()
+    root.status = "ok"
+    capture = _capture()
+    if capture:
+        attempt.span(_engine.span_row(root, output_json, args_text))
+    else:
+        attempt.span(_engine.span_row(root))
+    if capture:
+        root.output = output
+    attempt.settle("completed", output_json, None)
+    _engine._check_span_writes()
+    _engine.emit_run_finished(root, "completed")
+    spans = trace._spans
+    if len(spans) == 2 and spans[1].parent_span_id == root.span_id and spans[1].kind == "llm":
+        # The one model call's span: what `subtree_usage` sums.
+        usage = spans[1].usage
+    else:
+        usage = _engine.subtree_usage(trace, root)
+    return Run(
+        id=run.run_id,
+        status="completed",
+        output=output,
+        usage=_engine.rollup_usage(trace) if usage is None else usage,
+        trace=trace,
+        messages=list(call.messages),
+        pending=None,
+    )
 
 
 async def _standalone_async(
