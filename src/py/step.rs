@@ -274,20 +274,17 @@ fn task_call<'py>(
     } else {
         Some(fence_obj.downcast::<PyFence>()?.get().inner.clone())
     };
-    let attempt = run
-        .getattr(intern!(py, "attempt"))?
-        .downcast::<PyAttempt>()?
-        .get()
-        .inner
-        .clone();
-    let (key, hit) = attempt.reserve(scope, name, fence.as_ref()).py_err()?;
+    let attempt_obj = run.getattr(intern!(py, "attempt"))?;
+    let attempt = &attempt_obj.downcast::<PyAttempt>()?.get().inner;
+    let (step_key, hit) = attempt.reserve_step(scope, name, fence.as_ref()).py_err()?;
     if let Some(stored) = hit {
         // FLOW-16: replayed, the body not run; the span row is queued.
         let value = super::codec::decode(py, &stored)?;
         let (span_id, at) = crate::ids::new_ulid_bytes();
-        attempt.queue_replayed(span_id, parent, "task".into(), name, at, key, capture);
+        attempt.queue_replayed(span_id, parent, "task".into(), name, at, step_key, capture);
         return Ok(value);
     }
+    let key = step_key.to_string();
     let body = spec.get_item(0)?;
     let is_async = spec.get_item(3)?.is_truthy()?;
     let span_id = crate::ids::new_ulid();
@@ -381,7 +378,7 @@ fn task_call<'py>(
         py.allow_threads(|| attempt.commit_deferred(&key, &value_json, Some(row), fence.as_ref()))
             .py_err()?
     } else {
-        commit(py, &attempt, &key, &value_json, row, fence)?
+        commit(py, attempt, &key, &value_json, row, fence)?
     };
     if scalar && *stored == *value_json {
         // FLOW-18: the value decoded from what was stored; an immutable

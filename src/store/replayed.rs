@@ -7,6 +7,7 @@
 use super::sqlite::{FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
 use super::{SpanRecord, SpanRow};
 use crate::ids::encode_id;
+use crate::journal::StepKey;
 use rusqlite::Connection;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -26,7 +27,8 @@ pub struct ReplayedSpan {
     pub kind: Cow<'static, str>,
     pub name: Arc<str>,
     pub at: f64,
-    pub step_key: String,
+    /// Its text is written by the inserting thread.
+    pub step_key: StepKey,
     pub output_in_journal: bool,
 }
 
@@ -45,7 +47,7 @@ impl ReplayedSpan {
                 ended_at: Some(self.at),
                 status: "ok".into(),
                 replayed: true,
-                step_key: Some(self.step_key),
+                step_key: Some(self.step_key.to_string()),
                 ..Default::default()
             },
             output_in_journal: self.output_in_journal,
@@ -153,6 +155,9 @@ pub(crate) fn insert_replayed(
             end += 1;
         }
         let parent = shared.parent.map(encode_id);
+        // Bound as a copy (SQLite's transient binding): one buffer serves
+        // every row.
+        let mut key = String::new();
         for &size in &CHUNKS {
             while end - at >= size {
                 let mut st = tx.prepare_cached(chunk_sql(size))?;
@@ -166,7 +171,9 @@ pub(crate) fn insert_replayed(
                     st.raw_bind_parameter(b + 1, &s.span_id[..])?;
                     st.raw_bind_parameter(b + 2, &*s.name)?;
                     st.raw_bind_parameter(b + 3, s.at)?;
-                    st.raw_bind_parameter(b + 4, s.step_key.as_str())?;
+                    key.clear();
+                    s.step_key.write_to(&mut key);
+                    st.raw_bind_parameter(b + 4, key.as_str())?;
                 }
                 st.raw_execute()?;
                 at += size;
@@ -218,7 +225,10 @@ mod tests {
                 kind: if i == 50 { "llm".into() } else { "task".into() },
                 name: Arc::from(format!("step{}", i % 3).as_str()),
                 at: 1_700_000_000.25 + i as f64,
-                step_key: format!("scope/step{}#{i}", i % 3),
+                step_key: StepKey {
+                    prefix: Arc::from(format!("scope/step{}", i % 3).as_str()),
+                    n: 1 + i,
+                },
                 output_in_journal: i % 17 != 5,
             })
             .collect();
