@@ -2,7 +2,7 @@
 //! settling it.
 
 use crate::error::{CoreError, CoreResult};
-use crate::journal::{Fence, Journal};
+use crate::journal::{Fence, Journal, StepKey};
 use crate::store::sqlite::now;
 use crate::store::sqlite::Slot;
 use crate::store::{
@@ -222,20 +222,14 @@ impl Attempt {
     ) -> CoreResult<Attempt> {
         let seconds = crate::lease::lease_seconds()?;
         claim_in_process(run_id)?;
-        match store.acquire(
+        match store.acquire_journal(
             run_id,
             owner_id(),
             now() + seconds,
             &lease_is_live,
             takeover,
         ) {
-            Ok((run, entries)) => Ok(Attempt::new(
-                store,
-                run,
-                Journal::new(entries),
-                false,
-                seconds,
-            )),
+            Ok((run, journal)) => Ok(Attempt::new(store, run, journal, false, seconds)),
             Err(e) => {
                 active_runs().lock().remove(run_id);
                 Err(e)
@@ -348,6 +342,19 @@ impl Attempt {
         let key = j.next_key(scope, name);
         let hit = j.get(&key);
         Ok((key, hit))
+    }
+
+    /// `reserve` with the key as its parts: a replayed step (the value
+    /// found) allocates no key.
+    pub fn reserve_step(
+        &self,
+        scope: &str,
+        name: &str,
+        fence: Option<&Fence>,
+    ) -> CoreResult<(StepKey, Option<Arc<str>>)> {
+        self.check(fence)?;
+        self.check_cancel(false)?;
+        Ok(self.journal.lock().next_step(scope, name))
     }
 
     pub(crate) fn journal_get(&self, key: &str) -> Option<Arc<str>> {
@@ -614,17 +621,17 @@ impl Attempt {
         step_key: String,
         with_output: bool,
     ) {
-        match crate::ids::encode_id(&span_id) {
-            crate::ids::StoredId::Bytes(id) => self.queue_replayed(
+        match (crate::ids::encode_id(&span_id), StepKey::parse(&step_key)) {
+            (crate::ids::StoredId::Bytes(id), Some(key)) => self.queue_replayed(
                 id,
                 parent_span_id.as_deref(),
                 kind.into(),
                 &name,
                 at,
-                step_key,
+                key,
                 with_output,
             ),
-            crate::ids::StoredId::Text(_) => {
+            _ => {
                 let span = SpanRow {
                     span_id,
                     parent_span_id,
@@ -656,7 +663,7 @@ impl Attempt {
         kind: std::borrow::Cow<'static, str>,
         name: &str,
         at: f64,
-        step_key: String,
+        step_key: StepKey,
         with_output: bool,
     ) {
         fn shared(last: &mut Option<Arc<str>>, text: &str) -> Arc<str> {

@@ -336,7 +336,8 @@ def _span_order(span: Span) -> str:
 class Frame:
     """What a call sees of its surroundings. Immutable: nesting makes a new one."""
 
-    __slots__ = ("defer", "fence", "run", "scope", "span", "trace")
+    # `__weakref__`: the core's task call remembers the last frame weakly.
+    __slots__ = ("__weakref__", "defer", "fence", "run", "scope", "span", "trace")
 
     def __init__(
         self, run: RunState | None, scope: str, span: Span | None, fence, trace, defer=False

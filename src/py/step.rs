@@ -13,12 +13,15 @@ use super::errors::IntoPy;
 use crate::journal::Fence;
 use crate::run::Attempt;
 use crate::store::SpanRow;
+use parking_lot::Mutex;
 use pyo3::exceptions::PyKeyError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyString, PyTuple};
-use std::sync::Arc;
+use pyo3::types::{
+    PyBool, PyBytes, PyDict, PyInt, PyString, PyTuple, PyWeakrefMethods, PyWeakrefReference,
+};
+use std::sync::{Arc, Weak};
 
 /// What the call needs of the Python side, registered once by the engine.
 struct Hooks {
@@ -255,39 +258,33 @@ fn task_call<'py>(
     };
     let name_obj = spec.get_item(1)?.downcast_into::<PyString>()?;
     let name = name_obj.to_str()?;
-    let parent_obj = match frame.downcast::<PyStepFrame>() {
-        Ok(step) => step.get().span_id.clone_ref(py).into_bound(py).into_any(),
-        Err(_) => frame
-            .getattr(intern!(py, "span"))?
-            .getattr(intern!(py, "span_id"))?,
-    };
+    let FrameParts {
+        scope: scope_obj,
+        parent: parent_obj,
+        fence: fence_obj,
+        attempt,
+    } = frame_parts(&frame, &run)?;
     let parent: Option<&str> = if parent_obj.is_none() {
         None
     } else {
         Some(parent_obj.downcast::<PyString>()?.to_str()?)
     };
-    let scope_obj = frame.getattr(intern!(py, "scope"))?;
-    let scope = scope_obj.downcast::<PyString>()?.to_str()?;
-    let fence_obj = frame.getattr(intern!(py, "fence"))?;
+    let scope = scope_obj.to_str()?;
     let fence = if fence_obj.is_none() {
         None
     } else {
         Some(fence_obj.downcast::<PyFence>()?.get().inner.clone())
     };
-    let attempt = run
-        .getattr(intern!(py, "attempt"))?
-        .downcast::<PyAttempt>()?
-        .get()
-        .inner
-        .clone();
-    let (key, hit) = attempt.reserve(scope, name, fence.as_ref()).py_err()?;
+    let attempt = &attempt;
+    let (step_key, hit) = attempt.reserve_step(scope, name, fence.as_ref()).py_err()?;
     if let Some(stored) = hit {
         // FLOW-16: replayed, the body not run; the span row is queued.
         let value = super::codec::decode(py, &stored)?;
         let (span_id, at) = crate::ids::new_ulid_bytes();
-        attempt.queue_replayed(span_id, parent, "task".into(), name, at, key, capture);
+        attempt.queue_replayed(span_id, parent, "task".into(), name, at, step_key, capture);
         return Ok(value);
     }
+    let key = step_key.to_string();
     let body = spec.get_item(0)?;
     let is_async = spec.get_item(3)?.is_truthy()?;
     let span_id = crate::ids::new_ulid();
@@ -381,7 +378,7 @@ fn task_call<'py>(
         py.allow_threads(|| attempt.commit_deferred(&key, &value_json, Some(row), fence.as_ref()))
             .py_err()?
     } else {
-        commit(py, &attempt, &key, &value_json, row, fence)?
+        commit(py, attempt, &key, &value_json, row, fence)?
     };
     if scalar && *stored == *value_json {
         // FLOW-18: the value decoded from what was stored; an immutable
@@ -389,6 +386,88 @@ fn task_call<'py>(
         return Ok(value);
     }
     super::codec::decode(py, &stored)
+}
+
+/// What a step reads of the frame it is called in.
+struct FrameParts<'py> {
+    scope: Bound<'py, PyString>,
+    /// The parent span's id, or None.
+    parent: Bound<'py, PyAny>,
+    fence: Bound<'py, PyAny>,
+    attempt: Arc<Attempt>,
+}
+
+/// `FrameParts` of the last flow frame a step was called in. A frame is
+/// never changed once made (nesting makes a new one), so the steps of one
+/// flow body read its attributes once. Held weakly: the cache keeps no
+/// frame, run or attempt alive, and a frame that died never matches.
+struct FrameView {
+    frame: Py<PyWeakrefReference>,
+    scope: Py<PyString>,
+    parent: PyObject,
+    fence: PyObject,
+    attempt: Weak<Attempt>,
+}
+
+static LAST_FRAME: Mutex<Option<FrameView>> = parking_lot::const_mutex(None);
+
+fn frame_parts<'py>(
+    frame: &Bound<'py, PyAny>,
+    run: &Bound<'py, PyAny>,
+) -> PyResult<FrameParts<'py>> {
+    let py = frame.py();
+    if let Ok(step) = frame.downcast::<PyStepFrame>() {
+        let step = step.get();
+        return Ok(FrameParts {
+            scope: step.scope.bind(py).clone(),
+            parent: step.span_id.bind(py).clone().into_any(),
+            fence: step.fence.bind(py).clone(),
+            attempt: run_attempt(run)?,
+        });
+    }
+    if let Some(view) = &*LAST_FRAME.lock() {
+        let same = view.frame.bind(py).upgrade().is_some_and(|f| f.is(frame));
+        if let (true, Some(attempt)) = (same, view.attempt.upgrade()) {
+            return Ok(FrameParts {
+                scope: view.scope.bind(py).clone(),
+                parent: view.parent.bind(py).clone(),
+                fence: view.fence.bind(py).clone(),
+                attempt,
+            });
+        }
+    }
+    let parts = FrameParts {
+        scope: frame
+            .getattr(intern!(py, "scope"))?
+            .downcast_into::<PyString>()?,
+        parent: frame
+            .getattr(intern!(py, "span"))?
+            .getattr(intern!(py, "span_id"))?,
+        fence: frame.getattr(intern!(py, "fence"))?,
+        attempt: run_attempt(run)?,
+    };
+    if let Ok(weak) = PyWeakrefReference::new(frame) {
+        let view = FrameView {
+            frame: weak.unbind(),
+            scope: parts.scope.clone().unbind(),
+            parent: parts.parent.clone().unbind(),
+            fence: parts.fence.clone().unbind(),
+            attempt: Arc::downgrade(&parts.attempt),
+        };
+        // The replaced view is dropped after the lock is released.
+        let old = LAST_FRAME.lock().replace(view);
+        drop(old);
+    }
+    Ok(parts)
+}
+
+fn run_attempt(run: &Bound<'_, PyAny>) -> PyResult<Arc<Attempt>> {
+    Ok(run
+        .getattr(intern!(run.py(), "attempt"))?
+        .downcast::<PyAttempt>()?
+        .get()
+        .inner
+        .clone())
 }
 
 /// The step's durable commit (only queued under batch durability), the GIL

@@ -298,6 +298,19 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
         takeover: crate::lease::Takeover,
     ) -> CoreResult<(RunRow, Vec<(String, String)>)>;
 
+    /// `acquire` with the journal in the attempt's form.
+    fn acquire_journal(
+        &self,
+        run_id: &str,
+        owner: &str,
+        lease_until: f64,
+        live: LeaseCheck<'_>,
+        takeover: crate::lease::Takeover,
+    ) -> CoreResult<(RunRow, crate::journal::Journal)> {
+        let (row, entries) = self.acquire(run_id, owner, lease_until, live, takeover)?;
+        Ok((row, crate::journal::Journal::new(entries)))
+    }
+
     /// Extends to `until` the leases `owner` still holds among `rids`, in
     /// one statement; returns the runs renewed (the others moved on).
     fn renew_leases(&self, owner: &str, until: f64, rids: &[i64]) -> CoreResult<Vec<i64>>;

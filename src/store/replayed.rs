@@ -7,6 +7,7 @@
 use super::sqlite::{FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
 use super::{SpanRecord, SpanRow};
 use crate::ids::encode_id;
+use crate::journal::StepKey;
 use rusqlite::Connection;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -26,7 +27,8 @@ pub struct ReplayedSpan {
     pub kind: Cow<'static, str>,
     pub name: Arc<str>,
     pub at: f64,
-    pub step_key: String,
+    /// Its text is written by the inserting thread.
+    pub step_key: StepKey,
     pub output_in_journal: bool,
 }
 
@@ -45,7 +47,7 @@ impl ReplayedSpan {
                 ended_at: Some(self.at),
                 status: "ok".into(),
                 replayed: true,
-                step_key: Some(self.step_key),
+                step_key: Some(self.step_key.to_string()),
                 ..Default::default()
             },
             output_in_journal: self.output_in_journal,
@@ -69,38 +71,55 @@ const CHUNKS: [usize; 3] = [32, 8, 1];
 /// flags (a replay's spans share them).
 const SHARED: usize = 5;
 /// Parameters per row: span_id, name, at (started and ended), step_key.
+/// When every row of a statement has the same name (a loop replaying one
+/// task), the name is bound once, as `?6`, and a row has the other three:
+/// one copy of the name per statement instead of one per row.
 const PER_ROW: usize = 4;
 
-fn chunk_sql(rows: usize) -> &'static str {
-    static SQL: OnceLock<Vec<String>> = OnceLock::new();
-    let all = SQL.get_or_init(|| {
-        CHUNKS
-            .iter()
-            .map(|&n| {
-                let mut sql = String::from(
-                    "INSERT INTO spans(tid, rid, span_id, parent, kind, name, started_at, \
-                     ended_at, status, flags, step_key) VALUES",
-                );
-                for i in 0..n {
+fn chunk_sql(rows: usize, one_name: bool) -> &'static str {
+    static SQL: OnceLock<[Vec<String>; 2]> = OnceLock::new();
+    let all = SQL.get_or_init(|| [chunk_sqls(false), chunk_sqls(true)]);
+    let i = CHUNKS.iter().position(|&n| n == rows).unwrap_or(0);
+    &all[usize::from(one_name)][i]
+}
+
+fn chunk_sqls(one_name: bool) -> Vec<String> {
+    CHUNKS
+        .iter()
+        .map(|&n| {
+            let mut sql = String::from(
+                "INSERT INTO spans(tid, rid, span_id, parent, kind, name, started_at, \
+                 ended_at, status, flags, step_key) VALUES",
+            );
+            for i in 0..n {
+                if i > 0 {
+                    sql.push(',');
+                }
+                let row = if one_name {
+                    let b = SHARED + 1 + i * (PER_ROW - 1);
+                    format!(
+                        "(?1,?2,?{},?3,?4,?6,?{},?{},'ok',?5,?{})",
+                        b + 1,
+                        b + 2,
+                        b + 2,
+                        b + 3
+                    )
+                } else {
                     let b = SHARED + i * PER_ROW;
-                    if i > 0 {
-                        sql.push(',');
-                    }
-                    sql.push_str(&format!(
+                    format!(
                         "(?1,?2,?{},?3,?4,?{},?{},?{},'ok',?5,?{})",
                         b + 1,
                         b + 2,
                         b + 3,
                         b + 3,
                         b + 4
-                    ));
-                }
-                sql
-            })
-            .collect()
-    });
-    let i = CHUNKS.iter().position(|&n| n == rows).unwrap_or(0);
-    &all[i]
+                    )
+                };
+                sql.push_str(&row);
+            }
+            sql
+        })
+        .collect()
 }
 
 /// What the rows of one statement share.
@@ -153,20 +172,40 @@ pub(crate) fn insert_replayed(
             end += 1;
         }
         let parent = shared.parent.map(encode_id);
+        // Bound as a copy (SQLite's transient binding): one buffer serves
+        // every row.
+        let mut key = String::new();
         for &size in &CHUNKS {
             while end - at >= size {
-                let mut st = tx.prepare_cached(chunk_sql(size))?;
+                let rows = &spans[at..at + size];
+                let name = &rows[0].name;
+                let one_name = rows
+                    .iter()
+                    .all(|s| Arc::ptr_eq(&s.name, name) || s.name == *name);
+                let mut st = tx.prepare_cached(chunk_sql(size, one_name))?;
                 st.raw_bind_parameter(1, shared.tid)?;
                 st.raw_bind_parameter(2, shared.rid)?;
                 st.raw_bind_parameter(3, &parent)?;
                 st.raw_bind_parameter(4, shared.kind)?;
                 st.raw_bind_parameter(5, shared.flags)?;
-                for (i, s) in spans[at..at + size].iter().enumerate() {
-                    let b = SHARED + i * PER_ROW;
-                    st.raw_bind_parameter(b + 1, &s.span_id[..])?;
-                    st.raw_bind_parameter(b + 2, &*s.name)?;
-                    st.raw_bind_parameter(b + 3, s.at)?;
-                    st.raw_bind_parameter(b + 4, s.step_key.as_str())?;
+                if one_name {
+                    st.raw_bind_parameter(SHARED + 1, &**name)?;
+                }
+                for (i, s) in rows.iter().enumerate() {
+                    key.clear();
+                    s.step_key.write_to(&mut key);
+                    if one_name {
+                        let b = SHARED + 1 + i * (PER_ROW - 1);
+                        st.raw_bind_parameter(b + 1, &s.span_id[..])?;
+                        st.raw_bind_parameter(b + 2, s.at)?;
+                        st.raw_bind_parameter(b + 3, key.as_str())?;
+                    } else {
+                        let b = SHARED + i * PER_ROW;
+                        st.raw_bind_parameter(b + 1, &s.span_id[..])?;
+                        st.raw_bind_parameter(b + 2, &*s.name)?;
+                        st.raw_bind_parameter(b + 3, s.at)?;
+                        st.raw_bind_parameter(b + 4, key.as_str())?;
+                    }
                 }
                 st.raw_execute()?;
                 at += size;
@@ -198,6 +237,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let trace: Arc<str> = Arc::from(crate::ids::new_ulid().as_str());
         let other: Arc<str> = Arc::from(crate::ids::new_ulid().as_str());
+        let same: Arc<str> = Arc::from("same");
         // 83 rows: runs of shared values broken by a parent, a kind, the
         // output flag, a foreign parent id and another trace, so every
         // statement size is used.
@@ -216,9 +256,18 @@ mod tests {
                     _ => Some(Arc::from("01ARZ3NDEKTSV4RRFFQ69G5FAV")),
                 },
                 kind: if i == 50 { "llm".into() } else { "task".into() },
-                name: Arc::from(format!("step{}", i % 3).as_str()),
+                // One name for the first rows (statements binding it once),
+                // then names changing from row to row.
+                name: if i < 30 {
+                    same.clone()
+                } else {
+                    Arc::from(format!("step{}", i % 3).as_str())
+                },
                 at: 1_700_000_000.25 + i as f64,
-                step_key: format!("scope/step{}#{i}", i % 3),
+                step_key: StepKey {
+                    prefix: Arc::from(format!("scope/step{}", i % 3).as_str()),
+                    n: 1 + i,
+                },
                 output_in_journal: i % 17 != 5,
             })
             .collect();

@@ -18,6 +18,7 @@ use super::{
 use crate::error::{AtPath, CoreError, CoreResult};
 use crate::graph::store::GraphWork;
 use crate::ids::{encode_id, StoredId};
+use crate::journal::{Journal, JournalLoader};
 use parking_lot::{Condvar, Mutex};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use std::collections::HashMap;
@@ -402,7 +403,10 @@ impl Inner {
         q.urgent = false;
         q.due = None;
         q.rows = false;
-        std::mem::take(&mut q.ops)
+        // The next batch is likely as long as this one: sized once, the
+        // queue does not regrow (and move every op) while a replay fills it.
+        let next = Vec::with_capacity(q.ops.len());
+        std::mem::replace(&mut q.ops, next)
     }
 
     /// Runs `f` with the connection, after writing anything queued.
@@ -1043,58 +1047,18 @@ impl Store for SqliteStore {
         live: LeaseCheck<'_>,
         takeover: crate::lease::Takeover,
     ) -> CoreResult<(RunRow, Vec<(String, String)>)> {
-        let mut w = self.lock_writer();
-        self.drain(&mut w)?;
-        let path = self.path.clone();
-        let tx = w
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .at(&path)?;
-        let row = Inner::run_row(&tx, run_id)
-            .at(&path)?
-            .ok_or_else(|| CoreError::Config(format!("no run found with run_id '{run_id}'")))?;
-        let (holder, until): (Option<String>, Option<f64>) = tx
-            .query_row(
-                "SELECT lease_owner, lease_until FROM runs WHERE rid = ?1",
-                [row.rid],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .at(&path)?;
-        if let Some(holder) = &holder {
-            if holder != owner && live(holder, until.unwrap_or(0.0)) {
-                return Err(CoreError::Config(format!(
-                    "run '{run_id}' is already being executed by another process ({holder}) -- \
-                     one process executes a run at a time; resume it after that process has \
-                     finished or exited"
-                )));
-            }
-        }
-        let recovering = holder.as_deref().is_some_and(|h| h != owner);
-        if let Some(h) = holder.as_deref().filter(|h| *h != owner) {
-            tx.prepare_cached("INSERT OR IGNORE INTO lease_takeovers(rid, owner) VALUES(?1, ?2)")
-                .and_then(|mut st| st.execute(params![row.rid, h]))
-                .at(&path)?;
-        }
-        if let Some(max) = count_recovery(&tx, row.rid, takeover, recovering).at(&path)? {
-            tx.execute(
-                "UPDATE runs SET status = 'failed', error_json = ?1, updated_at = ?2, \
-                 lease_owner = NULL, lease_until = NULL WHERE rid = ?3",
-                params![crate::lease::exhausted_error_json(), now(), row.rid],
-            )
-            .at(&path)?;
-            crate::durable::store::on_settle(&tx, row.rid, "failed", None).at(&path)?;
-            tx.commit().at(&path)?;
-            return Err(crate::lease::exhausted(run_id, max));
-        }
-        tx.execute(
-            "UPDATE runs SET lease_owner = ?1, lease_until = ?2 WHERE rid = ?3",
-            params![owner, lease_until, row.rid],
-        )
-        .at(&path)?;
-        crate::durable::store::on_acquire(&tx, row.rid).at(&path)?;
-        let journal = read_journal(&tx, row.rid).at(&path)?;
-        tx.commit().at(&path)?;
-        Ok((row, journal))
+        self.acquire_reading(run_id, owner, lease_until, live, takeover, read_journal)
+    }
+
+    fn acquire_journal(
+        &self,
+        run_id: &str,
+        owner: &str,
+        lease_until: f64,
+        live: LeaseCheck<'_>,
+        takeover: crate::lease::Takeover,
+    ) -> CoreResult<(RunRow, Journal)> {
+        self.acquire_reading(run_id, owner, lease_until, live, takeover, load_journal)
     }
 
     fn renew_leases(&self, owner: &str, until: f64, rids: &[i64]) -> CoreResult<Vec<i64>> {
@@ -1641,6 +1605,84 @@ pub fn read_pending(conn: &Connection, rid: i64) -> rusqlite::Result<Vec<Interru
         })
     })?;
     rows.collect()
+}
+
+impl SqliteStore {
+    /// `acquire`, the journal read by `read` in the same transaction.
+    fn acquire_reading<T>(
+        &self,
+        run_id: &str,
+        owner: &str,
+        lease_until: f64,
+        live: LeaseCheck<'_>,
+        takeover: crate::lease::Takeover,
+        read: fn(&Connection, i64) -> rusqlite::Result<T>,
+    ) -> CoreResult<(RunRow, T)> {
+        let mut w = self.lock_writer();
+        self.drain(&mut w)?;
+        let path = self.path.clone();
+        let tx = w
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .at(&path)?;
+        let row = Inner::run_row(&tx, run_id)
+            .at(&path)?
+            .ok_or_else(|| CoreError::Config(format!("no run found with run_id '{run_id}'")))?;
+        let (holder, until): (Option<String>, Option<f64>) = tx
+            .query_row(
+                "SELECT lease_owner, lease_until FROM runs WHERE rid = ?1",
+                [row.rid],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .at(&path)?;
+        if let Some(holder) = &holder {
+            if holder != owner && live(holder, until.unwrap_or(0.0)) {
+                return Err(CoreError::Config(format!(
+                    "run '{run_id}' is already being executed by another process ({holder}) -- \
+                     one process executes a run at a time; resume it after that process has \
+                     finished or exited"
+                )));
+            }
+        }
+        let recovering = holder.as_deref().is_some_and(|h| h != owner);
+        if let Some(h) = holder.as_deref().filter(|h| *h != owner) {
+            tx.prepare_cached("INSERT OR IGNORE INTO lease_takeovers(rid, owner) VALUES(?1, ?2)")
+                .and_then(|mut st| st.execute(params![row.rid, h]))
+                .at(&path)?;
+        }
+        if let Some(max) = count_recovery(&tx, row.rid, takeover, recovering).at(&path)? {
+            tx.execute(
+                "UPDATE runs SET status = 'failed', error_json = ?1, updated_at = ?2, \
+                 lease_owner = NULL, lease_until = NULL WHERE rid = ?3",
+                params![crate::lease::exhausted_error_json(), now(), row.rid],
+            )
+            .at(&path)?;
+            crate::durable::store::on_settle(&tx, row.rid, "failed", None).at(&path)?;
+            tx.commit().at(&path)?;
+            return Err(crate::lease::exhausted(run_id, max));
+        }
+        tx.execute(
+            "UPDATE runs SET lease_owner = ?1, lease_until = ?2 WHERE rid = ?3",
+            params![owner, lease_until, row.rid],
+        )
+        .at(&path)?;
+        crate::durable::store::on_acquire(&tx, row.rid).at(&path)?;
+        let journal = read(&tx, row.rid).at(&path)?;
+        tx.commit().at(&path)?;
+        Ok((row, journal))
+    }
+}
+
+/// The journal of `rid` read straight into an attempt's `Journal`: one
+/// allocation per value, none per key.
+fn load_journal(conn: &Connection, rid: i64) -> rusqlite::Result<Journal> {
+    let mut st = conn.prepare_cached("SELECT step_key, value_json FROM journal WHERE rid = ?1")?;
+    let mut rows = st.query([rid])?;
+    let mut loader = JournalLoader::default();
+    while let Some(r) = rows.next()? {
+        loader.push(r.get_ref(0)?.as_str()?, r.get_ref(1)?.as_str()?);
+    }
+    Ok(loader.finish())
 }
 
 fn read_journal(conn: &Connection, rid: i64) -> rusqlite::Result<Vec<(String, String)>> {
