@@ -437,9 +437,8 @@ impl Attempt {
             self.batch_failure()?;
             let rid = self.rid()?;
             let stored = self.journal.lock().record(key, Arc::from(value));
-            let record = span.map(|s| self.record(rid, s, Some(value)));
             self.store
-                .commit_batched(rid, key, value, record, &self.batch_slot)?;
+                .commit_batched_step(rid, key, value, span, &self.trace, &self.batch_slot)?;
             return Ok(stored);
         }
         self.sync_point()?;
@@ -559,16 +558,7 @@ impl Attempt {
     }
 
     fn record(&self, rid: i64, span: SpanRow, journal_value: Option<&str>) -> SpanRecord {
-        let output_in_journal = match (&span.output_json, journal_value) {
-            (Some(out), Some(v)) => span.step_key.is_some() && out == v,
-            _ => false,
-        };
-        SpanRecord {
-            trace_id: self.trace_id().to_string(),
-            rid: Some(rid),
-            span,
-            output_in_journal,
-        }
+        SpanRecord::of_step(self.trace_id(), rid, span, journal_value)
     }
 
     pub fn trace_id(&self) -> &str {
