@@ -449,6 +449,33 @@ impl Attempt {
         Ok(self.journal.lock().record(key, stored))
     }
 
+    /// `commit` of an unfenced step under batch durability (`batches(None)`),
+    /// its span borrowed from the caller.
+    pub fn commit_batched_view(
+        &self,
+        key: &str,
+        value: &str,
+        span: crate::store::batched::SpanView<'_>,
+    ) -> CoreResult<Arc<str>> {
+        self.check(None)?;
+        if let Some(existing) = self.journal.lock().get(key) {
+            self.queue_span(span.to_row(value));
+            return Ok(existing);
+        }
+        self.batch_failure()?;
+        let rid = self.rid()?;
+        let stored = self.journal.lock().record(key, Arc::from(value));
+        self.store.commit_batched_view(
+            rid,
+            key,
+            value,
+            Some(span),
+            &self.trace,
+            &self.batch_slot,
+        )?;
+        Ok(stored)
+    }
+
     /// `commit` for an async driver: the stored value at once (a journal
     /// hit), or the store's commit as a future to await off the event loop,
     /// whose outcome `end_commit` records.

@@ -32,8 +32,7 @@ struct BatchedStep {
     span: Option<StepSpan>,
 }
 
-/// A step's span without attributes, usage, error or an output of its own
-/// (see `queues`).
+/// A queued `SpanView`.
 struct StepSpan {
     trace: Arc<str>,
     span_id: Text,
@@ -48,16 +47,70 @@ struct StepSpan {
     flags: i64,
 }
 
-/// Whether `span` of a step journaling `value` is queued compactly: it has
-/// no attributes, usage or error, and no output or the journaled one.
-pub fn queues(span: &SpanRow, value: &str) -> bool {
-    span.attributes_json.is_none()
-        && span.usage.is_none()
-        && span.error_json.is_none()
-        && match &span.output_json {
-            None => true,
-            Some(out) => span.step_key.is_some() && out == value,
+/// A step's span without attributes, usage or error, its output none or
+/// the journaled value, borrowed from its maker (a task step builds no
+/// `SpanRow` for it under batch durability).
+#[derive(Clone, Copy)]
+pub struct SpanView<'a> {
+    pub span_id: &'a str,
+    pub parent_span_id: Option<&'a str>,
+    pub kind: &'a str,
+    pub name: &'a str,
+    pub started_at: f64,
+    pub ended_at: Option<f64>,
+    pub status: &'a str,
+    pub replayed: bool,
+    pub step_key: Option<&'a str>,
+    pub input_json: Option<&'a str>,
+    /// The output is the step's journaled value.
+    pub output: bool,
+}
+
+impl<'a> SpanView<'a> {
+    /// The view of `span` of a step journaling `value`, when it has no
+    /// attributes, usage or error, and no output or the journaled one.
+    pub fn of(span: &'a SpanRow, value: &str) -> Option<SpanView<'a>> {
+        let plain = span.attributes_json.is_none()
+            && span.usage.is_none()
+            && span.error_json.is_none()
+            && match &span.output_json {
+                None => true,
+                Some(out) => span.step_key.is_some() && out == value,
+            };
+        plain.then(|| SpanView {
+            span_id: &span.span_id,
+            parent_span_id: span.parent_span_id.as_deref(),
+            kind: &span.kind,
+            name: &span.name,
+            started_at: span.started_at,
+            ended_at: span.ended_at,
+            status: &span.status,
+            replayed: span.replayed,
+            step_key: span.step_key.as_deref(),
+            input_json: span.input_json.as_deref(),
+            output: span.output_json.is_some(),
+        })
+    }
+
+    /// The same span as a row, its output `value` when it has one.
+    pub fn to_row(&self, value: &str) -> SpanRow {
+        SpanRow {
+            span_id: self.span_id.to_owned(),
+            parent_span_id: self.parent_span_id.map(str::to_owned),
+            kind: self.kind.to_owned(),
+            name: self.name.to_owned(),
+            started_at: self.started_at,
+            ended_at: self.ended_at,
+            status: self.status.to_owned(),
+            replayed: self.replayed,
+            step_key: self.step_key.map(str::to_owned),
+            attributes_json: None,
+            usage: None,
+            error_json: None,
+            input_json: self.input_json.map(str::to_owned),
+            output_json: self.output.then(|| value.to_owned()),
         }
+    }
 }
 
 impl BatchedSteps {
@@ -79,14 +132,14 @@ impl BatchedSteps {
         &self.text[t.0 as usize..t.1 as usize]
     }
 
-    /// Queues `value` under `key` of run `rid`, with its span (one that
-    /// `queues`) in trace `trace`.
+    /// Queues `value` under `key` of run `rid`, with its span in trace
+    /// `trace`.
     pub fn push(
         &mut self,
         rid: i64,
         key: &str,
         value: &str,
-        span: Option<(&Arc<str>, &SpanRow)>,
+        span: Option<(&Arc<str>, SpanView<'_>)>,
         slot: &Arc<Slot>,
     ) {
         let key = self.put(key);
@@ -96,18 +149,18 @@ impl BatchedSteps {
             if s.replayed {
                 flags |= FLAG_REPLAYED;
             }
-            if s.output_json.is_some() {
+            if s.output {
                 flags |= FLAG_OUTPUT_IN_JOURNAL;
             }
             StepSpan {
                 trace: trace.clone(),
-                span_id: self.put(&s.span_id),
-                parent: s.parent_span_id.as_deref().map(|p| self.put(p)),
-                kind: self.put(&s.kind),
-                name: self.put(&s.name),
-                status: self.put(&s.status),
-                step_key: s.step_key.as_deref().map(|k| self.put(k)),
-                input: s.input_json.as_deref().map(|i| self.put(i)),
+                span_id: self.put(s.span_id),
+                parent: s.parent_span_id.map(|p| self.put(p)),
+                kind: self.put(s.kind),
+                name: self.put(s.name),
+                status: self.put(s.status),
+                step_key: s.step_key.map(|k| self.put(k)),
+                input: s.input_json.map(|i| self.put(i)),
                 started_at: s.started_at,
                 ended_at: s.ended_at,
                 flags,
@@ -383,7 +436,7 @@ mod tests {
                     output_json: (i % 17 != 5 && i != 20).then(|| value.clone()),
                     ..Default::default()
                 };
-                assert!(queues(&span, &value));
+                assert!(SpanView::of(&span, &value).is_some());
                 let tr = if i == 70 {
                     other.clone()
                 } else {
@@ -407,7 +460,10 @@ mod tests {
                 let slot = Arc::new(Slot::default());
                 let mut batch = BatchedSteps::default();
                 for (rid, key, value, span) in &steps {
-                    batch.push(*rid, key, value, span.as_ref().map(|(t, s)| (t, s)), &slot);
+                    let view = span
+                        .as_ref()
+                        .map(|(t, s)| (t, SpanView::of(s, value).unwrap()));
+                    batch.push(*rid, key, value, view, &slot);
                 }
                 let all: Vec<usize> = (0..steps.len()).collect();
                 let with_span: Vec<usize> = all

@@ -412,6 +412,20 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
         self.commit_batched(rid, key, value, record, slot)
     }
 
+    /// `commit_batched_step` of a span borrowed from its maker.
+    fn commit_batched_view(
+        &self,
+        rid: i64,
+        key: &str,
+        value: &str,
+        span: Option<batched::SpanView<'_>>,
+        trace: &std::sync::Arc<str>,
+        slot: &std::sync::Arc<sqlite::Slot>,
+    ) -> CoreResult<()> {
+        let span = span.map(|s| s.to_row(value));
+        self.commit_batched_step(rid, key, value, span, trace, slot)
+    }
+
     /// Writes everything queued.
     fn flush(&self) -> CoreResult<()>;
 

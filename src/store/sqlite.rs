@@ -7,7 +7,7 @@
 //! commit on their own thread with no hand-off, and concurrent callers share
 //! commits.
 
-use super::batched::BatchedSteps;
+use super::batched::{BatchedSteps, SpanView};
 use super::checkpointer::Checkpointer;
 use super::migrate;
 use super::replayed::ReplayedSpan;
@@ -172,8 +172,9 @@ const SPAN_LATENCY: std::time::Duration = std::time::Duration::from_millis(50);
 pub const BATCH_LATENCY: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// Batch-durability steps past which the background writer commits them
-/// without waiting for `BATCH_LATENCY`, which bounds a commit's length.
-const BATCH_STEPS: usize = 1024;
+/// without waiting for `BATCH_LATENCY`: bounds a commit's length, and the
+/// rows a settlement (or any synchronous write) has to write first.
+const BATCH_STEPS: usize = 256;
 
 #[derive(Default)]
 struct Queue {
@@ -1345,16 +1346,31 @@ impl Store for SqliteStore {
         trace: &Arc<str>,
         slot: &Arc<Slot>,
     ) -> CoreResult<()> {
-        let span = match span {
-            Some(s) if !super::batched::queues(&s, value) => {
-                let record = SpanRecord::of_step(trace, rid, s, Some(value));
-                return self.commit_batched(rid, key, value, Some(record), slot);
-            }
-            span => span,
+        let view = match &span {
+            Some(s) => match SpanView::of(s, value) {
+                Some(view) => Some(view),
+                None => {
+                    let record = span.map(|s| SpanRecord::of_step(trace, rid, s, Some(value)));
+                    return self.commit_batched(rid, key, value, record, slot);
+                }
+            },
+            None => None,
         };
+        self.commit_batched_view(rid, key, value, view, trace, slot)
+    }
+
+    fn commit_batched_view(
+        &self,
+        rid: i64,
+        key: &str,
+        value: &str,
+        span: Option<SpanView<'_>>,
+        trace: &Arc<str>,
+        slot: &Arc<Slot>,
+    ) -> CoreResult<()> {
         let mut guard = self.queue.lock();
         let q = &mut *guard;
-        let span = span.as_ref().map(|s| (trace, s));
+        let span = span.map(|s| (trace, s));
         match q.ops.last_mut() {
             Some(Op::Batched(batch)) => batch.push(rid, key, value, span, slot),
             _ => {
