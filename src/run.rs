@@ -397,6 +397,10 @@ impl Attempt {
 
     /// The first failure of a batched write, which ends the attempt.
     fn batch_failure(&self) -> CoreResult<()> {
+        // Checked per step: the outcome is copied only once it failed.
+        if !self.batch_slot.failed() {
+            return Ok(());
+        }
         match self.batch_slot.outcome() {
             Some(Err(e)) => Err(e),
             _ => Ok(()),

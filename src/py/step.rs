@@ -466,7 +466,10 @@ fn args_text(
     if kwargs.is_some_and(|k| !k.is_empty()) {
         return Ok(None);
     }
-    let mut out = String::from("{\"args\":[");
+    use std::fmt::Write;
+    // Room for a few short arguments: no regrowth in the common case.
+    let mut out = String::with_capacity(48);
+    out.push_str("{\"args\":[");
     for (i, a) in args.iter().enumerate() {
         if i > 0 {
             out.push(',');
@@ -477,7 +480,9 @@ fn args_text(
             out.push_str(if b.is_true() { "true" } else { "false" });
         } else if a.is_exact_instance_of::<PyInt>() {
             match a.extract::<i64>() {
-                Ok(n) if -BIG_INT < n && n < BIG_INT => out.push_str(&n.to_string()),
+                Ok(n) if -BIG_INT < n && n < BIG_INT => {
+                    let _ = write!(out, "{n}");
+                }
                 _ => return Ok(None),
             }
         } else if let Ok(s) = a.downcast_exact::<PyString>() {

@@ -410,7 +410,8 @@ mod tests {
         // 83 steps: runs of shared values broken by the run, the parent, the
         // kind, the status, the output flag, a foreign id and another
         // trace, so every statement size is used; some with no span.
-        let steps: Vec<(i64, String, String, Option<(Arc<str>, SpanRow)>)> = (0..83)
+        type Step = (i64, String, String, Option<(Arc<str>, SpanRow)>);
+        let steps: Vec<Step> = (0..83)
             .map(|i| {
                 let key = format!("scope/step{}#{i}", i % 3);
                 let value = format!("{{\"n\":{i}}}");

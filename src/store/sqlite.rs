@@ -188,7 +188,9 @@ struct Queue {
     rows: bool,
     /// Steps queued in `Op::Batched` since the last take.
     batched: usize,
-    /// Emptied batches, their buffers kept for the next ones.
+    /// Emptied batches, their buffers kept for the next ones (boxed as in
+    /// `Op::Batched`, so they move back without a new allocation).
+    #[allow(clippy::vec_box)]
     spare: Vec<Box<BatchedSteps>>,
     /// Until when the background writer sleeps: `None` while it works,
     /// `Some(None)` until woken.
