@@ -17,6 +17,9 @@ use std::sync::{Arc, OnceLock};
 #[derive(Clone, Copy)]
 struct Text(u32, u32);
 
+/// Text capacity a reused batch keeps.
+const KEPT_TEXT: usize = 1 << 20;
+
 /// Queued batch-durability steps, in queue order.
 #[derive(Default)]
 pub struct BatchedSteps {
@@ -175,9 +178,14 @@ impl BatchedSteps {
         });
     }
 
-    /// Empties the batch, keeping its buffers for the next one.
+    /// Empties the batch, keeping its buffers for the next one (unless a
+    /// large value grew the text's: that memory is given back).
     pub fn clear(&mut self) {
-        self.text.clear();
+        if self.text.capacity() > KEPT_TEXT {
+            self.text = String::new();
+        } else {
+            self.text.clear();
+        }
         self.steps.clear();
     }
 
