@@ -404,6 +404,10 @@ impl Attempt {
 
     /// The first failure of a batched write, which ends the attempt.
     fn batch_failure(&self) -> CoreResult<()> {
+        // Checked per step: the outcome is copied only once it failed.
+        if !self.batch_slot.failed() {
+            return Ok(());
+        }
         match self.batch_slot.outcome() {
             Some(Err(e)) => Err(e),
             _ => Ok(()),
@@ -444,9 +448,8 @@ impl Attempt {
             self.batch_failure()?;
             let rid = self.rid()?;
             let stored = self.journal.lock().record(key, Arc::from(value));
-            let record = span.map(|s| self.record(rid, s, Some(value)));
             self.store
-                .commit_batched(rid, key, value, record, &self.batch_slot)?;
+                .commit_batched_step(rid, key, value, span, &self.trace, &self.batch_slot)?;
             return Ok(stored);
         }
         self.sync_point()?;
@@ -455,6 +458,33 @@ impl Attempt {
         let winner = self.store.commit_step(rid, key, value, record)?;
         let stored: Arc<str> = Arc::from(winner.as_deref().unwrap_or(value));
         Ok(self.journal.lock().record(key, stored))
+    }
+
+    /// `commit` of an unfenced step under batch durability (`batches(None)`),
+    /// its span borrowed from the caller.
+    pub fn commit_batched_view(
+        &self,
+        key: &str,
+        value: &str,
+        span: crate::store::batched::SpanView<'_>,
+    ) -> CoreResult<Arc<str>> {
+        self.check(None)?;
+        if let Some(existing) = self.journal.lock().get(key) {
+            self.queue_span(span.to_row(value));
+            return Ok(existing);
+        }
+        self.batch_failure()?;
+        let rid = self.rid()?;
+        let stored = self.journal.lock().record(key, Arc::from(value));
+        self.store.commit_batched_view(
+            rid,
+            key,
+            value,
+            Some(span),
+            &self.trace,
+            &self.batch_slot,
+        )?;
+        Ok(stored)
     }
 
     /// `commit` for an async driver: the stored value at once (a journal
@@ -566,16 +596,7 @@ impl Attempt {
     }
 
     fn record(&self, rid: i64, span: SpanRow, journal_value: Option<&str>) -> SpanRecord {
-        let output_in_journal = match (&span.output_json, journal_value) {
-            (Some(out), Some(v)) => span.step_key.is_some() && out == v,
-            _ => false,
-        };
-        SpanRecord {
-            trace_id: self.trace_id().to_string(),
-            rid: Some(rid),
-            span,
-            output_in_journal,
-        }
+        SpanRecord::of_step(self.trace_id(), rid, span, journal_value)
     }
 
     pub fn trace_id(&self) -> &str {

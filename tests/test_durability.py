@@ -114,6 +114,67 @@ def test_batch_flow_pauses_resumes_and_replays_in_process(store_kind):
     assert len(tasks) == 50 and all(s.replayed for s in tasks)
 
 
+@pytest.mark.sqlite_file
+def test_batched_steps_store_the_rows_a_step_durable_run_stores(monkeypatch):
+    """Issue 13's batch mode: the journal and span rows a batched run leaves are the ones the
+    same run in `step` durability leaves (ids and times aside), steps with and without
+    captured content, several tasks and nested steps among them."""
+    import sqlite3
+
+    @compose.task
+    def inc(x):
+        return x + 1
+
+    @compose.task(name="label")
+    def label(x, tag="t"):
+        return {"tag": tag, "x": [x, None, True]}
+
+    @compose.task
+    def outer(x):
+        return inc(inc(x))
+
+    def body(n):
+        x = 0
+        for i in range(n):
+            x = inc(x)
+            if i % 7 == 3:
+                label(x, tag=f"s{i}")
+        return outer(x)
+
+    batched = compose.flow(durability="batch", name="rows_batch")(body)
+    stepwise = compose.flow(durability="step", name="rows_step")(body)
+    runs = [batched.run(300), stepwise.run(300)]
+    monkeypatch.setenv("COMPOSE_TRACE_CONTENT", "0")
+    runs += [batched.run(40), stepwise.run(40)]
+    assert all(r.status == "completed" for r in runs)
+    conn = sqlite3.connect(f"{_engine.state_dir()}/runs.db")
+    rid = {run_id: r for run_id, r in conn.execute("SELECT run_id, rid FROM runs")}
+
+    def rows(run):
+        journal = conn.execute(
+            "SELECT step_key, value_json FROM journal WHERE rid = ? ORDER BY step_key",
+            (rid[run.id],),
+        ).fetchall()
+        spans = conn.execute(
+            "SELECT s.kind, s.name, s.status, s.flags, s.step_key, s.attributes_json, "
+            "s.input_json, s.output_json, s.ended_at IS NULL, s.rid IS NULL, "
+            "p.name FROM spans s JOIN traces t ON t.tid = s.tid "
+            "LEFT JOIN spans p ON p.span_id = s.parent AND p.tid = s.tid "
+            "WHERE t.trace_id = (SELECT trace_id FROM runs WHERE rid = ?) ORDER BY s.sid",
+            (rid[run.id],),
+        ).fetchall()
+        # The flows' own names differ.
+        (flow,) = conn.execute("SELECT name FROM runs WHERE rid = ?", (rid[run.id],)).fetchone()
+        return journal, [tuple("<flow>" if v == flow else v for v in row) for row in spans]
+
+    for batch_run, step_run in (runs[:2], runs[2:]):
+        journal, spans = rows(batch_run)
+        assert (journal, spans) == rows(step_run)
+        assert len(journal) >= 40 and sum(1 for s in spans if s[0] == "task") >= 40
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    conn.close()
+
+
 # --------------------------------------------------------------------------- flush rules
 
 _FLUSHY = """

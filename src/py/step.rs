@@ -12,7 +12,7 @@ use super::attempt::{PyAttempt, PyFence};
 use super::errors::IntoPy;
 use crate::journal::Fence;
 use crate::run::Attempt;
-use crate::store::SpanRow;
+use crate::store::batched::SpanView;
 use parking_lot::Mutex;
 use pyo3::exceptions::PyKeyError;
 use pyo3::intern;
@@ -357,28 +357,26 @@ fn task_call<'py>(
     } else {
         None
     };
-    let row = SpanRow {
-        span_id,
-        parent_span_id: parent.map(str::to_owned),
-        kind: "task".to_owned(),
-        name: name.to_owned(),
+    let span = SpanView {
+        span_id: &span_id,
+        parent_span_id: parent,
+        kind: "task",
+        name,
         started_at,
         ended_at: Some(crate::store::sqlite::now()),
-        status: "ok".to_owned(),
+        status: "ok",
         replayed: false,
-        step_key: Some(key.clone()),
-        attributes_json: None,
-        usage: None,
-        error_json: None,
-        input_json,
-        output_json: capture.then(|| value_json.clone()),
+        step_key: Some(&key),
+        input_json: input_json.as_deref(),
+        output: capture,
     };
     let stored = if frame.getattr(intern!(py, "defer"))?.is_truthy()? {
+        let row = span.to_row(&value_json);
         // A server store commits here; the GIL is not held across the trip.
         py.allow_threads(|| attempt.commit_deferred(&key, &value_json, Some(row), fence.as_ref()))
             .py_err()?
     } else {
-        commit(py, attempt, &key, &value_json, row, fence)?
+        commit(py, attempt, &key, &value_json, span, fence)?
     };
     if scalar && *stored == *value_json {
         // FLOW-18: the value decoded from what was stored; an immutable
@@ -477,12 +475,13 @@ fn commit(
     attempt: &Arc<Attempt>,
     key: &str,
     value_json: &str,
-    row: SpanRow,
+    span: SpanView<'_>,
     fence: Option<Fence>,
 ) -> PyResult<Arc<str>> {
     if attempt.batches(fence.as_ref()) {
-        return attempt.commit(key, value_json, Some(row), None).py_err();
+        return attempt.commit_batched_view(key, value_json, span).py_err();
     }
+    let row = span.to_row(value_json);
     let attempt = attempt.clone();
     py.allow_threads(move || attempt.commit(key, value_json, Some(row), fence.as_ref()))
         .py_err()
@@ -546,7 +545,10 @@ fn args_text(
     if kwargs.is_some_and(|k| !k.is_empty()) {
         return Ok(None);
     }
-    let mut out = String::from("{\"args\":[");
+    use std::fmt::Write;
+    // Room for a few short arguments: no regrowth in the common case.
+    let mut out = String::with_capacity(48);
+    out.push_str("{\"args\":[");
     for (i, a) in args.iter().enumerate() {
         if i > 0 {
             out.push(',');
@@ -557,7 +559,9 @@ fn args_text(
             out.push_str(if b.is_true() { "true" } else { "false" });
         } else if a.is_exact_instance_of::<PyInt>() {
             match a.extract::<i64>() {
-                Ok(n) if -BIG_INT < n && n < BIG_INT => out.push_str(&n.to_string()),
+                Ok(n) if -BIG_INT < n && n < BIG_INT => {
+                    let _ = write!(out, "{n}");
+                }
                 _ => return Ok(None),
             }
         } else if let Ok(s) = a.downcast_exact::<PyString>() {

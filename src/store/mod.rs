@@ -5,6 +5,7 @@
 //! through `durable::store::DurableStore` and the graph tables through
 //! `graph::store::GraphTx`, so no caller depends on one backend.
 
+pub mod batched;
 pub mod chat;
 mod checkpointer;
 mod migrate;
@@ -115,6 +116,23 @@ pub struct SpanRecord {
     /// The span's output equals the journal value under its step key, so
     /// only the reference is stored.
     pub output_in_journal: bool,
+}
+
+impl SpanRecord {
+    /// `span` of run `rid` in trace `trace_id`; its output is stored by
+    /// reference when it is the step's journaled value.
+    pub fn of_step(trace_id: &str, rid: i64, span: SpanRow, journal_value: Option<&str>) -> Self {
+        let output_in_journal = match (&span.output_json, journal_value) {
+            (Some(out), Some(v)) => span.step_key.is_some() && out == v,
+            _ => false,
+        };
+        SpanRecord {
+            trace_id: trace_id.to_string(),
+            rid: Some(rid),
+            span,
+            output_in_journal,
+        }
+    }
 }
 
 /// A pending human interrupt.
@@ -390,6 +408,35 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
              use durability 'step' (the default)",
             self.path()
         )))
+    }
+
+    /// `commit_batched` of a step and its span as the attempt made it, in
+    /// trace `trace` (a store may queue it in a compact form).
+    fn commit_batched_step(
+        &self,
+        rid: i64,
+        key: &str,
+        value: &str,
+        span: Option<SpanRow>,
+        trace: &std::sync::Arc<str>,
+        slot: &std::sync::Arc<sqlite::Slot>,
+    ) -> CoreResult<()> {
+        let record = span.map(|s| SpanRecord::of_step(trace, rid, s, Some(value)));
+        self.commit_batched(rid, key, value, record, slot)
+    }
+
+    /// `commit_batched_step` of a span borrowed from its maker.
+    fn commit_batched_view(
+        &self,
+        rid: i64,
+        key: &str,
+        value: &str,
+        span: Option<batched::SpanView<'_>>,
+        trace: &std::sync::Arc<str>,
+        slot: &std::sync::Arc<sqlite::Slot>,
+    ) -> CoreResult<()> {
+        let span = span.map(|s| s.to_row(value));
+        self.commit_batched_step(rid, key, value, span, trace, slot)
     }
 
     /// Writes everything queued.

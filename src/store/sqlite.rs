@@ -7,13 +7,14 @@
 //! commit on their own thread with no hand-off, and concurrent callers share
 //! commits.
 
+use super::batched::{BatchedSteps, SpanView};
 use super::checkpointer::Checkpointer;
 use super::migrate;
 use super::replayed::ReplayedSpan;
 use super::write_tx::WriteTx;
 use super::{
     AgentStateRow, InterruptRow, LeaseCheck, NewRun, PriorSpend, RowSlot, RunRow, Settlement,
-    SpanRecord, Store,
+    SpanRecord, SpanRow, Store,
 };
 use crate::error::{AtPath, CoreError, CoreResult};
 use crate::graph::store::GraphWork;
@@ -171,6 +172,11 @@ const SPAN_LATENCY: std::time::Duration = std::time::Duration::from_millis(50);
 /// rest for the commit itself.
 pub const BATCH_LATENCY: std::time::Duration = std::time::Duration::from_millis(5);
 
+/// Batch-durability steps past which the background writer commits them
+/// without waiting for `BATCH_LATENCY`: bounds a commit's length, and the
+/// rows a settlement (or any synchronous write) has to write first.
+const BATCH_STEPS: usize = 256;
+
 #[derive(Default)]
 struct Queue {
     ops: Vec<Op>,
@@ -181,6 +187,12 @@ struct Queue {
     due: Option<std::time::Instant>,
     /// A run row's insert is queued: reads of run rows write it first.
     rows: bool,
+    /// Steps queued in `Op::Batched` since the last take.
+    batched: usize,
+    /// Emptied batches, their buffers kept for the next ones (boxed as in
+    /// `Op::Batched`, so they move back without a new allocation).
+    #[allow(clippy::vec_box)]
+    spare: Vec<Box<BatchedSteps>>,
     /// Until when the background writer sleeps: `None` while it works,
     /// `Some(None)` until woken.
     writer_sleeps: Option<Option<std::time::Instant>>,
@@ -204,6 +216,8 @@ enum Op {
     /// A replayed step's span (`replayed`): consecutive ones are inserted
     /// together.
     Replayed(ReplayedSpan),
+    /// Consecutive batch-durability steps with their spans (`batched`).
+    Batched(Box<BatchedSteps>),
 }
 
 struct QueuedRun {
@@ -321,6 +335,29 @@ impl SqliteStore {
         }
     }
 
+    /// After a batch-durability step was queued: the writer is told of the
+    /// batch's deadline, or of a full batch, only when it would otherwise
+    /// sleep past it (no wake-up per step).
+    fn batch_queued(&self, mut q: parking_lot::MutexGuard<'_, Queue>) -> CoreResult<()> {
+        if !self.start_writer(&mut q) {
+            // No writer to meet the deadline: commit now.
+            drop(q);
+            return self.flush();
+        }
+        let sleeps = q.writer_sleeps;
+        if q.due.is_none() {
+            let due = std::time::Instant::now() + BATCH_LATENCY;
+            q.due = Some(due);
+            if sleeps.is_some_and(|until| until.is_none_or(|t| t > due)) {
+                self.wake.notify_one();
+            }
+        } else if sleeps.is_some() && (q.batched >= BATCH_STEPS || q.ops.len() >= BACKGROUND_BATCH)
+        {
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
     /// Starts the background writer on first need; `false` when it could
     /// not be started (queued writes then wait for the next foreground
     /// commit or flush).
@@ -350,7 +387,11 @@ impl Inner {
             {
                 let mut q = self.queue.lock();
                 loop {
-                    if q.shutdown || q.urgent || q.ops.len() >= BACKGROUND_BATCH {
+                    if q.shutdown
+                        || q.urgent
+                        || q.ops.len() >= BACKGROUND_BATCH
+                        || q.batched >= BATCH_STEPS
+                    {
                         break;
                     }
                     let timed_out = if let Some(due) = q.due {
@@ -403,6 +444,7 @@ impl Inner {
         q.urgent = false;
         q.due = None;
         q.rows = false;
+        q.batched = 0;
         // The next batch is likely as long as this one: sized once, the
         // queue does not regrow (and move every op) while a replay fills it.
         let next = Vec::with_capacity(q.ops.len());
@@ -457,7 +499,7 @@ impl Inner {
                 tx.commit().at(&path)
             })();
         }
-        match outcome {
+        let outcome = match outcome {
             Ok(()) => {
                 for (slot, winner) in results {
                     let mut outcome = slot.0.lock();
@@ -483,11 +525,17 @@ impl Inner {
                 // rolled back.
                 traces.clear();
                 let mut span_failed = false;
-                for op in ops {
+                for op in &ops {
                     match op {
                         Op::Step { slot, .. } => *slot.0.lock() = Some(Err(e.clone())),
                         Op::Run(run) => run.slot.resolve(Err(e.clone())),
                         Op::Span(_) | Op::RowSpan(..) | Op::Replayed(_) => span_failed = true,
+                        Op::Batched(batch) => {
+                            for slot in batch.slots() {
+                                *slot.0.lock() = Some(Err(e.clone()));
+                            }
+                            span_failed |= batch.has_spans();
+                        }
                     }
                 }
                 if span_failed {
@@ -495,6 +543,24 @@ impl Inner {
                 }
                 Err(extra_error.unwrap_or(e))
             }
+        };
+        self.recycle(ops);
+        outcome
+    }
+
+    /// Keeps the buffers of applied batches for the next ones.
+    fn recycle(&self, ops: Vec<Op>) {
+        let mut spare = Vec::new();
+        for op in ops {
+            if let Op::Batched(mut batch) = op {
+                batch.clear();
+                spare.push(batch);
+            }
+        }
+        if !spare.is_empty() {
+            let mut q = self.queue.lock();
+            spare.truncate(2usize.saturating_sub(q.spare.len()));
+            q.spare.append(&mut spare);
         }
     }
 
@@ -667,6 +733,9 @@ fn write_ops_tx(
                 let winner = insert_journal_with(tx, st, *rid, key, value)?;
                 results.push((slot.clone(), Ok(winner)));
             }
+            Op::Batched(batch) => {
+                write_batched(tx, traces, batch, results, &mut moved_run, &mut is_refused)?;
+            }
             Op::Run(run) => {
                 let rid = insert_run(tx, run)?;
                 // 0 (not inserted: the run id exists) fails the slot after
@@ -690,6 +759,70 @@ fn write_ops_tx(
         }
     }
     Ok(())
+}
+
+/// Applies queued batch-durability steps as `Op::Step` and `Op::Span` of
+/// each would: a step whose slot failed is not journaled, nor one of a run
+/// that moved away (its slot gets the error), and spans of a refused run
+/// are dropped.
+fn write_batched(
+    tx: &Connection,
+    traces: &mut HashMap<String, i64>,
+    batch: &BatchedSteps,
+    results: &mut Vec<(Arc<Slot>, CoreResult<Option<String>>)>,
+    moved_run: &mut impl FnMut(i64) -> rusqlite::Result<Option<String>>,
+    is_refused: &mut impl FnMut(i64) -> rusqlite::Result<bool>,
+) -> rusqlite::Result<()> {
+    let mut journal_rows = Vec::with_capacity(batch.len());
+    let mut span_rows = Vec::with_capacity(batch.len());
+    let mut run: Option<(i64, Option<String>, bool)> = None;
+    let mut failed: Option<(&Arc<Slot>, bool)> = None;
+    for i in 0..batch.len() {
+        let (rid, slot, has_span) = batch.step(i);
+        let (moved, refused) = match &run {
+            Some((r, moved, refused)) if *r == rid => (moved, *refused),
+            _ => {
+                let (_, moved, refused) = run.insert((rid, moved_run(rid)?, is_refused(rid)?));
+                (&*moved, *refused)
+            }
+        };
+        let slot_failed = match failed {
+            Some((s, f)) if Arc::ptr_eq(s, slot) => f,
+            _ => failed.insert((slot, slot.failed())).1,
+        };
+        if !slot_failed {
+            match moved {
+                Some(run_id) => results.push((slot.clone(), Err(crate::lease::moved(run_id)))),
+                None => journal_rows.push(i),
+            }
+        }
+        if has_span && !refused {
+            span_rows.push(i);
+        }
+    }
+    let mut winners = super::batched::insert_journal(tx, batch, &journal_rows)?.into_iter();
+    let mut next_winner = winners.next();
+    for (n, &i) in journal_rows.iter().enumerate() {
+        let winner = match next_winner.take() {
+            Some((at, stored)) if at == i => {
+                next_winner = winners.next();
+                Some(stored)
+            }
+            other => {
+                next_winner = other;
+                None
+            }
+        };
+        // A slot keeps its last outcome: one per run of steps sharing it.
+        let slot = batch.step(i).1;
+        let shared_next = journal_rows
+            .get(n + 1)
+            .is_some_and(|&j| Arc::ptr_eq(batch.step(j).1, slot));
+        if !shared_next {
+            results.push((slot.clone(), Ok(winner)));
+        }
+    }
+    super::batched::insert_spans(tx, traces, batch, &span_rows)
 }
 
 /// Inserts a queued run row: running and leased, or settled; `None` when
@@ -1167,18 +1300,53 @@ impl Store for SqliteStore {
         if let Some(s) = span {
             q.ops.push(Op::Span(Box::new(s)));
         }
-        if !self.start_writer(&mut q) {
-            // No writer to meet the deadline: commit now.
-            drop(q);
-            return self.flush();
+        self.batch_queued(q)
+    }
+
+    fn commit_batched_step(
+        &self,
+        rid: i64,
+        key: &str,
+        value: &str,
+        span: Option<SpanRow>,
+        trace: &Arc<str>,
+        slot: &Arc<Slot>,
+    ) -> CoreResult<()> {
+        let view = match &span {
+            Some(s) => match SpanView::of(s, value) {
+                Some(view) => Some(view),
+                None => {
+                    let record = span.map(|s| SpanRecord::of_step(trace, rid, s, Some(value)));
+                    return self.commit_batched(rid, key, value, record, slot);
+                }
+            },
+            None => None,
+        };
+        self.commit_batched_view(rid, key, value, view, trace, slot)
+    }
+
+    fn commit_batched_view(
+        &self,
+        rid: i64,
+        key: &str,
+        value: &str,
+        span: Option<SpanView<'_>>,
+        trace: &Arc<str>,
+        slot: &Arc<Slot>,
+    ) -> CoreResult<()> {
+        let mut guard = self.queue.lock();
+        let q = &mut *guard;
+        let span = span.map(|s| (trace, s));
+        match q.ops.last_mut() {
+            Some(Op::Batched(batch)) => batch.push(rid, key, value, span, slot),
+            _ => {
+                let mut batch = q.spare.pop().unwrap_or_default();
+                batch.push(rid, key, value, span, slot);
+                q.ops.push(Op::Batched(batch));
+            }
         }
-        if q.due.is_none() {
-            q.due = Some(std::time::Instant::now() + BATCH_LATENCY);
-            self.wake.notify_one();
-        } else if q.ops.len() >= BACKGROUND_BATCH {
-            self.wake.notify_one();
-        }
-        Ok(())
+        q.batched += 1;
+        self.batch_queued(guard)
     }
 
     fn flush(&self) -> CoreResult<()> {

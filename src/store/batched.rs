@@ -1,0 +1,510 @@
+//! The steps of batch durability, queued compactly: one is queued per
+//! step, as fast as the flow body runs. The texts of a batch's steps (keys,
+//! values, span fields) share one buffer, and the buffer and the step list
+//! are reused from batch to batch, so once warm queuing a step allocates
+//! nothing and the writer frees nothing per row. SQLite inserts runs of
+//! them with multi-row statements; the rows are the ones a journal write
+//! and a `SpanRecord` of the same step would write.
+
+use super::sqlite::{trace_tid, Slot, FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
+use super::SpanRow;
+use crate::ids::encode_id;
+use rusqlite::Connection;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+/// A text of a batch: its byte range in `BatchedSteps::text`.
+#[derive(Clone, Copy)]
+struct Text(u32, u32);
+
+/// Text capacity a reused batch keeps.
+const KEPT_TEXT: usize = 1 << 20;
+
+/// Queued batch-durability steps, in queue order.
+#[derive(Default)]
+pub struct BatchedSteps {
+    text: String,
+    steps: Vec<BatchedStep>,
+}
+
+struct BatchedStep {
+    rid: i64,
+    slot: Arc<Slot>,
+    key: Text,
+    value: Text,
+    span: Option<StepSpan>,
+}
+
+/// A queued `SpanView`.
+struct StepSpan {
+    trace: Arc<str>,
+    span_id: Text,
+    parent: Option<Text>,
+    kind: Text,
+    name: Text,
+    status: Text,
+    step_key: Option<Text>,
+    input: Option<Text>,
+    started_at: f64,
+    ended_at: Option<f64>,
+    flags: i64,
+}
+
+/// A step's span without attributes, usage or error, its output none or
+/// the journaled value, borrowed from its maker (a task step builds no
+/// `SpanRow` for it under batch durability).
+#[derive(Clone, Copy)]
+pub struct SpanView<'a> {
+    pub span_id: &'a str,
+    pub parent_span_id: Option<&'a str>,
+    pub kind: &'a str,
+    pub name: &'a str,
+    pub started_at: f64,
+    pub ended_at: Option<f64>,
+    pub status: &'a str,
+    pub replayed: bool,
+    pub step_key: Option<&'a str>,
+    pub input_json: Option<&'a str>,
+    /// The output is the step's journaled value.
+    pub output: bool,
+}
+
+impl<'a> SpanView<'a> {
+    /// The view of `span` of a step journaling `value`, when it has no
+    /// attributes, usage or error, and no output or the journaled one.
+    pub fn of(span: &'a SpanRow, value: &str) -> Option<SpanView<'a>> {
+        let plain = span.attributes_json.is_none()
+            && span.usage.is_none()
+            && span.error_json.is_none()
+            && match &span.output_json {
+                None => true,
+                Some(out) => span.step_key.is_some() && out == value,
+            };
+        plain.then(|| SpanView {
+            span_id: &span.span_id,
+            parent_span_id: span.parent_span_id.as_deref(),
+            kind: &span.kind,
+            name: &span.name,
+            started_at: span.started_at,
+            ended_at: span.ended_at,
+            status: &span.status,
+            replayed: span.replayed,
+            step_key: span.step_key.as_deref(),
+            input_json: span.input_json.as_deref(),
+            output: span.output_json.is_some(),
+        })
+    }
+
+    /// The same span as a row, its output `value` when it has one.
+    pub fn to_row(&self, value: &str) -> SpanRow {
+        SpanRow {
+            span_id: self.span_id.to_owned(),
+            parent_span_id: self.parent_span_id.map(str::to_owned),
+            kind: self.kind.to_owned(),
+            name: self.name.to_owned(),
+            started_at: self.started_at,
+            ended_at: self.ended_at,
+            status: self.status.to_owned(),
+            replayed: self.replayed,
+            step_key: self.step_key.map(str::to_owned),
+            attributes_json: None,
+            usage: None,
+            error_json: None,
+            input_json: self.input_json.map(str::to_owned),
+            output_json: self.output.then(|| value.to_owned()),
+        }
+    }
+}
+
+impl BatchedSteps {
+    pub fn len(&self) -> usize {
+        self.steps.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+
+    fn put(&mut self, s: &str) -> Text {
+        let start = self.text.len() as u32;
+        self.text.push_str(s);
+        Text(start, self.text.len() as u32)
+    }
+
+    fn get(&self, t: Text) -> &str {
+        &self.text[t.0 as usize..t.1 as usize]
+    }
+
+    /// Queues `value` under `key` of run `rid`, with its span in trace
+    /// `trace`.
+    pub fn push(
+        &mut self,
+        rid: i64,
+        key: &str,
+        value: &str,
+        span: Option<(&Arc<str>, SpanView<'_>)>,
+        slot: &Arc<Slot>,
+    ) {
+        let key = self.put(key);
+        let value = self.put(value);
+        let span = span.map(|(trace, s)| {
+            let mut flags = 0;
+            if s.replayed {
+                flags |= FLAG_REPLAYED;
+            }
+            if s.output {
+                flags |= FLAG_OUTPUT_IN_JOURNAL;
+            }
+            StepSpan {
+                trace: trace.clone(),
+                span_id: self.put(s.span_id),
+                parent: s.parent_span_id.map(|p| self.put(p)),
+                kind: self.put(s.kind),
+                name: self.put(s.name),
+                status: self.put(s.status),
+                step_key: s.step_key.map(|k| self.put(k)),
+                input: s.input_json.map(|i| self.put(i)),
+                started_at: s.started_at,
+                ended_at: s.ended_at,
+                flags,
+            }
+        });
+        self.steps.push(BatchedStep {
+            rid,
+            slot: slot.clone(),
+            key,
+            value,
+            span,
+        });
+    }
+
+    /// Empties the batch, keeping its buffers for the next one (unless a
+    /// large value grew the text's: that memory is given back).
+    pub fn clear(&mut self) {
+        if self.text.capacity() > KEPT_TEXT {
+            self.text = String::new();
+        } else {
+            self.text.clear();
+        }
+        self.steps.clear();
+    }
+
+    /// The slot of every queued step.
+    pub fn slots(&self) -> impl Iterator<Item = &Arc<Slot>> {
+        self.steps.iter().map(|s| &s.slot)
+    }
+
+    pub fn has_spans(&self) -> bool {
+        self.steps.iter().any(|s| s.span.is_some())
+    }
+
+    /// Step `i`'s run, slot and whether it has a span.
+    pub fn step(&self, i: usize) -> (i64, &Arc<Slot>, bool) {
+        let s = &self.steps[i];
+        (s.rid, &s.slot, s.span.is_some())
+    }
+}
+
+/// Rows per statement, largest first: a run of rows is inserted with as
+/// many of the largest as fit, then the smaller ones (each prepared once
+/// per connection and kept in its statement cache).
+const CHUNKS: [usize; 3] = [32, 8, 1];
+
+/// `INSERT OR IGNORE` of `rows` journal rows of one run (`?1`).
+fn journal_sql(rows: usize) -> &'static str {
+    static SQL: OnceLock<Vec<String>> = OnceLock::new();
+    let all = SQL.get_or_init(|| {
+        CHUNKS
+            .iter()
+            .map(|&n| {
+                let mut sql =
+                    String::from("INSERT OR IGNORE INTO journal(rid, step_key, value_json) VALUES");
+                for i in 0..n {
+                    if i > 0 {
+                        sql.push(',');
+                    }
+                    sql.push_str(&format!("(?1,?{},?{})", 2 + 2 * i, 3 + 2 * i));
+                }
+                sql
+            })
+            .collect()
+    });
+    &all[CHUNKS.iter().position(|&n| n == rows).unwrap_or(0)]
+}
+
+/// Span parameters shared by the rows of one statement: tid, rid, parent,
+/// kind, status, flags.
+const SHARED: usize = 6;
+/// Span parameters per row: span_id, name, started_at, ended_at, step_key,
+/// input_json.
+const PER_ROW: usize = 6;
+
+fn span_sql(rows: usize) -> &'static str {
+    static SQL: OnceLock<Vec<String>> = OnceLock::new();
+    let all = SQL.get_or_init(|| {
+        CHUNKS
+            .iter()
+            .map(|&n| {
+                let mut sql = String::from(
+                    "INSERT INTO spans(tid, rid, span_id, parent, kind, name, started_at, \
+                     ended_at, status, flags, step_key, input_json) VALUES",
+                );
+                for i in 0..n {
+                    let b = SHARED + i * PER_ROW;
+                    if i > 0 {
+                        sql.push(',');
+                    }
+                    sql.push_str(&format!(
+                        "(?1,?2,?{},?3,?4,?{},?{},?{},?5,?6,?{},?{})",
+                        b + 1,
+                        b + 2,
+                        b + 3,
+                        b + 4,
+                        b + 5,
+                        b + 6
+                    ));
+                }
+                sql
+            })
+            .collect()
+    });
+    &all[CHUNKS.iter().position(|&n| n == rows).unwrap_or(0)]
+}
+
+/// Inserts the journal rows of the steps at `rows` (indexes into `batch`,
+/// in order; refused ones already left out). Returns, for each row whose
+/// key was already journaled with another value, its index and the stored
+/// value (the earlier write wins).
+pub(crate) fn insert_journal(
+    tx: &Connection,
+    batch: &BatchedSteps,
+    rows: &[usize],
+) -> rusqlite::Result<Vec<(usize, String)>> {
+    let mut winners = Vec::new();
+    let mut at = 0;
+    while at < rows.len() {
+        let rid = batch.steps[rows[at]].rid;
+        let mut end = at + 1;
+        while end < rows.len() && batch.steps[rows[end]].rid == rid {
+            end += 1;
+        }
+        for &size in &CHUNKS {
+            while end - at >= size {
+                let chunk = &rows[at..at + size];
+                let mut st = tx.prepare_cached(journal_sql(size))?;
+                st.raw_bind_parameter(1, rid)?;
+                for (i, &r) in chunk.iter().enumerate() {
+                    let s = &batch.steps[r];
+                    st.raw_bind_parameter(2 + 2 * i, batch.get(s.key))?;
+                    st.raw_bind_parameter(3 + 2 * i, batch.get(s.value))?;
+                }
+                if st.raw_execute()? < size {
+                    // Some keys were journaled already: read what they hold.
+                    let mut read = tx.prepare_cached(
+                        "SELECT value_json FROM journal WHERE rid = ?1 AND step_key = ?2",
+                    )?;
+                    for &r in chunk {
+                        let s = &batch.steps[r];
+                        let stored: String =
+                            read.query_row((rid, batch.get(s.key)), |row| row.get(0))?;
+                        if stored != batch.get(s.value) {
+                            winners.push((r, stored));
+                        }
+                    }
+                }
+                at += size;
+            }
+        }
+    }
+    Ok(winners)
+}
+
+/// Inserts the spans of the steps at `rows` (indexes into `batch`, in
+/// order, each with a span; refused ones already left out), under the
+/// trace ids cached in `traces`.
+pub(crate) fn insert_spans(
+    tx: &Connection,
+    traces: &mut HashMap<String, i64>,
+    batch: &BatchedSteps,
+    rows: &[usize],
+) -> rusqlite::Result<()> {
+    let span = |r: usize| {
+        let s = &batch.steps[r];
+        (s.rid, s.span.as_ref().expect("a span row has a span"))
+    };
+    let text = |t: Option<Text>| t.map(|t| batch.get(t));
+    let mut last_trace: Option<(&Arc<str>, i64)> = None;
+    let mut at = 0;
+    while at < rows.len() {
+        let (rid, first) = span(rows[at]);
+        let tid = match last_trace {
+            Some((t, tid)) if Arc::ptr_eq(t, &first.trace) || **t == *first.trace => tid,
+            _ => {
+                let tid = trace_tid(tx, traces, &first.trace)?;
+                last_trace = Some((&first.trace, tid));
+                tid
+            }
+        };
+        let parent = text(first.parent);
+        let kind = batch.get(first.kind);
+        let status = batch.get(first.status);
+        // The run of spans sharing these values.
+        let mut end = at + 1;
+        while end < rows.len() {
+            let (r, s) = span(rows[end]);
+            let same = r == rid
+                && s.flags == first.flags
+                && text(s.parent) == parent
+                && batch.get(s.kind) == kind
+                && batch.get(s.status) == status
+                && (Arc::ptr_eq(&s.trace, &first.trace) || s.trace == first.trace);
+            if !same {
+                break;
+            }
+            end += 1;
+        }
+        let parent = parent.map(encode_id);
+        for &size in &CHUNKS {
+            while end - at >= size {
+                let mut st = tx.prepare_cached(span_sql(size))?;
+                st.raw_bind_parameter(1, tid)?;
+                st.raw_bind_parameter(2, rid)?;
+                st.raw_bind_parameter(3, &parent)?;
+                st.raw_bind_parameter(4, kind)?;
+                st.raw_bind_parameter(5, status)?;
+                st.raw_bind_parameter(6, first.flags)?;
+                for (i, &r) in rows[at..at + size].iter().enumerate() {
+                    let (_, s) = span(r);
+                    let b = SHARED + i * PER_ROW;
+                    st.raw_bind_parameter(b + 1, encode_id(batch.get(s.span_id)))?;
+                    st.raw_bind_parameter(b + 2, batch.get(s.name))?;
+                    st.raw_bind_parameter(b + 3, s.started_at)?;
+                    st.raw_bind_parameter(b + 4, s.ended_at)?;
+                    st.raw_bind_parameter(b + 5, text(s.step_key))?;
+                    st.raw_bind_parameter(b + 6, text(s.input))?;
+                }
+                st.raw_execute()?;
+                at += size;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::sqlite::{insert_span, open_connection};
+    use crate::store::SpanRecord;
+
+    /// Every row of `table`, in order.
+    fn rows(conn: &Connection, sql: &str) -> Vec<Vec<rusqlite::types::Value>> {
+        let mut st = conn.prepare(sql).unwrap();
+        let n = st.column_count();
+        st.query_map([], |r| (0..n).map(|i| r.get(i)).collect())
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+
+    #[test]
+    fn multi_row_inserts_store_the_rows_of_the_general_inserts() {
+        let dir =
+            std::env::temp_dir().join(format!("composeai-batched-{}", crate::ids::new_ulid()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let trace: Arc<str> = Arc::from(crate::ids::new_ulid().as_str());
+        let other: Arc<str> = Arc::from(crate::ids::new_ulid().as_str());
+        let root = crate::ids::new_ulid();
+        // 83 steps: runs of shared values broken by the run, the parent, the
+        // kind, the status, the output flag, a foreign id and another
+        // trace, so every statement size is used; some with no span.
+        type Step = (i64, String, String, Option<(Arc<str>, SpanRow)>);
+        let steps: Vec<Step> = (0..83)
+            .map(|i| {
+                let key = format!("scope/step{}#{i}", i % 3);
+                let value = format!("{{\"n\":{i}}}");
+                let span = SpanRow {
+                    span_id: if i == 12 {
+                        "not a ulid".into()
+                    } else {
+                        crate::ids::new_ulid()
+                    },
+                    parent_span_id: match i {
+                        0 => None,
+                        41 => Some("foreign parent".into()),
+                        _ => Some(root.clone()),
+                    },
+                    kind: if i == 50 { "llm".into() } else { "task".into() },
+                    name: format!("step{}", i % 3),
+                    started_at: 1_700_000_000.25 + i as f64,
+                    ended_at: (i != 7).then_some(1_700_000_000.5 + i as f64),
+                    status: if i == 60 { "error".into() } else { "ok".into() },
+                    replayed: i == 33,
+                    step_key: (i != 20).then(|| key.clone()),
+                    input_json: (i % 4 != 1).then(|| format!("{{\"args\":[{i}]}}")),
+                    output_json: (i % 17 != 5 && i != 20).then(|| value.clone()),
+                    ..Default::default()
+                };
+                assert!(SpanView::of(&span, &value).is_some());
+                let tr = if i == 70 {
+                    other.clone()
+                } else {
+                    trace.clone()
+                };
+                let rid = 1 + (i / 60) as i64;
+                (rid, key, value, (i % 29 != 3).then_some((tr, span)))
+            })
+            .collect();
+        let mut stored = Vec::new();
+        for (name, batched) in [("a.db", true), ("b.db", false)] {
+            let conn = open_connection(dir.join(name).to_str().unwrap(), false).unwrap();
+            // One key already journaled with another value, one with the same.
+            conn.execute_batch(
+                "INSERT INTO journal VALUES(1, 'scope/step1#4', 'earlier');
+                 INSERT INTO journal VALUES(1, 'scope/step2#5', '{\"n\":5}');",
+            )
+            .unwrap();
+            let mut traces = HashMap::new();
+            if batched {
+                let slot = Arc::new(Slot::default());
+                let mut batch = BatchedSteps::default();
+                for (rid, key, value, span) in &steps {
+                    let view = span
+                        .as_ref()
+                        .map(|(t, s)| (t, SpanView::of(s, value).unwrap()));
+                    batch.push(*rid, key, value, view, &slot);
+                }
+                let all: Vec<usize> = (0..steps.len()).collect();
+                let with_span: Vec<usize> = all
+                    .iter()
+                    .copied()
+                    .filter(|&i| steps[i].3.is_some())
+                    .collect();
+                let winners = insert_journal(&conn, &batch, &all).unwrap();
+                assert_eq!(winners, vec![(4, "earlier".to_string())]);
+                insert_spans(&conn, &mut traces, &batch, &with_span).unwrap();
+            } else {
+                for (rid, key, value, span) in &steps {
+                    super::super::sqlite::insert_journal(&conn, *rid, key, value).unwrap();
+                    if let Some((t, s)) = span {
+                        let rec = SpanRecord {
+                            trace_id: t.to_string(),
+                            rid: Some(*rid),
+                            span: s.clone(),
+                            output_in_journal: s.output_json.is_some(),
+                        };
+                        insert_span(&conn, &mut traces, &rec).unwrap();
+                    }
+                }
+            }
+            stored.push((
+                rows(&conn, "SELECT * FROM journal ORDER BY rid, step_key"),
+                rows(&conn, "SELECT * FROM spans ORDER BY sid"),
+            ));
+        }
+        assert_eq!(stored[0].0.len(), 83);
+        assert_eq!(stored[0].1.len(), 80);
+        assert_eq!(stored[0], stored[1]);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
