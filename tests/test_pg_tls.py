@@ -109,16 +109,6 @@ def _encryption(cluster, app: str) -> list[str]:
     ).split()
 
 
-@compose.task
-def inc(x: int) -> int:
-    return x + 1
-
-
-@compose.task
-async def ainc(x: int) -> int:
-    return x + 1
-
-
 WORKER_FLOWS = """
 import os
 import subprocess
@@ -156,6 +146,14 @@ def test_store_1_runs_steps_and_a_worker_connect_with_verify_full(
     url = tls_cluster.url("tls1", sslmode="verify-full", sslrootcert=ca)
     monkeypatch.setenv("COMPOSE_STORE", url + "&application_name=tls-test")
     _engine.reset_store()
+
+    @compose.task
+    def inc(x: int) -> int:
+        return x + 1
+
+    @compose.task
+    async def ainc(x: int) -> int:
+        return x + 1
 
     @compose.flow
     def blocking(n: int) -> int:
