@@ -7,6 +7,9 @@ defaults), then:
   row plus a span row from Rust (µs per commit);
 - P1 W1 on PostgreSQL: `w1_steps.py` with `COMPOSE_STORE` pointing at the
   cluster (µs per journaled step; target ≤ 1.3× P0);
+- P1-batch W1-batch on PostgreSQL: `w1_steps.py` with
+  `COMPOSE_DURABILITY=batch` (µs per step; steps group-commit every 5 ms, so
+  it is printed beside the floor it amortizes, P0, as a ratio);
 - P2 W4 on PostgreSQL: `w4_runs.py` (ms per 3-step run);
 - P4 takeover: a process running a long flow on another (simulated)
   machine is killed -9; a `compose worker` on this one continues the run.
@@ -252,6 +255,11 @@ def main() -> None:
                 {"COMPOSE_STORE": cluster.url(f"p1_{i}")},
             )
             keep("p1_us_per_step", p1["us_per_step"])
+            p1_batch = run_json(
+                [sys.executable, os.path.join(BENCH_DIR, "w1_steps.py"), "--n", str(args.n)],
+                {"COMPOSE_STORE": cluster.url(f"p1b_{i}"), "COMPOSE_DURABILITY": "batch"},
+            )
+            keep("p1_batch_us_per_step", p1_batch["us_per_step"])
             if dbos is None:
                 continue
             p2 = run_json(
@@ -268,7 +276,11 @@ def main() -> None:
         takeover = {} if dbos is None else p4(cluster, args.repeat)
     finally:
         cluster.stop()
-    ratios = {"p1_over_p0": round(best["p1_us_per_step"] / best["p0_us_per_commit"], 3)}
+    p0 = best["p0_us_per_commit"]
+    ratios = {
+        "p1_over_p0": round(best["p1_us_per_step"] / p0, 3),
+        "p1_batch_over_p0": round(best["p1_batch_us_per_step"] / p0, 3),
+    }
     if dbos is not None:
         ratios["dbos_over_p1"] = round(best["dbos_w1_us_per_step"] / best["p1_us_per_step"], 2)
     emit({"workload": "P0-P2 PostgreSQL", "n": args.n, **best, **ratios, **takeover})

@@ -633,6 +633,17 @@ def postgres_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
             pg,
         ),
         row(
+            "P1-batch",
+            "journaled step on PostgreSQL, COMPOSE_DURABILITY=batch",
+            pg["p1_batch_us_per_step"],
+            "us/step",
+            "",
+            pg["p1_batch_us_per_step"] / p0,
+            "P1-batch / P0",
+            None,
+            pg,
+        ),
+        row(
             "P2", "3-step run on PostgreSQL", pg["p2_ms_per_run"], "ms/run", "", None, "", None, pg
         ),
         row(

@@ -57,7 +57,8 @@ class Cluster:
         if out.returncode != 0:
             raise RuntimeError(f"{cmd[0]} failed: {out.stderr or out.stdout}")
 
-    def start(self) -> Cluster:
+    def start(self, *settings: str) -> Cluster:
+        """Starts the server; `settings` are extra `name=value` server settings."""
         b = self.bindir
         self._run(
             f"{b}/initdb", "-D", self.data, "-U", self.user, "--auth=trust", "-E", "UTF8", "-N"
@@ -68,6 +69,7 @@ class Cluster:
             f"-c unix_socket_directories={self.dir}",
             "-c max_connections=300",
             "-c shared_buffers=64MB",
+            *(f"-c {kv}" for kv in settings),
         ]
         if not self.durable:
             # Test servers trade crash safety of the server itself for speed.

@@ -40,14 +40,13 @@ pytestmark = pytest.mark.parametrize("store_kind", ["postgresql"], indirect=True
 WATCHDOG_SECONDS = 30.0
 
 
-class RunsLock:
-    """`LOCK TABLE runs IN EXCLUSIVE MODE` held by a `psql` session of its own until
-    `release()`: every write to `runs` (and every row lock on it) waits meanwhile."""
+class HeldLock:
+    """A lock (`lock_sql`) held by a `psql` session of its own until `release()`;
+    `waiting_sql` counts the statements of other sessions waiting for it."""
 
-    def __init__(self) -> None:
+    def __init__(self, lock_sql: str, waiting_sql: str) -> None:
         import _pg
 
-        _engine.get_store()  # the schema exists before its table is locked
         url = os.environ["COMPOSE_STORE"]
         base, _, query = url.partition("?")
         options = dict(kv.split("=", 1) for kv in query.split("&") if "=" in kv)
@@ -61,9 +60,10 @@ class RunsLock:
             text=True,
             env=env,
         )
+        self.waiting_sql = waiting_sql
         self.by_watchdog = False
         self._released = threading.Event()
-        self._send("BEGIN; LOCK TABLE runs IN EXCLUSIVE MODE; SELECT 'locked';")
+        self._send(f"BEGIN; {lock_sql}; SELECT 'locked';")
         assert self.proc.stdout.readline().strip() == "locked"
         self._watchdog = threading.Thread(target=self._watch, daemon=True)
         self._watchdog.start()
@@ -86,12 +86,30 @@ class RunsLock:
         self.proc.wait(timeout=30)
 
     def waiters(self) -> int:
-        """Statements of other sessions waiting for a lock on `runs` right now."""
-        return _proc.pg_exec(
-            os.environ["COMPOSE_STORE"],
-            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
-            "WHERE NOT l.granted AND c.relname = 'runs'",
-        ).strip()
+        """Statements of other sessions waiting for the lock right now."""
+        return _proc.pg_exec(os.environ["COMPOSE_STORE"], self.waiting_sql).strip()
+
+
+def RunsLock(mode: str = "EXCLUSIVE", table: str = "runs") -> HeldLock:
+    """`LOCK TABLE runs IN EXCLUSIVE MODE` (or `mode`, on `table`): with the default, every
+    write to `runs` (and every row lock on it) waits; `ACCESS EXCLUSIVE` makes reads wait
+    too."""
+    _engine.get_store()  # the schema exists before its table is locked
+    return HeldLock(
+        f"LOCK TABLE {table} IN {mode} MODE",
+        "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+        f"WHERE NOT l.granted AND c.relname = '{table}'",
+    )
+
+
+def MigrationLock() -> HeldLock:
+    """The advisory lock a store's first open takes to check (and apply) migrations
+    (STORE-3), held so that the open waits."""
+    schema = os.environ["COMPOSE_STORE"].partition("schema=")[2].partition("&")[0]
+    return HeldLock(
+        f"DO $$BEGIN PERFORM pg_advisory_xact_lock(hashtext('composeai.migrate.{schema}')); END$$",
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+    )
 
 
 async def _responsive_while_blocked(lock: RunsLock, task: asyncio.Task, check=None) -> None:
@@ -205,6 +223,83 @@ def test_aresume_claims_the_lease_and_records_answers_off_the_loop(store_kind):
     assert _engine.get_store().pending(paused.id) == []
 
 
+def _asks_more():
+    """A flow (registered for each test) that pauses on one question."""
+
+    @compose.flow
+    async def asks_more(n: int) -> int:
+        value = await add.arun(n, 0)
+        answer = compose.ask_human("more", "how many more?")
+        return value + int(answer)
+
+    return asks_more
+
+
+@pytest.mark.parametrize(
+    "table", ["runs", "pending_interrupts"], ids=["get_run", "pending_interrupts"]
+)
+def test_aresume_reads_the_run_and_its_interrupts_off_the_loop(store_kind, table):
+    """ASYNC-1 / FLOW-41 / FLOW-43: `compose.aresume`'s checks before the claim (the run
+    row, then the pending interrupts its answers are matched against) are read off the
+    loop: each table in turn is locked against reads too."""
+    paused = asyncio.run(_asks_more().arun(5))
+    assert paused.status == "paused"
+
+    async def main():
+        lock = RunsLock("ACCESS EXCLUSIVE", table)
+        task = asyncio.create_task(compose.aresume(paused.id, {"more": "2"}))
+        await _responsive_while_blocked(lock, task)
+        return await task
+
+    run = asyncio.run(main())
+    assert run.status == "completed" and run.output == 7
+
+
+@pytest.mark.parametrize("entry", ["arun", "aresume"])
+def test_the_first_store_open_is_awaited_off_the_loop(store_kind, entry):
+    """ASYNC-1 / STORE-3: the first store use of an async entry point (`Flow.arun`,
+    `compose.aresume`) connects and checks the schema off the loop; the migration lock
+    is held so that the open waits."""
+    paused = asyncio.run(_asks_more().arun(1)) if entry == "aresume" else None
+    _engine.reset_store()
+
+    async def main():
+        lock = MigrationLock()
+        if paused is None:
+            task = asyncio.create_task(adder.arun(41))
+        else:
+            task = asyncio.create_task(compose.aresume(paused.id, {"more": "41"}))
+        await _responsive_while_blocked(lock, task)
+        return await task
+
+    run = asyncio.run(main())
+    assert run.status == "completed" and run.output == 42
+    assert _engine.get_store().get_run(run.id)["status"] == "completed"
+
+
+def test_a_graph_storage_of_its_own_opens_off_the_loop(store_kind):
+    """ASYNC-1 / EXT-30: a graph whose `Storage` names a PostgreSQL URL opens that store
+    (connection, schema check) off the loop on its first async run."""
+    from composeai.graph import END, Graph, Storage
+
+    async def node(state: dict) -> dict:
+        return {"y": state["x"] + 1}
+
+    storage = Storage(os.environ["COMPOSE_STORE"])
+    wf = Graph(name="pg_async_storage").add_node("node", node).start("node")
+    app = wf.edge("node", END).compile(storage, replace=True)
+
+    async def main():
+        lock = MigrationLock()
+        task = asyncio.create_task(app.arun({"x": 1}))
+        await _responsive_while_blocked(lock, task)
+        return await task
+
+    result = asyncio.run(main())
+    assert result.state == {"x": 1, "y": 2}
+    assert storage.store().get_run(result.run_id)["status"] == "completed"
+
+
 def test_standalone_agent_arun_creates_and_settles_off_the_loop(store_kind):
     """ASYNC-1 / AGENT-52: a standalone `Agent.arun` creates its row off the loop."""
 
@@ -266,6 +361,39 @@ def test_async_batch_flow_queues_steps_and_its_pause_commits_them(store_kind):
     done = asyncio.run(compose.aresume(paused.id, {"go": "yes"}))
     assert done.status == "completed" and done.output == (30, "yes")
     assert calls == list(range(30)), "a batched step never runs again once durable"
+
+
+def test_a_fenced_async_step_in_batch_mode_flushes_off_the_loop(store_kind):
+    """ASYNC-1 / issue 13's batch mode: an aggregate's branch steps are fenced, so each
+    commits the waiting batch first; with the batch's group-commit waiting on the server,
+    that flush is awaited off the loop."""
+
+    @compose.task
+    async def plus10(x: int) -> int:
+        return x + 10
+
+    agg = compose.aggregate(a=plus10, b=plus10)
+
+    @compose.flow(durability="batch")
+    async def fanned(n: int) -> dict:
+        GATE["entered"].set()
+        await GATE["open"].wait()
+        x = await add.arun(n, 1)
+        return (await agg.arun(x)).output
+
+    async def main():
+        GATE["entered"], GATE["open"] = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(fanned.arun(1))
+        await GATE["entered"].wait()
+        lock = await asyncio.to_thread(RunsLock)
+        GATE["open"].set()
+        await _responsive_while_blocked(lock, task)
+        return await task
+
+    run = asyncio.run(main())
+    assert run.status == "completed" and run.output == {"a": 12, "b": 12}
+    journal = dict(_engine.get_store().journal(run.id))
+    assert journal["add#1"] == "2"
 
 
 # -- graphs (EXT-27, EXT-30): the same round trips of `CompiledGraph.arun` and

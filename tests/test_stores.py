@@ -465,3 +465,155 @@ def test_store_2_durable_waits_and_graphs_run_on_postgresql(pg_url, monkeypatch)
     assert threads.thread("t1").run().state["n"] == 1
     assert threads.thread("t1").run().state["n"] == 2
     assert len(threads.thread("t1").history()) >= 2
+
+
+class CutAfterCommit:
+    """A TCP proxy to the cluster. The first client request carrying `marker` reaches the
+    server, which runs (and, outside a transaction, commits) every statement of it; then
+    the proxy closes that connection without passing the answers back: the server
+    committed, the client never heard (as when a server dies between the two)."""
+
+    def __init__(self, port: int, marker: bytes) -> None:
+        import socket
+        import threading
+
+        self.upstream = port
+        self.marker = marker
+        self.cut = 0
+        self._armed = True
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            state = {"doomed": False, "syncs": 0, "ready": 0}
+            threading.Thread(target=self._up, args=(client, server, state), daemon=True).start()
+            threading.Thread(target=self._down, args=(server, client, state), daemon=True).start()
+
+    @staticmethod
+    def _messages(buf: bytearray, typed: bool):
+        """Complete protocol messages at the head of `buf`, removed from it."""
+        while True:
+            head = 1 if typed else 0
+            if len(buf) < head + 4:
+                return
+            size = int.from_bytes(buf[head : head + 4], "big")
+            if len(buf) < head + size:
+                return
+            msg = bytes(buf[: head + size])
+            del buf[: head + size]
+            yield msg
+
+    def _up(self, client, server, state) -> None:
+        buf, started = bytearray(), False
+        while data := self._recv(client):
+            buf += data
+            out = b""
+            # The startup message is the only one without a type byte.
+            for msg in self._messages(buf, typed=started):
+                started = True
+                with self._lock:
+                    if self._armed and self.marker in msg:
+                        self._armed, state["doomed"] = False, True
+                    if state["doomed"] and msg[:1] == b"S":
+                        state["syncs"] += 1
+                out += msg
+            try:
+                server.sendall(out)
+            except OSError:
+                return
+
+    def _down(self, server, client, state) -> None:
+        import socket
+
+        buf = bytearray()
+        while data := self._recv(server):
+            buf += data
+            out = b""
+            for msg in self._messages(buf, typed=True):
+                with self._lock:
+                    doomed = state["doomed"]
+                    if doomed and msg[:1] == b"Z":
+                        state["ready"] += 1
+                    done = doomed and state["ready"] >= state["syncs"] > 0
+                if not doomed:
+                    out += msg
+                elif done:
+                    self.cut += 1
+                    for s in (client, server):
+                        # shutdown, not only close: the other pump is blocked in recv.
+                        s.shutdown(socket.SHUT_RDWR)
+                        s.close()
+                    return
+            try:
+                client.sendall(out)
+            except OSError:
+                return
+
+    @staticmethod
+    def _recv(sock) -> bytes:
+        try:
+            return sock.recv(65536)
+        except OSError:
+            return b""
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def test_store_30_a_retried_step_whose_reply_was_lost_writes_its_rows_once(
+    pg_cluster, pg_url, monkeypatch
+):
+    """STORE-30 / STORE-11: the server commits a driven step (its journal row, its span row
+    and the spans queued before it) and the connection ends before the answer arrives. The
+    step is retried once on a new connection; the retry finds its rows stored and writes
+    none of them again."""
+    marker = "lost-reply-7c1e"
+    proxy = CutAfterCommit(pg_cluster.port, marker.encode())
+    url = pg_url.replace(f":{pg_cluster.port}/", f":{proxy.port}/")
+    monkeypatch.setenv("COMPOSE_STORE", url)
+    schema = pg_url.split("schema=")[1].split("&")[0]
+
+    @compose.task
+    def one() -> int:
+        return 1
+
+    @compose.task
+    def double(x: int) -> int:
+        return 2 * x
+
+    @compose.task
+    def lost() -> str:
+        return marker
+
+    @compose.flow
+    def f() -> int:
+        x = one()
+        # The aggregate's own span is queued when it ends and rides with the next step.
+        y = compose.aggregate(d=double)(x)["d"]
+        return len(lost()) + y
+
+    try:
+        assert f() == len(marker) + 2
+    finally:
+        proxy.close()
+    assert proxy.cut == 1, "the step's connection was not cut after the server committed"
+    journal = psql(pg_cluster, f"SELECT step_key FROM {schema}.journal ORDER BY 1")
+    assert journal.splitlines() == ["aggregate#1/d/double#1", "lost#1", "one#1"]
+    assert psql(pg_cluster, f"SELECT count(*) FROM {schema}.spans WHERE step_key = 'lost#1'") == "1"
+    twice = psql(
+        pg_cluster,
+        f"SELECT count(*) FROM (SELECT span_id FROM {schema}.spans "
+        "GROUP BY span_id HAVING count(*) > 1) d",
+    )
+    assert twice == "0"

@@ -144,6 +144,23 @@ def _open_store():
         return _store
 
 
+async def aget_store():
+    """`get_store()` for an async caller: a server's first open (connection and
+    schema check) is awaited off the loop; a SQLite file opens in place."""
+    global _store
+    store = _store
+    if store is not None:
+        return store
+    spec = store_spec()
+    if _core.store_target(spec, _default_sqlite())[0] == "sqlite":
+        return _open_store()
+    opened = await off_loop(_core.Store.aopen, spec)
+    with _store_lock:
+        if _store is None:
+            _store = opened
+        return _store
+
+
 def reset_store() -> None:
     global _store
     with _store_lock:
@@ -1232,6 +1249,51 @@ async def _asettle_now(plan) -> Any:
         return stop.value
 
 
+# Store calls written as plans: generators that yield each call as `(call,
+# acall, args)` and continue with its result (or get its error thrown in), so
+# the blocking and the async drivers share every decision and differ only in
+# how they wait. `acall` is the core's off-loop twin of `call` (it resolves an
+# asyncio future), None where the store is local and its calls need no
+# waiting for a server (ASYNC-1, STORE-2).
+
+
+def plan_io(remote: bool, call: Callable[..., Any], acall: Callable[..., None], *args: Any):
+    return (call, acall if remote else None, args)
+
+
+def run_plan(plan) -> Any:
+    """Runs a plan with each store call made in place."""
+    try:
+        call, _, args = next(plan)
+        while True:
+            try:
+                value = call(*args)
+            except BaseException as exc:  # noqa: BLE001 -- handed to the plan
+                call, _, args = plan.throw(exc)
+            else:
+                call, _, args = plan.send(value)
+    except StopIteration as stop:
+        return stop.value
+
+
+async def arun_plan(plan) -> Any:
+    """Runs a plan on the running loop, awaiting each server call off it."""
+    try:
+        call, acall, args = next(plan)
+        while True:
+            try:
+                if acall is None:
+                    value = call(*args)
+                else:
+                    value = await off_loop(acall, *args)
+            except BaseException as exc:  # noqa: BLE001 -- handed to the plan
+                call, acall, args = plan.throw(exc)
+            else:
+                call, acall, args = plan.send(value)
+    except StopIteration as stop:
+        return stop.value
+
+
 async def off_loop(method: Callable[..., None], *args: Any) -> Any:
     """Awaits a core call that resolves an asyncio future of this loop once
     the server answered (`Store.astart_run`, `Attempt.asettle`, ...)."""
@@ -1244,7 +1306,7 @@ async def off_loop(method: Callable[..., None], *args: Any) -> Any:
 
 async def astart_run(*args: Any) -> Any:
     """`get_store().start_run(*args)`, off the loop when the store is a server."""
-    store = get_store()
+    store = await aget_store()
     if store.kind == "sqlite":
         return store.start_run(*args)
     return await off_loop(store.astart_run, *args)
@@ -1253,7 +1315,7 @@ async def astart_run(*args: Any) -> Any:
 async def aresume_attempt(run_id: str, recover: bool = False) -> Any:
     """`get_store().resume(run_id, recover)`, off the loop when the store is a
     server."""
-    store = get_store()
+    store = await aget_store()
     if store.kind == "sqlite":
         return store.resume(run_id, recover)
     return await off_loop(store.aresume, run_id, recover)

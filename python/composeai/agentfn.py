@@ -1620,7 +1620,7 @@ async def _standalone_async(
 async def _astandalone_start(agent: AgentFunction, args: tuple, kwargs: dict, opts: dict):
     """`_standalone_start` for an async caller: a server-backed store creates
     the row off the loop (SQLite queues it without I/O)."""
-    if _engine.get_store().kind == "sqlite":
+    if (await _engine.aget_store()).kind == "sqlite":
         return _standalone_start(agent, args, kwargs, opts)
     budget = opts["budget"]
     attempt = await _engine.astart_run(
@@ -1684,20 +1684,21 @@ def resume_standalone(
         )
     from .flow import begin_resume, resolve_pending_answers
 
-    resolved = resolve_pending_answers(run_id, answers)
     hooks = (approver, tool_interceptor, context_manager)
     if asynchronous:
-        return _aresume_standalone(agent, run_id, resolved, budget, hooks)
+        return _aresume_standalone(agent, run_id, answers, budget, hooks)
+    resolved = resolve_pending_answers(run_id, answers)
     run, payload, meter = begin_resume(run_id, resolved, budget, "agent", agent.name)
     args, kwargs, opts = _resumed_call(payload, budget, hooks)
     return _standalone_sync(agent, args, kwargs, opts, run, meter)
 
 
 async def _aresume_standalone(
-    agent: AgentFunction, run_id: str, resolved: list, budget: Any, hooks: tuple
+    agent: AgentFunction, run_id: str, answers: Any, budget: Any, hooks: tuple
 ) -> Run:
-    from .flow import abegin_resume
+    from .flow import abegin_resume, aresolve_pending_answers
 
+    resolved = await aresolve_pending_answers(run_id, answers)
     run, payload, meter = await abegin_resume(run_id, resolved, budget, "agent", agent.name)
     args, kwargs, opts = _resumed_call(payload, budget, hooks)
     return await _standalone_async(agent, args, kwargs, opts, run, meter)

@@ -714,18 +714,20 @@ def _resolve_answers(answers: dict[str, Any], pending_ids: list[str]) -> list[tu
 
 
 def _prepare_resume(
+    store: Any,
     run_id: str,
     answers: dict[str, Any] | None,
     allow_code_change: bool,
     callbacks: tuple,
 ):
-    """FLOW-41's checks, in order, before anything is written. Returns the
-    flow to run and the resolved answers, or a finished `Run`."""
-    store = _engine.get_store()
-    row = store.get_run(run_id)
+    """Plan (`_engine.plan_io`): FLOW-41's checks, in order, before anything
+    is written. Returns the flow to run and the resolved answers, or a
+    finished `Run`, or the row of an agent or graph run."""
+    remote = store.kind != "sqlite"
+    row = yield _engine.plan_io(remote, store.get_run, store.aget_run, run_id)
     graph = sys.modules.get("composeai.graph")
     if row is None and graph is not None:
-        found = graph.find_run(run_id)
+        found = yield from graph.find_run(run_id)
         row = found[1] if found is not None else None
     if row is None:
         raise ConfigError(f"no run found with run_id {run_id!r}")
@@ -765,15 +767,28 @@ def _prepare_resume(
             "(fingerprint mismatch) -- pass allow_code_change=True to resume anyway (the journal "
             "may no longer match the new code's call sequence)"
         )
-    return flow_obj, resolve_pending_answers(run_id, answers), None
+    resolved = yield from _pending_answers(store, run_id, answers)
+    return flow_obj, resolved, None
+
+
+def _pending_answers(store: Any, run_id: str, answers: dict[str, Any] | None):
+    """Plan: FLOW-43 against the run's pending interrupts; nothing is written."""
+    if not answers:
+        return []
+    remote = store.kind != "sqlite"
+    pending = yield _engine.plan_io(remote, store.pending, store.apending, run_id)
+    return _resolve_answers(answers, [p[0] for p in pending])
 
 
 def resolve_pending_answers(run_id: str, answers: dict[str, Any] | None) -> list:
     """FLOW-43 against the run's pending interrupts; nothing is written."""
-    if not answers:
-        return []
-    pending_ids = [p[0] for p in _engine.get_store().pending(run_id)]
-    return _resolve_answers(answers, pending_ids)
+    return _engine.run_plan(_pending_answers(_engine.get_store(), run_id, answers))
+
+
+async def aresolve_pending_answers(run_id: str, answers: dict[str, Any] | None) -> list:
+    """`resolve_pending_answers`, the interrupts read off the loop on a server."""
+    store = await _engine.aget_store()
+    return await _engine.arun_plan(_pending_answers(store, run_id, answers))
 
 
 def begin_resume(
@@ -806,11 +821,16 @@ async def abegin_resume(run_id: str, resolved: list, budget: Any, span_kind: str
     """`begin_resume` for an async driver: the lease claim, the answers and
     a failure's settlement are awaited off the loop on a server-backed store."""
     attempt = await _engine.aresume_attempt(run_id)
+    remote = attempt.remote
     try:
         if budget is not None:
-            attempt.set_budget(_engine.budget_json(budget))
+            budget_json = _engine.budget_json(budget)
+            if remote:
+                await _engine.off_loop(attempt.aset_budget, budget_json)
+            else:
+                attempt.set_budget(budget_json)
         if resolved:
-            if attempt.remote:
+            if remote:
                 await _engine.off_loop(attempt.arecord_answers, resolved)
             else:
                 attempt.record_answers(resolved)
@@ -820,7 +840,11 @@ async def abegin_resume(run_id: str, resolved: list, budget: Any, span_kind: str
             effective = _engine.budget_from_json(attempt.budget_json)
         meter = None
         if effective is not None:
-            meter = _engine.budget_meter(effective, span_kind, name, attempt.prior_llm_usage())
+            if remote:
+                prior = await _engine.off_loop(attempt.aprior_llm_usage)
+            else:
+                prior = attempt.prior_llm_usage()
+            meter = _engine.budget_meter(effective, span_kind, name, prior)
     except BaseException as exc:
         await _engine.asettle(attempt, "failed", None, _engine.error_json(exc))
         raise
@@ -854,7 +878,9 @@ def continue_due(run_id: str) -> Run[Any]:
     row = store.get_run(run_id)
     if row is None or row["kind"] != "flow" or row["status"] not in _CONTINUABLE:
         raise NotDue(run_id)
-    flow_obj, resolved, done = _prepare_resume(run_id, None, False, (None, None, None))
+    flow_obj, resolved, done = _engine.run_plan(
+        _prepare_resume(store, run_id, None, False, (None, None, None))
+    )
     if done is not None:
         raise NotDue(run_id)
     run, args, kwargs, meter = _begin_resume(
@@ -883,8 +909,14 @@ def resume(
 ) -> Run[Any]:
     """Continues a durable run in this or any process (FLOW-40 … FLOW-43)."""
     _engine.check_sync_facade()
-    flow_obj, resolved, done = _prepare_resume(
-        run_id, answers, allow_code_change, (approver, tool_interceptor, context_manager)
+    flow_obj, resolved, done = _engine.run_plan(
+        _prepare_resume(
+            _engine.get_store(),
+            run_id,
+            answers,
+            allow_code_change,
+            (approver, tool_interceptor, context_manager),
+        )
     )
     if isinstance(done, dict) and done["kind"] == "graph":
         from .graph import resume_graph_run
@@ -913,9 +945,16 @@ async def aresume(
     context_manager: Any = None,
     wait: bool = True,
 ) -> Run[Any]:
-    """Async twin of `resume`, on the caller's loop."""
-    flow_obj, resolved, done = _prepare_resume(
-        run_id, answers, allow_code_change, (approver, tool_interceptor, context_manager)
+    """Async twin of `resume`, on the caller's loop: every read and write of a
+    server-backed store, and its first open, are awaited off the loop."""
+    flow_obj, resolved, done = await _engine.arun_plan(
+        _prepare_resume(
+            await _engine.aget_store(),
+            run_id,
+            answers,
+            allow_code_change,
+            (approver, tool_interceptor, context_manager),
+        )
     )
     if isinstance(done, dict) and done["kind"] == "graph":
         from .graph import aresume_graph_run

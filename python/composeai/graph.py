@@ -241,6 +241,22 @@ class Storage:
                     self._store = _core.Store(self.url[len("sqlite://") :])
             return self._store
 
+    def _open_io(self):
+        """Plan: `store()`, a server's first open made by the plan's driver."""
+        if self.url is not None and self._store is None and _is_postgres(self.url):
+            opened = yield _io(True, _core.Store, _core.Store.aopen, self.url)
+            with self._lock:
+                if self._store is None:
+                    self._store = opened
+        return self.store()
+
+    async def aopen(self):
+        """`store()` for an async caller: a server's first open (connection and
+        schema check) is awaited off the loop (ASYNC-1)."""
+        if self.url is None:
+            return await _engine.aget_store()
+        return await _anow(self._open_io())
+
 
 def _is_postgres(url: str) -> bool:
     return url.startswith(("postgresql://", "postgres://"))
@@ -542,53 +558,14 @@ def _decode(text: str) -> Any:
     return _codec.loads(text)
 
 
-# A graph's store calls are written as plans: generators that yield each
-# call as `(call, acall, args)` and continue with its result (or get its
-# error thrown in), so the blocking and the async drivers share every
-# decision and differ only in how they wait. `acall` is the core's off-loop
-# twin of `call` (it resolves an asyncio future), None where the store is
-# local and its commits need no waiting for a server (ASYNC-1, STORE-2).
-
-
-def _io(remote: bool, call: Callable[..., Any], acall: Callable[..., None], *args: Any) -> tuple:
-    return (call, acall if remote else None, args)
+# A graph's store calls are plans (see `_engine.plan_io`).
+_io = _engine.plan_io
+_now = _engine.run_plan
+_anow = _engine.arun_plan
 
 
 def _remote(store: Any) -> bool:
     return store.kind != "sqlite"
-
-
-def _now(plan) -> Any:
-    """Runs a plan with each store call made in place."""
-    try:
-        call, _, args = next(plan)
-        while True:
-            try:
-                value = call(*args)
-            except BaseException as exc:  # noqa: BLE001 -- handed to the plan
-                call, _, args = plan.throw(exc)
-            else:
-                call, _, args = plan.send(value)
-    except StopIteration as stop:
-        return stop.value
-
-
-async def _anow(plan) -> Any:
-    """Runs a plan on the running loop, awaiting each server call off it."""
-    try:
-        call, acall, args = next(plan)
-        while True:
-            try:
-                if acall is None:
-                    value = call(*args)
-                else:
-                    value = await _engine.off_loop(acall, *args)
-            except BaseException as exc:  # noqa: BLE001 -- handed to the plan
-                call, acall, args = plan.throw(exc)
-            else:
-                call, acall, args = plan.send(value)
-    except StopIteration as stop:
-        return stop.value
 
 
 def _settling(plan):
@@ -1294,6 +1271,7 @@ class CompiledGraph:
     ) -> GraphResult:
         """Async twin of `run`, on the caller's loop: async nodes are awaited
         there, sync nodes run on threads of their own."""
+        await self._storage.aopen()
         begun = await _anow(self._begin_run(input, max_steps, deadline, budget))
         return await begun.adrive()
 
@@ -1355,6 +1333,7 @@ class CompiledGraph:
         budget: Any = None,
     ) -> GraphResult:
         """Async twin of `resume`, on the caller's loop."""
+        await self._storage.aopen()
         begun = await _anow(self._begin_resume(snapshot, values, max_steps, deadline, budget))
         return await begun.adrive()
 
@@ -1512,17 +1491,20 @@ async def aresume_graph_run(
     row: dict, answers: Mapping[str, Any] | None, budget: Any
 ) -> GraphResult:
     """`compose.aresume()` of a graph run, on the caller's loop."""
-    begun = await _anow(_compiled_for(row)._continue_run(row, answers, budget))
+    compiled = _compiled_for(row)
+    await compiled._storage.aopen()
+    begun = await _anow(compiled._continue_run(row, answers, budget))
     return await begun.adrive()
 
 
-def find_run(run_id: str) -> tuple[Any, dict] | None:
-    """A run in the store of a compiled graph's storage (not the default store)."""
+def find_run(run_id: str):
+    """Plan: a run in the store of a compiled graph's storage (not the default
+    store), as `(store, row)`, or None."""
     for compiled in list(_GRAPHS.values()):
         if compiled._storage.url is None:
             continue
-        store = compiled._store()
-        row = store.get_run(run_id)
+        store = yield from compiled._storage._open_io()
+        row = yield _io(_remote(store), store.get_run, store.aget_run, run_id)
         if row is not None:
             return store, row
     return None
@@ -1675,6 +1657,7 @@ class GraphThread:
         budget: Any = None,
     ) -> GraphResult:
         """Async twin of `run`, on the caller's loop."""
+        await self.graph._storage.aopen()
         begun = await _anow(self._begin_run(input, max_steps, deadline, budget))
         return await begun.adrive()
 
@@ -1845,6 +1828,7 @@ class GraphThread:
         budget: Any = None,
     ) -> GraphResult:
         """Async twin of `resume`, on the caller's loop."""
+        await self.graph._storage.aopen()
         begun = await _anow(self._begin_continue("resume", values, max_steps, deadline, budget))
         return await begun.adrive()
 
@@ -1852,6 +1836,7 @@ class GraphThread:
         self, *, max_steps: int = 64, deadline: float | None = None, budget: Any = None
     ) -> GraphResult:
         """Async twin of `retry`, on the caller's loop."""
+        await self.graph._storage.aopen()
         begun = await _anow(self._begin_continue("retry", None, max_steps, deadline, budget))
         return await begun.adrive()
 

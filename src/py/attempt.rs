@@ -250,6 +250,18 @@ impl PyAttempt {
         future: Bound<'py, PyAny>,
     ) -> PyResult<()> {
         let span = span.map(span_from_py).transpose()?;
+        if fence.is_some() && self.inner.batches(None) && self.inner.store().remote() {
+            // A fenced step under batch durability first commits the waiting
+            // batch (`Attempt::sync_point`): the whole commit runs off the loop.
+            let fence = fence.map(|f| f.inner.clone());
+            let inner = self.inner.clone();
+            return super::offloop::resolve_with(
+                py,
+                future,
+                move || inner.commit(&key, &value_json, span, fence.as_ref()),
+                |py, v| Ok(PyString::new(py, &v).into_any().unbind()),
+            );
+        }
         let pending = match self
             .inner
             .begin_commit(&key, &value_json, span, fence.map(|f| &f.inner))

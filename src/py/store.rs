@@ -97,37 +97,57 @@ pub fn interrupt_tuple(p: InterruptRow) -> PendingTuple {
     (p.interrupt_id, p.kind, p.question, p.payload_json)
 }
 
+/// A plain path names a SQLite file, as before store URLs existed.
+fn parse_store_path(path: &str) -> crate::error::CoreResult<StoreUrl> {
+    if path.contains("://") {
+        url::parse(path, "")
+    } else {
+        Ok(StoreUrl::Sqlite(path.to_string()))
+    }
+}
+
+fn open_parsed(parsed: StoreUrl) -> crate::error::CoreResult<PyStore> {
+    Ok(match parsed {
+        StoreUrl::Sqlite(p) => {
+            let s = Arc::new(SqliteStore::open(&p)?);
+            PyStore {
+                inner: s.clone(),
+                sqlite: Some(s),
+                pg: None,
+            }
+        }
+        StoreUrl::Postgres(pg) => {
+            let s = Arc::new(PgStore::open(pg)?);
+            PyStore {
+                inner: s.clone(),
+                sqlite: None,
+                pg: Some(s),
+            }
+        }
+    })
+}
+
 #[pymethods]
 impl PyStore {
     /// Opens the store at `path` (a SQLite file path or a store URL),
     /// creating or migrating it.
     #[new]
     fn open(py: Python<'_>, path: String) -> PyResult<Self> {
-        // A plain path names a SQLite file, as before store URLs existed.
-        let parsed = if path.contains("://") {
-            url::parse(&path, "").py_err()?
-        } else {
-            StoreUrl::Sqlite(path)
-        };
-        py.allow_threads(|| match parsed {
-            StoreUrl::Sqlite(p) => {
-                let s = Arc::new(SqliteStore::open(&p)?);
-                Ok(PyStore {
-                    inner: s.clone(),
-                    sqlite: Some(s),
-                    pg: None,
-                })
-            }
-            StoreUrl::Postgres(pg) => {
-                let s = Arc::new(PgStore::open(pg)?);
-                Ok(PyStore {
-                    inner: s.clone(),
-                    sqlite: None,
-                    pg: Some(s),
-                })
-            }
-        })
-        .py_err()
+        let parsed = parse_store_path(&path).py_err()?;
+        py.allow_threads(|| open_parsed(parsed)).py_err()
+    }
+
+    /// `Store(path)` for an async driver: the connection and the schema
+    /// check of a server run off the loop; `future` gets the store.
+    #[staticmethod]
+    fn aopen(py: Python<'_>, future: Bound<'_, PyAny>, path: String) -> PyResult<()> {
+        let parsed = parse_store_path(&path).py_err()?;
+        super::offloop::resolve_with(
+            py,
+            future,
+            move || open_parsed(parsed),
+            |py, store| Ok(Py::new(py, store)?.into_any()),
+        )
     }
 
     /// `"sqlite"` or `"postgresql"`.

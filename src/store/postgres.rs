@@ -195,6 +195,21 @@ fn describe(e: &tokio_postgres::Error) -> String {
     }
 }
 
+/// A failed connection attempt, with what to do when the server refused the
+/// TLS that `sslmode` asks for.
+pub(super) fn cannot_connect(url: &PgUrl, why: String) -> CoreError {
+    let hint = if why.contains("server does not support TLS") {
+        " -- the server does not accept TLS connections and the URL's sslmode requires TLS: \
+         turn on ssl in the server's configuration, or use sslmode=prefer or sslmode=disable"
+    } else {
+        ""
+    };
+    CoreError::Store(format!(
+        "composeai store '{}': cannot connect ({why}){hint}",
+        url.redacted
+    ))
+}
+
 /// The error of a write refused because run `rid` moved to another owner.
 pub(super) async fn moved<C: GenericClient>(c: &C, rid: i64) -> CoreError {
     let run_id = c
@@ -331,29 +346,44 @@ fn span_placeholders(first: usize) -> String {
 /// value. Built once: a step is the hot path.
 pub(super) fn step_sql(with_span: bool) -> &'static str {
     static SQL: std::sync::OnceLock<[String; 2]> = std::sync::OnceLock::new();
-    let [bare, spanned] = SQL.get_or_init(|| {
-        let sql = |span: &str| {
-            format!(
-                "WITH {FENCE}, \
-                 j AS (INSERT INTO journal(rid, step_key, value_json) SELECT rid, $3, $4 FROM f \
-                       ON CONFLICT DO NOTHING RETURNING 1){span} \
-                 SELECT (SELECT run_id FROM f), CASE WHEN EXISTS (SELECT 1 FROM j) THEN NULL \
-                        ELSE (SELECT value_json FROM journal WHERE rid = $1 AND step_key = $3) END"
-            )
-        };
-        [
-            sql(""),
-            sql(&format!(
-                ", s AS (INSERT INTO spans({SPAN_COLUMNS}) SELECT {} FROM f)",
-                span_placeholders(5)
-            )),
-        ]
-    });
-    if with_span {
-        spanned
-    } else {
-        bare
-    }
+    &SQL.get_or_init(|| step_sqls(""))[usize::from(with_span)]
+}
+
+/// `step_sql` whose span row is left out when a span with its id is
+/// already stored: for a retry that may repeat a committed step.
+pub(super) fn step_once_sql(with_span: bool) -> &'static str {
+    static SQL: std::sync::OnceLock<[String; 2]> = std::sync::OnceLock::new();
+    &SQL.get_or_init(|| step_sqls(&format!(" WHERE {}", span_absent(5))))[usize::from(with_span)]
+}
+
+/// `[bare, with span]` step statements; `span_filter` guards the span row.
+fn step_sqls(span_filter: &str) -> [String; 2] {
+    let sql = |span: &str| {
+        format!(
+            "WITH {FENCE}, \
+             j AS (INSERT INTO journal(rid, step_key, value_json) SELECT rid, $3, $4 FROM f \
+                   ON CONFLICT DO NOTHING RETURNING 1){span} \
+             SELECT (SELECT run_id FROM f), CASE WHEN EXISTS (SELECT 1 FROM j) THEN NULL \
+                    ELSE (SELECT value_json FROM journal WHERE rid = $1 AND step_key = $3) END"
+        )
+    };
+    [
+        sql(""),
+        sql(&format!(
+            ", s AS (INSERT INTO spans({SPAN_COLUMNS}) SELECT {} FROM f{span_filter})",
+            span_placeholders(5)
+        )),
+    ]
+}
+
+/// No span row with the id of the span whose columns start at `$first` is
+/// stored. There is no unique index on span ids (schema 4): the trace's
+/// index finds them, at a cost in the trace's spans that only a retry pays.
+fn span_absent(first: usize) -> String {
+    format!(
+        "NOT EXISTS (SELECT 1 FROM spans WHERE trace_id = ${first} AND span_id = ${})",
+        first + 2
+    )
 }
 
 /// Inserts a span unless another owner holds its run, or the run was
@@ -361,14 +391,22 @@ pub(super) fn step_sql(with_span: bool) -> &'static str {
 /// run are always written; those of a run this process settled may trail).
 fn span_insert_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SQL.get_or_init(|| {
-        format!(
-            "INSERT INTO spans({SPAN_COLUMNS}) SELECT {} WHERE $2::BIGINT IS NULL OR EXISTS (\
-             SELECT 1 FROM runs WHERE rid = $2 AND (lease_owner = $23 OR (lease_owner IS NULL \
-             AND NOT EXISTS (SELECT 1 FROM lease_takeovers t WHERE t.rid = $2 AND t.owner = $23))))",
-            span_placeholders(1)
-        )
-    })
+    SQL.get_or_init(|| span_insert_sqls(""))
+}
+
+/// `span_insert_sql` that stores nothing when the span is stored already.
+fn span_insert_once_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| span_insert_sqls(&format!(" AND {}", span_absent(1))))
+}
+
+fn span_insert_sqls(filter: &str) -> String {
+    format!(
+        "INSERT INTO spans({SPAN_COLUMNS}) SELECT {} WHERE ($2::BIGINT IS NULL OR EXISTS (\
+         SELECT 1 FROM runs WHERE rid = $2 AND (lease_owner = $23 OR (lease_owner IS NULL \
+         AND NOT EXISTS (SELECT 1 FROM lease_takeovers t WHERE t.rid = $2 AND t.owner = $23))))){filter}",
+        span_placeholders(1)
+    )
 }
 
 pub(super) fn owner() -> &'static str {
@@ -441,9 +479,9 @@ pub(crate) fn insert_run_err<'a>(
 }
 
 mod tls {
-    //! rustls for `sslmode`: `prefer`/`require` encrypt without verifying
-    //! (as libpq does), `verify-ca` checks the chain, `verify-full` the chain
-    //! and the host name.
+    //! rustls for libpq's `sslmode`/`sslrootcert` (see `connector`):
+    //! `verify-ca` checks the chain, `verify-full` the chain and the host
+    //! name (or IP address).
     use super::super::url::{PgUrl, SslMode};
     use crate::error::{CoreError, CoreResult};
     use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -513,37 +551,92 @@ mod tls {
         }
     }
 
+    /// Where the server's CA certificates come from, as libpq reads
+    /// `sslrootcert`: a PEM file, `system` (here the common public roots),
+    /// or by default `~/.postgresql/root.crt` when that file exists.
+    enum Roots {
+        File(String),
+        System,
+    }
+
+    fn roots(url: &PgUrl) -> Option<Roots> {
+        match url.sslrootcert.as_deref() {
+            Some("system") => Some(Roots::System),
+            Some(path) => Some(Roots::File(path.to_string())),
+            None => {
+                let path = default_root_cert()?;
+                std::path::Path::new(&path)
+                    .exists()
+                    .then_some(Roots::File(path))
+            }
+        }
+    }
+
+    fn default_root_cert() -> Option<String> {
+        let home = std::env::var_os("HOME")?;
+        Some(
+            std::path::Path::new(&home)
+                .join(".postgresql/root.crt")
+                .to_string_lossy()
+                .into_owned(),
+        )
+    }
+
+    fn load(roots: &Roots) -> CoreResult<rustls::RootCertStore> {
+        let mut store = rustls::RootCertStore::empty();
+        let path = match roots {
+            Roots::System => {
+                store.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+                return Ok(store);
+            }
+            Roots::File(path) => path,
+        };
+        let bad = |e: &dyn std::fmt::Display| {
+            CoreError::Config(format!("COMPOSE_STORE sslrootcert '{path}': {e}"))
+        };
+        let pem = std::fs::read(path).map_err(|e| bad(&e))?;
+        for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+            store.add(cert.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
+        }
+        if store.is_empty() {
+            return Err(bad(&"no PEM certificate in the file"));
+        }
+        Ok(store)
+    }
+
+    /// `prefer`/`require` encrypt without verifying, unless `require` has a
+    /// CA (given, or the default file): it then verifies as `verify-ca`,
+    /// as libpq does. `verify-ca`/`verify-full` without a CA is refused.
     pub fn connector(url: &PgUrl) -> CoreResult<tokio_postgres_rustls::MakeRustlsConnect> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let verify = matches!(url.sslmode, SslMode::VerifyCa | SslMode::VerifyFull);
-        let inner = if verify {
-            let mut roots = rustls::RootCertStore::empty();
-            match &url.sslrootcert {
-                Some(path) => {
-                    let pem = std::fs::read(path).map_err(|e| {
-                        CoreError::Config(format!("COMPOSE_STORE sslrootcert '{path}': {e}"))
-                    })?;
-                    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
-                        let cert = cert.map_err(|e| {
-                            CoreError::Config(format!("COMPOSE_STORE sslrootcert '{path}': {e}"))
-                        })?;
-                        roots.add(cert).map_err(|e| {
-                            CoreError::Config(format!("COMPOSE_STORE sslrootcert '{path}': {e}"))
-                        })?;
-                    }
-                }
-                None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-            }
-            Some(
+        let roots = match url.sslmode {
+            SslMode::VerifyCa | SslMode::VerifyFull => Some(roots(url).ok_or_else(|| {
+                let mode = if url.sslmode == SslMode::VerifyCa {
+                    "verify-ca"
+                } else {
+                    "verify-full"
+                };
+                CoreError::Config(format!(
+                    "COMPOSE_STORE sslmode={mode} needs the server's CA certificate: no \
+                     sslrootcert was given and '{}' does not exist -- add \
+                     sslrootcert=/path/to/ca.pem (or sslrootcert=system for the common public \
+                     roots), or use sslmode=require to encrypt without verifying",
+                    default_root_cert().unwrap_or_else(|| "~/.postgresql/root.crt".into())
+                ))
+            })?),
+            SslMode::Require => roots(url),
+            _ => None,
+        };
+        let inner = match roots {
+            Some(roots) => Some(
                 rustls::client::WebPkiServerVerifier::builder_with_provider(
-                    Arc::new(roots),
+                    Arc::new(load(&roots)?),
                     provider.clone(),
                 )
                 .build()
                 .map_err(|e| CoreError::Config(format!("COMPOSE_STORE TLS roots: {e}")))?,
-            )
-        } else {
-            None
+            ),
+            None => None,
         };
         let verifier = Verifier {
             inner,
@@ -700,7 +793,7 @@ impl PgInner {
                 .cfg
                 .connect(tokio_postgres::NoTls)
                 .await
-                .map_err(self.err())?;
+                .map_err(|e| cannot_connect(&self.url, describe(&e)))?;
             forward_messages(conn, tx);
             client
         } else {
@@ -708,7 +801,7 @@ impl PgInner {
                 .cfg
                 .connect(tls::connector(&self.url)?)
                 .await
-                .map_err(self.err())?;
+                .map_err(|e| cannot_connect(&self.url, describe(&e)))?;
             forward_messages(conn, tx);
             client
         };
@@ -721,10 +814,7 @@ impl PgInner {
                 deadpool_postgres::PoolError::Backend(b) => describe(b),
                 other => other.to_string(),
             };
-            CoreError::Store(format!(
-                "composeai store '{}': cannot connect ({why})",
-                self.url.redacted
-            ))
+            cannot_connect(&self.url, why)
         })
     }
 

@@ -11,7 +11,9 @@
 //! `pool_size`; beyond that a step goes through the shared pool), connected
 //! like the pool's (TLS included), and carry the same fenced statements.
 
-use super::{owner, span_insert_sql, step_sql, tls, PgInner, SpanParams};
+use super::{
+    owner, span_insert_once_sql, span_insert_sql, step_once_sql, step_sql, tls, PgInner, SpanParams,
+};
 use crate::error::{CoreError, CoreResult};
 use crate::store::url::SslMode;
 use crate::store::SpanRecord;
@@ -111,13 +113,8 @@ impl Driven {
                 }
             }
         });
-        let (client, conn) = connected.map_err(|e| {
-            CoreError::Store(format!(
-                "composeai store '{}': cannot connect ({})",
-                inner.url.redacted,
-                super::describe(&e)
-            ))
-        })?;
+        let (client, conn) =
+            connected.map_err(|e| super::cannot_connect(&inner.url, super::describe(&e)))?;
         Ok(Driven {
             client,
             conn: Some(conn),
@@ -128,7 +125,11 @@ impl Driven {
     }
 
     /// One step: the queued spans and the fenced step statement pipelined in
-    /// one round trip, as `commit_step_async` sends them.
+    /// one round trip, as `commit_step_async` sends them. A `retry` of a
+    /// step whose reply was lost may find its rows already committed, so it
+    /// inserts each span only if its id is not stored yet (`*_once_sql`,
+    /// prepared for the retry alone: it is rare).
+    #[allow(clippy::too_many_arguments)]
     fn commit(
         &mut self,
         inner: &PgInner,
@@ -137,6 +138,7 @@ impl Driven {
         value: &str,
         span: &Option<SpanParams>,
         queued: &[SpanParams],
+        retry: bool,
     ) -> Result<Option<String>, Failure> {
         let Driven {
             rt,
@@ -147,16 +149,25 @@ impl Driven {
         } = self;
         let slot = &mut steps[usize::from(span.is_some())];
         let step = match slot {
+            _ if retry => drive(rt, conn, client.prepare(step_once_sql(span.is_some())))?,
             Some(st) => st.clone(),
             None => {
                 let st = drive(rt, conn, client.prepare(step_sql(span.is_some())))?;
                 slot.insert(st).clone()
             }
         };
-        if spans.is_none() && !queued.is_empty() {
-            *spans = Some(drive(rt, conn, client.prepare(span_insert_sql()))?);
-        }
-        let spans = spans.as_ref();
+        let once;
+        let spans = if queued.is_empty() {
+            None
+        } else if retry {
+            once = drive(rt, conn, client.prepare(span_insert_once_sql()))?;
+            Some(&once)
+        } else {
+            if spans.is_none() {
+                *spans = Some(drive(rt, conn, client.prepare(span_insert_sql()))?);
+            }
+            spans.as_ref()
+        };
         let owner = owner();
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&rid, &owner, &key, &value];
         if let Some(s) = span {
@@ -248,22 +259,25 @@ impl PgInner {
         };
         let queued = self.take_spans();
         let span = span.map(SpanParams::new);
+        let mut retry = false;
         loop {
-            let out = d.commit(self, rid, key, value, &span, &queued);
+            let out = d.commit(self, rid, key, value, &span, &queued, retry);
             if !d.closed() {
                 self.driven.idle.lock().push(d);
                 return out.map_err(|f| self.failure(f));
             }
             drop(d);
             // A connection that ended while idle (a server restart, an idle
-            // timeout) is replaced once; the step is idempotent (first write
-            // wins, and a stored equal value reads as this write).
+            // timeout) is replaced once. The step is idempotent: first write
+            // wins, a stored equal value reads as this write, and the retry
+            // skips span rows already stored (the server may have committed
+            // them before the connection ended).
             if fresh || out.is_ok() {
                 self.driven.open.fetch_sub(1, Ordering::SeqCst);
                 return out.map_err(|f| self.failure(f));
             }
             match Driven::connect(self) {
-                Ok(next) => (d, fresh) = (next, true),
+                Ok(next) => (d, fresh, retry) = (next, true, true),
                 Err(e) => {
                     self.driven.open.fetch_sub(1, Ordering::SeqCst);
                     return Err(e);
