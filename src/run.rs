@@ -145,6 +145,8 @@ pub struct Attempt {
     /// share them).
     trace: Arc<str>,
     replay_names: Mutex<ReplayNames>,
+    /// Where this attempt's spans begin in the store, when its claim read it.
+    claimed_span_mark: Option<i64>,
 }
 
 impl Attempt {
@@ -205,20 +207,40 @@ impl Attempt {
 
     /// Takes the lease of an existing run and loads its journal once.
     pub fn resume(store: Arc<dyn Store>, run_id: &str) -> CoreResult<Attempt> {
-        Attempt::take(store, run_id, crate::lease::Takeover::Manual)
+        Attempt::resume_answering(store, run_id, &[])
+    }
+
+    /// `resume` journaling `answers` (`(interrupt id, value)`, FLOW-43)
+    /// with the claim.
+    pub fn resume_answering(
+        store: Arc<dyn Store>,
+        run_id: &str,
+        answers: &[(String, String)],
+    ) -> CoreResult<Attempt> {
+        Attempt::take(store, run_id, crate::lease::Takeover::Manual, answers)
     }
 
     /// `resume` for a worker continuing a due run: taking it from a dead
     /// holder counts against `COMPOSE_MAX_RECOVERY_ATTEMPTS` (STORE-12).
-    pub fn recover(store: Arc<dyn Store>, run_id: &str) -> CoreResult<Attempt> {
+    pub fn recover(
+        store: Arc<dyn Store>,
+        run_id: &str,
+        answers: &[(String, String)],
+    ) -> CoreResult<Attempt> {
         let max = crate::lease::max_recovery_attempts()?;
-        Attempt::take(store, run_id, crate::lease::Takeover::Recover { max })
+        Attempt::take(
+            store,
+            run_id,
+            crate::lease::Takeover::Recover { max },
+            answers,
+        )
     }
 
     fn take(
         store: Arc<dyn Store>,
         run_id: &str,
         takeover: crate::lease::Takeover,
+        answers: &[(String, String)],
     ) -> CoreResult<Attempt> {
         let seconds = crate::lease::lease_seconds()?;
         claim_in_process(run_id)?;
@@ -228,8 +250,13 @@ impl Attempt {
             now() + seconds,
             &lease_is_live,
             takeover,
+            answers,
         ) {
-            Ok((run, journal)) => Ok(Attempt::new(store, run, journal, false, seconds)),
+            Ok(claim) => {
+                let mut attempt = Attempt::new(store, claim.row, claim.journal, false, seconds);
+                attempt.claimed_span_mark = claim.span_mark;
+                Ok(attempt)
+            }
             Err(e) => {
                 active_runs().lock().remove(run_id);
                 Err(e)
@@ -281,12 +308,26 @@ impl Attempt {
             lease: Mutex::new(Some(lease)),
             trace,
             replay_names: Mutex::new((None, None)),
+            claimed_span_mark: None,
         }
     }
 
     /// The run's first attempt (a fresh run row).
     pub fn is_first(&self) -> bool {
         self.first
+    }
+
+    /// Where this attempt's spans begin in the store (see
+    /// `Store::span_mark`): 0 for a first attempt, read with the claim of a
+    /// resumed one where the store could, else now.
+    pub fn span_mark(&self) -> CoreResult<Option<i64>> {
+        if self.first {
+            return Ok(self.store.reads_spans().then_some(0));
+        }
+        match self.claimed_span_mark {
+            Some(mark) => Ok(Some(mark)),
+            None => self.store.span_mark(),
+        }
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -1061,6 +1102,72 @@ mod tests {
         assert_eq!(b.reserve("", "t", None).unwrap().1.as_deref(), Some("10"));
         assert_eq!(b.reserve("", "t", None).unwrap().1.as_deref(), Some("20"));
         assert_eq!(b.reserve("", "t", None).unwrap().1, None);
+    }
+
+    #[test]
+    fn a_resume_journals_its_answers_and_reads_its_span_mark_with_the_claim() {
+        let dir = tempdir::Dir::new();
+        let path = dir.path("runs.db");
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+        let a = Attempt::start(store.clone(), new_run("f")).unwrap();
+        let run_id = a.run.run_id.clone();
+        let rid = a.rid().unwrap();
+        a.commit("t#1", "1", Some(span("t#1", "1")), None).unwrap();
+        let pending = |id: &str| InterruptRow {
+            interrupt_id: id.into(),
+            kind: "approve".into(),
+            question: None,
+            payload_json: None,
+        };
+        a.settle(Settlement {
+            status: "paused".into(),
+            pending: vec![pending("go"), pending("later")],
+            ..Default::default()
+        })
+        .unwrap();
+        let mark: i64 = rusqlite::Connection::open(&path)
+            .unwrap()
+            .query_row("SELECT max(sid) FROM spans", [], |r| r.get(0))
+            .unwrap();
+
+        let answers = [("go".to_string(), "true".to_string())];
+        let b = Attempt::resume_answering(store.clone(), &run_id, &answers).unwrap();
+        // In the attempt's journal and in the store, committed by the claim.
+        assert_eq!(
+            b.lookup("__interrupt__:go", None).unwrap().as_deref(),
+            Some("true")
+        );
+        let db = rusqlite::Connection::open(&path).unwrap();
+        let stored: String = db
+            .query_row(
+                "SELECT value_json FROM journal WHERE rid = ?1 AND step_key = '__interrupt__:go'",
+                [rid],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(stored, "true");
+        let left: Vec<String> = db
+            .prepare("SELECT interrupt_id FROM pending_interrupts WHERE rid = ?1")
+            .unwrap()
+            .query_map([rid], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(left, ["later"]);
+        assert_eq!(b.span_mark().unwrap(), Some(mark));
+        // A later answer to the same interrupt does not replace it.
+        b.settle(Settlement {
+            status: "paused".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        let again = [("go".to_string(), "false".to_string())];
+        let c = Attempt::resume_answering(store.clone(), &run_id, &again).unwrap();
+        assert_eq!(
+            c.lookup("__interrupt__:go", None).unwrap().as_deref(),
+            Some("true")
+        );
+        c.settle(completed()).unwrap();
     }
 
     #[test]

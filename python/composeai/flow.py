@@ -798,12 +798,11 @@ def begin_resume(
     the stored arguments, and builds the budget meter seeded with earlier
     attempts' spend (FLOW-42, BUDGET-7/8). Returns `(run, payload, meter)`.
     `recover`: a worker continuing a due run (STORE-12's limit applies)."""
-    attempt = _engine.get_store().resume(run_id, recover)
+    # The answers are journaled with the claim (one commit on SQLite).
+    attempt = _engine.get_store().resume(run_id, recover, resolved)
     try:
         if budget is not None:
             attempt.set_budget(_engine.budget_json(budget))
-        if resolved:
-            attempt.record_answers(resolved)
         payload = _codec.loads(attempt.args_json) if attempt.args_json else {}
         effective = budget
         if effective is None and attempt.budget_json:

@@ -315,11 +315,8 @@ impl PyAttempt {
     /// attempt (a new run has none), `None` when the store cannot read
     /// spans back (see `step_spans`).
     fn span_mark(&self, py: Python<'_>) -> PyResult<Option<i64>> {
-        let store = self.inner.store().clone();
-        if !self.inner.is_first() {
-            return py.allow_threads(move || store.span_mark()).py_err();
-        }
-        Ok(store.reads_spans().then_some(0))
+        let inner = &self.inner;
+        py.allow_threads(|| inner.span_mark()).py_err()
     }
 
     /// Switches the attempt to batch durability (`durability="batch"`).

@@ -253,7 +253,7 @@ impl PyStore {
             future,
             move || {
                 if recover {
-                    Attempt::recover(store, &run_id)
+                    Attempt::recover(store, &run_id, &[])
                 } else {
                     Attempt::resume(store, &run_id)
                 }
@@ -265,15 +265,23 @@ impl PyStore {
     /// Takes the lease of an existing run and loads its journal. With
     /// `recover` (a worker continuing a due run), taking it from a dead
     /// holder counts against the recovery limit (STORE-12).
-    #[pyo3(signature = (run_id, recover=false))]
-    fn resume(&self, py: Python<'_>, run_id: String, recover: bool) -> PyResult<PyAttempt> {
+    /// `answers` (`(interrupt id, encoded value)`, FLOW-43) are journaled
+    /// with the claim.
+    #[pyo3(signature = (run_id, recover=false, answers=Vec::new()))]
+    fn resume(
+        &self,
+        py: Python<'_>,
+        run_id: String,
+        recover: bool,
+        answers: Vec<(String, String)>,
+    ) -> PyResult<PyAttempt> {
         let store: Arc<dyn Store> = self.inner.clone();
         let attempt = py
             .allow_threads(|| {
                 if recover {
-                    Attempt::recover(store, &run_id)
+                    Attempt::recover(store, &run_id, &answers)
                 } else {
-                    Attempt::resume(store, &run_id)
+                    Attempt::resume_answering(store, &run_id, &answers)
                 }
             })
             .py_err()?;

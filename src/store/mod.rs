@@ -23,6 +23,15 @@ mod write_tx;
 use crate::error::CoreResult;
 use crate::graph::store::GraphWork;
 
+/// What a resumed attempt starts from, read when its lease was taken.
+pub struct Claim {
+    pub row: RunRow,
+    pub journal: crate::journal::Journal,
+    /// Where the attempt's spans begin (see `Store::span_mark`), when the
+    /// claim read it.
+    pub span_mark: Option<i64>,
+}
+
 /// A `runs` row.
 #[derive(Debug, Clone, Default)]
 pub struct RunRow {
@@ -316,7 +325,10 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
         takeover: crate::lease::Takeover,
     ) -> CoreResult<(RunRow, Vec<(String, String)>)>;
 
-    /// `acquire` with the journal in the attempt's form.
+    /// `acquire` with the journal in the attempt's form, after journaling
+    /// `answers` (`(interrupt id, value)`, FLOW-43) and clearing their
+    /// pending interrupts. A store may do all of it in the claim's own
+    /// transaction, and say there where the attempt's spans begin.
     fn acquire_journal(
         &self,
         run_id: &str,
@@ -324,9 +336,22 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
         lease_until: f64,
         live: LeaseCheck<'_>,
         takeover: crate::lease::Takeover,
-    ) -> CoreResult<(RunRow, crate::journal::Journal)> {
-        let (row, entries) = self.acquire(run_id, owner, lease_until, live, takeover)?;
-        Ok((row, crate::journal::Journal::new(entries)))
+        answers: &[(String, String)],
+    ) -> CoreResult<Claim> {
+        let (row, mut entries) = self.acquire(run_id, owner, lease_until, live, takeover)?;
+        if !answers.is_empty() {
+            self.record_answers(row.rid, answers)?;
+            entries.extend(
+                answers
+                    .iter()
+                    .map(|(id, value)| (format!("__interrupt__:{id}"), value.clone())),
+            );
+        }
+        Ok(Claim {
+            row,
+            journal: crate::journal::Journal::new(entries),
+            span_mark: None,
+        })
     }
 
     /// Extends to `until` the leases `owner` still holds among `rids`, in

@@ -13,8 +13,8 @@ use super::migrate;
 use super::replayed::ReplayedSpan;
 use super::write_tx::WriteTx;
 use super::{
-    AgentStateRow, InterruptRow, LeaseCheck, NewRun, PriorSpend, RowSlot, RunRow, Settlement,
-    SpanRecord, SpanRow, Store,
+    AgentStateRow, Claim, InterruptRow, LeaseCheck, NewRun, PriorSpend, RowSlot, RunRow,
+    Settlement, SpanRecord, SpanRow, Store,
 };
 use crate::error::{AtPath, CoreError, CoreResult};
 use crate::graph::store::GraphWork;
@@ -1190,8 +1190,21 @@ impl Store for SqliteStore {
         lease_until: f64,
         live: LeaseCheck<'_>,
         takeover: crate::lease::Takeover,
-    ) -> CoreResult<(RunRow, Journal)> {
-        self.acquire_reading(run_id, owner, lease_until, live, takeover, load_journal)
+        answers: &[(String, String)],
+    ) -> CoreResult<Claim> {
+        let (row, (journal, span_mark)) =
+            self.acquire_reading(run_id, owner, lease_until, live, takeover, |tx, rid| {
+                // The answers land in the journal read next, and the span
+                // mark comes from the same snapshot: one commit, no second
+                // write or read after the claim.
+                record_answers_in(tx, rid, answers)?;
+                Ok((load_journal(tx, rid)?, super::step_spans::span_mark(tx)?))
+            })?;
+        Ok(Claim {
+            row,
+            journal,
+            span_mark: Some(span_mark),
+        })
     }
 
     fn renew_leases(&self, owner: &str, until: f64, rids: &[i64]) -> CoreResult<Vec<i64>> {
@@ -1488,15 +1501,7 @@ impl Store for SqliteStore {
         let ops = self.take_queue();
         let path = self.path.clone();
         self.apply(&mut w, ops, |tx| {
-            for (id, value) in answers {
-                insert_journal(tx, rid, &format!("__interrupt__:{id}"), value).at(&path)?;
-                tx.prepare_cached(
-                    "DELETE FROM pending_interrupts WHERE rid = ?1 AND interrupt_id = ?2",
-                )
-                .and_then(|mut st| st.execute(params![rid, id]))
-                .at(&path)?;
-            }
-            Ok(())
+            record_answers_in(tx, rid, answers).at(&path)
         })
     }
 
@@ -1784,7 +1789,7 @@ impl SqliteStore {
         lease_until: f64,
         live: LeaseCheck<'_>,
         takeover: crate::lease::Takeover,
-        read: fn(&Connection, i64) -> rusqlite::Result<T>,
+        read: impl FnOnce(&Connection, i64) -> rusqlite::Result<T>,
     ) -> CoreResult<(RunRow, T)> {
         let mut w = self.lock_writer();
         self.drain(&mut w)?;
@@ -1839,6 +1844,21 @@ impl SqliteStore {
         tx.commit().at(&path)?;
         Ok((row, journal))
     }
+}
+
+/// Journals `answers` of `rid` (first write wins) and clears their
+/// pending interrupts.
+fn record_answers_in(
+    tx: &Connection,
+    rid: i64,
+    answers: &[(String, String)],
+) -> rusqlite::Result<()> {
+    for (id, value) in answers {
+        insert_journal(tx, rid, &format!("__interrupt__:{id}"), value)?;
+        tx.prepare_cached("DELETE FROM pending_interrupts WHERE rid = ?1 AND interrupt_id = ?2")?
+            .execute(params![rid, id])?;
+    }
+    Ok(())
 }
 
 /// The journal of `rid` read straight into an attempt's `Journal`: one
