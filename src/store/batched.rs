@@ -6,12 +6,13 @@
 //! them with multi-row statements; the rows are the ones a journal write
 //! and a `SpanRecord` of the same step would write.
 
+use super::multirow::{self, MultiRow};
 use super::sqlite::{trace_tid, Slot, FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
 use super::SpanRow;
 use crate::ids::encode_id;
 use rusqlite::Connection;
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 /// A text of a batch: its byte range in `BatchedSteps::text`.
 #[derive(Clone, Copy)]
@@ -205,71 +206,23 @@ impl BatchedSteps {
     }
 }
 
-/// Rows per statement, largest first: a run of rows is inserted with as
-/// many of the largest as fit, then the smaller ones (each prepared once
-/// per connection and kept in its statement cache).
-const CHUNKS: [usize; 3] = [32, 8, 1];
+/// The journal rows of one run (`?1`), keys already journaled left alone.
+static JOURNAL: MultiRow = MultiRow::new(
+    "INSERT OR IGNORE INTO journal(rid, step_key, value_json) VALUES",
+    "(?1,?#1,?#2)",
+    1,
+    2,
+);
 
-/// `INSERT OR IGNORE` of `rows` journal rows of one run (`?1`).
-fn journal_sql(rows: usize) -> &'static str {
-    static SQL: OnceLock<Vec<String>> = OnceLock::new();
-    let all = SQL.get_or_init(|| {
-        CHUNKS
-            .iter()
-            .map(|&n| {
-                let mut sql =
-                    String::from("INSERT OR IGNORE INTO journal(rid, step_key, value_json) VALUES");
-                for i in 0..n {
-                    if i > 0 {
-                        sql.push(',');
-                    }
-                    sql.push_str(&format!("(?1,?{},?{})", 2 + 2 * i, 3 + 2 * i));
-                }
-                sql
-            })
-            .collect()
-    });
-    &all[CHUNKS.iter().position(|&n| n == rows).unwrap_or(0)]
-}
-
-/// Span parameters shared by the rows of one statement: tid, rid, parent,
-/// kind, status, flags.
-const SHARED: usize = 6;
-/// Span parameters per row: span_id, name, started_at, ended_at, step_key,
-/// input_json.
-const PER_ROW: usize = 6;
-
-fn span_sql(rows: usize) -> &'static str {
-    static SQL: OnceLock<Vec<String>> = OnceLock::new();
-    let all = SQL.get_or_init(|| {
-        CHUNKS
-            .iter()
-            .map(|&n| {
-                let mut sql = String::from(
-                    "INSERT INTO spans(tid, rid, span_id, parent, kind, name, started_at, \
-                     ended_at, status, flags, step_key, input_json) VALUES",
-                );
-                for i in 0..n {
-                    let b = SHARED + i * PER_ROW;
-                    if i > 0 {
-                        sql.push(',');
-                    }
-                    sql.push_str(&format!(
-                        "(?1,?2,?{},?3,?4,?{},?{},?{},?5,?6,?{},?{})",
-                        b + 1,
-                        b + 2,
-                        b + 3,
-                        b + 4,
-                        b + 5,
-                        b + 6
-                    ));
-                }
-                sql
-            })
-            .collect()
-    });
-    &all[CHUNKS.iter().position(|&n| n == rows).unwrap_or(0)]
-}
+/// Spans sharing tid, rid, parent, kind, status and flags (`?1` to `?6`);
+/// a row's own: span_id, name, started_at, ended_at, step_key, input_json.
+static SPANS: MultiRow = MultiRow::new(
+    "INSERT INTO spans(tid, rid, span_id, parent, kind, name, started_at, \
+     ended_at, status, flags, step_key, input_json) VALUES",
+    "(?1,?2,?#1,?3,?4,?#2,?#3,?#4,?5,?6,?#5,?#6)",
+    6,
+    6,
+);
 
 /// Inserts the journal rows of the steps at `rows` (indexes into `batch`,
 /// in order; refused ones already left out). Returns, for each row whose
@@ -288,33 +241,32 @@ pub(crate) fn insert_journal(
         while end < rows.len() && batch.steps[rows[end]].rid == rid {
             end += 1;
         }
-        for &size in &CHUNKS {
-            while end - at >= size {
-                let chunk = &rows[at..at + size];
-                let mut st = tx.prepare_cached(journal_sql(size))?;
-                st.raw_bind_parameter(1, rid)?;
-                for (i, &r) in chunk.iter().enumerate() {
+        for chunk in multirow::chunks(at..end) {
+            let chunk = &rows[chunk];
+            let mut st = tx.prepare_cached(JOURNAL.sql(chunk.len()))?;
+            st.raw_bind_parameter(1, rid)?;
+            for (i, &r) in chunk.iter().enumerate() {
+                let s = &batch.steps[r];
+                let b = JOURNAL.base(i);
+                st.raw_bind_parameter(b + 1, batch.get(s.key))?;
+                st.raw_bind_parameter(b + 2, batch.get(s.value))?;
+            }
+            if st.raw_execute()? < chunk.len() {
+                // Some keys were journaled already: read what they hold.
+                let mut read = tx.prepare_cached(
+                    "SELECT value_json FROM journal WHERE rid = ?1 AND step_key = ?2",
+                )?;
+                for &r in chunk {
                     let s = &batch.steps[r];
-                    st.raw_bind_parameter(2 + 2 * i, batch.get(s.key))?;
-                    st.raw_bind_parameter(3 + 2 * i, batch.get(s.value))?;
-                }
-                if st.raw_execute()? < size {
-                    // Some keys were journaled already: read what they hold.
-                    let mut read = tx.prepare_cached(
-                        "SELECT value_json FROM journal WHERE rid = ?1 AND step_key = ?2",
-                    )?;
-                    for &r in chunk {
-                        let s = &batch.steps[r];
-                        let stored: String =
-                            read.query_row((rid, batch.get(s.key)), |row| row.get(0))?;
-                        if stored != batch.get(s.value) {
-                            winners.push((r, stored));
-                        }
+                    let stored: String =
+                        read.query_row((rid, batch.get(s.key)), |row| row.get(0))?;
+                    if stored != batch.get(s.value) {
+                        winners.push((r, stored));
                     }
                 }
-                at += size;
             }
         }
+        at = end;
     }
     Ok(winners)
 }
@@ -364,29 +316,28 @@ pub(crate) fn insert_spans(
             end += 1;
         }
         let parent = parent.map(encode_id);
-        for &size in &CHUNKS {
-            while end - at >= size {
-                let mut st = tx.prepare_cached(span_sql(size))?;
-                st.raw_bind_parameter(1, tid)?;
-                st.raw_bind_parameter(2, rid)?;
-                st.raw_bind_parameter(3, &parent)?;
-                st.raw_bind_parameter(4, kind)?;
-                st.raw_bind_parameter(5, status)?;
-                st.raw_bind_parameter(6, first.flags)?;
-                for (i, &r) in rows[at..at + size].iter().enumerate() {
-                    let (_, s) = span(r);
-                    let b = SHARED + i * PER_ROW;
-                    st.raw_bind_parameter(b + 1, encode_id(batch.get(s.span_id)))?;
-                    st.raw_bind_parameter(b + 2, batch.get(s.name))?;
-                    st.raw_bind_parameter(b + 3, s.started_at)?;
-                    st.raw_bind_parameter(b + 4, s.ended_at)?;
-                    st.raw_bind_parameter(b + 5, text(s.step_key))?;
-                    st.raw_bind_parameter(b + 6, text(s.input))?;
-                }
-                st.raw_execute()?;
-                at += size;
+        for chunk in multirow::chunks(at..end) {
+            let chunk = &rows[chunk];
+            let mut st = tx.prepare_cached(SPANS.sql(chunk.len()))?;
+            st.raw_bind_parameter(1, tid)?;
+            st.raw_bind_parameter(2, rid)?;
+            st.raw_bind_parameter(3, &parent)?;
+            st.raw_bind_parameter(4, kind)?;
+            st.raw_bind_parameter(5, status)?;
+            st.raw_bind_parameter(6, first.flags)?;
+            for (i, &r) in chunk.iter().enumerate() {
+                let (_, s) = span(r);
+                let b = SPANS.base(i);
+                st.raw_bind_parameter(b + 1, encode_id(batch.get(s.span_id)))?;
+                st.raw_bind_parameter(b + 2, batch.get(s.name))?;
+                st.raw_bind_parameter(b + 3, s.started_at)?;
+                st.raw_bind_parameter(b + 4, s.ended_at)?;
+                st.raw_bind_parameter(b + 5, text(s.step_key))?;
+                st.raw_bind_parameter(b + 6, text(s.input))?;
             }
+            st.raw_execute()?;
         }
+        at = end;
     }
     Ok(())
 }
@@ -394,18 +345,9 @@ pub(crate) fn insert_spans(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::multirow::stored_rows;
     use crate::store::sqlite::{insert_span, open_connection};
     use crate::store::SpanRecord;
-
-    /// Every row of `table`, in order.
-    fn rows(conn: &Connection, sql: &str) -> Vec<Vec<rusqlite::types::Value>> {
-        let mut st = conn.prepare(sql).unwrap();
-        let n = st.column_count();
-        st.query_map([], |r| (0..n).map(|i| r.get(i)).collect())
-            .unwrap()
-            .map(Result::unwrap)
-            .collect()
-    }
 
     #[test]
     fn multi_row_inserts_store_the_rows_of_the_general_inserts() {
@@ -498,8 +440,8 @@ mod tests {
                 }
             }
             stored.push((
-                rows(&conn, "SELECT * FROM journal ORDER BY rid, step_key"),
-                rows(&conn, "SELECT * FROM spans ORDER BY sid"),
+                stored_rows(&conn, "SELECT * FROM journal ORDER BY rid, step_key"),
+                stored_rows(&conn, "SELECT * FROM spans ORDER BY sid"),
             ));
         }
         assert_eq!(stored[0].0.len(), 83);

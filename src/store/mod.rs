@@ -9,6 +9,7 @@ pub mod batched;
 pub mod chat;
 mod checkpointer;
 mod migrate;
+mod multirow;
 pub mod postgres;
 mod postgres_batch;
 mod postgres_ext;

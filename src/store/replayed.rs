@@ -4,6 +4,7 @@
 //! a batch of them with multi-row statements; the rows are the ones a
 //! `SpanRecord` of the same span would write.
 
+use super::multirow::{self, MultiRow};
 use super::sqlite::{FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
 use super::{SpanRecord, SpanRow};
 use crate::ids::encode_id;
@@ -11,7 +12,7 @@ use crate::journal::StepKey;
 use rusqlite::Connection;
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 /// The span of a step replayed from the journal: finished when it started,
 /// status `ok`, no input, its output the journaled value (stored by
@@ -63,64 +64,24 @@ impl ReplayedSpan {
     }
 }
 
-/// Rows per statement, largest first: a batch is inserted with as many of
-/// the largest as fit, then the smaller ones (each prepared once per
-/// connection and kept in its statement cache).
-const CHUNKS: [usize; 3] = [32, 8, 1];
-/// Parameters shared by the rows of one statement: tid, rid, parent, kind,
-/// flags (a replay's spans share them).
-const SHARED: usize = 5;
-/// Parameters per row: span_id, name, at (started and ended), step_key.
-/// When every row of a statement has the same name (a loop replaying one
-/// task), the name is bound once, as `?6`, and a row has the other three:
-/// one copy of the name per statement instead of one per row.
-const PER_ROW: usize = 4;
+const SPANS_HEAD: &str = "INSERT INTO spans(tid, rid, span_id, parent, kind, name, \
+                          started_at, ended_at, status, flags, step_key) VALUES";
 
-fn chunk_sql(rows: usize, one_name: bool) -> &'static str {
-    static SQL: OnceLock<[Vec<String>; 2]> = OnceLock::new();
-    let all = SQL.get_or_init(|| [chunk_sqls(false), chunk_sqls(true)]);
-    let i = CHUNKS.iter().position(|&n| n == rows).unwrap_or(0);
-    &all[usize::from(one_name)][i]
-}
-
-fn chunk_sqls(one_name: bool) -> Vec<String> {
-    CHUNKS
-        .iter()
-        .map(|&n| {
-            let mut sql = String::from(
-                "INSERT INTO spans(tid, rid, span_id, parent, kind, name, started_at, \
-                 ended_at, status, flags, step_key) VALUES",
-            );
-            for i in 0..n {
-                if i > 0 {
-                    sql.push(',');
-                }
-                let row = if one_name {
-                    let b = SHARED + 1 + i * (PER_ROW - 1);
-                    format!(
-                        "(?1,?2,?{},?3,?4,?6,?{},?{},'ok',?5,?{})",
-                        b + 1,
-                        b + 2,
-                        b + 2,
-                        b + 3
-                    )
-                } else {
-                    let b = SHARED + i * PER_ROW;
-                    format!(
-                        "(?1,?2,?{},?3,?4,?{},?{},?{},'ok',?5,?{})",
-                        b + 1,
-                        b + 2,
-                        b + 3,
-                        b + 3,
-                        b + 4
-                    )
-                };
-                sql.push_str(&row);
-            }
-            sql
-        })
-        .collect()
-}
+/// Spans sharing tid, rid, parent, kind and flags (`?1` to `?5`; a
+/// replay's spans share them); a row's own: span_id, name, at (started and
+/// ended), step_key.
+static NAMED: MultiRow = MultiRow::new(
+    SPANS_HEAD,
+    "(?1,?2,?#1,?3,?4,?#2,?#3,?#3,'ok',?5,?#4)",
+    5,
+    4,
+);
+/// The same when every row of a statement has the same name (a loop
+/// replaying one task): the name is bound once, as `?6`, and a row has the
+/// other three, so a statement holds one copy of the name instead of one
+/// per row.
+static ONE_NAME: MultiRow =
+    MultiRow::new(SPANS_HEAD, "(?1,?2,?#1,?3,?4,?6,?#2,?#2,'ok',?5,?#3)", 6, 3);
 
 /// What the rows of one statement share.
 struct Shared<'a> {
@@ -175,42 +136,39 @@ pub(crate) fn insert_replayed(
         // Bound as a copy (SQLite's transient binding): one buffer serves
         // every row.
         let mut key = String::new();
-        for &size in &CHUNKS {
-            while end - at >= size {
-                let rows = &spans[at..at + size];
-                let name = &rows[0].name;
-                let one_name = rows
-                    .iter()
-                    .all(|s| Arc::ptr_eq(&s.name, name) || s.name == *name);
-                let mut st = tx.prepare_cached(chunk_sql(size, one_name))?;
-                st.raw_bind_parameter(1, shared.tid)?;
-                st.raw_bind_parameter(2, shared.rid)?;
-                st.raw_bind_parameter(3, &parent)?;
-                st.raw_bind_parameter(4, shared.kind)?;
-                st.raw_bind_parameter(5, shared.flags)?;
-                if one_name {
-                    st.raw_bind_parameter(SHARED + 1, &**name)?;
-                }
-                for (i, s) in rows.iter().enumerate() {
-                    key.clear();
-                    s.step_key.write_to(&mut key);
-                    if one_name {
-                        let b = SHARED + 1 + i * (PER_ROW - 1);
-                        st.raw_bind_parameter(b + 1, &s.span_id[..])?;
-                        st.raw_bind_parameter(b + 2, s.at)?;
-                        st.raw_bind_parameter(b + 3, key.as_str())?;
-                    } else {
-                        let b = SHARED + i * PER_ROW;
-                        st.raw_bind_parameter(b + 1, &s.span_id[..])?;
-                        st.raw_bind_parameter(b + 2, &*s.name)?;
-                        st.raw_bind_parameter(b + 3, s.at)?;
-                        st.raw_bind_parameter(b + 4, key.as_str())?;
-                    }
-                }
-                st.raw_execute()?;
-                at += size;
+        for chunk in multirow::chunks(at..end) {
+            let rows = &spans[chunk];
+            let name = &rows[0].name;
+            let one_name = rows
+                .iter()
+                .all(|s| Arc::ptr_eq(&s.name, name) || s.name == *name);
+            let insert = if one_name { &ONE_NAME } else { &NAMED };
+            let mut st = tx.prepare_cached(insert.sql(rows.len()))?;
+            st.raw_bind_parameter(1, shared.tid)?;
+            st.raw_bind_parameter(2, shared.rid)?;
+            st.raw_bind_parameter(3, &parent)?;
+            st.raw_bind_parameter(4, shared.kind)?;
+            st.raw_bind_parameter(5, shared.flags)?;
+            if one_name {
+                st.raw_bind_parameter(6, &**name)?;
             }
+            for (i, s) in rows.iter().enumerate() {
+                key.clear();
+                s.step_key.write_to(&mut key);
+                let b = insert.base(i);
+                st.raw_bind_parameter(b + 1, &s.span_id[..])?;
+                if one_name {
+                    st.raw_bind_parameter(b + 2, s.at)?;
+                    st.raw_bind_parameter(b + 3, key.as_str())?;
+                } else {
+                    st.raw_bind_parameter(b + 2, &*s.name)?;
+                    st.raw_bind_parameter(b + 3, s.at)?;
+                    st.raw_bind_parameter(b + 4, key.as_str())?;
+                }
+            }
+            st.raw_execute()?;
         }
+        at = end;
     }
     Ok(())
 }
@@ -218,17 +176,8 @@ pub(crate) fn insert_replayed(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::multirow::stored_rows;
     use crate::store::sqlite::{insert_span, open_connection};
-
-    /// Every column of every span row, in insertion order.
-    fn rows(conn: &Connection) -> Vec<Vec<rusqlite::types::Value>> {
-        let mut st = conn.prepare("SELECT * FROM spans ORDER BY sid").unwrap();
-        let n = st.column_count();
-        st.query_map([], |r| (0..n).map(|i| r.get(i)).collect())
-            .unwrap()
-            .map(Result::unwrap)
-            .collect()
-    }
 
     #[test]
     fn multi_row_inserts_store_the_rows_of_the_general_insert() {
@@ -283,7 +232,7 @@ mod tests {
                     insert_span(&conn, &mut traces, &s.clone().into_record()).unwrap();
                 }
             }
-            stored.push(rows(&conn));
+            stored.push(stored_rows(&conn, "SELECT * FROM spans ORDER BY sid"));
         }
         assert_eq!(stored[0].len(), 83);
         assert_eq!(stored[0], stored[1]);
