@@ -1060,6 +1060,36 @@ mod tests {
     }
 
     #[test]
+    fn the_writer_remembers_a_bounded_number_of_trace_ids() {
+        let dir = tempdir::Dir::new();
+        let path = dir.path("runs.db");
+        let store = Arc::new(SqliteStore::open(&path).unwrap());
+        let runs = 3000;
+        for _ in 0..runs {
+            let a = Attempt::start_queued(store.clone(), new_run("agent")).unwrap();
+            a.queue_span(span("llm#1", "1"));
+            a.settle(completed()).unwrap();
+            assert!(store.cached_traces() <= 1024);
+        }
+        // Every span still names its own run's trace.
+        let stray: i64 = rusqlite::Connection::open(&path)
+            .unwrap()
+            .query_row(
+                "SELECT count(*) FROM spans s JOIN runs r ON r.rid = s.rid \
+                 JOIN traces t ON t.tid = s.tid WHERE t.trace_id != r.trace_id",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(stray, 0);
+        let spans: i64 = rusqlite::Connection::open(&path)
+            .unwrap()
+            .query_row("SELECT count(*) FROM spans", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(spans, runs);
+    }
+
+    #[test]
     fn queued_spans_never_outgrow_the_backlog_bound() {
         let dir = tempdir::Dir::new();
         let store = Arc::new(SqliteStore::open(&dir.path("runs.db")).unwrap());

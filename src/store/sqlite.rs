@@ -439,6 +439,12 @@ impl Inner {
         self.queue.lock().ops.len()
     }
 
+    /// Trace ids the writer remembers.
+    #[cfg(test)]
+    pub(crate) fn cached_traces(&self) -> usize {
+        self.lock_writer().traces.len()
+    }
+
     fn take_queue(&self) -> Vec<Op> {
         let mut q = self.queue.lock();
         q.urgent = false;
@@ -1016,9 +1022,16 @@ pub(crate) fn trace_tid(
         tx.prepare_cached("SELECT tid FROM traces WHERE trace_id = ?1")?
             .query_row([trace_id], |r| r.get(0))?
     };
+    if traces.len() >= TRACE_CACHE {
+        traces.clear();
+    }
     traces.insert(trace_id.to_string(), tid);
     Ok(tid)
 }
+
+/// Trace ids the writer remembers at most: a long-lived process starts a
+/// trace per run, and a run's spans mostly follow each other closely.
+const TRACE_CACHE: usize = 1024;
 
 pub fn insert_span(
     tx: &Connection,
