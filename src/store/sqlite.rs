@@ -157,9 +157,10 @@ impl Slot {
 }
 
 /// Queued spans are written in the background once this many are waiting
-/// (replayed steps queue one each), so a long replay does not end with one
-/// large write.
-const BACKGROUND_BATCH: usize = 256;
+/// (replayed steps queue one each): a replay's settlement, which must write
+/// what is still queued (OBS-5), finds at most about this many rows left,
+/// while each background commit still carries enough rows to keep pace.
+const BACKGROUND_BATCH: usize = 64;
 /// Queued writes past which the queuing thread writes them itself.
 pub(crate) const MAX_BACKLOG: usize = 4096;
 
