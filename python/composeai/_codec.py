@@ -53,6 +53,17 @@ import sys
 from composeai import _core
 from composeai.errors import SerializationError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is not imported at runtime (import cost)
+    from collections.abc import Callable
+    from enum import Enum
+    from typing import Any, TypeGuard
+
+    # json's C accelerators, or None without them. The scanner reads its settings
+    # off any object with a `JSONDecoder`'s attributes (its stub asks for a scanner).
+    _c_make_encoder: Callable[..., Callable[[Any, int], Any]] | None
+    _c_make_scanner: Callable[[Any], Callable[[str, int], tuple[Any, int]]] | None
+
 try:
     from _json import encode_basestring as _encode_str
     from _json import encode_basestring_ascii as _encode_str_ascii
@@ -63,10 +74,6 @@ except ImportError:  # no C accelerator: the json package's Python parts
     from json.encoder import encode_basestring_ascii as _encode_str_ascii
 
     _c_make_encoder = _c_make_scanner = None
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # typing is not imported at runtime (import cost)
-    from typing import Any
 
 __all__ = [
     "decode",
@@ -95,7 +102,7 @@ def _is_enum(v: Any) -> bool:
     return mod is not None and isinstance(v, mod.Enum)
 
 
-def _is_enum_class(cls: type) -> bool:
+def _is_enum_class(cls: type) -> TypeGuard[type[Enum]]:
     mod = sys.modules.get("enum")
     return mod is not None and issubclass(cls, mod.Enum)
 
@@ -303,7 +310,8 @@ def _format_path(path: str, segs: list[str | int]) -> str:
         elif parts:
             parts.append(f".{seg}")
         else:
-            parts.append(seg)
+            # A key, so a str (a failed `type(seg) is int` narrows nothing).
+            parts.append(seg)  # type: ignore[arg-type]
     return "".join(parts)
 
 
@@ -619,7 +627,8 @@ def _make_scanner() -> Any:
     import json.decoder
     import json.scanner
 
-    return json.scanner.make_scanner(json.decoder.JSONDecoder())
+    # The stub asks for a scanner; what is read is a `JSONDecoder`'s settings.
+    return json.scanner.make_scanner(json.decoder.JSONDecoder())  # type: ignore[arg-type]
 
 
 _scan_once = _make_scanner()
@@ -776,7 +785,8 @@ def _dec_enum(d: dict) -> Any:
     if issubclass(cls, sys.modules["enum"].Flag):
         parts = name.split("|") if name else []
         if all(part in cls.__members__ for part in parts):
-            result = cls(0)
+            # A `Flag`, typed only as an `Enum`: the check above reads `enum` off `sys.modules`.
+            result: Any = cls(0)
             for part in parts:
                 result |= cls.__members__[part]
             return result

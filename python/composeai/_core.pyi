@@ -1,6 +1,6 @@
 """Type stubs for `composeai._core`, the Rust extension (src/py/*.rs)."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeAlias, final
 
 __all__ = [
@@ -23,11 +23,13 @@ __all__ = [
     "due_runs",
     "export_view",
     "llm_costs",
+    "loads_plain",
     "next_wake",
     "parked_wait",
     "parked_waits",
     "query_runs",
     "receive_all",
+    "register_decoder",
     "register_errors",
     "release_leases",
     "render_mermaid",
@@ -255,7 +257,6 @@ class Attempt:
     def arecord_answers(self, future: Any, answers: Sequence[tuple[str, str]]) -> None:
         """`record_answers` off the event loop: resolves `future` with None."""
 
-@final
 def store_target(spec: str, default_sqlite: str) -> tuple[str, str]: ...
 def migrate_store(
     spec: str, default_sqlite: str, dry_run: bool = False
@@ -359,6 +360,10 @@ def register_errors(
     revoked: type[BaseException],
     cancelled: type[BaseException] | None = None,
 ) -> None: ...
+def register_decoder(loads: Callable[[str], Any]) -> None: ...
+def loads_plain(text: str, default: object, limited: bool = True) -> Any:
+    """The decoded value, or `default` when the core's fast path declines the text."""
+
 def render_tree(trace_id: str, spans: Sequence[_RenderSpan], color: bool) -> str: ...
 def render_mermaid(spans: Sequence[_RenderSpan]) -> str: ...
 def trace_status(

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from .durable import StepHandle
+    from .events import EventKind
+
 
 class _Pause(BaseException):
     """Internal signal: an interrupt has no answer yet (FLOW-32)."""
@@ -269,7 +272,7 @@ class RunState:
         self.journal_failures = False
         # `StepHandle`s of `start()`ed steps; the run settles only after
         # every one of them has (EXT-6).
-        self.started = None
+        self.started: list[StepHandle[Any]] | None = None
         # Durable waits park the run (settle it paused) instead of blocking
         # this process (`wait=False`, the worker).
         self.park = park
@@ -356,9 +359,7 @@ class Frame:
     # `__weakref__`: the core's task call remembers the last frame weakly.
     __slots__ = ("__weakref__", "defer", "fence", "run", "scope", "span", "trace")
 
-    def __init__(
-        self, run: RunState | None, scope: str, span: Span | None, fence, trace, defer=False
-    ):
+    def __init__(self, run: RunState | None, scope: str, span: Span, fence, trace, defer=False):
         self.run = run
         self.scope = scope
         self.span = span
@@ -406,7 +407,7 @@ def budget_meter(budget: Any, span_kind: str, span_name: str, baseline=(0, 0.0))
     )
 
 
-def _emit(kind: str, span: Span, data: dict) -> None:
+def _emit(kind: EventKind, span: Span, data: dict) -> None:
     if _events.current_bus() is not None:
         _events.emit(
             _events.Event(
@@ -800,11 +801,11 @@ def _check_cancel() -> None:
 
 class StepStart:
     """A reserved step: either a journal hit (`hit` holds the decoded stored
-    value) or a miss to execute under `inner`, the step's own frame."""
+    value; no `span`) or a miss to execute under `inner`, the step's own frame."""
 
     __slots__ = ("frame", "hit", "inner", "key", "span")
 
-    def __init__(self, frame: Frame, key: str, span: Span, hit: str | None, inner: Frame | None):
+    def __init__(self, frame: Frame, key: str, span: Span | None, hit: Any, inner: Frame | None):
         self.frame = frame
         self.key = key
         self.span = span
@@ -819,6 +820,7 @@ def begin_step(
     as replayed and nothing else runs (FLOW-16). Without `keep`, the span
     is persisted but not added to the in-memory trace (see
     `keep_step_spans_in_store`)."""
+    assert frame.run is not None  # journaled steps run inside a durable run
     if _streams_loaded():
         _check_cancel()
     hit = frame.run.attempt.replay(
@@ -875,6 +877,7 @@ def started_step(
 def _step_record(step: StepStart, value: Any) -> tuple[str, Any, bool]:
     """`(value_json, span row, capture)` of a finished step, its span closed."""
     span = step.span
+    assert span is not None  # a miss's: only a hit has none
     try:
         value_json = encode_step(step.key, value)
     except SerializationError as exc:
@@ -890,6 +893,7 @@ def finish_step(step: StepStart, value: Any) -> Any:
     """Journals the step's value and span in one durable commit and returns
     the value decoded from what was stored (FLOW-17, FLOW-18)."""
     run = step.frame.run
+    assert run is not None and step.span is not None  # a miss inside a durable run
     value_json, row, capture = _step_record(step, value)
     if step.frame.defer:
         stored = run.attempt.commit_deferred(step.key, value_json, row, step.frame.fence)
@@ -906,6 +910,7 @@ async def afinish_step(step: StepStart, value: Any) -> Any:
     the commit travels (the core resolves the future)."""
     import asyncio
 
+    assert step.frame.run is not None and step.span is not None  # a miss inside a durable run
     value_json, row, capture = _step_record(step, value)
     future = asyncio.get_running_loop().create_future()
     step.frame.run.attempt.acommit(step.key, value_json, row, step.frame.fence, future)
@@ -930,6 +935,7 @@ FAILED = "$failed"
 
 def replayed_value(frame: Frame, step: StepStart) -> Any:
     """A journal hit: its value, or the journaled failure raised again (EXT-7)."""
+    assert frame.run is not None  # journaled steps run inside a durable run
     hit = step.hit
     if frame.run.journal_failures and isinstance(hit, dict) and list(hit) == [FAILED]:
         from .durable import TaskFailed
@@ -944,6 +950,7 @@ def raise_journaled_failure(step: StepStart, exc: Exception) -> None:
     (original as `__cause__`)."""
     from .durable import TaskFailed
 
+    assert step.frame.run is not None  # journaled steps run inside a durable run
     record = {FAILED: {"type": type(exc).__name__, "message": str(exc)}}
     step.frame.run.attempt.commit(step.key, _codec.dumps(record), None, step.frame.fence)
     raise TaskFailed(step.key, type(exc).__name__, str(exc)) from exc
@@ -957,6 +964,7 @@ def journaled_step(
     if _STREAMS in _MODULES:
         _check_cancel()
     run = frame.run
+    assert run is not None  # journaled steps run inside a durable run
     keep = kind != "task" or run.span_mark is None
     hit = run.attempt.replay(frame.scope, name, kind, span_id_of(frame), _capture(), frame.fence)
     if type(hit) is tuple:
@@ -993,6 +1001,7 @@ def _executed_step(
 ) -> Any:
     """A journal miss on the sync path: `execute` under the step's span, then commit."""
     step = started_step(frame, kind, name, key, None, keep)
+    assert frame.run is not None and step.span is not None  # a miss inside a durable run
     if _capture():
         step.span.input = {"args": list(args), "kwargs": kwargs}
     token = FRAME.set(step.inner)
@@ -1089,10 +1098,12 @@ async def ajournaled_step(
     frame: Frame, kind: str, name: str, execute: Callable[..., Any], args: tuple, kwargs: dict
 ) -> Any:
     """The async twin of `journaled_step`: `execute` returns an awaitable."""
+    assert frame.run is not None  # journaled steps run inside a durable run
     keep = kind != "task" or frame.run.span_mark is None
     step = begin_step(frame, kind, name, None, keep)
     if step.inner is None:
         return replayed_value(frame, step)
+    assert step.span is not None  # a miss's: only a hit has none
     if _capture():
         step.span.input = {"args": list(args), "kwargs": kwargs}
     token = FRAME.set(step.inner)
@@ -1376,6 +1387,7 @@ def join_started(run: RunState) -> None:
     first failure nobody asked for fails the run."""
     from .durable import join_handles
 
+    assert run.started is not None  # called only when steps were started
     join_handles(run.started)
 
 
@@ -1395,7 +1407,9 @@ def _settle_paused(run: RunState, root: Span, pause: _Pause):
     return ("paused", None, pause)
 
 
-def _settle_cancelled(run: RunState, root: Span, exc: _Cancelled, row_status: str = "failed"):
+def _settle_cancelled(
+    run: RunState, root: Span, exc: _Cancelled | _RunCancelled, row_status: str = "failed"
+):
     """A run whose stream was cancelled; the caller gets a cancelled Run. A
     flow's row is failed with message "cancelled" (resumable, like
     ASYNC-10); agents and composites mark theirs `cancelled` (AGENT-93)."""
@@ -1562,7 +1576,7 @@ def rollup_usage(trace: Trace):
 
 async def run_on_thread_async(
     fn: Callable[[], Any],
-    frame: Frame,
+    frame: Frame | None,
     timeout: float | None,
     on_timeout: Callable[[], BaseException],
     thread_name: str,

@@ -562,7 +562,9 @@ class _UnionDataclassCheck:
                 except ValidationError as exc:
                     member_error = exc
             if len(self.members) == 1:
-                # The dict was meant for the one dataclass: its field errors say why it failed.
+                # The dict was meant for the one dataclass: its field errors say why it failed
+                # (its one try raised, or it would have returned).
+                assert member_error is not None
                 raise member_error from None
             raise
 

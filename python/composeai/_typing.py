@@ -12,8 +12,12 @@ definition, as `typing.overload`'s callers see it.
 
 from __future__ import annotations
 
-# `types.GenericAlias`, without importing `types`.
-GenericAlias = type(list[int])
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import GenericAlias
+else:
+    # `types.GenericAlias`, without importing `types`.
+    GenericAlias = type(list[int])
 
 
 class Generic:

@@ -186,7 +186,7 @@ class _Call:
         if spec is None:
             from .models.registry import resolve
 
-            resolve(None)  # raises the PROV-2 type error
+            resolve(None)  # type: ignore[arg-type]  # deliberately: raises the PROV-2 type error
         self.model = self._resolve(spec)
         self.label, self.model_id, self.provider = _model_label(spec)
 
@@ -444,7 +444,7 @@ def _check_reply(response: Any) -> None:
 
 def _record_failure(agent: AgentFunction, span, exc: ProviderError, attempts: int) -> tuple:
     """Records a failed model call on its span; `(failure, whether to call again)`."""
-    failure = {"type": type(exc).__name__, "message": str(exc)}
+    failure: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
     policy = agent.retry
     if policy is None:
         again = attempts < agent.retries
@@ -664,6 +664,7 @@ def _tool_batch(call: _Call, calls: list[ToolCallPart]) -> Generator[tuple, Any,
     call.partial = {}
     call.messages.append(Message(role="user", parts=[results[c.id] for c in calls]))
     if call.durable:
+        assert call.run is not None  # `durable` says so
         call.run.attempt.save_agent_state(call.snapshot_row(), call.frame.fence)
 
 
@@ -1071,6 +1072,7 @@ def _restore(call: _Call) -> bool:
     """Loads the call's snapshot, if any (AGENT-53)."""
     if not call.durable or not call.restorable:
         return False
+    assert call.run is not None  # `durable` says so
     row = call.run.attempt.load_agent_state(call.snapshot_scope)
     if row is None:
         return False
@@ -1237,7 +1239,8 @@ class AgentFunction(Generic[P, R]):
         self,
         *args: Any,
         budget: Any = None,
-        system: str | None = None,
+        # Any: the first overload passes the body's own keywords, whatever their types.
+        system: Any = None,
         model: Any = None,
         approver: Any = None,
         tool_interceptor: Any = None,
@@ -1313,6 +1316,7 @@ class AgentFunction(Generic[P, R]):
         budget = opts["budget"]
         if budget is None:
             return None
+        assert frame.run is not None  # a step of a flow's run
         baseline = frame.run.attempt.prior_llm_usage(key)
         return _engine.budget_meter(budget, "agent", self.name, baseline)
 
@@ -1636,18 +1640,21 @@ async def _astandalone_start(agent: AgentFunction, args: tuple, kwargs: dict, op
 
 def _standalone_result(call: _Call, outcome: tuple) -> Run:
     run, root = call.run, call.frame.span
+    assert run is not None  # a standalone call's frame has its run
     return _engine.make_run_result(
         run, outcome, _engine.subtree_usage(run.trace, root), list(call.messages)
     )
 
 
 def _settle_standalone_ok(call: _Call, output: Any) -> Run:
+    assert call.run is not None  # a standalone call's frame has its run
     outcome = _engine.settle_completed(call.run, call.frame.span, output, lenient=True)
     return _standalone_result(call, outcome)
 
 
 def _settle_standalone_error(call: _Call, exc: BaseException) -> Run:
     run = call.run
+    assert run is not None  # a standalone call's frame has its run
     outcome = _engine.settle_interrupted(run, call.frame.span, exc, cancelled_status="cancelled")
     return _engine.make_run_result(run, outcome)
 
@@ -1812,6 +1819,7 @@ def run_conversation_step(agent: AgentFunction, messages: list) -> tuple[Any, li
     journaled step of the current durable run: a graph's agent node
     (EXT-22). Returns the output and the whole transcript."""
     frame = FRAME.get()
+    assert frame is not None  # a graph's agent node runs as a step of its run
     opts = _overrides(None, None, None, None, None, None)
 
     def execute(inner: Frame, a: tuple, k: dict) -> Any:

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import copy_context
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, overload
 
 from . import _codec, _core, _engine
 from ._engine import FRAME, Frame
@@ -215,7 +215,8 @@ def map(
 
     def run_item(index: int) -> None:
         item_scope = f"{map_key}[{index}]" if map_key is not None else scope
-        item_fence = _engine.child_fence(frame) if run is not None else None
+        # `run` is the frame's: with one there is a frame.
+        item_fence = _engine.child_fence(cast("Frame", frame)) if run is not None else None
         if item_fence is not None:
             item_fences.append(item_fence)
         item_frame = Frame(run, item_scope, span, item_fence, trace)
@@ -264,6 +265,7 @@ def _run_item(
     label = f"{name}[{index}]"
 
     def timed_out(cooperative: bool) -> BaseException:
+        assert timeout is not None  # called only once the timeout ran out
         return _engine.task_timeout_error("@task", label, timeout, cooperative)
 
     if _is_agent(fn) or isinstance(fn, _Composite):
@@ -391,7 +393,7 @@ async def amap(
     *,
     max_workers: int | None = None,
     timeout_per_item: float | None = None,
-    on_error: str = "raise",
+    on_error: Literal["raise", "collect"] = "raise",
 ) -> list:
     """Async twin of `map`, on the caller's loop (COMP-27)."""
     import asyncio
@@ -418,7 +420,8 @@ async def amap(
     async def one(index: int) -> Any:
         async with gate:
             item_scope = f"{map_key}[{index}]" if map_key is not None else scope
-            item_fence = _engine.child_fence(frame) if run is not None else None
+            # `run` is the frame's: with one there is a frame.
+            item_fence = _engine.child_fence(cast("Frame", frame)) if run is not None else None
             FRAME.set(Frame(run, item_scope, span, item_fence, trace))
             return await _arun_item(fn, name, index, items[index], timeout_per_item, validator)
 
@@ -438,7 +441,11 @@ async def amap(
 
 
 async def _map_off_loop(
-    fn: Any, items: list, max_workers: int | None, timeout: float | None, on_error: str
+    fn: Any,
+    items: list,
+    max_workers: int | None,
+    timeout: float | None,
+    on_error: Literal["raise", "collect"],
 ) -> list:
     frame = FRAME.get()
     if frame is not None:
@@ -469,6 +476,7 @@ async def _arun_item(
     label = f"{name}[{index}]"
 
     def timed_out(cooperative: bool) -> BaseException:
+        assert timeout is not None  # called only once the timeout ran out
         return _engine.task_timeout_error("@task", label, timeout, cooperative)
 
     if _is_agent(fn) or isinstance(fn, _Composite):
@@ -681,6 +689,7 @@ class _Composite:
 
     def _open_nested(self, x: Any) -> Frame:
         frame = FRAME.get()
+        assert frame is not None  # a composite nests only under a frame
         span = _engine.open_span(frame.span, frame.trace, self.kind, self.name)
         if _engine._capture():
             span.input = x
@@ -879,6 +888,7 @@ class Aggregate(_Composite, Generic[_PIn]):
 
     def _branch_frames(self) -> tuple[Frame, list[str]]:
         frame = FRAME.get()
+        assert frame is not None  # branches run under the aggregate's frame
         keys = list(self.branches)
         if frame.run is None:
             return frame, [frame.scope] * len(keys)
@@ -886,6 +896,7 @@ class Aggregate(_Composite, Generic[_PIn]):
         return frame, [f"{base}/{k}" for k in keys]
 
     def _timeout_error(self, key: str, cooperative: bool):
+        assert self.timeout_per_branch is not None  # made only once a timeout ran out
         return _engine.task_timeout_error(
             "aggregate branch", key, self.timeout_per_branch, cooperative
         )

@@ -678,8 +678,7 @@ def start(stage: Any, *args: Any, **kwargs: Any) -> StepHandle:
     started: list[StepHandle[Any]] | None = run.started
     if started is None:
         started = []
-        # RunState declares `started` by its initial None only.
-        run.started = started  # type: ignore[assignment]
+        run.started = started
     started.append(handle)
     if step.inner is None:
         try:
@@ -687,8 +686,10 @@ def start(stage: Any, *args: Any, **kwargs: Any) -> StepHandle:
         except TaskFailed as exc:
             future.set_exception(exc)
         return handle
+    span = step.span
+    assert span is not None  # a miss's: only a hit has none
     if _engine._capture():
-        step.span.input = {"args": list(args), "kwargs": kwargs}
+        span.input = {"args": list(args), "kwargs": kwargs}
     inner = Frame(
         step.inner.run,
         step.inner.scope,
@@ -704,7 +705,7 @@ def start(stage: Any, *args: Any, **kwargs: Any) -> StepHandle:
             value = execute(inner, args, kwargs)
             future.set_result(_engine.finish_step(step, value))
         except BaseException as exc:  # noqa: BLE001 -- handed to the handle
-            _engine.fail_span(run, step.span, exc)
+            _engine.fail_span(run, span, exc)
             if run.journal_failures and isinstance(exc, Exception):
                 try:
                     _engine.raise_journaled_failure(step, exc)

@@ -119,6 +119,7 @@ class Task(_core.TaskCall, Generic[P, R]):
         def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
 
     def _timeout_error(self, cooperative: bool):
+        assert self.timeout is not None  # made only once a timeout ran out
         return _engine.task_timeout_error("@task", self.name, self.timeout, cooperative)
 
     def _execute(self, inner: Frame, args: tuple, kwargs: dict) -> Any:
@@ -920,7 +921,9 @@ def resume(
     if isinstance(done, dict) and done["kind"] == "graph":
         from .graph import resume_graph_run
 
-        return resume_graph_run(done, answers, budget)
+        # A graph run resumes to its `GraphResult`; the signature keeps the `Run` of
+        # every other kind rather than make each caller narrow a union.
+        return resume_graph_run(done, answers, budget)  # type: ignore[return-value]
     if isinstance(done, dict):
         from .agentfn import resume_standalone
 
@@ -958,7 +961,8 @@ async def aresume(
     if isinstance(done, dict) and done["kind"] == "graph":
         from .graph import aresume_graph_run
 
-        return await aresume_graph_run(done, answers, budget)
+        # A `GraphResult`, as in `resume`.
+        return await aresume_graph_run(done, answers, budget)  # type: ignore[return-value]
     if isinstance(done, dict):
         from .agentfn import resume_standalone
 

@@ -821,7 +821,7 @@ class _Driver:
         if not node.is_async:
             return await _engine.run_on_thread_async(
                 lambda: self._run_node(root, step, single),
-                FRAME.get(),  # type: ignore[arg-type]
+                FRAME.get(),
                 None,
                 lambda: RuntimeError("unreachable"),
                 "composeai-graph-node",
@@ -1461,11 +1461,10 @@ class CompiledGraph:
 
 async def _off_loop(call: Callable[[], Any]) -> Any:
     """Awaits a sync graph call run on a thread of its own (ASYNC-7)."""
-    # Outside a flow there is no frame and the thread runs with none: the helper handles a
-    # None frame, though its annotation is the narrower `Frame`.
+    # Outside a flow there is no frame and the thread runs with none.
     return await _engine.run_on_thread_async(
         call,
-        FRAME.get(),  # type: ignore[arg-type]
+        FRAME.get(),
         None,
         lambda: RuntimeError("unreachable"),
         "composeai-graph",

@@ -116,7 +116,7 @@ def _text_part(text: Any) -> TextPart:
     return part
 
 
-def _message_of(role: str, parts: list[Any]) -> Message:
+def _message_of(role: Literal["user", "assistant"], parts: list[Any]) -> Message:
     """`Message(role=role, parts=parts)` for a valid role and parts that are
     all instances of the part classes themselves: validation would keep
     each part as it is (instances are not revalidated), so it is skipped."""
@@ -131,7 +131,7 @@ def _message_of(role: str, parts: list[Any]) -> Message:
     return message
 
 
-def _text_message(role: str, text: str) -> Message:
+def _text_message(role: Literal["user", "assistant"], text: str) -> Message:
     return _message_of(role, [_text_part(text)])
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import inspect
 import json
 import re
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Generic, Protocol, overload
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, Generic, Protocol, cast, overload
 
 from typing_extensions import ParamSpec, TypeVar
 
@@ -326,12 +326,14 @@ class Tool(Generic[P, R]):
         on the background loop.
         """
         if self.fn is None:
-            executor = self.executor
+            # `__init__` sets `executor` when there is no `fn`; an async one returns an awaitable.
             if self._is_async:
                 from . import _runtime
 
-                return _render(_runtime.run_sync(lambda: executor(arguments)))  # type: ignore[misc]
-            return _render(executor(arguments))  # type: ignore[misc]
+                aexecutor = cast("Callable[[dict[str, Any]], Awaitable[str]]", self.executor)
+                return _render(_runtime.run_sync(lambda: aexecutor(arguments)))
+            executor = cast("Callable[[dict[str, Any]], str]", self.executor)
+            return _render(executor(arguments))
         args, kwargs = self._bind(arguments)
         fn = self.fn
         if self._is_async:
@@ -357,7 +359,9 @@ class Tool(Generic[P, R]):
                 "call execute() instead of aexecute()"
             )
         if self.fn is None:
-            return _render(await self.executor(arguments))  # type: ignore[misc]
+            # `__init__` sets `executor` when there is no `fn`; this one is async.
+            aexecutor = cast("Callable[[dict[str, Any]], Awaitable[str]]", self.executor)
+            return _render(await aexecutor(arguments))
         args, kwargs = self._bind(arguments)
         if self.retry is None:
             return _render(await self.fn(*args, **kwargs))
@@ -408,6 +412,7 @@ def _stage_types(fn: Callable[..., Any]) -> tuple[Any, Any]:
     annotation, each ``Any`` when absent (AGENT-34)."""
     hints = _type_hints(fn, include_extras=False)
     input_type: Any = Any
+    params: Iterable[inspect.Parameter]
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):

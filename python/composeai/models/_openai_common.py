@@ -65,6 +65,7 @@ def _raw_method(client: Any, method: Any, own_class: type) -> Any:
     fn = getattr(method, "__func__", None)
     if type(client) is not own_class or not getattr(fn, "__module__", "").startswith("openai."):
         return None
+    assert fn is not None  # a missing `__func__` has no module: returned above
     return getattr(method.__self__.with_raw_response, fn.__name__, None)
 
 

@@ -368,7 +368,7 @@ def _plain(obj: Any) -> Any:
     )
 
 
-def _raw_create(client: Any, create: Any, own_class: type) -> Any:
+def _raw_create(client: Any, create: Any, own_class: type[Any]) -> Any:
     """``messages.with_raw_response.create`` when ``client`` is the SDK's own client class and
     ``create`` its own method: the reply is then read from its JSON body, skipping the typed
     model the SDK would build only for ``_plain`` to turn it back into dicts. ``None`` for
