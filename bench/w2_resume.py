@@ -6,7 +6,9 @@
 * fresh process: a subprocess imports the flow module (a real file in the
   temp dir, put on sys.path) and resumes another paused run of it -- the
   whole-process wall time (median of --repeat runs), with its own
-  import/resume split;
+  import/resume split. The paused runs are made by a process that has
+  exited, and no other process has the store open while they resume, as
+  when a run is continued later from a new process;
 * `import composeai` alone in a fresh interpreter (median of --repeat runs),
   next to a bare `python -c pass` for the interpreter's own start-up.
 """
@@ -38,6 +40,16 @@ def gated(n):
     if compose.approve("go"):
         return x
     return -1
+"""
+
+PAUSE_SCRIPT = """\
+import sys
+sys.path.insert(0, sys.argv[1])
+import bench_w2_flow
+for _ in range(int(sys.argv[3])):
+    run = bench_w2_flow.gated.run(int(sys.argv[2]))
+    assert run.status == "paused", run
+    print(run.id)
 """
 
 RESUME_SCRIPT = """\
@@ -80,6 +92,21 @@ def main() -> None:
     script = os.path.join(directory, "resume_w2.py")
     with open(script, "w") as f:
         f.write(RESUME_SCRIPT)
+    pause_script = os.path.join(directory, "pause_w2.py")
+    with open(pause_script, "w") as f:
+        f.write(PAUSE_SCRIPT)
+
+    env = dict(os.environ)
+    # Paused runs for the fresh processes to resume, one each, made by a
+    # process that has exited; this one opens the store only afterwards.
+    _, out = timed_process([sys.executable, pause_script, directory, str(n), str(repeat)], env)
+    fresh_ids = out.split()
+    walls, splits = [], []
+    for run_id in fresh_ids:
+        wall, out = timed_process([sys.executable, script, directory, run_id, str(n)], env)
+        walls.append(wall)
+        splits.append([float(v) for v in out.split()])
+
     sys.path.insert(0, directory)
 
     import bench_w2_flow
@@ -90,12 +117,6 @@ def main() -> None:
     first = bench_w2_flow.gated.run(n)
     first_run_s = time.perf_counter() - t0
     assert first.status == "paused" and first.pending.id == "go", first
-    # Paused runs for the fresh processes to resume, one each.
-    fresh_ids = []
-    for _ in range(repeat):
-        r = bench_w2_flow.gated.run(n)
-        assert r.status == "paused", r
-        fresh_ids.append(r.id)
 
     # In-process resumes: the first pays one-time costs (lazy imports of the
     # resume path); the figure is the best of `repeat` (steady state).
@@ -110,13 +131,6 @@ def main() -> None:
         assert resumed.status == "completed" and resumed.output == n, resumed
     resume_s = min(timings)
     first_resume_s = timings[0]
-
-    env = dict(os.environ)
-    walls, splits = [], []
-    for run_id in fresh_ids:
-        wall, out = timed_process([sys.executable, script, directory, run_id, str(n)], env)
-        walls.append(wall)
-        splits.append([float(v) for v in out.split()])
 
     imports, bare = [], []
     for _ in range(repeat):

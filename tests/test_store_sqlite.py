@@ -186,3 +186,37 @@ def test_obs1_the_checkpoint_thread_stops_with_its_store(tmp_path):
     del store
     gc.collect()
     wait_until(lambda: own not in checkpoint_threads(), what="the checkpoint thread to stop")
+
+
+def test_obs1_the_last_process_to_close_the_store_leaves_no_wal(tmp_path):
+    """OBS-1: a process that wrote thousands of steps and exits, with no other process on
+    the store, closes it last: SQLite copies the WAL into the database and deletes it, so
+    the next process neither reads a WAL back on open nor copies it again. With another
+    process holding the store open, the exiting one leaves the WAL to that one."""
+    box = Sandbox(tmp_path)
+    body = """
+        import composeai as compose
+
+        @compose.task
+        def payload(i):
+            return f"{i:06d}" + "x" * 3000
+
+        @compose.flow
+        def fill(n):
+            for i in range(n):
+                payload(i)
+            return n
+
+        emit(n=fill.run(N).output)
+        """
+    assert box.run(body.replace("N", "2000")).ok() == {"n": 2000}
+    wal = Path(f"{box.db_path}-wal")
+    assert not wal.exists() or wal.stat().st_size == 0
+
+    # Another process on the store (this one): the exiting child is not the last.
+    with closing(sqlite3.connect(box.db_path)) as conn:
+        assert conn.execute("SELECT count(*) FROM journal").fetchone()[0] == 2000
+        assert box.run(body.replace("N", "300")).ok() == {"n": 300}
+        assert wal.stat().st_size > 300 * WAL_FRAME
+        assert conn.execute("SELECT count(*) FROM journal").fetchone()[0] == 2300
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

@@ -332,6 +332,7 @@ class Store:
     ]:
         """The run's `ok` task-step spans stored after `mark`, in write order."""
     def flush(self) -> None: ...
+    def close(self) -> None: ...
 
 @final
 class BudgetMeter:

@@ -133,7 +133,7 @@ def get_store():
 
 
 def _open_store():
-    global _store
+    global _store, _CLOSE_AT_EXIT
     with _store_lock:
         if _store is None:
             spec = store_spec()
@@ -142,6 +142,9 @@ def _open_store():
                 if not spec:
                     os.makedirs(state_dir(), mode=0o700, exist_ok=True)
                 _store = _core.Store(target)
+                if not _CLOSE_AT_EXIT:
+                    _CLOSE_AT_EXIT = True
+                    atexit.register(_close_at_exit)
             else:
                 _store = _core.Store(spec)
         return _store
@@ -162,6 +165,20 @@ async def aget_store():
         if _store is None:
             _store = opened
         return _store
+
+
+_CLOSE_AT_EXIT = False
+
+
+def _close_at_exit() -> None:
+    """Lets go of the SQLite store as the process exits, so that the last
+    process to close it leaves no WAL for the next one to read back."""
+    store = _store
+    if store is not None:
+        try:
+            store.close()
+        except Exception:  # noqa: BLE001, S110 -- nothing left to report to at exit
+            pass
 
 
 def reset_store() -> None:

@@ -448,4 +448,9 @@ impl PyStore {
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
         py.allow_threads(|| self.inner.flush()).py_err()
     }
+
+    /// Writes everything queued and lets go of the database (at exit).
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.allow_threads(|| self.inner.close()).py_err()
+    }
 }

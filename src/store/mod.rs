@@ -468,6 +468,13 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
     /// Writes everything queued.
     fn flush(&self) -> CoreResult<()>;
 
+    /// Writes everything queued and lets go of the database, as the process
+    /// exits: later calls fail. A store with nothing to let go of only
+    /// flushes.
+    fn close(&self) -> CoreResult<()> {
+        self.flush()
+    }
+
     /// Whether `span_mark`/`step_spans` read spans back.
     fn reads_spans(&self) -> bool {
         false

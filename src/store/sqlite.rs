@@ -236,7 +236,7 @@ struct Writer {
     conn: Connection,
     traces: HashMap<String, i64>,
     /// After `conn`, which calls into it on every commit.
-    _checkpointer: Option<Checkpointer>,
+    checkpointer: Option<Checkpointer>,
 }
 
 /// The store's state, shared with its background writer thread.
@@ -305,7 +305,7 @@ impl SqliteStore {
                 writer: Mutex::new(Writer {
                     conn,
                     traces: HashMap::new(),
-                    _checkpointer: checkpointer,
+                    checkpointer,
                 }),
                 queue: Mutex::new(Queue::default()),
                 wake: Condvar::new(),
@@ -1379,6 +1379,28 @@ impl Store for SqliteStore {
     fn flush(&self) -> CoreResult<()> {
         let mut w = self.lock_writer();
         self.drain(&mut w)
+    }
+
+    /// The last connection to a WAL database to close copies the WAL into
+    /// it and deletes it; a process that exits with its connections open
+    /// leaves the WAL (up to `INLINE` frames) for the next process to open
+    /// the store to read back whole before its first query. So at exit the
+    /// writer's connection closes, then the checkpoint thread's: whichever
+    /// process closes last (this one, when no other has the store open)
+    /// leaves no WAL behind.
+    fn close(&self) -> CoreResult<()> {
+        self.queue.lock().shutdown = true;
+        self.wake.notify_all();
+        let mut w = self.lock_writer();
+        let drained = self.drain(&mut w);
+        // Later calls fail on a database without tables.
+        let memory = Connection::open_in_memory().at(&self.path)?;
+        let writer = std::mem::replace(&mut w.conn, memory);
+        w.traces.clear();
+        let closed = writer.close().map_err(|(_, e)| e).at(&self.path);
+        // After the writer connection, whose commits called into it.
+        w.checkpointer.take();
+        drained.and(closed)
     }
 
     fn reads_spans(&self) -> bool {
