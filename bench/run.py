@@ -301,7 +301,7 @@ def collect(args: argparse.Namespace) -> list[dict[str, Any]]:
         ),
         row(
             "W2",
-            f"fresh-process resume, N={w2['n']}",
+            f"fresh-process resume, N={w2['n']} (paused by a process that exited)",
             fresh,
             "ms",
             "<= 35",
