@@ -9,6 +9,7 @@ import asyncio
 import subprocess
 import sys
 import threading
+from datetime import timedelta
 
 import pytest
 
@@ -16,6 +17,7 @@ import _proc
 import composeai as compose
 from composeai import flow, task
 from composeai.errors import ConfigError
+from composeai.testing import fake_clock
 
 CLEANED: list[str] = []
 
@@ -139,16 +141,33 @@ def test_ext11_handles_wait_for_results_signal_and_reraise_failures(isolated_sta
 def test_ext11_a_handle_result_returns_when_the_run_parks_on_a_human(isolated_state):
     @flow
     def gated() -> bool:
-        compose.sleep(0.01)
+        compose.sleep(timedelta(hours=1))
         return compose.approve("ship")
 
-    handle = gated.start(wait=False)
-    _proc.wait_until(lambda: compose.get_run(handle.id).status == "paused", what="parked")
-    waker = threading.Thread(target=lambda: _proc.wait_until(compose.wake_due), daemon=True)
-    waker.start()
-    run = handle.result(timeout=60)
-    assert run.status == "paused" and run.pending.id == "ship"
-    assert handle.resume({"ship": True}).output is True
+    # On the real clock a short timer may already be due when the run first
+    # reaches it (a slow machine), so the run would never park on it.
+    with fake_clock() as clock:
+        handle = gated.start(wait=False)
+        _proc.wait_until(lambda: compose.get_run(handle.id).status == "paused", what="parked")
+        assert handle.pending.kind == "timer"
+        clock.advance(timedelta(hours=1))
+        stop = threading.Event()
+
+        def wake() -> None:
+            while not compose.wake_due() and not stop.wait(0.01):
+                pass
+
+        # Stopped and joined here: a waker left polling would continue the
+        # runs of later tests.
+        waker = threading.Thread(target=wake, daemon=True)
+        waker.start()
+        try:
+            run = handle.result(timeout=60)
+        finally:
+            stop.set()
+            waker.join()
+        assert run.status == "paused" and run.pending.id == "ship"
+        assert handle.resume({"ship": True}).output is True
 
 
 FLOWS = """\

@@ -13,8 +13,12 @@
 //!
 //! A writer that never pauses leaves the thread no moment at which every
 //! frame is copied, so the WAL could not start over; past `INLINE` frames
-//! the writer connection checkpoints itself as SQLite would (copying what
-//! the thread has not copied yet).
+//! the writer connection checkpoints itself after every commit until the WAL
+//! starts over, as SQLite would past its own limit (copying what the thread
+//! has not copied yet). One try per `LIMIT` frames is not enough: a reader
+//! that began before the commit keeps the try from copying every frame, or
+//! the next commit from starting the WAL over, and a reader polling the
+//! database can be there at every try while the WAL grows without bound.
 //!
 //! This relies on the core linking the process's one SQLite library (see
 //! Cargo.toml): every connection in the process then sees the others' locks.
@@ -28,7 +32,8 @@ use std::time::Duration;
 
 /// WAL frames between two checkpoint requests.
 const LIMIT: c_int = 1000;
-/// WAL length past which the writer connection checkpoints itself.
+/// WAL length past which the writer connection checkpoints itself after
+/// each commit.
 const INLINE: c_int = 8 * LIMIT;
 /// After a checkpoint that left frames behind (commits went on while it
 /// copied), the next one runs this much later unless a request comes first.
@@ -41,8 +46,6 @@ struct State {
     frames: c_int,
     /// The WAL's length at the last request to the thread.
     asked_at: c_int,
-    /// The WAL's length at the writer's last checkpoint of its own.
-    inline_at: c_int,
     requested: bool,
     stop: bool,
 }
@@ -134,11 +137,10 @@ impl Shared {
     /// Called by the writer connection after each commit, its write lock
     /// released: a request is a flag and a wake-up.
     fn committed(&self, db: *mut ffi::sqlite3, name: *const c_char, frames: c_int) {
-        let inline = {
+        {
             let mut s = self.state.lock();
             if frames < s.frames {
                 s.asked_at = 0;
-                s.inline_at = 0;
             }
             s.frames = frames;
             // A checkpoint that could not copy everything (a reader still
@@ -148,13 +150,8 @@ impl Shared {
                 s.requested = true;
                 self.wake.notify_one();
             }
-            let inline = frames >= INLINE && frames - s.inline_at >= LIMIT;
-            if inline {
-                s.inline_at = frames;
-            }
-            inline
-        };
-        if inline {
+        }
+        if frames >= INLINE {
             checkpoint(db, name);
         }
     }
@@ -200,4 +197,48 @@ extern "C" fn on_commit(
     let shared = unsafe { &*(context as *const Shared) };
     shared.committed(db, name, frames);
     ffi::SQLITE_OK
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::sqlite::open_connection;
+
+    #[test]
+    fn the_wal_starts_over_soon_after_a_reader_that_held_it_back_lets_go() {
+        let dir = std::env::temp_dir().join(format!("composeai-ckpt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("runs.db").to_string_lossy().into_owned();
+        let writer = open_connection(&path, false).unwrap();
+        let ckpt = Checkpointer::start(&path, &writer).unwrap();
+        writer.execute_batch("CREATE TABLE t(x BLOB)").unwrap();
+        let reader = Connection::open(&path).unwrap();
+        reader.execute_batch("BEGIN").unwrap();
+        let _: i64 = reader
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .unwrap();
+        let frames = || ckpt.shared.state.lock().frames;
+        let commit = || {
+            writer
+                .execute("INSERT INTO t VALUES(zeroblob(3000))", [])
+                .unwrap();
+        };
+        // The reader's snapshot keeps every checkpoint from copying the WAL.
+        while frames() < INLINE + 10 {
+            commit();
+        }
+        reader.execute_batch("COMMIT").unwrap();
+        let grown = frames();
+        // Not a thousand frames later: the next commits start it over.
+        let started_over = (0..100).any(|_| {
+            commit();
+            frames() < grown
+        });
+        // The commits call into the checkpointer: the writer goes first.
+        drop(writer);
+        drop(ckpt);
+        drop(reader);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(started_over, "the WAL still grows past {grown} frames");
+    }
 }
