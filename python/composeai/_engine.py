@@ -133,7 +133,7 @@ def get_store():
 
 
 def _open_store():
-    global _store, _CLOSE_AT_EXIT
+    global _store
     with _store_lock:
         if _store is None:
             spec = store_spec()
@@ -142,11 +142,9 @@ def _open_store():
                 if not spec:
                     os.makedirs(state_dir(), mode=0o700, exist_ok=True)
                 _store = _core.Store(target)
-                if not _CLOSE_AT_EXIT:
-                    _CLOSE_AT_EXIT = True
-                    atexit.register(_close_at_exit)
             else:
                 _store = _core.Store(spec)
+            _close_at_exit_once()
         return _store
 
 
@@ -164,15 +162,24 @@ async def aget_store():
     with _store_lock:
         if _store is None:
             _store = opened
+            _close_at_exit_once()
         return _store
 
 
 _CLOSE_AT_EXIT = False
 
 
+def _close_at_exit_once() -> None:
+    global _CLOSE_AT_EXIT
+    if not _CLOSE_AT_EXIT:
+        _CLOSE_AT_EXIT = True
+        atexit.register(_close_at_exit)
+
+
 def _close_at_exit() -> None:
-    """Lets go of the SQLite store as the process exits, so that the last
-    process to close it leaves no WAL for the next one to read back."""
+    """As the process exits: writes what is still queued (batch-durability
+    steps, spans) and lets go of the store. On SQLite, the last process to
+    close it leaves no WAL for the next one to read back."""
     store = _store
     if store is not None:
         try:
@@ -226,39 +233,18 @@ def durability_from_env() -> str:
     return check_durability(value, "COMPOSE_DURABILITY")
 
 
-_FLUSH_AT_EXIT = False
-
-
 def apply_durability(run: Any, durability: str | None) -> None:
     """Sets up a flow attempt before its body runs: its durability mode
     (`durability`, else `COMPOSE_DURABILITY`) and where its step spans are
     kept. A refused mode fails the attempt (nothing else ran) and raises."""
     try:
         if (durability or durability_from_env()) == "batch":
-            _use_batch(run)
+            # Batched steps still queued at exit are committed by `_close_at_exit`.
+            run.attempt.set_batch()
         keep_step_spans_in_store(run)
     except BaseException as exc:
         run.attempt.settle("failed", None, error_json(exc))
         raise
-
-
-def _use_batch(run: Any) -> None:
-    """Switches the attempt to batch durability; batched steps still queued
-    at interpreter exit are committed then."""
-    global _FLUSH_AT_EXIT
-    run.attempt.set_batch()
-    if not _FLUSH_AT_EXIT:
-        _FLUSH_AT_EXIT = True
-        atexit.register(_flush_at_exit)
-
-
-def _flush_at_exit() -> None:
-    store = _store
-    if store is not None:
-        try:
-            store.flush()
-        except Exception:  # noqa: BLE001, S110 -- nothing left to report to at exit
-            pass
 
 
 # ---------------------------------------------------------------------------
