@@ -339,18 +339,21 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
         takeover: crate::lease::Takeover,
         answers: &[(String, String)],
     ) -> CoreResult<Claim> {
-        let (row, mut entries) = self.acquire(run_id, owner, lease_until, live, takeover)?;
+        let (row, entries) = self.acquire(run_id, owner, lease_until, live, takeover)?;
+        let mut journal = crate::journal::Journal::new(entries);
         if !answers.is_empty() {
             self.record_answers(row.rid, answers)?;
-            entries.extend(
-                answers
-                    .iter()
-                    .map(|(id, value)| (format!("__interrupt__:{id}"), value.clone())),
-            );
+            // First write wins, in memory as in the store.
+            for (id, value) in answers {
+                journal.record(
+                    &format!("__interrupt__:{id}"),
+                    std::sync::Arc::from(value.as_str()),
+                );
+            }
         }
         Ok(Claim {
             row,
-            journal: crate::journal::Journal::new(entries),
+            journal,
             span_mark: None,
         })
     }
