@@ -19,6 +19,7 @@ pub mod replayed;
 pub mod sqlite;
 pub mod step_spans;
 pub mod url;
+pub mod wal_vfs;
 mod write_tx;
 
 use crate::error::CoreResult;

@@ -21,7 +21,7 @@ use crate::graph::store::GraphWork;
 use crate::ids::{encode_id, StoredId};
 use crate::journal::{Journal, JournalLoader};
 use parking_lot::{Condvar, Mutex};
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -902,7 +902,12 @@ pub fn read_run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
 /// private to its user and bringing the schema to `SCHEMA_VERSION`.
 pub fn open_connection(path: &str, full_sync: bool) -> CoreResult<Connection> {
     create_private_file(path)?;
-    let conn = Connection::open(path).at(path)?;
+    // Commits write their WAL frames in one system call (see `wal_vfs`).
+    let conn = match super::wal_vfs::name() {
+        Some(vfs) => Connection::open_with_flags_and_vfs(path, OpenFlags::default(), vfs),
+        None => Connection::open(path),
+    }
+    .at(path)?;
     // A graph run's commits alone use more distinct statements than the
     // default 16: re-preparing evicted ones would cost every step.
     conn.set_prepared_statement_cache_capacity(64);

@@ -1,0 +1,683 @@
+//! The store's connections write a commit's WAL frames with one system call.
+//!
+//! SQLite appends each frame of a commit to the WAL with two writes, its
+//! 24-byte header and then its page, so a commit of ten pages costs twenty
+//! `pwrite`s, and, as a frame is not page-aligned in the file, about thirty
+//! page-cache updates in the kernel. This VFS is SQLite's default one
+//! (`unix`) with a layer on the WAL file that gathers contiguous writes in
+//! memory and writes them at once:
+//!
+//! - when the page of a commit frame (one whose header carries the database
+//!   size) has been gathered, so the commit is in the file before SQLite
+//!   publishes it in the wal-index (which only happens after that write
+//!   returned; its error fails the commit as a failed `pwrite` would);
+//! - before anything else touches the WAL file (a read, a sync, a truncate,
+//!   its size, a file control, closing it), so SQLite reads what it wrote;
+//! - before any wal-index lock or barrier of the connection's database file,
+//!   so no frame written inside a transaction is still in memory once its
+//!   write lock is released (a rolled-back transaction's spilled frames reach
+//!   the file while the lock is held, as without this layer);
+//! - when the gathered bytes reach `GATHER_LIMIT` (a long transaction that
+//!   spills pages).
+//!
+//! The file's content after each of these points is the one the same writes
+//! made one by one would leave, so readers in this or other processes, WAL
+//! recovery after a crash, and checkpoints see no difference. Every other
+//! file (database, journals, temporary files) passes straight through.
+
+use rusqlite::ffi;
+use std::os::raw::{c_char, c_int, c_void};
+use std::sync::OnceLock;
+
+/// The name the store's connections open their database with.
+pub const VFS_NAME: &str = "composeai-wal";
+const VFS_NAME_C: &[u8] = b"composeai-wal\0";
+
+/// Bytes gathered at most before they are written: the default VFS writes
+/// at most 128 KiB per call.
+const GATHER_LIMIT: usize = 1 << 16;
+
+/// A WAL frame header's length; bytes 4..8 hold the database size in pages
+/// after a commit frame, 0 in every other frame.
+const FRAME_HEADER: usize = 24;
+
+extern "C" {
+    // SQLite 3.31+: the database file a WAL or journal file name belongs to.
+    fn sqlite3_database_file_object(name: *const c_char) -> *mut ffi::sqlite3_file;
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Main,
+    Wal,
+    Other,
+}
+
+/// What SQLite allocates for each open file (`szOsFile` bytes): this header,
+/// then the default VFS's own file at `REAL_OFFSET`.
+#[repr(C)]
+struct ShimFile {
+    base: ffi::sqlite3_file,
+    real: *mut ffi::sqlite3_file,
+    role: Role,
+    /// A main database file's open WAL, a WAL's main database file (both
+    /// opened through this VFS by one connection), or null.
+    peer: *mut ShimFile,
+    gathered: Vec<u8>,
+    /// File offset of `gathered[0]`.
+    start: i64,
+    /// The page of a commit frame is the next write: write out after it.
+    commit_next: bool,
+    /// The end of the furthest write since the WAL last started over: frames
+    /// are appended there.
+    frontier: i64,
+}
+
+const REAL_OFFSET: usize = std::mem::size_of::<ShimFile>().next_multiple_of(16);
+
+struct Vfs(ffi::sqlite3_vfs);
+
+// The struct is written once, before registration, and only read after.
+unsafe impl Send for Vfs {}
+unsafe impl Sync for Vfs {}
+
+static VFS: OnceLock<Option<Box<Vfs>>> = OnceLock::new();
+static BASE: OnceLock<BaseVfs> = OnceLock::new();
+
+struct BaseVfs(*mut ffi::sqlite3_vfs);
+unsafe impl Send for BaseVfs {}
+unsafe impl Sync for BaseVfs {}
+
+/// Registers the VFS (once per process); `Some(VFS_NAME)` when connections
+/// can open with it, `None` to use SQLite's default.
+pub fn name() -> Option<&'static str> {
+    VFS.get_or_init(register).as_ref().map(|_| VFS_NAME)
+}
+
+fn register() -> Option<Box<Vfs>> {
+    // SAFETY: plain SQLite calls; the registered struct is boxed and kept
+    // for the life of the process in `VFS`.
+    unsafe {
+        if ffi::sqlite3_initialize() != ffi::SQLITE_OK {
+            return None;
+        }
+        let base = ffi::sqlite3_vfs_find(std::ptr::null());
+        if base.is_null() || (*base).iVersion < 1 || (*base).xOpen.is_none() {
+            return None;
+        }
+        let _ = BASE.set(BaseVfs(base));
+        // The default VFS's own entries serve every call but `xOpen`; they
+        // see the same `pAppData` and `mxPathname` as through the default.
+        let mut vfs = *base;
+        vfs.szOsFile = c_int::try_from(REAL_OFFSET)
+            .ok()?
+            .checked_add((*base).szOsFile)?;
+        vfs.zName = VFS_NAME_C.as_ptr().cast();
+        vfs.pNext = std::ptr::null_mut();
+        vfs.xOpen = Some(x_open);
+        let mut boxed = Box::new(Vfs(vfs));
+        if ffi::sqlite3_vfs_register(&mut boxed.0, 0) != ffi::SQLITE_OK {
+            return None;
+        }
+        Some(boxed)
+    }
+}
+
+unsafe extern "C" fn x_open(
+    _vfs: *mut ffi::sqlite3_vfs,
+    name: *const c_char,
+    file: *mut ffi::sqlite3_file,
+    flags: c_int,
+    out_flags: *mut c_int,
+) -> c_int {
+    let Some(base) = BASE.get() else {
+        return ffi::SQLITE_ERROR;
+    };
+    let f = file.cast::<ShimFile>();
+    let real = file
+        .cast::<u8>()
+        .add(REAL_OFFSET)
+        .cast::<ffi::sqlite3_file>();
+    (*f).base.pMethods = std::ptr::null();
+    let Some(open) = (*base.0).xOpen else {
+        return ffi::SQLITE_ERROR;
+    };
+    let rc = open(base.0, name, real, flags, out_flags);
+    if (*real).pMethods.is_null() {
+        // Nothing to close: SQLite calls no method of this file.
+        return rc;
+    }
+    let role = if flags & ffi::SQLITE_OPEN_MAIN_DB != 0 {
+        Role::Main
+    } else if flags & ffi::SQLITE_OPEN_WAL != 0 {
+        Role::Wal
+    } else {
+        Role::Other
+    };
+    std::ptr::write(
+        f,
+        ShimFile {
+            base: ffi::sqlite3_file {
+                pMethods: methods_for((*real).pMethods),
+            },
+            real,
+            role,
+            peer: std::ptr::null_mut(),
+            gathered: Vec::new(),
+            start: 0,
+            commit_next: false,
+            frontier: 0,
+        },
+    );
+    if role == Role::Wal && !name.is_null() {
+        let main = sqlite3_database_file_object(name).cast::<ShimFile>();
+        // Only a main file opened through this VFS carries these methods.
+        if !main.is_null() && is_shim(&(*main).base) && (*main).role == Role::Main {
+            (*main).peer = f;
+            (*f).peer = main;
+        }
+    }
+    rc
+}
+
+/// Our methods, of the default file's version (SQLite calls no method a
+/// file's version lacks).
+fn methods_for(real: *const ffi::sqlite3_io_methods) -> *const ffi::sqlite3_io_methods {
+    // SAFETY: `real` is the non-null method table of an open file.
+    match unsafe { (*real).iVersion } {
+        v if v >= 3 => &METHODS_V3,
+        2 => &METHODS_V2,
+        _ => &METHODS_V1,
+    }
+}
+
+fn is_shim(file: &ffi::sqlite3_file) -> bool {
+    std::ptr::eq(file.pMethods, &METHODS_V3)
+        || std::ptr::eq(file.pMethods, &METHODS_V2)
+        || std::ptr::eq(file.pMethods, &METHODS_V1)
+}
+
+const fn methods(version: c_int) -> ffi::sqlite3_io_methods {
+    ffi::sqlite3_io_methods {
+        iVersion: version,
+        xClose: Some(x_close),
+        xRead: Some(x_read),
+        xWrite: Some(x_write),
+        xTruncate: Some(x_truncate),
+        xSync: Some(x_sync),
+        xFileSize: Some(x_file_size),
+        xLock: Some(x_lock),
+        xUnlock: Some(x_unlock),
+        xCheckReservedLock: Some(x_check_reserved_lock),
+        xFileControl: Some(x_file_control),
+        xSectorSize: Some(x_sector_size),
+        xDeviceCharacteristics: Some(x_device_characteristics),
+        xShmMap: Some(x_shm_map),
+        xShmLock: Some(x_shm_lock),
+        xShmBarrier: Some(x_shm_barrier),
+        xShmUnmap: Some(x_shm_unmap),
+        xFetch: Some(x_fetch),
+        xUnfetch: Some(x_unfetch),
+    }
+}
+
+static METHODS_V1: ffi::sqlite3_io_methods = methods(1);
+static METHODS_V2: ffi::sqlite3_io_methods = methods(2);
+static METHODS_V3: ffi::sqlite3_io_methods = methods(3);
+
+/// The default VFS's file and its method table.
+unsafe fn real(
+    file: *mut ffi::sqlite3_file,
+) -> (*mut ffi::sqlite3_file, &'static ffi::sqlite3_io_methods) {
+    let real = (*file.cast::<ShimFile>()).real;
+    (real, &*(*real).pMethods)
+}
+
+/// Calls the default file's method `$m` (an error code if it has none).
+macro_rules! forward {
+    ($file:expr, $m:ident $(, $arg:expr)*) => {{
+        let (real, methods) = real($file);
+        match methods.$m {
+            Some(m) => m(real $(, $arg)*),
+            None => ffi::SQLITE_IOERR,
+        }
+    }};
+}
+
+/// Writes what a WAL file gathered. Whatever happens, nothing stays
+/// gathered: a failed write is reported once, never retried later over
+/// frames written since.
+unsafe fn write_out(f: *mut ShimFile) -> c_int {
+    let s = &mut *f;
+    if s.gathered.is_empty() {
+        return ffi::SQLITE_OK;
+    }
+    let (real, methods) = real(f.cast());
+    let rc = match (methods.xWrite, c_int::try_from(s.gathered.len())) {
+        (Some(write), Ok(n)) => write(real, s.gathered.as_ptr().cast(), n, s.start),
+        _ => ffi::SQLITE_IOERR_WRITE,
+    };
+    s.gathered.clear();
+    if s.gathered.capacity() > GATHER_LIMIT {
+        s.gathered.shrink_to(GATHER_LIMIT);
+    }
+    rc
+}
+
+/// Writes out a WAL file's gathered bytes before another use of it.
+unsafe fn settle(file: *mut ffi::sqlite3_file) -> c_int {
+    let f = file.cast::<ShimFile>();
+    if (*f).role == Role::Wal {
+        write_out(f)
+    } else {
+        ffi::SQLITE_OK
+    }
+}
+
+/// Writes out the WAL of a main database file before a wal-index lock or
+/// barrier.
+unsafe fn settle_peer(file: *mut ffi::sqlite3_file) -> c_int {
+    let f = file.cast::<ShimFile>();
+    if (*f).role == Role::Main && !(*f).peer.is_null() {
+        write_out((*f).peer)
+    } else {
+        ffi::SQLITE_OK
+    }
+}
+
+unsafe extern "C" fn x_close(file: *mut ffi::sqlite3_file) -> c_int {
+    let f = file.cast::<ShimFile>();
+    let written = settle(file);
+    if !(*f).peer.is_null() {
+        (*(*f).peer).peer = std::ptr::null_mut();
+    }
+    let rc = forward!(file, xClose);
+    std::ptr::drop_in_place(&mut (*f).gathered);
+    (*f).base.pMethods = std::ptr::null();
+    if written != ffi::SQLITE_OK {
+        written
+    } else {
+        rc
+    }
+}
+
+unsafe extern "C" fn x_read(
+    file: *mut ffi::sqlite3_file,
+    buf: *mut c_void,
+    n: c_int,
+    at: i64,
+) -> c_int {
+    match settle(file) {
+        ffi::SQLITE_OK => forward!(file, xRead, buf, n, at),
+        rc => rc,
+    }
+}
+
+unsafe extern "C" fn x_write(
+    file: *mut ffi::sqlite3_file,
+    buf: *const c_void,
+    n: c_int,
+    at: i64,
+) -> c_int {
+    let f = file.cast::<ShimFile>();
+    if (*f).role != Role::Wal || n <= 0 || at < 0 {
+        return forward!(file, xWrite, buf, n, at);
+    }
+    let data = std::slice::from_raw_parts(buf.cast::<u8>(), n as usize);
+    let s = &mut *f;
+    let end = s.start + s.gathered.len() as i64;
+    let len = data.len() as i64;
+    if !s.gathered.is_empty() && at == end && s.gathered.len() + data.len() <= GATHER_LIMIT {
+        s.gathered.extend_from_slice(data);
+    } else if !s.gathered.is_empty() && at >= s.start && at + len <= end {
+        let from = (at - s.start) as usize;
+        s.gathered[from..from + data.len()].copy_from_slice(data);
+    } else {
+        let rc = write_out(f);
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+        if data.len() >= GATHER_LIMIT {
+            s.commit_next = false;
+            return forward!(file, xWrite, buf, n, at);
+        }
+        s.start = at;
+        s.gathered.extend_from_slice(data);
+    }
+    // The WAL starts over with its header at offset 0.
+    let frontier = if at == 0 { 0 } else { s.frontier };
+    s.frontier = frontier.max(at + len);
+    let page_of_commit = s.commit_next;
+    s.commit_next = data.len() == FRAME_HEADER && data[4..8] != [0, 0, 0, 0];
+    // A commit frame's header written below the frontier was rewritten in
+    // place (SQLite recomputes the checksums of frames overwritten within a
+    // transaction): it is the transaction's last write to the WAL. (After
+    // another connection started the WAL over, an appended one can look the
+    // same: written now, its page is still written right after it.)
+    if page_of_commit || (s.commit_next && at < frontier) {
+        return write_out(f);
+    }
+    ffi::SQLITE_OK
+}
+
+unsafe extern "C" fn x_truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_int {
+    let f = file.cast::<ShimFile>();
+    (*f).frontier = (*f).frontier.min(size);
+    match settle(file) {
+        ffi::SQLITE_OK => forward!(file, xTruncate, size),
+        rc => rc,
+    }
+}
+
+unsafe extern "C" fn x_sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
+    match settle(file) {
+        ffi::SQLITE_OK => forward!(file, xSync, flags),
+        rc => rc,
+    }
+}
+
+unsafe extern "C" fn x_file_size(file: *mut ffi::sqlite3_file, size: *mut i64) -> c_int {
+    match settle(file) {
+        ffi::SQLITE_OK => forward!(file, xFileSize, size),
+        rc => rc,
+    }
+}
+
+unsafe extern "C" fn x_lock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+    forward!(file, xLock, level)
+}
+
+unsafe extern "C" fn x_unlock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+    forward!(file, xUnlock, level)
+}
+
+unsafe extern "C" fn x_check_reserved_lock(file: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
+    forward!(file, xCheckReservedLock, out)
+}
+
+unsafe extern "C" fn x_file_control(
+    file: *mut ffi::sqlite3_file,
+    op: c_int,
+    arg: *mut c_void,
+) -> c_int {
+    match settle(file) {
+        ffi::SQLITE_OK => forward!(file, xFileControl, op, arg),
+        rc => rc,
+    }
+}
+
+unsafe extern "C" fn x_sector_size(file: *mut ffi::sqlite3_file) -> c_int {
+    let (real, methods) = real(file);
+    methods.xSectorSize.map_or(4096, |m| m(real))
+}
+
+unsafe extern "C" fn x_device_characteristics(file: *mut ffi::sqlite3_file) -> c_int {
+    let (real, methods) = real(file);
+    methods.xDeviceCharacteristics.map_or(0, |m| m(real))
+}
+
+unsafe extern "C" fn x_shm_map(
+    file: *mut ffi::sqlite3_file,
+    page: c_int,
+    size: c_int,
+    extend: c_int,
+    out: *mut *mut c_void,
+) -> c_int {
+    forward!(file, xShmMap, page, size, extend, out)
+}
+
+unsafe extern "C" fn x_shm_lock(
+    file: *mut ffi::sqlite3_file,
+    offset: c_int,
+    n: c_int,
+    flags: c_int,
+) -> c_int {
+    let written = settle_peer(file);
+    // A lock is not taken after a failed write; an unlock always happens
+    // (nothing gathered then was committed: a commit's frames are written
+    // with its last page).
+    if written != ffi::SQLITE_OK && flags & ffi::SQLITE_SHM_LOCK != 0 {
+        return written;
+    }
+    forward!(file, xShmLock, offset, n, flags)
+}
+
+unsafe extern "C" fn x_shm_barrier(file: *mut ffi::sqlite3_file) {
+    // Normally nothing is gathered here (a commit's frames were written with
+    // its last page); this write only covers uses of the WAL this layer does
+    // not foresee, and has no way to report an error.
+    let _ = settle_peer(file);
+    let (real, methods) = real(file);
+    if let Some(m) = methods.xShmBarrier {
+        m(real);
+    }
+}
+
+unsafe extern "C" fn x_shm_unmap(file: *mut ffi::sqlite3_file, delete: c_int) -> c_int {
+    forward!(file, xShmUnmap, delete)
+}
+
+unsafe extern "C" fn x_fetch(
+    file: *mut ffi::sqlite3_file,
+    at: i64,
+    n: c_int,
+    out: *mut *mut c_void,
+) -> c_int {
+    match settle(file) {
+        ffi::SQLITE_OK => forward!(file, xFetch, at, n, out),
+        rc => rc,
+    }
+}
+
+unsafe extern "C" fn x_unfetch(file: *mut ffi::sqlite3_file, at: i64, p: *mut c_void) -> c_int {
+    forward!(file, xUnfetch, at, p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rusqlite::{params, Connection, OpenFlags};
+
+    fn scratch(tag: &str) -> std::path::PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("composeai-walvfs-{tag}-{}", crate::ids::new_ulid()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn open_gathering(path: &std::path::Path) -> Connection {
+        let vfs = name().expect("the VFS registers");
+        let conn = Connection::open_with_flags_and_vfs(path, OpenFlags::default(), vfs).unwrap();
+        conn.execute_batch(
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA wal_autocheckpoint=0;",
+        )
+        .unwrap();
+        conn
+    }
+
+    fn count(conn: &Connection) -> i64 {
+        conn.query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    fn integrity(conn: &Connection) -> String {
+        conn.query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn each_commit_is_in_the_wal_file_when_it_returns() {
+        let dir = scratch("visible");
+        let path = dir.join("db");
+        let writer = open_gathering(&path);
+        writer
+            .execute_batch("CREATE TABLE t(x INTEGER PRIMARY KEY, v TEXT)")
+            .unwrap();
+        // A reader through SQLite's default VFS reads the WAL file itself.
+        let reader = Connection::open(&path).unwrap();
+        for i in 0..200 {
+            writer
+                .execute("INSERT INTO t(v) VALUES(?1)", [format!("{i:0>900}")])
+                .unwrap();
+            assert_eq!(count(&reader), i + 1);
+        }
+        assert_eq!(integrity(&reader), "ok");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A copy of the files taken while the writer is open is what a crash
+    /// leaves: opening it runs WAL recovery, which checks every frame's
+    /// checksum and drops the WAL from the first bad one.
+    fn recovered_copy(dir: &std::path::Path) -> Connection {
+        let copy = dir.join("copy");
+        std::fs::create_dir_all(&copy).unwrap();
+        for f in ["db", "db-wal"] {
+            std::fs::copy(dir.join(f), copy.join(f)).unwrap();
+        }
+        Connection::open(copy.join("db")).unwrap()
+    }
+
+    #[test]
+    fn a_crash_after_commits_recovers_every_one() {
+        let dir = scratch("recover");
+        let path = dir.join("db");
+        let writer = open_gathering(&path);
+        writer
+            .execute_batch("CREATE TABLE t(x INTEGER PRIMARY KEY, v TEXT)")
+            .unwrap();
+        for i in 0..300 {
+            writer
+                .execute("INSERT INTO t(v) VALUES(?1)", [format!("{i:0>500}")])
+                .unwrap();
+        }
+        let copy = recovered_copy(&dir);
+        assert_eq!(count(&copy), 300);
+        assert_eq!(integrity(&copy), "ok");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn spilled_and_rewritten_frames_commit_intact() {
+        let dir = scratch("spill");
+        let path = dir.join("db");
+        let writer = open_gathering(&path);
+        // A tiny page cache spills pages to the WAL mid-transaction; writing
+        // them again overwrites their frames, and the commit rewrites the
+        // checksums from the first one overwritten.
+        writer
+            .execute_batch("PRAGMA cache_size=2; CREATE TABLE t(x INTEGER PRIMARY KEY, v TEXT)")
+            .unwrap();
+        writer.execute_batch("BEGIN").unwrap();
+        for i in 0..400 {
+            writer
+                .execute("INSERT INTO t(v) VALUES(?1)", [format!("{i:0>700}")])
+                .unwrap();
+        }
+        writer.execute("UPDATE t SET v = v || 'x'", []).unwrap();
+        writer.execute_batch("COMMIT").unwrap();
+        let reader = Connection::open(&path).unwrap();
+        assert_eq!(count(&reader), 400);
+        let suffixed: i64 = reader
+            .query_row("SELECT count(*) FROM t WHERE v LIKE '%x'", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(suffixed, 400);
+        assert_eq!(integrity(&reader), "ok");
+        let copy = recovered_copy(&dir);
+        assert_eq!(count(&copy), 400);
+        assert_eq!(integrity(&copy), "ok");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_rolled_back_spill_never_overwrites_another_writers_commit() {
+        let dir = scratch("rollback");
+        let path = dir.join("db");
+        let writer = open_gathering(&path);
+        writer
+            .execute_batch("PRAGMA cache_size=2; CREATE TABLE t(x INTEGER PRIMARY KEY, v TEXT)")
+            .unwrap();
+        writer.execute_batch("BEGIN IMMEDIATE").unwrap();
+        for i in 0..200 {
+            writer
+                .execute("INSERT INTO t(v) VALUES(?1)", [format!("{i:0>700}")])
+                .unwrap();
+        }
+        writer.execute_batch("ROLLBACK").unwrap();
+        // Another connection (default VFS) now commits where the spilled
+        // frames were; this writer's later commits must not bring them back.
+        let other = Connection::open(&path).unwrap();
+        for i in 0..50 {
+            other
+                .execute("INSERT INTO t(v) VALUES(?1)", params![format!("other {i}")])
+                .unwrap();
+        }
+        for i in 0..50 {
+            writer
+                .execute("INSERT INTO t(v) VALUES(?1)", params![format!("mine {i}")])
+                .unwrap();
+        }
+        assert_eq!(count(&other), 100);
+        assert_eq!(integrity(&other), "ok");
+        let copy = recovered_copy(&dir);
+        assert_eq!(count(&copy), 100);
+        assert_eq!(integrity(&copy), "ok");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn the_wal_restarts_and_truncates_through_the_layer() {
+        let dir = scratch("restart");
+        let path = dir.join("db");
+        let writer = open_gathering(&path);
+        writer
+            .execute_batch("CREATE TABLE t(x INTEGER PRIMARY KEY, v TEXT)")
+            .unwrap();
+        for round in 0..5 {
+            for i in 0..100 {
+                writer
+                    .execute(
+                        "INSERT INTO t(v) VALUES(?1)",
+                        [format!("{round} {i:0>300}")],
+                    )
+                    .unwrap();
+            }
+            // The next commit starts the WAL over from its header.
+            let (busy, _, _): (i64, i64, i64) = writer
+                .query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })
+                .unwrap();
+            assert_eq!(busy, 0);
+        }
+        writer
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        assert_eq!(std::fs::metadata(dir.join("db-wal")).unwrap().len(), 0);
+        writer
+            .execute("INSERT INTO t(v) VALUES('last')", [])
+            .unwrap();
+        let copy = recovered_copy(&dir);
+        assert_eq!(count(&copy), 501);
+        assert_eq!(integrity(&copy), "ok");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn full_sync_commits_are_complete_too() {
+        let dir = scratch("full");
+        let path = dir.join("db");
+        let writer = open_gathering(&path);
+        writer
+            .execute_batch("PRAGMA synchronous=FULL; CREATE TABLE t(x INTEGER PRIMARY KEY, v TEXT)")
+            .unwrap();
+        for i in 0..50 {
+            writer
+                .execute("INSERT INTO t(v) VALUES(?1)", [format!("{i:0>2000}")])
+                .unwrap();
+        }
+        let copy = recovered_copy(&dir);
+        assert_eq!(count(&copy), 50);
+        assert_eq!(integrity(&copy), "ok");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
