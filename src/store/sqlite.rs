@@ -22,7 +22,7 @@ use crate::ids::{encode_id, StoredId};
 use crate::journal::{Journal, JournalLoader};
 use parking_lot::{Condvar, Mutex};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -698,6 +698,10 @@ fn write_ops_tx(
         refused.insert(rid, no);
         Ok(no)
     };
+    // Runs whose rows this transaction inserted, leased to this process
+    // or settled by it: nothing can have taken them over, so their spans
+    // skip the lease check.
+    let mut inserted: HashSet<i64> = HashSet::new();
     let mut journal_insert = None;
     let mut span_inserts = SpanInserts::default();
     let mut replayed: Vec<&ReplayedSpan> = Vec::new();
@@ -749,6 +753,7 @@ fn write_ops_tx(
             Op::Run(run) => {
                 let rid = insert_run(tx, run)?;
                 if let Some(rid) = rid {
+                    inserted.insert(rid);
                     // A new run's trace id is its own: its spans need no
                     // lookup (a rollback clears the cache).
                     remember_trace(traces, &run.new.trace_id, -rid);
@@ -766,7 +771,7 @@ fn write_ops_tx(
                 // The row was not inserted: its run failed.
                 0 => {}
                 rid => {
-                    if !is_refused(rid)? {
+                    if inserted.contains(&rid) || !is_refused(rid)? {
                         span_inserts.insert(tx, traces, rec, Some(rid))?;
                     }
                 }
