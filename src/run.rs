@@ -1148,6 +1148,30 @@ mod tests {
     }
 
     #[test]
+    fn runs_given_one_trace_id_each_keep_their_spans_under_their_own_rid() {
+        let dir = tempdir::Dir::new();
+        let path = dir.path("runs.db");
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+        let first = new_run("f");
+        let second = NewRun {
+            trace_id: first.trace_id.clone(),
+            ..new_run("g")
+        };
+        let a = Attempt::start(store.clone(), first).unwrap();
+        let b = Attempt::start(store.clone(), second).unwrap();
+        for i in 1..=3 {
+            let key = format!("t#{i}");
+            a.commit(&key, "1", Some(span(&key, "1")), None).unwrap();
+            b.commit(&key, "2", Some(span(&key, "2")), None).unwrap();
+        }
+        a.settle(completed()).unwrap();
+        b.settle(completed()).unwrap();
+        store.flush().unwrap();
+        assert_eq!(own_trace(&path, a.rid().unwrap()), (3, 3, 0));
+        assert_eq!(own_trace(&path, b.rid().unwrap()), (3, 3, 0));
+    }
+
+    #[test]
     fn queued_spans_never_outgrow_the_backlog_bound() {
         let dir = tempdir::Dir::new();
         let store = Arc::new(SqliteStore::open(&dir.path("runs.db")).unwrap());

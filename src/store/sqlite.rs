@@ -1031,8 +1031,13 @@ pub(crate) fn trace_tid(
     trace_id: &str,
     rid: Option<i64>,
 ) -> rusqlite::Result<i64> {
-    if let Some(tid) = traces.get(trace_id) {
-        return Ok(*tid);
+    // A run's own trace is remembered as `-rid`: a span of another run that
+    // names the same trace id (runs do not share trace ids, but a caller may
+    // pass one) is looked up, and lands under its own run's `-rid` too.
+    if let Some(&tid) = traces.get(trace_id) {
+        if tid >= 0 || rid.is_none_or(|r| r == -tid) {
+            return Ok(tid);
+        }
     }
     let row: Option<i64> = tx
         .prepare_cached("SELECT tid FROM traces WHERE trace_id = ?1")?
