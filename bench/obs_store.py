@@ -13,7 +13,8 @@ through the engine would take minutes, so the store is built in two steps:
    own `sqlite_master` SQL (so the schema is the engine's, byte for byte,
    with its `user_version`), then seeded synthetic rows of those same shapes
    are bulk-inserted (span ids as 16-byte ULID blobs, `flags`, usage
-   columns, `traces`, `journal`, `agent_state`, `pending_interrupts`), in
+   columns, a run's spans under its `-rid` and `traces` rows for the spans
+   outside any run, `journal`, `agent_state`, `pending_interrupts`), in
    the engine's order (a run's spans as they finish: children first). Every
    synthetic row's *shape* (kind, status, flags, which columns are NULL, the
    keys of its attribute/error JSON, the form of its payloads) is checked
@@ -731,9 +732,15 @@ class Gen:
     # ----------------------------------------------------------------- runs
 
     def new_trace(self, rid: int | None, created: float) -> tuple[int, str, str]:
-        self.tid += 1
+        """`(tid, run id, trace id)`: a run's own trace is stored under -rid,
+        with no `traces` row; a trace outside any run gets the next row."""
+        if rid is None:
+            self.tid += 1
+            tid = self.tid
+        else:
+            tid = -rid
         value = ulid_int(created, self.rng)
-        return self.tid, ulid_text(value), ulid_text(value + 1)
+        return tid, ulid_text(value), ulid_text(value + 1)
 
     def flow_plan(self, target: int, ending: str) -> tuple[int, int, list[tuple[str, int]]]:
         """(journaled tasks, map items, [(agent, llm turns)]) totalling `target` spans."""
@@ -888,7 +895,6 @@ class Gen:
                 None,
                 None,
             ),
-            "trace": (tid, trace_id),
             "pending": [tuple(p) for p in pending],
         }
 
@@ -915,7 +921,6 @@ class Gen:
                 None,
                 None,
             ),
-            "trace": (tid, trace_id),
             "pending": [],
         }
 
@@ -1012,7 +1017,6 @@ class Gen:
                 None,
                 None,
             ),
-            "trace": (tid, trace_id),
             "pending": [],
         }
 
@@ -1193,7 +1197,6 @@ def synthesize(db: str, tpl: dict[str, Any], args: argparse.Namespace) -> dict[s
         else:
             out = gen.combinator_run(rid, created, kind, size)
         runs.append(out["run"])
-        traces.append(out["trace"])
         pending.extend(out["pending"])
         n = len(gen.spans) - first
         run_id = out["run"][1]

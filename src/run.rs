@@ -1071,22 +1071,104 @@ mod tests {
             a.settle(completed()).unwrap();
             assert!(store.cached_traces() <= 1024);
         }
-        // Every span still names its own run's trace.
-        let stray: i64 = rusqlite::Connection::open(&path)
+        // Every span is still stored under its own run's trace, including
+        // those of runs the writer no longer remembered.
+        let stray: (i64, i64) = rusqlite::Connection::open(&path)
             .unwrap()
             .query_row(
-                "SELECT count(*) FROM spans s JOIN runs r ON r.rid = s.rid \
-                 JOIN traces t ON t.tid = s.tid WHERE t.trace_id != r.trace_id",
+                "SELECT (SELECT count(*) FROM spans WHERE rid IS NULL OR tid != -rid), \
+                 (SELECT count(*) FROM traces)",
                 [],
-                |r| r.get(0),
+                |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .unwrap();
-        assert_eq!(stray, 0);
+        assert_eq!(stray, (0, 0));
         let spans: i64 = rusqlite::Connection::open(&path)
             .unwrap()
             .query_row("SELECT count(*) FROM spans", [], |r| r.get(0))
             .unwrap();
         assert_eq!(spans, runs);
+    }
+
+    /// `(spans of run rid, those stored under -rid, rows of traces)`.
+    fn own_trace(path: &str, rid: i64) -> (i64, i64, i64) {
+        rusqlite::Connection::open(path)
+            .unwrap()
+            .query_row(
+                "SELECT (SELECT count(*) FROM spans WHERE rid = ?1), \
+                 (SELECT count(*) FROM spans WHERE rid = ?1 AND tid = -?1), \
+                 (SELECT count(*) FROM traces)",
+                [rid],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .unwrap()
+    }
+
+    #[test]
+    fn a_run_stores_its_spans_under_minus_its_rid_on_every_write_path() {
+        let dir = tempdir::Dir::new();
+        let path = dir.path("runs.db");
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+        // A row with a commit of its own: a step's span, a queued span, a
+        // replayed step's span, a batched step's span.
+        let a = Attempt::start(store.clone(), new_run("f")).unwrap();
+        a.commit("t#1", "1", Some(span("t#1", "1")), None).unwrap();
+        a.queue_span(span("t#1", "1"));
+        let replayed = crate::ids::new_ulid();
+        a.queue_replayed_span(
+            replayed,
+            None,
+            "task".into(),
+            "t".into(),
+            1.0,
+            "t#1".into(),
+            true,
+        );
+        a.set_batch().unwrap();
+        a.commit("t#2", "2", Some(span("t#2", "2")), None).unwrap();
+        a.settle(completed()).unwrap();
+        // A queued row, its span in the same commit.
+        let q = Attempt::start_queued(store.clone(), new_run("agent")).unwrap();
+        q.queue_span(span("llm#1", "1"));
+        q.settle(completed()).unwrap();
+        // A run resumed by another process, whose writer never saw it created.
+        let c = Attempt::start(store.clone(), new_run("f")).unwrap();
+        c.commit("t#1", "1", Some(span("t#1", "1")), None).unwrap();
+        let run_id = c.run.run_id.clone();
+        drop(c);
+        let later: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+        let c = Attempt::resume(later.clone(), &run_id).unwrap();
+        c.commit("t#2", "2", Some(span("t#2", "2")), None).unwrap();
+        c.settle(completed()).unwrap();
+        store.flush().unwrap();
+        later.flush().unwrap();
+        assert_eq!(own_trace(&path, a.rid().unwrap()), (4, 4, 0));
+        assert_eq!(own_trace(&path, q.rid().unwrap()), (1, 1, 0));
+        assert_eq!(own_trace(&path, c.rid().unwrap()), (2, 2, 0));
+    }
+
+    #[test]
+    fn runs_given_one_trace_id_each_keep_their_spans_under_their_own_rid() {
+        let dir = tempdir::Dir::new();
+        let path = dir.path("runs.db");
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+        let first = new_run("f");
+        let second = NewRun {
+            trace_id: first.trace_id.clone(),
+            ..new_run("g")
+        };
+        let a = Attempt::start(store.clone(), first).unwrap();
+        let b = Attempt::start(store.clone(), second).unwrap();
+        for i in 1..=3 {
+            let key = format!("t#{i}");
+            a.commit(&key, "1", Some(span(&key, "1")), None).unwrap();
+            b.commit(&key, "2", Some(span(&key, "2")), None).unwrap();
+        }
+        a.settle(completed()).unwrap();
+        b.settle(completed()).unwrap();
+        store.flush().unwrap();
+        assert_eq!(own_trace(&path, a.rid().unwrap()), (3, 3, 0));
+        assert_eq!(own_trace(&path, b.rid().unwrap()), (3, 3, 0));
     }
 
     #[test]

@@ -767,7 +767,7 @@ def _stored_call(name: str) -> tuple:
         "s.input_tokens, s.output_tokens, s.cache_read_tokens, s.cache_creation_tokens, "
         "s.reasoning_tokens, s.cost_usd, s.cost_complete, s.input_json, s.output_json, "
         "s.parent IS NULL, p.kind, length(s.span_id), s.started_at <= s.ended_at, "
-        "s.tid = (SELECT t.tid FROM traces t WHERE t.trace_id = r.trace_id) "
+        "s.tid = -r.rid "
         "FROM spans s JOIN runs r ON r.rid = s.rid "
         "LEFT JOIN spans p ON p.span_id = s.parent AND p.tid = s.tid "
         "WHERE r.name = ? ORDER BY s.sid",
@@ -902,7 +902,10 @@ def test_agent52_straight_line_standalone_call_stores_what_the_general_path_stor
         outcomes[side] = (result, _stored_call(f"plain_{side}"))
     assert straight == [True]
     assert outcomes["straight"] == outcomes["general"]
-    assert len(outcomes["straight"][1][0]) == 1 and outcomes["straight"][1][1]
+    runs, spans = outcomes["straight"][1]
+    assert len(runs) == 1 and spans
+    # The run owns its trace: no `traces` row, every span under -rid.
+    assert runs[0][10] == 0 and all(s[-1] == 1 for s in spans)
 
 
 def test_agent23_stop_reason_error_becomes_a_retryable_provider_error():

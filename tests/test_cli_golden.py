@@ -74,13 +74,20 @@ with con:
     for run_id, t in created.items():
         con.execute("UPDATE runs SET created_at = ?, updated_at = ? WHERE run_id = ?",
                     (t, t, run_id))
-    for tid, trace_id in con.execute("SELECT tid, trace_id FROM traces").fetchall():
+    # A run's own trace is stored under -rid, any other under its traces row.
+    tids = {}
+    for tid, trace_id in con.execute(
+            "SELECT -rid, trace_id FROM runs UNION ALL SELECT tid, trace_id FROM traces"):
+        tids.setdefault(trace_id, []).append(tid)
+    for trace_id, group in tids.items():
         target = starts.get(trace_id, other)
-        first = con.execute("SELECT MIN(started_at) FROM spans WHERE tid = ?", (tid,)).fetchone()[0]
+        among = "tid IN (" + ",".join("?" * len(group)) + ")"
+        first = con.execute(f"SELECT MIN(started_at) FROM spans WHERE {among}",
+                            group).fetchone()[0]
         if first is not None:
-            con.execute("UPDATE spans SET started_at = started_at + ?, "
-                        "ended_at = ended_at + ? WHERE tid = ?",
-                        (target - first, target - first, tid))
+            con.execute(f"UPDATE spans SET started_at = started_at + ?, "
+                        f"ended_at = ended_at + ? WHERE {among}",
+                        (target - first, target - first, *group))
 con.close()
 """
 

@@ -110,11 +110,12 @@ def table_counts() -> dict[str, int]:
 
 
 def db_spans(trace_id: str) -> list[dict]:
-    """Persisted spans of one trace, in start order."""
+    """Persisted spans of one run's trace, in start order: the run owns its
+    trace, whose spans are stored under `tid = -rid`."""
     rows = query(
         "SELECT s.kind, s.name, s.status, s.step_key, s.span_id, s.parent, s.rid, "
-        "s.input_json, s.output_json FROM spans s JOIN traces t ON t.tid = s.tid "
-        "WHERE t.trace_id = ? ORDER BY s.started_at, s.sid",
+        "s.input_json, s.output_json FROM spans s JOIN runs r ON s.tid = -r.rid "
+        "WHERE r.trace_id = ? ORDER BY s.started_at, s.sid",
         (trace_id,),
     )
     keys = ["kind", "name", "status", "step_key", "id", "parent", "rid", "input", "output"]

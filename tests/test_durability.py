@@ -158,10 +158,10 @@ def test_batched_steps_store_the_rows_a_step_durable_run_stores(monkeypatch):
         spans = conn.execute(
             "SELECT s.kind, s.name, s.status, s.flags, s.step_key, s.attributes_json, "
             "s.input_json, s.output_json, s.ended_at IS NULL, s.rid IS NULL, "
-            "p.name FROM spans s JOIN traces t ON t.tid = s.tid "
+            "p.name FROM spans s "
             "LEFT JOIN spans p ON p.span_id = s.parent AND p.tid = s.tid "
-            "WHERE t.trace_id = (SELECT trace_id FROM runs WHERE rid = ?) ORDER BY s.sid",
-            (rid[run.id],),
+            "WHERE s.tid = ? ORDER BY s.sid",
+            (-rid[run.id],),
         ).fetchall()
         # The flows' own names differ.
         (flow,) = conn.execute("SELECT name FROM runs WHERE rid = ?", (rid[run.id],)).fetchone()

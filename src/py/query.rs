@@ -53,12 +53,13 @@ impl Source {
         }
     }
 
-    fn trace(&self, trace_id: &str, with_payloads: bool) -> CoreResult<Vec<StoredSpan>> {
+    /// The spans of `trace_id`, the trace of run `rid`.
+    fn trace(&self, rid: i64, trace_id: &str, with_payloads: bool) -> CoreResult<Vec<StoredSpan>> {
         match self {
             Source::Sqlite(c, p) if with_payloads => {
-                query::trace_spans_with_payloads(c, trace_id).map_err(sql(p))
+                query::trace_spans_with_payloads(c, rid, trace_id).map_err(sql(p))
             }
-            Source::Sqlite(c, p) => Ok(query::trace_spans(c, trace_id)
+            Source::Sqlite(c, p) => Ok(query::trace_spans(c, rid, trace_id)
                 .map_err(sql(p))?
                 .into_iter()
                 .map(|span| StoredSpan {
@@ -238,7 +239,7 @@ pub fn trace_view(
             };
             let trace_id = run.trace_id.clone().unwrap_or_default();
             let spans: Vec<_> = src
-                .trace(&trace_id, false)?
+                .trace(run.rid, &trace_id, false)?
                 .into_iter()
                 .map(|s| s.span)
                 .collect();
@@ -468,7 +469,7 @@ pub fn diff_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(Strin
         db_path,
         run_id,
         |src, run| match run.trace_id.as_deref() {
-            Some(t) => src.trace(t, true),
+            Some(t) => src.trace(run.rid, t, true),
             None => Ok(Vec::new()),
         },
         |s| -> DiffSpan {
@@ -511,7 +512,7 @@ pub fn export_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(Str
             let Some(trace_id) = run.trace_id.as_deref() else {
                 return Ok(Vec::new());
             };
-            let mut spans = src.trace(trace_id, true)?;
+            let mut spans = src.trace(run.rid, trace_id, true)?;
             spans.retain(|s| s.rid == Some(run.rid) && s.span.kind == "llm");
             Ok(spans)
         },

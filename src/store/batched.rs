@@ -292,7 +292,7 @@ pub(crate) fn insert_spans(
         let tid = match last_trace {
             Some((t, tid)) if Arc::ptr_eq(t, &first.trace) || **t == *first.trace => tid,
             _ => {
-                let tid = trace_tid(tx, traces, &first.trace)?;
+                let tid = trace_tid(tx, traces, &first.trace, Some(rid))?;
                 last_trace = Some((&first.trace, tid));
                 tid
             }

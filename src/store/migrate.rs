@@ -238,6 +238,13 @@ fn migrate_legacy(conn: &Connection, path: &str, tables: &[String]) -> CoreResul
 }
 
 fn migrate_spans(conn: &Connection, path: &str) -> CoreResult<()> {
+    // Every run's trace gets its row before the spans move, and they are
+    // stored under it: a 0.11.0 span names its trace and its run apart, so
+    // a trace's spans stay together whichever run they name.
+    conn.execute_batch(
+        "INSERT OR IGNORE INTO traces(trace_id) SELECT trace_id FROM runs WHERE trace_id IS NOT NULL",
+    )
+    .at(path)?;
     let rids: HashMap<String, i64> = {
         let mut st = conn.prepare("SELECT run_id, rid FROM runs").at(path)?;
         let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).at(path)?;
@@ -288,10 +295,137 @@ fn migrate_spans(conn: &Connection, path: &str) -> CoreResult<()> {
         };
         insert_span(conn, &mut traces, &rec).at(path)?;
     }
-    // Traces of runs that never produced a span still get a row.
-    conn.execute_batch(
-        "INSERT OR IGNORE INTO traces(trace_id) SELECT trace_id FROM runs WHERE trace_id IS NOT NULL",
-    )
-    .at(path)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::{owner_id, Attempt};
+    use crate::store::query::trace_spans;
+    use crate::store::sqlite::{open_connection, SqliteStore};
+    use crate::store::{NewRun, SpanRow, Store};
+    use std::sync::Arc;
+
+    struct Dir(std::path::PathBuf);
+    impl Dir {
+        fn new() -> Dir {
+            let p =
+                std::env::temp_dir().join(format!("composeai-migrate-{}", crate::ids::new_ulid()));
+            std::fs::create_dir_all(&p).unwrap();
+            Dir(p)
+        }
+        fn db(&self) -> String {
+            self.0.join("runs.db").to_string_lossy().into_owned()
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn new_run(run_id: &str) -> NewRun {
+        NewRun {
+            run_id: run_id.into(),
+            trace_id: format!("T{run_id}"),
+            kind: "flow".into(),
+            name: "f".into(),
+            ..NewRun::default()
+        }
+    }
+
+    fn span(id: &str, key: &str) -> SpanRow {
+        SpanRow {
+            span_id: id.into(),
+            kind: "task".into(),
+            name: "t".into(),
+            status: "ok".into(),
+            step_key: Some(key.into()),
+            ..Default::default()
+        }
+    }
+
+    fn user_version(path: &str) -> i64 {
+        Connection::open(path)
+            .unwrap()
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_version_9_store_is_brought_up_and_its_traces_rows_kept() {
+        let dir = Dir::new();
+        let path = dir.db();
+        let rid = SqliteStore::open(&path)
+            .unwrap()
+            .create_run(&new_run("B"), owner_id(), 0.0)
+            .unwrap()
+            .rid;
+        // What version 9 wrote for B's first span.
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch(&format!(
+                "INSERT INTO traces(trace_id) VALUES('TB'); \
+                 INSERT INTO spans(tid, rid, span_id, kind, name, started_at, status, flags) \
+                 VALUES((SELECT tid FROM traces WHERE trace_id = 'TB'), {rid}, 'B1', 'task', \
+                 't', 0.0, 'ok', 0); \
+                 PRAGMA user_version = 9;"
+            ))
+            .unwrap();
+
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+        assert_eq!(user_version(&path), SCHEMA_VERSION);
+        // B, resumed, keeps its trace's row; a new run owns its trace.
+        let b = Attempt::resume(store.clone(), "B").unwrap();
+        b.commit("t#2", "2", Some(span("B2", "t#2")), None).unwrap();
+        let c = Attempt::start(store.clone(), new_run("C")).unwrap();
+        c.commit("t#1", "1", Some(span("C1", "t#1")), None).unwrap();
+        store.flush().unwrap();
+
+        let conn = open_connection(&path, false).unwrap();
+        let tids = |rid: i64| -> Vec<i64> {
+            conn.prepare("SELECT tid FROM spans WHERE rid = ?1 ORDER BY sid")
+                .unwrap()
+                .query_map([rid], |r| r.get(0))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap()
+        };
+        let tb: i64 = conn
+            .query_row("SELECT tid FROM traces WHERE trace_id = 'TB'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        let c_rid = c.rid().unwrap();
+        assert_eq!(tids(rid), [tb, tb]);
+        assert_eq!(tids(c_rid), [-c_rid]);
+        let ids = |rid: i64, trace: &str| -> Vec<String> {
+            trace_spans(&conn, rid, trace)
+                .unwrap()
+                .into_iter()
+                .map(|s| s.span_id)
+                .collect()
+        };
+        assert_eq!(ids(rid, "TB"), ["B1", "B2"]);
+        assert_eq!(ids(c_rid, "TC"), ["C1"]);
+    }
+
+    #[test]
+    fn a_store_of_a_newer_version_is_refused_and_left_alone() {
+        let dir = Dir::new();
+        let path = dir.db();
+        drop(SqliteStore::open(&path).unwrap());
+        let newer = SCHEMA_VERSION + 1;
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch(&format!("PRAGMA user_version = {newer}"))
+            .unwrap();
+        let err = SqliteStore::open(&path).err().unwrap().to_string();
+        assert!(
+            err.contains(&format!("schema version {newer}, newer")),
+            "{err}"
+        );
+        assert_eq!(user_version(&path), newer);
+    }
 }

@@ -251,6 +251,11 @@ fn syntax_error(e: rusqlite::Error) -> SearchError {
     }
 }
 
+/// The spans of the trace `?2` of run `?1`, found through the trace index:
+/// under the run's own `-rid`, or under the trace's `traces` row when it
+/// has one (written before runs owned their trace, or migrated).
+const IN_RUN_TRACE: &str = "s.tid IN (-?1, (SELECT tid FROM traces WHERE trace_id = ?2))";
+
 /// Tokens, cost and completeness over a run's `llm` spans.
 ///
 /// A run's spans are written under its own trace id, so the lookup goes
@@ -259,13 +264,12 @@ fn run_usage(conn: &Connection, run: &RunRow) -> rusqlite::Result<(i64, Option<f
     let Some(trace_id) = run.trace_id.as_deref() else {
         return Ok((0, None, true));
     };
-    conn.prepare_cached(
+    conn.prepare_cached(&format!(
         "SELECT COALESCE(SUM(COALESCE(s.input_tokens, 0) + COALESCE(s.output_tokens, 0)), 0), \
                 SUM(s.cost_usd), COALESCE(MIN(s.cost_complete), 1) \
-         FROM traces t JOIN spans s ON s.tid = t.tid \
-         WHERE t.trace_id = ?1 AND s.rid = ?2 AND s.kind = 'llm'",
-    )?
-    .query_row(params![trace_id, run.rid], |r| {
+         FROM spans s WHERE {IN_RUN_TRACE} AND s.rid = ?1 AND s.kind = 'llm'"
+    ))?
+    .query_row(params![run.rid, trace_id], |r| {
         Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)? != 0))
     })
 }
@@ -339,9 +343,14 @@ pub fn last_run(conn: &Connection) -> rusqlite::Result<Option<RunRow>> {
     .optional()
 }
 
-/// Every stored span of `trace_id`, ordered by `started_at` then span id.
-pub fn trace_spans(conn: &Connection, trace_id: &str) -> rusqlite::Result<Vec<RenderSpan>> {
-    Ok(read_trace(conn, trace_id, false)?
+/// Every stored span of `trace_id`, the trace of run `rid`, ordered by
+/// `started_at` then span id.
+pub fn trace_spans(
+    conn: &Connection,
+    rid: i64,
+    trace_id: &str,
+) -> rusqlite::Result<Vec<RenderSpan>> {
+    Ok(read_trace(conn, rid, trace_id, false)?
         .into_iter()
         .map(|s| s.span)
         .collect())
@@ -360,18 +369,20 @@ pub struct StoredSpan {
     pub output_json: Option<String>,
 }
 
-/// Every stored span of `trace_id` with its attributes and payloads (the
-/// output taken from the journal when stored there), ordered by
-/// `started_at` then span id.
+/// Every stored span of `trace_id`, the trace of run `rid`, with its
+/// attributes and payloads (the output taken from the journal when stored
+/// there), ordered by `started_at` then span id.
 pub fn trace_spans_with_payloads(
     conn: &Connection,
+    rid: i64,
     trace_id: &str,
 ) -> rusqlite::Result<Vec<StoredSpan>> {
-    read_trace(conn, trace_id, true)
+    read_trace(conn, rid, trace_id, true)
 }
 
 fn read_trace(
     conn: &Connection,
+    rid: i64,
     trace_id: &str,
     with_payloads: bool,
 ) -> rusqlite::Result<Vec<StoredSpan>> {
@@ -385,9 +396,9 @@ fn read_trace(
                 s.flags, s.error_json, s.input_tokens, s.output_tokens, s.cache_read_tokens, \
                 s.cache_creation_tokens, s.reasoning_tokens, s.cost_usd, s.cost_complete, \
                 {payloads} \
-         FROM traces t JOIN spans s ON s.tid = t.tid WHERE t.trace_id = ?1"
+         FROM spans s WHERE {IN_RUN_TRACE}"
     ))?;
-    let rows = st.query_map([trace_id], |r| {
+    let rows = st.query_map(params![rid, trace_id], |r| {
         let flags: i64 = r.get(7)?;
         let error_json: Option<String> = r.get(8)?;
         let (error_type, error_message) = parse_error(error_json.as_deref());
@@ -445,7 +456,7 @@ pub fn run_llm_spans(conn: &Connection, run: &RunRow) -> rusqlite::Result<Vec<St
     let Some(trace_id) = run.trace_id.as_deref() else {
         return Ok(Vec::new());
     };
-    let mut spans = trace_spans_with_payloads(conn, trace_id)?;
+    let mut spans = trace_spans_with_payloads(conn, run.rid, trace_id)?;
     spans.retain(|s| s.rid == Some(run.rid) && s.span.kind == "llm");
     Ok(spans)
 }
@@ -1002,7 +1013,7 @@ mod tests {
         );
 
         let conn = open_connection(&dir.db(), false).unwrap();
-        let spans = trace_spans(&conn, "TR1").unwrap();
+        let spans = trace_spans(&conn, r.rid, "TR1").unwrap();
         let ids: Vec<&str> = spans.iter().map(|s| s.span_id.as_str()).collect();
         let mut tied = [child_a.clone(), child_b.clone()];
         tied.sort();
@@ -1021,9 +1032,11 @@ mod tests {
         );
         assert_eq!(u.cost_usd, None);
         // Ids that are not ULIDs come back as written.
-        let legacy = trace_spans(&conn, "TR2").unwrap();
+        let legacy = trace_spans(&conn, other.rid, "TR2").unwrap();
         assert_eq!(legacy[0].span_id, "legacy-id");
-        assert!(trace_spans(&conn, "nope").unwrap().is_empty());
+        assert!(trace_spans(&conn, other.rid + 1, "nope")
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
@@ -1429,7 +1442,7 @@ mod tests {
         );
 
         let conn = open_connection(&dir.db(), false).unwrap();
-        let all = trace_spans_with_payloads(&conn, "TR").unwrap();
+        let all = trace_spans_with_payloads(&conn, r.rid, "TR").unwrap();
         let ids: Vec<&str> = all.iter().map(|s| s.span.span_id.as_str()).collect();
         assert_eq!(ids, ["01", "04", "03", "02"]);
         assert_eq!(all[0].output_json.as_deref(), Some("[1,2]"));
@@ -1446,5 +1459,117 @@ mod tests {
         assert_eq!(llms[1].input_json.as_deref(), Some("\"in\""));
         assert_eq!(llms[0].output_json.as_deref(), Some("\"first\""));
         assert_eq!(llms[0].span.usage.as_ref().unwrap().cost_usd, Some(0.1));
+    }
+
+    /// `(tid of each span, traces rows)` of `run`'s trace, in span order.
+    fn layout(conn: &Connection, run: &RunRow) -> (Vec<i64>, i64) {
+        let trace = run.trace_id.as_deref().unwrap();
+        let tids = conn
+            .prepare(&format!(
+                "SELECT s.tid FROM spans s WHERE {IN_RUN_TRACE} ORDER BY sid"
+            ))
+            .unwrap()
+            .query_map(params![run.rid, trace], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        let rows = conn
+            .query_row(
+                "SELECT count(*) FROM traces WHERE trace_id = ?1",
+                [trace],
+                |r| r.get(0),
+            )
+            .unwrap();
+        (tids, rows)
+    }
+
+    #[test]
+    fn a_runs_spans_read_the_same_under_its_own_tid_or_a_traces_row() {
+        let dir = Dir::new();
+        let store = SqliteStore::open(&dir.db()).unwrap();
+        // A is a run of this engine: its trace is its own. B stands for a
+        // run created before: its trace got a `traces` row then, and
+        // another process (whose writer never saw B created) resumes it.
+        let a = run(&store, "A", "flow", "a");
+        let b = run(&store, "B", "flow", "b");
+        store
+            .with_conn(|c| {
+                c.execute("INSERT INTO traces(trace_id) VALUES('TB')", [])
+                    .unwrap();
+                Ok(())
+            })
+            .unwrap();
+        let later = SqliteStore::open(&dir.db()).unwrap();
+        for (st, r) in [(&store, &a), (&later, &b)] {
+            let id = |n: u8| format!("{}{n}", r.run_id);
+            let agent = SpanRow {
+                step_key: Some("agent#1".into()),
+                ..span(&id(1), None, "agent", 1.0)
+            };
+            put(st, r, Some(r.rid), agent);
+            let call = SpanRow {
+                parent_span_id: Some(id(1)),
+                ..llm(&id(2), 2.0, (10, 5), Some(0.5), true)
+            };
+            put(st, r, Some(r.rid), call);
+            // Outside any run, in the run's trace: in the trace, not the
+            // run's usage.
+            put(st, r, None, llm(&id(3), 3.0, (100, 100), Some(9.0), true));
+        }
+        let conn = open_connection(&dir.db(), false).unwrap();
+        assert_eq!(layout(&conn, &a), (vec![-a.rid; 3], 0));
+        let tb: i64 = conn
+            .query_row("SELECT tid FROM traces WHERE trace_id = 'TB'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(layout(&conn, &b), (vec![tb; 3], 1));
+
+        let summaries = list_runs(
+            &conn,
+            &RunFilter {
+                limit: 10,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        for r in [&a, &b] {
+            let trace = r.trace_id.as_deref().unwrap();
+            let ids = [1, 2, 3].map(|n| format!("{}{n}", r.run_id));
+            let spans = trace_spans(&conn, r.rid, trace).unwrap();
+            let got: Vec<&str> = spans.iter().map(|s| s.span_id.as_str()).collect();
+            assert_eq!(got, ids);
+            let spans = trace_spans_with_payloads(&conn, r.rid, trace).unwrap();
+            let got: Vec<(&str, Option<i64>)> = spans
+                .iter()
+                .map(|s| (s.span.span_id.as_str(), s.rid))
+                .collect();
+            let want = [
+                (ids[0].as_str(), Some(r.rid)),
+                (ids[1].as_str(), Some(r.rid)),
+                (ids[2].as_str(), None),
+            ];
+            assert_eq!(got, want);
+            let llms = run_llm_spans(&conn, r).unwrap();
+            assert_eq!(llms.len(), 1);
+            assert_eq!(llms[0].span.span_id, ids[1]);
+            let s = summaries.iter().find(|s| s.run.rid == r.rid).unwrap();
+            assert_eq!(
+                (s.tokens, s.cost_usd, s.cost_complete),
+                (15, Some(0.5), true)
+            );
+            let spend = store.prior_llm_usage(r.rid).unwrap();
+            assert_eq!(spend.total, (15, 0.5));
+            assert_eq!(spend.by_step.get("agent#1"), Some(&(15, 0.5)));
+        }
+
+        for r in [&a, &b] {
+            store.delete_run(r.rid).unwrap();
+            assert_eq!(layout(&conn, r), (vec![], 0));
+        }
+        let left: i64 = conn
+            .query_row("SELECT count(*) FROM spans", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(left, 0);
     }
 }

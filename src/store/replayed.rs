@@ -106,7 +106,7 @@ pub(crate) fn insert_replayed(
         let tid = match last_trace {
             Some((t, tid)) if Arc::ptr_eq(t, &first.trace_id) || **t == *first.trace_id => tid,
             _ => {
-                let tid = super::sqlite::trace_tid(tx, traces, &first.trace_id)?;
+                let tid = super::sqlite::trace_tid(tx, traces, &first.trace_id, Some(first.rid))?;
                 last_trace = Some((&first.trace_id, tid));
                 tid
             }

@@ -22,11 +22,14 @@ use crate::ids::{encode_id, StoredId};
 use crate::journal::{Journal, JournalLoader};
 use parking_lot::{Condvar, Mutex};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub const SCHEMA_VERSION: i64 = 9;
+/// From version 10 on a run's own trace has no `traces` row: its spans are
+/// stored under `tid = -rid`. No table changed; the version keeps an older
+/// engine, which finds spans only through `traces`, from opening the store.
+pub const SCHEMA_VERSION: i64 = 10;
 
 pub fn now() -> f64 {
     SystemTime::now()
@@ -695,6 +698,10 @@ fn write_ops_tx(
         refused.insert(rid, no);
         Ok(no)
     };
+    // Runs whose rows this transaction inserted, leased to this process
+    // or settled by it: nothing can have taken them over, so their spans
+    // skip the lease check.
+    let mut inserted: HashSet<i64> = HashSet::new();
     let mut journal_insert = None;
     let mut span_inserts = SpanInserts::default();
     let mut replayed: Vec<&ReplayedSpan> = Vec::new();
@@ -745,6 +752,12 @@ fn write_ops_tx(
             }
             Op::Run(run) => {
                 let rid = insert_run(tx, run)?;
+                if let Some(rid) = rid {
+                    inserted.insert(rid);
+                    // A new run's trace id is its own: its spans need no
+                    // lookup (a rollback clears the cache).
+                    remember_trace(traces, &run.new.trace_id, -rid);
+                }
                 // 0 (not inserted: the run id exists) fails the slot after
                 // the commit, and this run's spans are dropped.
                 run.slot.inserted(rid.unwrap_or(0));
@@ -758,7 +771,7 @@ fn write_ops_tx(
                 // The row was not inserted: its run failed.
                 0 => {}
                 rid => {
-                    if !is_refused(rid)? {
+                    if inserted.contains(&rid) || !is_refused(rid)? {
                         span_inserts.insert(tx, traces, rec, Some(rid))?;
                     }
                 }
@@ -1011,28 +1024,54 @@ fn insert_journal_with(
     Ok(if stored == value { None } else { Some(stored) })
 }
 
+/// The `tid` the spans of trace `trace_id` (one of them of run `rid`) are
+/// stored under, remembered in `traces`. A trace with a `traces` row (a
+/// store migrated from 0.11.0, a run created before runs owned their
+/// trace, a trace outside any run) keeps it; a run's own trace has no row:
+/// its spans take `-rid`, which spares every run's commit the row and its
+/// index entry.
 pub(crate) fn trace_tid(
     tx: &Connection,
     traces: &mut HashMap<String, i64>,
     trace_id: &str,
+    rid: Option<i64>,
 ) -> rusqlite::Result<i64> {
-    if let Some(tid) = traces.get(trace_id) {
-        return Ok(*tid);
+    // A run's own trace is remembered as `-rid`: a span of another run that
+    // names the same trace id (runs do not share trace ids, but a caller may
+    // pass one) is looked up, and lands under its own run's `-rid` too.
+    if let Some(&tid) = traces.get(trace_id) {
+        if tid >= 0 || rid.is_none_or(|r| r == -tid) {
+            return Ok(tid);
+        }
     }
-    let inserted = tx
-        .prepare_cached("INSERT OR IGNORE INTO traces(trace_id) VALUES(?1)")?
-        .execute([trace_id])?;
-    let tid: i64 = if inserted == 1 {
-        tx.last_insert_rowid()
-    } else {
-        tx.prepare_cached("SELECT tid FROM traces WHERE trace_id = ?1")?
-            .query_row([trace_id], |r| r.get(0))?
+    let row: Option<i64> = tx
+        .prepare_cached("SELECT tid FROM traces WHERE trace_id = ?1")?
+        .query_row([trace_id], |r| r.get(0))
+        .optional()?;
+    let tid = match (row, rid) {
+        (Some(tid), _) => tid,
+        (None, Some(rid))
+            if tx
+                .prepare_cached("SELECT 1 FROM runs WHERE rid = ?1 AND trace_id = ?2")?
+                .exists(params![rid, trace_id])? =>
+        {
+            -rid
+        }
+        (None, _) => {
+            tx.prepare_cached("INSERT INTO traces(trace_id) VALUES(?1)")?
+                .execute([trace_id])?;
+            tx.last_insert_rowid()
+        }
     };
+    remember_trace(traces, trace_id, tid);
+    Ok(tid)
+}
+
+fn remember_trace(traces: &mut HashMap<String, i64>, trace_id: &str, tid: i64) {
     if traces.len() >= TRACE_CACHE {
         traces.clear();
     }
     traces.insert(trace_id.to_string(), tid);
-    Ok(tid)
 }
 
 /// Trace ids the writer remembers at most: a long-lived process starts a
@@ -1079,7 +1118,7 @@ impl<'c> SpanInserts<'c> {
         rec: &SpanRecord,
         rid: Option<i64>,
     ) -> rusqlite::Result<()> {
-        let tid = trace_tid(tx, traces, &rec.trace_id)?;
+        let tid = trace_tid(tx, traces, &rec.trace_id, rid)?;
         let s = &rec.span;
         let mut flags = 0;
         if s.replayed {
@@ -1188,6 +1227,8 @@ impl Store for SqliteStore {
             rid = tx.last_insert_rowid();
             work(&**tx)
         })?;
+        // Committed: the run's spans go under its own trace with no lookup.
+        remember_trace(&mut w.traces, &new.trace_id, -rid);
         Ok(RunRow::inserted(new, rid, "running", t))
     }
 
@@ -1552,8 +1593,8 @@ impl Store for SqliteStore {
         let path = self.path.clone();
         self.inner.apply(&mut w, ops, |tx| {
             tx.execute_batch(&format!(
-                "DELETE FROM spans WHERE rid = {rid} OR tid = (SELECT t.tid FROM runs r \
-                 JOIN traces t ON t.trace_id = r.trace_id WHERE r.rid = {rid}); \
+                "DELETE FROM spans WHERE rid = {rid} OR tid IN (-{rid}, (SELECT t.tid FROM runs r \
+                 JOIN traces t ON t.trace_id = r.trace_id WHERE r.rid = {rid})); \
                  DELETE FROM traces WHERE trace_id = (SELECT trace_id FROM runs WHERE rid = {rid}); \
                  DELETE FROM journal WHERE rid = {rid}; \
                  DELETE FROM pending_interrupts WHERE rid = {rid}; \
@@ -1607,17 +1648,6 @@ impl Store for SqliteStore {
         self.inner.drain(&mut w)?;
         let path = self.path.clone();
         let conn = &w.conn;
-        let tid: Option<i64> = conn
-            .query_row(
-                "SELECT t.tid FROM runs r JOIN traces t ON t.trace_id = r.trace_id WHERE r.rid = ?1",
-                [rid],
-                |r| r.get(0),
-            )
-            .optional()
-            .at(&path)?;
-        let Some(tid) = tid else {
-            return Ok(PriorSpend::default());
-        };
         struct Row {
             id: Option<String>,
             parent: Option<String>,
@@ -1629,11 +1659,12 @@ impl Store for SqliteStore {
         let mut st = conn
             .prepare_cached(
                 "SELECT span_id, parent, kind, step_key, input_tokens, output_tokens, cost_usd \
-                 FROM spans WHERE tid = ?1 AND rid = ?2",
+                 FROM spans WHERE rid = ?1 AND tid IN (-?1, (SELECT t.tid FROM runs r \
+                 JOIN traces t ON t.trace_id = r.trace_id WHERE r.rid = ?1))",
             )
             .at(&path)?;
         let rows: Vec<Row> = st
-            .query_map(params![tid, rid], |r| {
+            .query_map([rid], |r| {
                 Ok(Row {
                     id: crate::ids::read_id(r.get_ref(0)?),
                     parent: crate::ids::read_id(r.get_ref(1)?),
