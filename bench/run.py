@@ -400,6 +400,17 @@ def collect(args: argparse.Namespace) -> list[dict[str, Any]]:
             w5,
         ),
         row(
+            "W5 floor",
+            f"one agent call's commit (run row + 2 spans), N={fl['n']}, NORMAL",
+            fl["us_per_agent_call_commit"],
+            "us/commit",
+            "",
+            fl["us_per_agent_call_commit"] / (w5["ms_per_call"] * 1e3),
+            "share of W5",
+            None,
+            None,
+        ),
+        row(
             "W6",
             f"state, N={w6['n']}",
             w6["bytes_per_step"],
