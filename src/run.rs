@@ -1164,11 +1164,23 @@ mod tests {
             a.commit(&key, "1", Some(span(&key, "1")), None).unwrap();
             b.commit(&key, "2", Some(span(&key, "2")), None).unwrap();
         }
+        // Replayed spans of both, queued side by side: one batch of inserts.
+        for attempt in [&a, &b, &a, &b] {
+            attempt.queue_replayed_span(
+                crate::ids::new_ulid(),
+                None,
+                "task".into(),
+                "t".into(),
+                1.0,
+                "t#1".into(),
+                true,
+            );
+        }
         a.settle(completed()).unwrap();
         b.settle(completed()).unwrap();
         store.flush().unwrap();
-        assert_eq!(own_trace(&path, a.rid().unwrap()), (3, 3, 0));
-        assert_eq!(own_trace(&path, b.rid().unwrap()), (3, 3, 0));
+        assert_eq!(own_trace(&path, a.rid().unwrap()), (5, 5, 0));
+        assert_eq!(own_trace(&path, b.rid().unwrap()), (5, 5, 0));
     }
 
     #[test]

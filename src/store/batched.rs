@@ -285,15 +285,20 @@ pub(crate) fn insert_spans(
         (s.rid, s.span.as_ref().expect("a span row has a span"))
     };
     let text = |t: Option<Text>| t.map(|t| batch.get(t));
-    let mut last_trace: Option<(&Arc<str>, i64)> = None;
+    let mut last_trace: Option<(&Arc<str>, i64, i64)> = None;
     let mut at = 0;
     while at < rows.len() {
         let (rid, first) = span(rows[at]);
+        // The tid depends on the run too (a run's own trace is `-rid`).
         let tid = match last_trace {
-            Some((t, tid)) if Arc::ptr_eq(t, &first.trace) || **t == *first.trace => tid,
+            Some((t, r, tid))
+                if r == rid && (Arc::ptr_eq(t, &first.trace) || **t == *first.trace) =>
+            {
+                tid
+            }
             _ => {
                 let tid = trace_tid(tx, traces, &first.trace, Some(rid))?;
-                last_trace = Some((&first.trace, tid));
+                last_trace = Some((&first.trace, rid, tid));
                 tid
             }
         };

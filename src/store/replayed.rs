@@ -99,15 +99,21 @@ pub(crate) fn insert_replayed(
     traces: &mut HashMap<String, i64>,
     spans: &[&ReplayedSpan],
 ) -> rusqlite::Result<()> {
-    let mut last_trace: Option<(&Arc<str>, i64)> = None;
+    let mut last_trace: Option<(&Arc<str>, i64, i64)> = None;
     let mut at = 0;
     while at < spans.len() {
         let first = spans[at];
+        // The tid depends on the run too (a run's own trace is `-rid`).
         let tid = match last_trace {
-            Some((t, tid)) if Arc::ptr_eq(t, &first.trace_id) || **t == *first.trace_id => tid,
+            Some((t, rid, tid))
+                if rid == first.rid
+                    && (Arc::ptr_eq(t, &first.trace_id) || **t == *first.trace_id) =>
+            {
+                tid
+            }
             _ => {
                 let tid = super::sqlite::trace_tid(tx, traces, &first.trace_id, Some(first.rid))?;
-                last_trace = Some((&first.trace_id, tid));
+                last_trace = Some((&first.trace_id, first.rid, tid));
                 tid
             }
         };
