@@ -13,4 +13,6 @@ pub mod queue;
 pub mod run;
 pub mod runtime;
 pub mod store;
+#[cfg(test)]
+pub(crate) mod test_dir;
 pub mod trace;

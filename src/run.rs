@@ -911,25 +911,7 @@ mod tests {
         (dir, Arc::new(store))
     }
 
-    mod tempdir {
-        pub struct Dir(std::path::PathBuf);
-        impl Dir {
-            pub fn new() -> Dir {
-                let p =
-                    std::env::temp_dir().join(format!("composeai-test-{}", crate::ids::new_ulid()));
-                std::fs::create_dir_all(&p).unwrap();
-                Dir(p)
-            }
-            pub fn path(&self, name: &str) -> String {
-                self.0.join(name).to_string_lossy().into_owned()
-            }
-        }
-        impl Drop for Dir {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir_all(&self.0);
-            }
-        }
-    }
+    use crate::test_dir as tempdir;
 
     fn new_run(name: &str) -> NewRun {
         NewRun {

@@ -307,23 +307,7 @@ mod tests {
     use crate::store::{NewRun, SpanRow, Store};
     use std::sync::Arc;
 
-    struct Dir(std::path::PathBuf);
-    impl Dir {
-        fn new() -> Dir {
-            let p =
-                std::env::temp_dir().join(format!("composeai-migrate-{}", crate::ids::new_ulid()));
-            std::fs::create_dir_all(&p).unwrap();
-            Dir(p)
-        }
-        fn db(&self) -> String {
-            self.0.join("runs.db").to_string_lossy().into_owned()
-        }
-    }
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::test_dir::Dir;
 
     fn new_run(run_id: &str) -> NewRun {
         NewRun {

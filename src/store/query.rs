@@ -735,23 +735,7 @@ mod tests {
     use crate::store::sqlite::{open_connection, SqliteStore};
     use crate::store::{NewRun, Settlement, SpanRecord, SpanRow, Store};
 
-    struct Dir(std::path::PathBuf);
-    impl Dir {
-        fn new() -> Dir {
-            let p =
-                std::env::temp_dir().join(format!("composeai-query-{}", crate::ids::new_ulid()));
-            std::fs::create_dir_all(&p).unwrap();
-            Dir(p)
-        }
-        fn db(&self) -> String {
-            self.0.join("runs.db").to_string_lossy().into_owned()
-        }
-    }
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::test_dir::Dir;
 
     fn run(store: &SqliteStore, run_id: &str, kind: &str, name: &str) -> RunRow {
         store

@@ -476,16 +476,10 @@ unsafe extern "C" fn x_unfetch(file: *mut ffi::sqlite3_file, at: i64, p: *mut c_
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_dir::Dir;
     use rusqlite::{params, Connection, OpenFlags};
 
-    fn scratch(tag: &str) -> std::path::PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("composeai-walvfs-{tag}-{}", crate::ids::new_ulid()));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
-
-    fn open_gathering(path: &std::path::Path) -> Connection {
+    fn open_gathering(path: &str) -> Connection {
         let vfs = name().expect("the VFS registers");
         let conn = Connection::open_with_flags_and_vfs(path, OpenFlags::default(), vfs).unwrap();
         conn.execute_batch(
@@ -507,8 +501,8 @@ mod tests {
 
     #[test]
     fn each_commit_is_in_the_wal_file_when_it_returns() {
-        let dir = scratch("visible");
-        let path = dir.join("db");
+        let dir = Dir::new();
+        let path = dir.path("db");
         let writer = open_gathering(&path);
         writer
             .execute_batch("CREATE TABLE t(x INTEGER PRIMARY KEY, v TEXT)")
@@ -522,25 +516,24 @@ mod tests {
             assert_eq!(count(&reader), i + 1);
         }
         assert_eq!(integrity(&reader), "ok");
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     /// A copy of the files taken while the writer is open is what a crash
     /// leaves: opening it runs WAL recovery, which checks every frame's
     /// checksum and drops the WAL from the first bad one.
-    fn recovered_copy(dir: &std::path::Path) -> Connection {
-        let copy = dir.join("copy");
+    fn recovered_copy(dir: &Dir) -> Connection {
+        let copy = std::path::PathBuf::from(dir.path("copy"));
         std::fs::create_dir_all(&copy).unwrap();
         for f in ["db", "db-wal"] {
-            std::fs::copy(dir.join(f), copy.join(f)).unwrap();
+            std::fs::copy(dir.path(f), copy.join(f)).unwrap();
         }
         Connection::open(copy.join("db")).unwrap()
     }
 
     #[test]
     fn a_crash_after_commits_recovers_every_one() {
-        let dir = scratch("recover");
-        let path = dir.join("db");
+        let dir = Dir::new();
+        let path = dir.path("db");
         let writer = open_gathering(&path);
         writer
             .execute_batch("CREATE TABLE t(x INTEGER PRIMARY KEY, v TEXT)")
@@ -553,13 +546,12 @@ mod tests {
         let copy = recovered_copy(&dir);
         assert_eq!(count(&copy), 300);
         assert_eq!(integrity(&copy), "ok");
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn spilled_and_rewritten_frames_commit_intact() {
-        let dir = scratch("spill");
-        let path = dir.join("db");
+        let dir = Dir::new();
+        let path = dir.path("db");
         let writer = open_gathering(&path);
         // A tiny page cache spills pages to the WAL mid-transaction; writing
         // them again overwrites their frames, and the commit rewrites the
@@ -585,13 +577,12 @@ mod tests {
         let copy = recovered_copy(&dir);
         assert_eq!(count(&copy), 400);
         assert_eq!(integrity(&copy), "ok");
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn a_rolled_back_spill_never_overwrites_another_writers_commit() {
-        let dir = scratch("rollback");
-        let path = dir.join("db");
+        let dir = Dir::new();
+        let path = dir.path("db");
         let writer = open_gathering(&path);
         writer
             .execute_batch("PRAGMA cache_size=2; CREATE TABLE t(x INTEGER PRIMARY KEY, v TEXT)")
@@ -621,13 +612,12 @@ mod tests {
         let copy = recovered_copy(&dir);
         assert_eq!(count(&copy), 100);
         assert_eq!(integrity(&copy), "ok");
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn the_wal_restarts_and_truncates_through_the_layer() {
-        let dir = scratch("restart");
-        let path = dir.join("db");
+        let dir = Dir::new();
+        let path = dir.path("db");
         let writer = open_gathering(&path);
         writer
             .execute_batch("CREATE TABLE t(x INTEGER PRIMARY KEY, v TEXT)")
@@ -652,20 +642,19 @@ mod tests {
         writer
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
             .unwrap();
-        assert_eq!(std::fs::metadata(dir.join("db-wal")).unwrap().len(), 0);
+        assert_eq!(std::fs::metadata(dir.path("db-wal")).unwrap().len(), 0);
         writer
             .execute("INSERT INTO t(v) VALUES('last')", [])
             .unwrap();
         let copy = recovered_copy(&dir);
         assert_eq!(count(&copy), 501);
         assert_eq!(integrity(&copy), "ok");
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn full_sync_commits_are_complete_too() {
-        let dir = scratch("full");
-        let path = dir.join("db");
+        let dir = Dir::new();
+        let path = dir.path("db");
         let writer = open_gathering(&path);
         writer
             .execute_batch("PRAGMA synchronous=FULL; CREATE TABLE t(x INTEGER PRIMARY KEY, v TEXT)")
@@ -678,6 +667,5 @@ mod tests {
         let copy = recovered_copy(&dir);
         assert_eq!(count(&copy), 50);
         assert_eq!(integrity(&copy), "ok");
-        std::fs::remove_dir_all(dir).unwrap();
     }
 }
