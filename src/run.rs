@@ -1072,6 +1072,19 @@ mod tests {
         assert_eq!(spans, runs);
     }
 
+    /// Queues the span of task step `t#1` replayed.
+    fn queue_replayed_t1(a: &Attempt) {
+        a.queue_replayed_span(
+            crate::ids::new_ulid(),
+            None,
+            "task".into(),
+            "t".into(),
+            1.0,
+            "t#1".into(),
+            true,
+        );
+    }
+
     /// `(spans of run rid, those stored under -rid, rows of traces)`.
     fn own_trace(path: &str, rid: i64) -> (i64, i64, i64) {
         rusqlite::Connection::open(path)
@@ -1096,16 +1109,7 @@ mod tests {
         let a = Attempt::start(store.clone(), new_run("f")).unwrap();
         a.commit("t#1", "1", Some(span("t#1", "1")), None).unwrap();
         a.queue_span(span("t#1", "1"));
-        let replayed = crate::ids::new_ulid();
-        a.queue_replayed_span(
-            replayed,
-            None,
-            "task".into(),
-            "t".into(),
-            1.0,
-            "t#1".into(),
-            true,
-        );
+        queue_replayed_t1(&a);
         a.set_batch().unwrap();
         a.commit("t#2", "2", Some(span("t#2", "2")), None).unwrap();
         a.settle(completed()).unwrap();
@@ -1148,15 +1152,7 @@ mod tests {
         }
         // Replayed spans of both, queued side by side: one batch of inserts.
         for attempt in [&a, &b, &a, &b] {
-            attempt.queue_replayed_span(
-                crate::ids::new_ulid(),
-                None,
-                "task".into(),
-                "t".into(),
-                1.0,
-                "t#1".into(),
-                true,
-            );
+            queue_replayed_t1(attempt);
         }
         a.settle(completed()).unwrap();
         b.settle(completed()).unwrap();
