@@ -244,6 +244,17 @@ macro_rules! forward {
     }};
 }
 
+/// `forward!` after the WAL file's gathered bytes are written out (see
+/// `settle`); the write's error instead if it failed.
+macro_rules! forward_settled {
+    ($file:expr, $m:ident $(, $arg:expr)*) => {
+        match settle($file) {
+            ffi::SQLITE_OK => forward!($file, $m $(, $arg)*),
+            rc => rc,
+        }
+    };
+}
+
 /// Writes what a WAL file gathered. Whatever happens, nothing stays
 /// gathered: a failed write is reported once, never retried later over
 /// frames written since.
@@ -307,10 +318,7 @@ unsafe extern "C" fn x_read(
     n: c_int,
     at: i64,
 ) -> c_int {
-    match settle(file) {
-        ffi::SQLITE_OK => forward!(file, xRead, buf, n, at),
-        rc => rc,
-    }
+    forward_settled!(file, xRead, buf, n, at)
 }
 
 unsafe extern "C" fn x_write(
@@ -363,24 +371,15 @@ unsafe extern "C" fn x_write(
 unsafe extern "C" fn x_truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_int {
     let f = file.cast::<ShimFile>();
     (*f).frontier = (*f).frontier.min(size);
-    match settle(file) {
-        ffi::SQLITE_OK => forward!(file, xTruncate, size),
-        rc => rc,
-    }
+    forward_settled!(file, xTruncate, size)
 }
 
 unsafe extern "C" fn x_sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
-    match settle(file) {
-        ffi::SQLITE_OK => forward!(file, xSync, flags),
-        rc => rc,
-    }
+    forward_settled!(file, xSync, flags)
 }
 
 unsafe extern "C" fn x_file_size(file: *mut ffi::sqlite3_file, size: *mut i64) -> c_int {
-    match settle(file) {
-        ffi::SQLITE_OK => forward!(file, xFileSize, size),
-        rc => rc,
-    }
+    forward_settled!(file, xFileSize, size)
 }
 
 unsafe extern "C" fn x_lock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
@@ -400,10 +399,7 @@ unsafe extern "C" fn x_file_control(
     op: c_int,
     arg: *mut c_void,
 ) -> c_int {
-    match settle(file) {
-        ffi::SQLITE_OK => forward!(file, xFileControl, op, arg),
-        rc => rc,
-    }
+    forward_settled!(file, xFileControl, op, arg)
 }
 
 unsafe extern "C" fn x_sector_size(file: *mut ffi::sqlite3_file) -> c_int {
@@ -463,10 +459,7 @@ unsafe extern "C" fn x_fetch(
     n: c_int,
     out: *mut *mut c_void,
 ) -> c_int {
-    match settle(file) {
-        ffi::SQLITE_OK => forward!(file, xFetch, at, n, out),
-        rc => rc,
-    }
+    forward_settled!(file, xFetch, at, n, out)
 }
 
 unsafe extern "C" fn x_unfetch(file: *mut ffi::sqlite3_file, at: i64, p: *mut c_void) -> c_int {
