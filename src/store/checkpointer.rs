@@ -206,9 +206,8 @@ mod tests {
 
     #[test]
     fn the_wal_starts_over_soon_after_a_reader_that_held_it_back_lets_go() {
-        let dir = std::env::temp_dir().join(format!("composeai-ckpt-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("runs.db").to_string_lossy().into_owned();
+        let dir = crate::test_dir::Dir::new();
+        let path = dir.db();
         let writer = open_connection(&path, false).unwrap();
         let ckpt = Checkpointer::start(&path, &writer).unwrap();
         writer.execute_batch("CREATE TABLE t(x BLOB)").unwrap();
@@ -238,7 +237,6 @@ mod tests {
         drop(writer);
         drop(ckpt);
         drop(reader);
-        std::fs::remove_dir_all(&dir).unwrap();
         assert!(started_over, "the WAL still grows past {grown} frames");
     }
 }
