@@ -33,7 +33,7 @@ from .errors import (
 from .events import current_bus as _current_bus
 from .messages import Message, StopReason, TextPart, ToolCallPart, ToolResultPart, Usage
 from .models import registry as _registry
-from .models.base import ModelRequest
+from .models.base import ModelRequest, new_request
 from .runs import Run
 from .tracing import Span
 from .tracing import _capture_content as _capture
@@ -416,19 +416,19 @@ def _open_llm(call: _Call) -> tuple:
     span.attributes["model"] = call.model_id
     if call.provider is not None:
         span.attributes["provider"] = call.provider
-    request = ModelRequest(
-        model=call.model_id,
-        messages=list(call.messages),
-        system=call.system,
-        tools=agent._tool_specs,
-        output_schema=agent._schema,
-        max_tokens=agent.max_tokens,
-        temperature=agent.temperature,
-        provider=call.provider,
-        prompt_cache=agent.prompt_cache,
-        thinking=agent.thinking,
-        effort=agent.effort,
-        thinking_budget=agent.thinking_budget,
+    request = new_request(
+        call.model_id,
+        list(call.messages),
+        call.system,
+        agent._tool_specs,
+        agent._schema,
+        agent.max_tokens,
+        agent.temperature,
+        call.provider,
+        agent.prompt_cache,
+        agent.thinking,
+        agent.effort,
+        agent.thinking_budget,
     )
     input_json = None
     if _engine._capture():

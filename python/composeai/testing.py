@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from composeai import _core
 from composeai.errors import ComposeError, ConfigError
 from composeai.messages import Message, StopReason, TextPart, ThinkingPart, ToolCallPart, Usage
-from composeai.models.base import ModelRequest, ModelResponse, RawStreamEvent
+from composeai.models.base import ModelRequest, ModelResponse, RawStreamEvent, new_response
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -171,12 +171,8 @@ class FakeModel:
             return item
         usage = self._usage if self._usage is not None else _DEFAULT_USAGE
         if isinstance(item, str):
-            return ModelResponse(
-                message=Message.assistant(item),
-                stop_reason=StopReason.END_TURN,
-                raw_stop_reason="end_turn",
-                usage=usage,
-                model_id=request.model,
+            return new_response(
+                Message.assistant(item), StopReason.END_TURN, "end_turn", usage, request.model
             )
         if isinstance(item, dict):
             if "tool_calls" in item:

@@ -76,6 +76,86 @@ class ModelResponse:
                 pass
 
 
+def _slot_setters(cls: type) -> tuple:
+    """The setters of a slotted dataclass's fields, in field order."""
+    return tuple(cls.__dict__[name].__set__ for name in cls.__slots__)
+
+
+(
+    _rq_model,
+    _rq_messages,
+    _rq_system,
+    _rq_tools,
+    _rq_output_schema,
+    _rq_max_tokens,
+    _rq_temperature,
+    _rq_provider,
+    _rq_prompt_cache,
+    _rq_thinking,
+    _rq_effort,
+    _rq_thinking_budget,
+) = _slot_setters(ModelRequest)
+_rs_message, _rs_stop_reason, _rs_raw_stop_reason, _rs_usage, _rs_model_id, _rs_parsed = (
+    _slot_setters(ModelResponse)
+)
+_new = object.__new__
+
+
+def new_request(
+    model: str,
+    messages: list[Message],
+    system: str | None,
+    tools: list[ToolSpec] | None,
+    output_schema: dict | None,
+    max_tokens: int,
+    temperature: float | None,
+    provider: str | None,
+    prompt_cache: bool,
+    thinking: bool | None,
+    effort: str | None,
+    thinking_budget: int | None,
+) -> ModelRequest:
+    """``ModelRequest(...)`` with every field given, its slots set directly
+    (a frozen dataclass's ``__init__`` goes through ``object.__setattr__``
+    once per field, twice the cost): the agent loop builds one per model call."""
+    request = _new(ModelRequest)
+    _rq_model(request, model)
+    _rq_messages(request, messages)
+    _rq_system(request, system)
+    _rq_tools(request, tools)
+    _rq_output_schema(request, output_schema)
+    _rq_max_tokens(request, max_tokens)
+    _rq_temperature(request, temperature)
+    _rq_provider(request, provider)
+    _rq_prompt_cache(request, prompt_cache)
+    _rq_thinking(request, thinking)
+    _rq_effort(request, effort)
+    _rq_thinking_budget(request, thinking_budget)
+    return request
+
+
+def new_response(
+    message: Message,
+    stop_reason: StopReason,
+    raw_stop_reason: str | None,
+    usage: Usage,
+    model_id: str,
+    parsed: dict | None = None,
+) -> ModelResponse:
+    """``ModelResponse(...)`` for a ``StopReason`` member (nothing for
+    ``__post_init__`` to convert), its slots set directly as in ``new_request``."""
+    if type(stop_reason) is not StopReason:
+        return ModelResponse(message, stop_reason, raw_stop_reason, usage, model_id, parsed)
+    response = _new(ModelResponse)
+    _rs_message(response, message)
+    _rs_stop_reason(response, stop_reason)
+    _rs_raw_stop_reason(response, raw_stop_reason)
+    _rs_usage(response, usage)
+    _rs_model_id(response, model_id)
+    _rs_parsed(response, parsed)
+    return response
+
+
 @dataclass(frozen=True, slots=True)
 class RawStreamEvent:
     """One provider stream event (PROV-8).
