@@ -20,6 +20,12 @@
 //! the next commit from starting the WAL over, and a reader polling the
 //! database can be there at every try while the WAL grows without bound.
 //!
+//! The thread and its connection start at the first request, so a process
+//! that commits less than `LIMIT` frames (a CLI command, a resume in a fresh
+//! process) opens one connection, not two. Should either fail to start, the
+//! writer connection checkpoints itself at each request instead, as SQLite's
+//! automatic checkpoint would.
+//!
 //! This relies on the core linking the process's one SQLite library (see
 //! Cargo.toml): every connection in the process then sees the others' locks.
 
@@ -48,12 +54,19 @@ struct State {
     asked_at: c_int,
     requested: bool,
     stop: bool,
+    /// The thread was started (it may since have failed).
+    started: bool,
+    /// The thread or its connection could not start: the writer
+    /// checkpoints at each request itself.
+    inline: bool,
 }
 
-#[derive(Default)]
 struct Shared {
     state: Mutex<State>,
     wake: Condvar,
+    /// The database the thread opens its connection to.
+    path: String,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// The running checkpoint thread of a store. Dropping it stops and joins the
@@ -61,31 +74,20 @@ struct Shared {
 /// (whose commits call into it).
 pub struct Checkpointer {
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl Checkpointer {
-    /// Starts the checkpoint thread of the database at `path` and hands it
-    /// `writer`'s WAL growth, which turns SQLite's automatic checkpoint off
-    /// on that connection only. `None` when the thread or its connection
-    /// cannot start: `writer` then keeps the automatic checkpoint.
-    pub fn start(path: &str, writer: &Connection) -> Option<Checkpointer> {
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = Connection::open_with_flags(path, flags).ok()?;
-        // Reading the database opens its WAL on this connection; a
-        // checkpoint of a connection that has not is a no-op.
-        let mode: String = conn
-            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
-            .ok()?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            return None;
-        }
-        let shared = Arc::new(Shared::default());
-        let mine = Arc::clone(&shared);
-        let thread = std::thread::Builder::new()
-            .name("composeai-ckpt".into())
-            .spawn(move || mine.run(conn))
-            .ok()?;
+    /// Takes over the checkpoints of `writer`, a connection to the
+    /// database at `path`: its WAL growth is reported here, which turns
+    /// SQLite's automatic checkpoint off on that connection only. The
+    /// thread starts at the first request.
+    pub fn start(path: &str, writer: &Connection) -> Checkpointer {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            wake: Condvar::new(),
+            path: path.to_string(),
+            thread: Mutex::new(None),
+        });
         // SAFETY: the handle is `writer`'s, open; the context pointer stays
         // valid while `writer` lives, since the returned value keeps the
         // Arc and is dropped after it.
@@ -96,10 +98,7 @@ impl Checkpointer {
                 Arc::as_ptr(&shared) as *mut c_void,
             );
         }
-        Some(Checkpointer {
-            shared,
-            thread: Some(thread),
-        })
+        Checkpointer { shared }
     }
 }
 
@@ -107,12 +106,24 @@ impl Drop for Checkpointer {
     fn drop(&mut self) {
         self.shared.state.lock().stop = true;
         self.shared.wake.notify_one();
-        if let Some(thread) = self.thread.take() {
+        if let Some(thread) = self.shared.thread.lock().take() {
             // A checkpoint under way finishes first (a few ms); the thread's
             // connection closes with it.
             let _ = thread.join();
         }
     }
+}
+
+/// The checkpoint thread's connection to `path`, its WAL open.
+fn open_connection(path: &str) -> Option<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).ok()?;
+    // Reading the database opens its WAL on this connection; a checkpoint
+    // of a connection that has not is a no-op.
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .ok()?;
+    mode.eq_ignore_ascii_case("wal").then_some(conn)
 }
 
 /// A PASSIVE checkpoint of `db`: `Some((frames in the WAL, frames copied))`,
@@ -136,27 +147,54 @@ fn checkpoint(db: *mut ffi::sqlite3, name: *const c_char) -> Option<(c_int, c_in
 impl Shared {
     /// Called by the writer connection after each commit, its write lock
     /// released: a request is a flag and a wake-up.
-    fn committed(&self, db: *mut ffi::sqlite3, name: *const c_char, frames: c_int) {
-        {
-            let mut s = self.state.lock();
+    ///
+    /// `this` is the pointer `start` registered, to a live `Arc<Shared>`.
+    fn committed(this: *const Shared, db: *mut ffi::sqlite3, name: *const c_char, frames: c_int) {
+        // SAFETY: `Checkpointer` keeps the Arc alive while its writer
+        // connection (the caller) is open.
+        let shared = unsafe { &*this };
+        let inline = {
+            let mut s = shared.state.lock();
             if frames < s.frames {
                 s.asked_at = 0;
             }
             s.frames = frames;
             // A checkpoint that could not copy everything (a reader still
             // uses old frames) is asked for again after as many new frames.
-            if frames - s.asked_at >= LIMIT {
+            let asked = frames - s.asked_at >= LIMIT;
+            if asked {
                 s.asked_at = frames;
                 s.requested = true;
-                self.wake.notify_one();
+                if !s.started {
+                    s.started = true;
+                    // SAFETY: as above; the thread holds its own count.
+                    let mine = unsafe {
+                        Arc::increment_strong_count(this);
+                        Arc::from_raw(this)
+                    };
+                    match std::thread::Builder::new()
+                        .name("composeai-ckpt".into())
+                        .spawn(move || mine.run())
+                    {
+                        Ok(thread) => *shared.thread.lock() = Some(thread),
+                        Err(_) => s.inline = true,
+                    }
+                } else {
+                    shared.wake.notify_one();
+                }
             }
-        }
-        if frames >= INLINE {
+            (asked && s.inline) || frames >= INLINE
+        };
+        if inline {
             checkpoint(db, name);
         }
     }
 
-    fn run(&self, conn: Connection) {
+    fn run(&self) {
+        let Some(conn) = open_connection(&self.path) else {
+            self.state.lock().inline = true;
+            return;
+        };
         let mut last = None;
         let mut behind = false;
         loop {
@@ -192,10 +230,7 @@ extern "C" fn on_commit(
     name: *const c_char,
     frames: c_int,
 ) -> c_int {
-    // SAFETY: `context` is the `Shared` that `start` registered, alive while
-    // the connection calling this is.
-    let shared = unsafe { &*(context as *const Shared) };
-    shared.committed(db, name, frames);
+    Shared::committed(context as *const Shared, db, name, frames);
     ffi::SQLITE_OK
 }
 
@@ -209,7 +244,7 @@ mod tests {
         let dir = crate::test_dir::Dir::new();
         let path = dir.db();
         let writer = open_connection(&path, false).unwrap();
-        let ckpt = Checkpointer::start(&path, &writer).unwrap();
+        let ckpt = Checkpointer::start(&path, &writer);
         writer.execute_batch("CREATE TABLE t(x BLOB)").unwrap();
         let reader = Connection::open(&path).unwrap();
         reader.execute_batch("BEGIN").unwrap();
@@ -238,5 +273,71 @@ mod tests {
         drop(ckpt);
         drop(reader);
         assert!(started_over, "the WAL still grows past {grown} frames");
+    }
+
+    /// Commits of one 3,000-byte row each until `until` holds (at most
+    /// `max` commits); whether it did.
+    fn commit_until(writer: &Connection, max: usize, mut until: impl FnMut() -> bool) -> bool {
+        (0..max).any(|_| {
+            writer
+                .execute("INSERT INTO t VALUES(zeroblob(3000))", [])
+                .unwrap();
+            until()
+        })
+    }
+
+    #[test]
+    fn the_thread_starts_at_the_first_request_and_then_starts_the_wal_over() {
+        let dir = crate::test_dir::Dir::new();
+        let path = dir.db();
+        let writer = open_connection(&path, false).unwrap();
+        let ckpt = Checkpointer::start(&path, &writer);
+        writer.execute_batch("CREATE TABLE t(x BLOB)").unwrap();
+        let frames = || ckpt.shared.state.lock().frames;
+        let started = || ckpt.shared.thread.lock().is_some();
+        assert!(commit_until(&writer, 1000, || frames() >= LIMIT - 10));
+        assert!(!started(), "started before the first request");
+        assert!(commit_until(&writer, 100, started));
+        let peak = frames();
+        // The thread copies the WAL; a later commit starts it over.
+        let started_over = commit_until(&writer, 20_000, || frames() < peak);
+        assert!(!ckpt.shared.state.lock().inline);
+        drop(writer);
+        drop(ckpt);
+        assert!(started_over, "the WAL still grows past {peak} frames");
+    }
+
+    #[test]
+    fn without_its_connection_the_writer_checkpoints_itself() {
+        let dir = crate::test_dir::Dir::new();
+        let path = dir.db();
+        let writer = open_connection(&path, false).unwrap();
+        // A path the thread cannot open (its own connection never creates).
+        let ckpt = Checkpointer::start(&dir.path("missing/x.db"), &writer);
+        writer.execute_batch("CREATE TABLE t(x BLOB)").unwrap();
+        let frames = || ckpt.shared.state.lock().frames;
+        let inline = || ckpt.shared.state.lock().inline;
+        // The thread fails at the first request, then every request
+        // checkpoints on the writer: the WAL starts over well before INLINE.
+        let gave_up = commit_until(&writer, 20_000, || {
+            std::thread::sleep(Duration::from_micros(50));
+            inline()
+        });
+        // Requests come every LIMIT frames: the one after the failure copies
+        // the WAL and the next commit starts it over.
+        let mut most = 0;
+        let started_over = commit_until(&writer, 3 * LIMIT as usize, || {
+            let now = frames();
+            let over = now < most;
+            most = most.max(now);
+            over
+        });
+        drop(writer);
+        drop(ckpt);
+        assert!(gave_up, "the thread did not report its failure");
+        assert!(
+            started_over && most < 3 * LIMIT,
+            "the WAL grew to {most} frames"
+        );
     }
 }

@@ -300,7 +300,7 @@ impl SqliteStore {
         let checkpointer = if full_sync {
             None
         } else {
-            Checkpointer::start(path, &conn)
+            Some(Checkpointer::start(path, &conn))
         };
         Ok(SqliteStore {
             inner: Arc::new(Inner {
