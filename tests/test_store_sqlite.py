@@ -174,14 +174,27 @@ def test_obs1_a_pause_lets_the_checkpoint_thread_copy_the_whole_wal(isolated_sta
     wait_until(started_over, what="the WAL to start over")
 
 
-def test_obs1_the_checkpoint_thread_stops_with_its_store(tmp_path):
-    """OBS-1: one checkpoint thread per open store; dropping the store stops and joins it."""
+def test_obs1_the_checkpoint_thread_starts_with_the_wal_and_stops_with_its_store(tmp_path):
+    """OBS-1: a store starts its checkpoint thread once its WAL has grown enough to need
+    copying (a process that commits little, like a CLI command, never starts one), and
+    dropping the store stops and joins it."""
     gc.collect()
     # Stores of earlier tests may still be stopping: follow this store's thread by id.
     before = checkpoint_threads()
     store = _core.Store(str(tmp_path / "own.db"))
-    # The thread names itself once it runs.
-    wait_until(lambda: checkpoint_threads() - before, what="the checkpoint thread")
+
+    def commit_runs(n: int) -> None:
+        for _ in range(n):
+            store.start_run("agent", "a", None, '{"args":[],"kwargs":{}}', None).settle(
+                "completed", '"done"', None
+            )
+
+    commit_runs(20)
+    assert not checkpoint_threads() - before
+    for _ in range(200):
+        commit_runs(20)
+        if checkpoint_threads() - before:
+            break
     (own,) = checkpoint_threads() - before
     del store
     gc.collect()
