@@ -6,10 +6,10 @@
 //! them with multi-row statements; the rows are the ones a journal write
 //! and a `SpanRecord` of the same step would write.
 
-use super::multirow::{self, MultiRow};
+use super::multirow::{self, MultiRow, Statements};
 use super::sqlite::{trace_tid, Slot, FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
 use super::SpanRow;
-use crate::ids::encode_id;
+use crate::ids::{encode_id, StoredId};
 use rusqlite::Connection;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -230,6 +230,7 @@ static SPANS: MultiRow = MultiRow::new(
 /// value (the earlier write wins).
 pub(crate) fn insert_journal(
     tx: &Connection,
+    statements: &mut Statements,
     batch: &BatchedSteps,
     rows: &[usize],
 ) -> rusqlite::Result<Vec<(usize, String)>> {
@@ -243,15 +244,17 @@ pub(crate) fn insert_journal(
         }
         for chunk in multirow::chunks(at..end) {
             let chunk = &rows[chunk];
-            let mut st = tx.prepare_cached(JOURNAL.sql(chunk.len()))?;
-            st.raw_bind_parameter(1, rid)?;
-            for (i, &r) in chunk.iter().enumerate() {
-                let s = &batch.steps[r];
-                let b = JOURNAL.base(i);
-                st.raw_bind_parameter(b + 1, batch.get(s.key))?;
-                st.raw_bind_parameter(b + 2, batch.get(s.value))?;
-            }
-            if st.raw_execute()? < chunk.len() {
+            let inserted = statements.execute(tx, &JOURNAL, chunk.len(), |p| {
+                p.set(1, rid)?;
+                for (i, &r) in chunk.iter().enumerate() {
+                    let s = &batch.steps[r];
+                    let b = JOURNAL.base(i);
+                    p.set(b + 1, batch.get(s.key))?;
+                    p.set(b + 2, batch.get(s.value))?;
+                }
+                Ok(())
+            })?;
+            if inserted < chunk.len() {
                 // Some keys were journaled already: read what they hold.
                 let mut read = tx.prepare_cached(
                     "SELECT value_json FROM journal WHERE rid = ?1 AND step_key = ?2",
@@ -277,6 +280,7 @@ pub(crate) fn insert_journal(
 pub(crate) fn insert_spans(
     tx: &Connection,
     traces: &mut HashMap<String, i64>,
+    statements: &mut Statements,
     batch: &BatchedSteps,
     rows: &[usize],
 ) -> rusqlite::Result<()> {
@@ -286,6 +290,7 @@ pub(crate) fn insert_spans(
     };
     let text = |t: Option<Text>| t.map(|t| batch.get(t));
     let mut last_trace: Option<(&Arc<str>, i64, i64)> = None;
+    let mut span_ids: Vec<StoredId> = Vec::new();
     let mut at = 0;
     while at < rows.len() {
         let (rid, first) = span(rows[at]);
@@ -321,26 +326,35 @@ pub(crate) fn insert_spans(
             end += 1;
         }
         let parent = parent.map(encode_id);
+        let flags = first.flags;
         for chunk in multirow::chunks(at..end) {
             let chunk = &rows[chunk];
-            let mut st = tx.prepare_cached(SPANS.sql(chunk.len()))?;
-            st.raw_bind_parameter(1, tid)?;
-            st.raw_bind_parameter(2, rid)?;
-            st.raw_bind_parameter(3, &parent)?;
-            st.raw_bind_parameter(4, kind)?;
-            st.raw_bind_parameter(5, status)?;
-            st.raw_bind_parameter(6, first.flags)?;
-            for (i, &r) in chunk.iter().enumerate() {
-                let (_, s) = span(r);
-                let b = SPANS.base(i);
-                st.raw_bind_parameter(b + 1, encode_id(batch.get(s.span_id)))?;
-                st.raw_bind_parameter(b + 2, batch.get(s.name))?;
-                st.raw_bind_parameter(b + 3, s.started_at)?;
-                st.raw_bind_parameter(b + 4, s.ended_at)?;
-                st.raw_bind_parameter(b + 5, text(s.step_key))?;
-                st.raw_bind_parameter(b + 6, text(s.input))?;
-            }
-            st.raw_execute()?;
+            // Bound without a copy: the ids stay here until the insert ran.
+            span_ids.clear();
+            span_ids.extend(
+                chunk
+                    .iter()
+                    .map(|&r| encode_id(batch.get(span(r).1.span_id))),
+            );
+            statements.execute(tx, &SPANS, chunk.len(), |p| {
+                p.set(1, tid)?;
+                p.set(2, rid)?;
+                p.set(3, &parent)?;
+                p.set(4, kind)?;
+                p.set(5, status)?;
+                p.set(6, flags)?;
+                for (i, (&r, id)) in chunk.iter().zip(&span_ids).enumerate() {
+                    let (_, s) = span(r);
+                    let b = SPANS.base(i);
+                    p.set(b + 1, id)?;
+                    p.set(b + 2, batch.get(s.name))?;
+                    p.set(b + 3, s.started_at)?;
+                    p.set(b + 4, s.ended_at)?;
+                    p.set(b + 5, text(s.step_key))?;
+                    p.set(b + 6, text(s.input))?;
+                }
+                Ok(())
+            })?;
         }
         at = end;
     }
@@ -427,9 +441,10 @@ mod tests {
                     .copied()
                     .filter(|&i| steps[i].3.is_some())
                     .collect();
-                let winners = insert_journal(&conn, &batch, &all).unwrap();
+                let mut statements = Statements::default();
+                let winners = insert_journal(&conn, &mut statements, &batch, &all).unwrap();
                 assert_eq!(winners, vec![(4, "earlier".to_string())]);
-                insert_spans(&conn, &mut traces, &batch, &with_span).unwrap();
+                insert_spans(&conn, &mut traces, &mut statements, &batch, &with_span).unwrap();
             } else {
                 for (rid, key, value, span) in &steps {
                     super::super::sqlite::insert_journal(&conn, *rid, key, value).unwrap();

@@ -4,7 +4,7 @@
 //! a batch of them with multi-row statements; the rows are the ones a
 //! `SpanRecord` of the same span would write.
 
-use super::multirow::{self, MultiRow};
+use super::multirow::{self, MultiRow, Statements};
 use super::sqlite::{FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
 use super::{SpanRecord, SpanRow};
 use crate::ids::encode_id;
@@ -97,9 +97,14 @@ struct Shared<'a> {
 pub(crate) fn insert_replayed(
     tx: &Connection,
     traces: &mut HashMap<String, i64>,
+    statements: &mut Statements,
     spans: &[&ReplayedSpan],
 ) -> rusqlite::Result<()> {
     let mut last_trace: Option<(&Arc<str>, i64, i64)> = None;
+    // The step keys of a statement's rows, written out before it runs
+    // (bound without a copy): `ends[i]` is where row i's key ends.
+    let mut keys = String::new();
+    let mut ends: Vec<usize> = Vec::new();
     let mut at = 0;
     while at < spans.len() {
         let first = spans[at];
@@ -139,40 +144,45 @@ pub(crate) fn insert_replayed(
             end += 1;
         }
         let parent = shared.parent.map(encode_id);
-        // Bound as a copy (SQLite's transient binding): one buffer serves
-        // every row.
-        let mut key = String::new();
         for chunk in multirow::chunks(at..end) {
             let rows = &spans[chunk];
             let name = &rows[0].name;
             let one_name = rows
                 .iter()
                 .all(|s| Arc::ptr_eq(&s.name, name) || s.name == *name);
+            keys.clear();
+            ends.clear();
+            for s in rows {
+                s.step_key.write_to(&mut keys);
+                ends.push(keys.len());
+            }
             let insert = if one_name { &ONE_NAME } else { &NAMED };
-            let mut st = tx.prepare_cached(insert.sql(rows.len()))?;
-            st.raw_bind_parameter(1, shared.tid)?;
-            st.raw_bind_parameter(2, shared.rid)?;
-            st.raw_bind_parameter(3, &parent)?;
-            st.raw_bind_parameter(4, shared.kind)?;
-            st.raw_bind_parameter(5, shared.flags)?;
-            if one_name {
-                st.raw_bind_parameter(6, &**name)?;
-            }
-            for (i, s) in rows.iter().enumerate() {
-                key.clear();
-                s.step_key.write_to(&mut key);
-                let b = insert.base(i);
-                st.raw_bind_parameter(b + 1, &s.span_id[..])?;
+            statements.execute(tx, insert, rows.len(), |p| {
+                p.set(1, shared.tid)?;
+                p.set(2, shared.rid)?;
+                p.set(3, &parent)?;
+                p.set(4, shared.kind)?;
+                p.set(5, shared.flags)?;
                 if one_name {
-                    st.raw_bind_parameter(b + 2, s.at)?;
-                    st.raw_bind_parameter(b + 3, key.as_str())?;
-                } else {
-                    st.raw_bind_parameter(b + 2, &*s.name)?;
-                    st.raw_bind_parameter(b + 3, s.at)?;
-                    st.raw_bind_parameter(b + 4, key.as_str())?;
+                    p.set(6, &**name)?;
                 }
-            }
-            st.raw_execute()?;
+                let mut from = 0;
+                for (i, (s, &to)) in rows.iter().zip(&ends).enumerate() {
+                    let key = &keys[from..to];
+                    from = to;
+                    let b = insert.base(i);
+                    p.set(b + 1, &s.span_id[..])?;
+                    if one_name {
+                        p.set(b + 2, s.at)?;
+                        p.set(b + 3, key)?;
+                    } else {
+                        p.set(b + 2, &*s.name)?;
+                        p.set(b + 3, s.at)?;
+                        p.set(b + 4, key)?;
+                    }
+                }
+                Ok(())
+            })?;
         }
         at = end;
     }
@@ -230,9 +240,10 @@ mod tests {
         for (name, batched) in [("a.db", true), ("b.db", false)] {
             let conn = open_connection(dir.join(name).to_str().unwrap(), false).unwrap();
             let mut traces = HashMap::new();
+            let mut statements = Statements::default();
             if batched {
                 let refs: Vec<&ReplayedSpan> = spans.iter().collect();
-                insert_replayed(&conn, &mut traces, &refs).unwrap();
+                insert_replayed(&conn, &mut traces, &mut statements, &refs).unwrap();
             } else {
                 for s in &spans {
                     insert_span(&conn, &mut traces, &s.clone().into_record()).unwrap();

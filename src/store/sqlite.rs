@@ -10,6 +10,7 @@
 use super::batched::{BatchedSteps, SpanView};
 use super::checkpointer::Checkpointer;
 use super::migrate;
+use super::multirow::Statements;
 use super::replayed::ReplayedSpan;
 use super::write_tx::WriteTx;
 use super::{
@@ -236,6 +237,8 @@ struct QueuedRun {
 }
 
 struct Writer {
+    /// Before `conn`: finalized before it closes.
+    statements: Statements,
     conn: Connection,
     traces: HashMap<String, i64>,
     /// After `conn`, which calls into it on every commit.
@@ -306,6 +309,7 @@ impl SqliteStore {
             inner: Arc::new(Inner {
                 path: path.to_string(),
                 writer: Mutex::new(Writer {
+                    statements: Statements::default(),
                     conn,
                     traces: HashMap::new(),
                     checkpointer,
@@ -484,12 +488,17 @@ impl Inner {
         extra: impl FnOnce(&WriteTx<'_>) -> CoreResult<()>,
     ) -> CoreResult<()> {
         let path = self.path.clone();
-        let Writer { conn, traces, .. } = w;
+        let Writer {
+            conn,
+            traces,
+            statements,
+            ..
+        } = w;
         let mut results: Vec<(Arc<Slot>, CoreResult<Option<String>>)> = Vec::new();
         let mut extra_failed = false;
         let mut outcome = (|| -> CoreResult<()> {
             let tx = WriteTx::immediate(conn).at(&path)?;
-            write_ops(&tx, traces, &ops, &mut results, &path)?;
+            write_ops(&tx, traces, statements, &ops, &mut results, &path)?;
             if let Err(e) = extra(&tx) {
                 extra_failed = true;
                 return Err(e);
@@ -505,7 +514,7 @@ impl Inner {
             extra_error = outcome.err();
             outcome = (|| -> CoreResult<()> {
                 let tx = WriteTx::immediate(conn).at(&path)?;
-                write_ops(&tx, traces, &ops, &mut results, &path)?;
+                write_ops(&tx, traces, statements, &ops, &mut results, &path)?;
                 tx.commit().at(&path)
             })();
         }
@@ -667,16 +676,18 @@ fn count_recovery(
 fn write_ops(
     tx: &Connection,
     traces: &mut HashMap<String, i64>,
+    statements: &mut Statements,
     ops: &[Op],
     results: &mut Vec<(Arc<Slot>, CoreResult<Option<String>>)>,
     path: &str,
 ) -> CoreResult<()> {
-    write_ops_tx(tx, traces, ops, results).at(path)
+    write_ops_tx(tx, traces, statements, ops, results).at(path)
 }
 
 fn write_ops_tx(
     tx: &Connection,
     traces: &mut HashMap<String, i64>,
+    statements: &mut Statements,
     ops: &[Op],
     results: &mut Vec<(Arc<Slot>, CoreResult<Option<String>>)>,
 ) -> rusqlite::Result<()> {
@@ -725,7 +736,7 @@ fn write_ops_tx(
                         _ => None,
                     };
                 }
-                super::replayed::insert_replayed(tx, traces, &replayed)?;
+                super::replayed::insert_replayed(tx, traces, statements, &replayed)?;
             }
             Op::Step {
                 rid,
@@ -748,7 +759,15 @@ fn write_ops_tx(
                 results.push((slot.clone(), Ok(winner)));
             }
             Op::Batched(batch) => {
-                write_batched(tx, traces, batch, results, &mut moved_run, &mut is_refused)?;
+                write_batched(
+                    tx,
+                    traces,
+                    statements,
+                    batch,
+                    results,
+                    &mut moved_run,
+                    &mut is_refused,
+                )?;
             }
             Op::Run(run) => {
                 let rid = insert_run(tx, run)?;
@@ -788,6 +807,7 @@ fn write_ops_tx(
 fn write_batched(
     tx: &Connection,
     traces: &mut HashMap<String, i64>,
+    statements: &mut Statements,
     batch: &BatchedSteps,
     results: &mut Vec<(Arc<Slot>, CoreResult<Option<String>>)>,
     moved_run: &mut impl FnMut(i64) -> rusqlite::Result<Option<String>>,
@@ -820,7 +840,8 @@ fn write_batched(
             span_rows.push(i);
         }
     }
-    let mut winners = super::batched::insert_journal(tx, batch, &journal_rows)?.into_iter();
+    let mut winners =
+        super::batched::insert_journal(tx, statements, batch, &journal_rows)?.into_iter();
     let mut next_winner = winners.next();
     for (n, &i) in journal_rows.iter().enumerate() {
         let winner = match next_winner.take() {
@@ -842,7 +863,7 @@ fn write_batched(
             results.push((slot.clone(), Ok(winner)));
         }
     }
-    super::batched::insert_spans(tx, traces, batch, &span_rows)
+    super::batched::insert_spans(tx, traces, statements, batch, &span_rows)
 }
 
 /// Inserts a queued run row: running and leased, or settled; `None` when
@@ -1441,6 +1462,7 @@ impl Store for SqliteStore {
         let drained = self.drain(&mut w);
         // Later calls fail on a database without tables.
         let memory = Connection::open_in_memory().at(&self.path)?;
+        w.statements.clear();
         let writer = std::mem::replace(&mut w.conn, memory);
         w.traces.clear();
         let closed = writer.close().map_err(|(_, e)| e).at(&self.path);
