@@ -6,8 +6,9 @@
 //! them with multi-row statements; the rows are the ones a journal write
 //! and a `SpanRecord` of the same step would write.
 
-use super::multirow::{self, MultiRow, Statements};
+use super::multirow::{self, MultiRow};
 use super::sqlite::{trace_tid, Slot, FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
+use super::statements::Statements;
 use super::SpanRow;
 use crate::ids::{encode_id, StoredId};
 use rusqlite::Connection;
@@ -244,7 +245,7 @@ pub(crate) fn insert_journal(
         }
         for chunk in multirow::chunks(at..end) {
             let chunk = &rows[chunk];
-            let inserted = statements.execute(tx, &JOURNAL, chunk.len(), |p| {
+            let inserted = statements.execute_rows(tx, &JOURNAL, chunk.len(), |p| {
                 p.set(1, rid)?;
                 for (i, &r) in chunk.iter().enumerate() {
                     let s = &batch.steps[r];
@@ -336,7 +337,7 @@ pub(crate) fn insert_spans(
                     .iter()
                     .map(|&r| encode_id(batch.get(span(r).1.span_id))),
             );
-            statements.execute(tx, &SPANS, chunk.len(), |p| {
+            statements.execute_rows(tx, &SPANS, chunk.len(), |p| {
                 p.set(1, tid)?;
                 p.set(2, rid)?;
                 p.set(3, &parent)?;
@@ -426,6 +427,7 @@ mod tests {
             )
             .unwrap();
             let mut traces = HashMap::new();
+            let mut statements = Statements::default();
             if batched {
                 let slot = Arc::new(Slot::default());
                 let mut batch = BatchedSteps::default();
@@ -441,7 +443,6 @@ mod tests {
                     .copied()
                     .filter(|&i| steps[i].3.is_some())
                     .collect();
-                let mut statements = Statements::default();
                 let winners = insert_journal(&conn, &mut statements, &batch, &all).unwrap();
                 assert_eq!(winners, vec![(4, "earlier".to_string())]);
                 insert_spans(&conn, &mut traces, &mut statements, &batch, &with_span).unwrap();
@@ -455,7 +456,7 @@ mod tests {
                             span: s.clone(),
                             output_in_journal: s.output_json.is_some(),
                         };
-                        insert_span(&conn, &mut traces, &rec).unwrap();
+                        insert_span(&conn, &mut traces, &mut statements, &rec).unwrap();
                     }
                 }
             }

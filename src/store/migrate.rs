@@ -1,6 +1,7 @@
 //! Schema creation and forward migration of composeai 0.11.0 stores.
 
 use super::sqlite::{insert_span, SCHEMA, SCHEMA_VERSION};
+use super::statements::Statements;
 use super::{SpanRecord, SpanRow, UsageRow};
 use crate::error::{AtPath, CoreError, CoreResult};
 use rusqlite::Connection;
@@ -261,6 +262,7 @@ fn migrate_spans(conn: &Connection, path: &str) -> CoreResult<()> {
         .at(path)?;
     let mut rows = st.query([]).at(path)?;
     let mut traces = HashMap::new();
+    let mut statements = Statements::default();
     while let Some(r) = rows.next().at(path)? {
         let run_id: Option<String> = r.get(2).at(path)?;
         let (step_key, attributes_json) = split_attributes(r.get(10).at(path)?);
@@ -293,7 +295,7 @@ fn migrate_spans(conn: &Connection, path: &str) -> CoreResult<()> {
                 output_json: r.get(15).at(path)?,
             },
         };
-        insert_span(conn, &mut traces, &rec).at(path)?;
+        insert_span(conn, &mut traces, &mut statements, &rec).at(path)?;
     }
     Ok(())
 }

@@ -17,6 +17,7 @@ pub mod postgres_query;
 pub mod query;
 pub mod replayed;
 pub mod sqlite;
+mod statements;
 pub mod step_spans;
 pub mod url;
 pub mod wal_vfs;

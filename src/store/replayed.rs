@@ -4,8 +4,9 @@
 //! a batch of them with multi-row statements; the rows are the ones a
 //! `SpanRecord` of the same span would write.
 
-use super::multirow::{self, MultiRow, Statements};
+use super::multirow::{self, MultiRow};
 use super::sqlite::{FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
+use super::statements::Statements;
 use super::{SpanRecord, SpanRow};
 use crate::ids::encode_id;
 use crate::journal::StepKey;
@@ -157,7 +158,7 @@ pub(crate) fn insert_replayed(
                 ends.push(keys.len());
             }
             let insert = if one_name { &ONE_NAME } else { &NAMED };
-            statements.execute(tx, insert, rows.len(), |p| {
+            statements.execute_rows(tx, insert, rows.len(), |p| {
                 p.set(1, shared.tid)?;
                 p.set(2, shared.rid)?;
                 p.set(3, &parent)?;
@@ -246,7 +247,13 @@ mod tests {
                 insert_replayed(&conn, &mut traces, &mut statements, &refs).unwrap();
             } else {
                 for s in &spans {
-                    insert_span(&conn, &mut traces, &s.clone().into_record()).unwrap();
+                    insert_span(
+                        &conn,
+                        &mut traces,
+                        &mut statements,
+                        &s.clone().into_record(),
+                    )
+                    .unwrap();
                 }
             }
             stored.push(stored_rows(&conn, "SELECT * FROM spans ORDER BY sid"));

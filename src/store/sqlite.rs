@@ -10,8 +10,8 @@
 use super::batched::{BatchedSteps, SpanView};
 use super::checkpointer::Checkpointer;
 use super::migrate;
-use super::multirow::Statements;
 use super::replayed::ReplayedSpan;
+use super::statements::{Params, Statements};
 use super::write_tx::WriteTx;
 use super::{
     AgentStateRow, Claim, InterruptRow, LeaseCheck, NewRun, PriorSpend, RowSlot, RunRow,
@@ -713,8 +713,6 @@ fn write_ops_tx(
     // or settled by it: nothing can have taken them over, so their spans
     // skip the lease check.
     let mut inserted: HashSet<i64> = HashSet::new();
-    let mut journal_insert = None;
-    let mut span_inserts = SpanInserts::default();
     let mut replayed: Vec<&ReplayedSpan> = Vec::new();
     let mut i = 0;
     while i < ops.len() {
@@ -751,11 +749,12 @@ fn write_ops_tx(
                     results.push((slot.clone(), Err(crate::lease::moved(&run_id))));
                     continue;
                 }
-                let st = match &mut journal_insert {
-                    Some(st) => st,
-                    None => journal_insert.insert(tx.prepare_cached(JOURNAL_INSERT)?),
-                };
-                let winner = insert_journal_with(tx, st, *rid, key, value)?;
+                let inserted = statements.execute(tx, JOURNAL_INSERT, |p| {
+                    p.set(1, *rid)?;
+                    p.set(2, key.as_str())?;
+                    p.set(3, value.as_str())
+                })?;
+                let winner = journal_winner(tx, inserted, *rid, key, value)?;
                 results.push((slot.clone(), Ok(winner)));
             }
             Op::Batched(batch) => {
@@ -770,7 +769,7 @@ fn write_ops_tx(
                 )?;
             }
             Op::Run(run) => {
-                let rid = insert_run(tx, run)?;
+                let rid = insert_run(tx, statements, run)?;
                 if let Some(rid) = rid {
                     inserted.insert(rid);
                     // A new run's trace id is its own: its spans need no
@@ -783,7 +782,7 @@ fn write_ops_tx(
             }
             Op::Span(rec) => {
                 if !rec.rid.map_or(Ok(false), &mut is_refused)? {
-                    span_inserts.insert(tx, traces, rec, rec.rid)?;
+                    insert_span_under(tx, traces, statements, rec, rec.rid)?;
                 }
             }
             Op::RowSpan(row, rec) => match row.in_tx() {
@@ -791,7 +790,7 @@ fn write_ops_tx(
                 0 => {}
                 rid => {
                     if inserted.contains(&rid) || !is_refused(rid)? {
-                        span_inserts.insert(tx, traces, rec, Some(rid))?;
+                        insert_span_under(tx, traces, statements, rec, Some(rid))?;
                     }
                 }
             },
@@ -868,7 +867,11 @@ fn write_batched(
 
 /// Inserts a queued run row: running and leased, or settled; `None` when
 /// the run id exists.
-fn insert_run(tx: &Connection, run: &QueuedRun) -> rusqlite::Result<Option<i64>> {
+fn insert_run(
+    tx: &Connection,
+    statements: &mut Statements,
+    run: &QueuedRun,
+) -> rusqlite::Result<Option<i64>> {
     let new = &run.new;
     let (status, output, error, owner, until, updated) = match &run.settled {
         None => (
@@ -888,29 +891,29 @@ fn insert_run(tx: &Connection, run: &QueuedRun) -> rusqlite::Result<Option<i64>>
             now(),
         ),
     };
-    let n = tx
-        .prepare_cached(
-            "INSERT OR IGNORE INTO runs(run_id, kind, name, status, created_at, updated_at, \
-             trace_id, fingerprint, args_json, budget_json, output_json, error_json, \
-             lease_owner, lease_until) \
-             VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-        )?
-        .execute(params![
-            new.run_id,
-            new.kind,
-            new.name,
-            status,
-            run.created_at,
-            updated,
-            new.trace_id,
-            new.fingerprint,
-            new.args_json,
-            new.budget_json,
-            output,
-            error,
-            owner,
-            until
-        ])?;
+    let n = statements.execute(
+        tx,
+        "INSERT OR IGNORE INTO runs(run_id, kind, name, status, created_at, updated_at, \
+         trace_id, fingerprint, args_json, budget_json, output_json, error_json, \
+         lease_owner, lease_until) \
+         VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+        |p| {
+            p.set(1, new.run_id.as_str())?;
+            p.set(2, new.kind.as_str())?;
+            p.set(3, new.name.as_str())?;
+            p.set(4, status)?;
+            p.set(5, run.created_at)?;
+            p.set(6, updated)?;
+            p.set(7, new.trace_id.as_str())?;
+            p.set(8, new.fingerprint.as_deref())?;
+            p.set(9, new.args_json.as_deref())?;
+            p.set(10, new.budget_json.as_deref())?;
+            p.set(11, output)?;
+            p.set(12, error)?;
+            p.set(13, owner)?;
+            p.set(14, until)
+        },
+    )?;
     Ok((n == 1).then(|| tx.last_insert_rowid()))
 }
 
@@ -1019,24 +1022,26 @@ pub(crate) fn insert_journal(
     key: &str,
     value: &str,
 ) -> rusqlite::Result<Option<String>> {
-    let mut st = tx.prepare_cached(JOURNAL_INSERT)?;
-    insert_journal_with(tx, &mut st, rid, key, value)
+    let inserted = tx
+        .prepare_cached(JOURNAL_INSERT)?
+        .execute(params![rid, key, value])?;
+    journal_winner(tx, inserted, rid, key, value)
 }
 
 const JOURNAL_INSERT: &str =
     "INSERT OR IGNORE INTO journal(rid, step_key, value_json) VALUES(?1, ?2, ?3)";
 
-/// `insert_journal` with its statement prepared by the caller (a batch
-/// reuses one statement for all its rows).
-fn insert_journal_with(
+/// After the insert of a journal row (`inserted` rows): `None` if it was
+/// inserted or the key already held the same value, else the value it
+/// holds (the earlier write wins).
+fn journal_winner(
     tx: &Connection,
-    st: &mut rusqlite::Statement<'_>,
+    inserted: usize,
     rid: i64,
     key: &str,
     value: &str,
 ) -> rusqlite::Result<Option<String>> {
-    let n = st.execute(params![rid, key, value])?;
-    if n == 1 {
+    if inserted == 1 {
         return Ok(None);
     }
     let stored: String = tx
@@ -1099,12 +1104,13 @@ fn remember_trace(traces: &mut HashMap<String, i64>, trace_id: &str, tid: i64) {
 /// trace per run, and a run's spans mostly follow each other closely.
 const TRACE_CACHE: usize = 1024;
 
-pub fn insert_span(
+pub(crate) fn insert_span(
     tx: &Connection,
     traces: &mut HashMap<String, i64>,
+    statements: &mut Statements,
     rec: &SpanRecord,
 ) -> rusqlite::Result<()> {
-    SpanInserts::default().insert(tx, traces, rec, rec.rid)
+    insert_span_under(tx, traces, statements, rec, rec.rid)
 }
 
 const SPAN_INSERT: &str =
@@ -1122,89 +1128,87 @@ const PLAIN_SPAN_INSERT: &str =
      flags, step_key, input_json, output_json) \
      VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)";
 
-/// The span insert statements of one batch, prepared on first use and kept
-/// for the batch (no statement-cache lookup per row).
-#[derive(Default)]
-struct SpanInserts<'c> {
-    full: Option<rusqlite::CachedStatement<'c>>,
-    plain: Option<rusqlite::CachedStatement<'c>>,
+/// The columns both span inserts start with.
+struct SpanHead<'a> {
+    tid: i64,
+    rid: Option<i64>,
+    span_id: &'a StoredId,
+    parent: &'a Option<StoredId>,
+    flags: i64,
+    span: &'a SpanRow,
 }
 
-impl<'c> SpanInserts<'c> {
-    /// Inserts `rec` under run `rid`.
-    fn insert(
-        &mut self,
-        tx: &'c Connection,
-        traces: &mut HashMap<String, i64>,
-        rec: &SpanRecord,
-        rid: Option<i64>,
-    ) -> rusqlite::Result<()> {
-        let tid = trace_tid(tx, traces, &rec.trace_id, rid)?;
-        let s = &rec.span;
-        let mut flags = 0;
-        if s.replayed {
-            flags |= FLAG_REPLAYED;
-        }
-        let output = if rec.output_in_journal {
-            flags |= FLAG_OUTPUT_IN_JOURNAL;
-            None
-        } else {
-            s.output_json.as_deref()
-        };
-        let parent: Option<StoredId> = s.parent_span_id.as_deref().map(encode_id);
-        if s.attributes_json.is_none() && s.usage.is_none() && s.error_json.is_none() {
-            let st = match &mut self.plain {
-                Some(st) => st,
-                None => self.plain.insert(tx.prepare_cached(PLAIN_SPAN_INSERT)?),
-            };
-            st.execute(params![
-                tid,
-                rid,
-                encode_id(&s.span_id),
-                parent,
-                s.kind,
-                s.name,
-                s.started_at,
-                s.ended_at,
-                s.status,
-                flags,
-                s.step_key,
-                s.input_json,
-                output,
-            ])?;
-            return Ok(());
-        }
-        let st = match &mut self.full {
-            Some(st) => st,
-            None => self.full.insert(tx.prepare_cached(SPAN_INSERT)?),
-        };
-        let u = s.usage.as_ref();
-        st.execute(params![
-            tid,
-            rid,
-            encode_id(&s.span_id),
-            parent,
-            s.kind,
-            s.name,
-            s.started_at,
-            s.ended_at,
-            s.status,
-            flags,
-            s.step_key,
-            s.attributes_json,
-            s.error_json,
-            u.map(|u| u.input_tokens),
-            u.map(|u| u.output_tokens),
-            u.map(|u| u.cache_read_tokens),
-            u.map(|u| u.cache_creation_tokens),
-            u.map(|u| u.reasoning_tokens),
-            u.and_then(|u| u.cost_usd),
-            u.map(|u| u.cost_complete),
-            s.input_json,
-            output,
-        ])?;
-        Ok(())
+impl<'a> SpanHead<'a> {
+    fn bind(&self, p: &mut Params<'a>) -> rusqlite::Result<()> {
+        let s = self.span;
+        p.set(1, self.tid)?;
+        p.set(2, self.rid)?;
+        p.set(3, self.span_id)?;
+        p.set(4, self.parent)?;
+        p.set(5, s.kind.as_str())?;
+        p.set(6, s.name.as_str())?;
+        p.set(7, s.started_at)?;
+        p.set(8, s.ended_at)?;
+        p.set(9, s.status.as_str())?;
+        p.set(10, self.flags)?;
+        p.set(11, s.step_key.as_deref())
     }
+}
+
+/// Inserts `rec` under run `rid`.
+fn insert_span_under(
+    tx: &Connection,
+    traces: &mut HashMap<String, i64>,
+    statements: &mut Statements,
+    rec: &SpanRecord,
+    rid: Option<i64>,
+) -> rusqlite::Result<()> {
+    let tid = trace_tid(tx, traces, &rec.trace_id, rid)?;
+    let s = &rec.span;
+    let mut flags = 0;
+    if s.replayed {
+        flags |= FLAG_REPLAYED;
+    }
+    let output = if rec.output_in_journal {
+        flags |= FLAG_OUTPUT_IN_JOURNAL;
+        None
+    } else {
+        s.output_json.as_deref()
+    };
+    let span_id = encode_id(&s.span_id);
+    let parent: Option<StoredId> = s.parent_span_id.as_deref().map(encode_id);
+    let head = SpanHead {
+        tid,
+        rid,
+        span_id: &span_id,
+        parent: &parent,
+        flags,
+        span: s,
+    };
+    if s.attributes_json.is_none() && s.usage.is_none() && s.error_json.is_none() {
+        statements.execute(tx, PLAIN_SPAN_INSERT, |p| {
+            head.bind(p)?;
+            p.set(12, s.input_json.as_deref())?;
+            p.set(13, output)
+        })?;
+        return Ok(());
+    }
+    let u = s.usage.as_ref();
+    statements.execute(tx, SPAN_INSERT, |p| {
+        head.bind(p)?;
+        p.set(12, s.attributes_json.as_deref())?;
+        p.set(13, s.error_json.as_deref())?;
+        p.set(14, u.map(|u| u.input_tokens))?;
+        p.set(15, u.map(|u| u.output_tokens))?;
+        p.set(16, u.map(|u| u.cache_read_tokens))?;
+        p.set(17, u.map(|u| u.cache_creation_tokens))?;
+        p.set(18, u.map(|u| u.reasoning_tokens))?;
+        p.set(19, u.and_then(|u| u.cost_usd))?;
+        p.set(20, u.map(|u| u.cost_complete))?;
+        p.set(21, s.input_json.as_deref())?;
+        p.set(22, output)
+    })?;
+    Ok(())
 }
 
 impl Store for SqliteStore {
