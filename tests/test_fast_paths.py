@@ -319,6 +319,47 @@ def test_agent60_messages_of_other_inputs_are_still_validated():
     _same_model(_message_of("assistant", parts), Message(role="assistant", parts=parts))
 
 
+def test_prov6_prov7_requests_and_replies_built_by_the_agent_loop_are_the_dataclasses():
+    """PROV-6/PROV-7: the request an agent sends and FakeModel's text reply, their
+    slots set directly, are exactly the frozen dataclasses their constructors make."""
+    import dataclasses
+
+    from composeai.messages import Message, StopReason, Usage
+    from composeai.models.base import ModelRequest, ModelResponse, new_request, new_response
+    from composeai.testing import FakeModel
+
+    model = FakeModel(["hi there"])
+
+    @compose.agent(model=model, temperature=0.5, max_tokens=99)
+    def greet(name: str) -> str:
+        """Be brief."""
+        return f"hello {name}"
+
+    assert greet("bo") == "hi there"
+    (sent,) = model.requests
+    built = ModelRequest(
+        model="FakeModel",
+        messages=[Message.user("hello bo")],
+        system="Be brief.",
+        max_tokens=99,
+        temperature=0.5,
+        prompt_cache=True,
+    )
+    assert sent == built and repr(sent) == repr(built)
+    assert sent == new_request(*(getattr(built, f.name) for f in dataclasses.fields(built)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sent.model = "x"  # type: ignore[misc]
+
+    usage = Usage(input_tokens=3)
+    reply = new_response(Message.assistant("a"), StopReason.END_TURN, "end_turn", usage, "m")
+    expected = ModelResponse(Message.assistant("a"), StopReason.END_TURN, "end_turn", usage, "m")
+    assert reply == expected and repr(reply) == repr(expected) and reply.parsed is None
+    # A reason given as its string is still converted, as the constructor does.
+    assert new_response(Message.assistant("a"), "max_tokens", None, usage, "m").stop_reason is (
+        StopReason.MAX_TOKENS
+    )
+
+
 def test_prov13_rates_are_resolved_per_price_object():
     """PROV-13/PROV-30: the cached rates follow the price object in use, so a
     newly registered price is priced by its own rates."""

@@ -183,16 +183,16 @@ def test_obs1_the_checkpoint_thread_starts_with_the_wal_and_stops_with_its_store
     before = checkpoint_threads()
     store = _core.Store(str(tmp_path / "own.db"))
 
-    def commit_runs(n: int) -> None:
+    def commit_runs(store: _core.Store, n: int) -> None:
         for _ in range(n):
             store.start_run("agent", "a", None, '{"args":[],"kwargs":{}}', None).settle(
                 "completed", '"done"', None
             )
 
-    commit_runs(20)
+    commit_runs(store, 20)
     assert not checkpoint_threads() - before
     for _ in range(200):
-        commit_runs(20)
+        commit_runs(store, 20)
         if checkpoint_threads() - before:
             break
     (own,) = checkpoint_threads() - before

@@ -7,7 +7,7 @@ at import, so their type tags are ``composeai.models.base:<name>`` (PKG-6, AGENT
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Protocol, runtime_checkable
 
 from composeai import _codec
@@ -78,7 +78,7 @@ class ModelResponse:
 
 def _slot_setters(cls: type) -> tuple:
     """The setters of a slotted dataclass's fields, in field order."""
-    return tuple(cls.__dict__[name].__set__ for name in cls.__slots__)
+    return tuple(cls.__dict__[f.name].__set__ for f in fields(cls))
 
 
 (
