@@ -1,7 +1,8 @@
 //! The storage floor: a bare Rust loop committing what one journaled step
 //! commits -- one `journal` row plus one `spans` row, in one IMMEDIATE
 //! transaction -- through the store's own schema and pragmas
-//! (`open_connection`), with no Python and no engine in between.
+//! (`open_connection`), its statements and the way its writer runs them
+//! (`Statements`, `WriteTx`), with no Python and no engine in between.
 //!
 //!     cargo run --release --example floor -- <n> <dir> [full]
 //!
@@ -15,14 +16,22 @@
 //! (the engine runs them on a thread of their own).
 
 use _core::ids::{encode_id, new_ulid};
-use _core::store::sqlite::{now, open_connection, SCHEMA_VERSION};
-use rusqlite::{params, TransactionBehavior};
+use _core::store::sqlite::{
+    now, open_connection, FLAG_OUTPUT_IN_JOURNAL, JOURNAL_INSERT, PLAIN_SPAN_INSERT,
+    QUEUED_RUN_INSERT, SCHEMA_VERSION, SPAN_INSERT,
+};
+use _core::store::statements::Statements;
+use _core::store::write_tx::WriteTx;
+use rusqlite::params;
 use std::time::Instant;
 
 /// Commits `n` step-shaped transactions into a fresh store at `path`;
-/// returns microseconds per commit.
+/// returns microseconds per commit. With `synchronous=NORMAL` the WAL is
+/// checkpointed between the timed commits, as the engine's checkpoint
+/// thread does it beside them; with `FULL` inside them, as SQLite does (the
+/// engine runs no checkpoint thread then).
 fn measure(path: &str, n: u64, full_sync: bool) -> f64 {
-    let mut conn = open_connection(path, full_sync).expect("open store");
+    let conn = open_connection(path, full_sync).expect("open store");
     let run_id = new_ulid();
     let trace_id = new_ulid();
     let t = now();
@@ -40,78 +49,68 @@ fn measure(path: &str, n: u64, full_sync: bool) -> f64 {
     let tid = -rid;
     let root_span = new_ulid();
 
-    let start = Instant::now();
+    if !full_sync {
+        conn.execute_batch("PRAGMA wal_autocheckpoint=0")
+            .expect("turn off inline checkpoints");
+    }
+    // After `conn`: its statements are finalized before it closes.
+    let mut statements = Statements::default();
+    let mut timed = std::time::Duration::ZERO;
     let mut x: u64 = 0;
     for i in 1..=n {
         let key = format!("inc#{i}");
         let value = (x + 1).to_string();
         let input = format!("{{\"args\":[{x}],\"kwargs\":{{}}}}");
-        let span_id = new_ulid();
+        let (span_id, parent) = (encode_id(&new_ulid()), Some(encode_id(&root_span)));
+        let start = Instant::now();
         let started = now();
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .expect("begin");
-        {
-            let n = tx
-                .prepare_cached(
-                    "INSERT OR IGNORE INTO journal(rid, step_key, value_json) VALUES(?1, ?2, ?3)",
-                )
-                .and_then(|mut st| st.execute(params![rid, key, value]))
-                .expect("insert journal");
-            assert_eq!(n, 1);
-            // Same statement and column values as `insert_span` writes for a
-            // task step whose output is stored in the journal (flags = 2).
-            tx.prepare_cached(
-                "INSERT INTO spans(tid, rid, span_id, parent, kind, name, started_at, ended_at, \
-                 status, flags, step_key, attributes_json, error_json, input_tokens, \
-                 output_tokens, cache_read_tokens, cache_creation_tokens, reasoning_tokens, \
-                 cost_usd, cost_complete, input_json, output_json) \
-                 VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
-                 ?17, ?18, ?19, ?20, ?21, ?22)",
-            )
-            .and_then(|mut st| {
-                st.execute(params![
-                    tid,
-                    rid,
-                    encode_id(&span_id),
-                    encode_id(&root_span),
-                    "task",
-                    "inc",
-                    started,
-                    now(),
-                    "ok",
-                    2i64,
-                    key,
-                    None::<String>,
-                    None::<String>,
-                    None::<i64>,
-                    None::<i64>,
-                    None::<i64>,
-                    None::<i64>,
-                    None::<i64>,
-                    None::<f64>,
-                    None::<bool>,
-                    input,
-                    None::<String>,
-                ])
+        let tx = WriteTx::immediate(&conn).expect("begin");
+        let n = statements
+            .execute(&tx, JOURNAL_INSERT, |p| {
+                p.set(1, rid)?;
+                p.set(2, key.as_str())?;
+                p.set(3, value.as_str())
+            })
+            .expect("insert journal");
+        assert_eq!(n, 1);
+        // The statement and values the engine writes for a task step's span
+        // (no attributes, usage or error; its output in the journal).
+        statements
+            .execute(&tx, PLAIN_SPAN_INSERT, |p| {
+                p.set(1, tid)?;
+                p.set(2, rid)?;
+                p.set(3, &span_id)?;
+                p.set(4, &parent)?;
+                p.set(5, "task")?;
+                p.set(6, "inc")?;
+                p.set(7, started)?;
+                p.set(8, now())?;
+                p.set(9, "ok")?;
+                p.set(10, FLAG_OUTPUT_IN_JOURNAL)?;
+                p.set(11, key.as_str())?;
+                p.set(12, input.as_str())?;
+                p.set(13, None::<&str>)
             })
             .expect("insert span");
-        }
         tx.commit().expect("commit");
+        timed += start.elapsed();
         x += 1;
+        if !full_sync && i % 128 == 0 {
+            checkpoint(&conn);
+        }
     }
-    let elapsed = start.elapsed();
     assert_eq!(x, n);
-    elapsed.as_secs_f64() * 1e6 / n as f64
+    timed.as_secs_f64() * 1e6 / n as f64
 }
 
 /// Commits `n` transactions shaped like a standalone `FakeModel` agent
 /// call's one commit into a fresh store at `path`; returns microseconds per
 /// commit.
 fn measure_agent_call(path: &str, n: u64) -> f64 {
-    let mut conn = open_connection(path, false).expect("open store");
+    let conn = open_connection(path, false).expect("open store");
     conn.execute_batch("PRAGMA wal_autocheckpoint=0")
         .expect("turn off inline checkpoints");
+    let mut statements = Statements::default();
     let mut timed = std::time::Duration::ZERO;
     for i in 0..n {
         let args = format!("{{\"args\":[\"user {i}\"],\"kwargs\":{{}}}}");
@@ -123,109 +122,90 @@ fn measure_agent_call(path: &str, n: u64) -> f64 {
         let reply = "{\"$kind\":\"pydantic\",\"$type\":\"composeai.messages:Message\",\
                      \"value\":{\"role\":\"assistant\",\"parts\":[{\"type\":\"text\",\
                      \"text\":\"hello\"}]}}";
-        let (root, llm) = (new_ulid(), new_ulid());
+        let (run_id, trace_id) = (new_ulid(), new_ulid());
+        let root_id = new_ulid();
+        let (root, llm) = (encode_id(&root_id), encode_id(&new_ulid()));
+        let parent = Some(encode_id(&root_id));
         let start = Instant::now();
         let t = now();
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .expect("begin");
-        {
-            // The row inserted settled, as a run that ends before its queued
-            // row was written is (`insert_run`).
-            tx.prepare_cached(
-                "INSERT OR IGNORE INTO runs(run_id, kind, name, status, created_at, updated_at, \
-                 trace_id, fingerprint, args_json, budget_json, output_json, error_json, \
-                 lease_owner, lease_until) \
-                 VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-            )
-            .and_then(|mut st| {
-                st.execute(params![
-                    new_ulid(),
-                    "agent",
-                    "greeter",
-                    "completed",
-                    t,
-                    t,
-                    new_ulid(),
-                    None::<String>,
-                    args,
-                    None::<String>,
-                    "\"hello\"",
-                    None::<String>,
-                    None::<String>,
-                    None::<f64>
-                ])
+        let tx = WriteTx::immediate(&conn).expect("begin");
+        // The row inserted settled, as a run that ends before its queued
+        // row was written is (`insert_run`).
+        statements
+            .execute(&tx, QUEUED_RUN_INSERT, |p| {
+                p.set(1, run_id.as_str())?;
+                p.set(2, "agent")?;
+                p.set(3, "greeter")?;
+                p.set(4, "completed")?;
+                p.set(5, t)?;
+                p.set(6, t)?;
+                p.set(7, trace_id.as_str())?;
+                p.set(8, None::<&str>)?;
+                p.set(9, args.as_str())?;
+                p.set(10, None::<&str>)?;
+                p.set(11, "\"hello\"")?;
+                p.set(12, None::<&str>)?;
+                p.set(13, None::<&str>)?;
+                p.set(14, None::<f64>)
             })
             .expect("insert run");
-            let rid = tx.last_insert_rowid();
-            let mut span = tx
-                .prepare_cached(
-                    "INSERT INTO spans(tid, rid, span_id, parent, kind, name, started_at, \
-                     ended_at, status, flags, step_key, attributes_json, error_json, \
-                     input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens, \
-                     reasoning_tokens, cost_usd, cost_complete, input_json, output_json) \
-                     VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
-                     ?16, ?17, ?18, ?19, ?20, ?21, ?22)",
-                )
-                .expect("prepare span insert");
-            span.execute(params![
-                -rid,
-                rid,
-                encode_id(&llm),
-                encode_id(&root),
-                "llm",
-                "FakeModel",
-                t,
-                t,
-                "ok",
-                0i64,
-                None::<String>,
-                "{\"model\":\"FakeModel\"}",
-                None::<String>,
-                10i64,
-                20i64,
-                0i64,
-                0i64,
-                0i64,
-                None::<f64>,
-                false,
-                input,
-                reply,
-            ])
+        let rid = tx.last_insert_rowid();
+        statements
+            .execute(&tx, SPAN_INSERT, |p| {
+                p.set(1, -rid)?;
+                p.set(2, rid)?;
+                p.set(3, &llm)?;
+                p.set(4, &parent)?;
+                p.set(5, "llm")?;
+                p.set(6, "FakeModel")?;
+                p.set(7, t)?;
+                p.set(8, t)?;
+                p.set(9, "ok")?;
+                p.set(10, 0i64)?;
+                p.set(11, None::<&str>)?;
+                p.set(12, "{\"model\":\"FakeModel\"}")?;
+                p.set(13, None::<&str>)?;
+                p.set(14, 10i64)?;
+                p.set(15, 20i64)?;
+                p.set(16, 0i64)?;
+                p.set(17, 0i64)?;
+                p.set(18, 0i64)?;
+                p.set(19, None::<f64>)?;
+                p.set(20, false)?;
+                p.set(21, input.as_str())?;
+                p.set(22, reply)
+            })
             .expect("insert llm span");
-            drop(span);
-            tx.prepare_cached(
-                "INSERT INTO spans(tid, rid, span_id, parent, kind, name, started_at, ended_at, \
-                 status, flags, step_key, input_json, output_json) \
-                 VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
-            )
-            .and_then(|mut st| {
-                st.execute(params![
-                    -rid,
-                    rid,
-                    encode_id(&root),
-                    None::<Vec<u8>>,
-                    "agent",
-                    "greeter",
-                    t,
-                    now(),
-                    "ok",
-                    0i64,
-                    None::<String>,
-                    args,
-                    "\"hello\"",
-                ])
+        statements
+            .execute(&tx, PLAIN_SPAN_INSERT, |p| {
+                p.set(1, -rid)?;
+                p.set(2, rid)?;
+                p.set(3, &root)?;
+                p.set(4, None::<&str>)?;
+                p.set(5, "agent")?;
+                p.set(6, "greeter")?;
+                p.set(7, t)?;
+                p.set(8, now())?;
+                p.set(9, "ok")?;
+                p.set(10, 0i64)?;
+                p.set(11, None::<&str>)?;
+                p.set(12, args.as_str())?;
+                p.set(13, "\"hello\"")
             })
             .expect("insert agent span");
-        }
         tx.commit().expect("commit");
         timed += start.elapsed();
         if i % 128 == 127 {
-            conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
-                .expect("checkpoint");
+            checkpoint(&conn);
         }
     }
     timed.as_secs_f64() * 1e6 / n as f64
+}
+
+/// A PASSIVE checkpoint, untimed.
+fn checkpoint(conn: &rusqlite::Connection) {
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+        .expect("checkpoint");
 }
 
 fn main() {

@@ -17,11 +17,11 @@ pub mod postgres_query;
 pub mod query;
 pub mod replayed;
 pub mod sqlite;
-mod statements;
+pub mod statements;
 pub mod step_spans;
 pub mod url;
 pub mod wal_vfs;
-mod write_tx;
+pub mod write_tx;
 
 use crate::error::CoreResult;
 use crate::graph::store::GraphWork;

@@ -867,6 +867,13 @@ fn write_batched(
 
 /// Inserts a queued run row: running and leased, or settled; `None` when
 /// the run id exists.
+/// The row of a queued run (`Store::create_run_queued`), inserted settled
+/// when the run ended before its row was written.
+pub const QUEUED_RUN_INSERT: &str =
+    "INSERT OR IGNORE INTO runs(run_id, kind, name, status, created_at, updated_at, trace_id, \
+     fingerprint, args_json, budget_json, output_json, error_json, lease_owner, lease_until) \
+     VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)";
+
 fn insert_run(
     tx: &Connection,
     statements: &mut Statements,
@@ -891,29 +898,22 @@ fn insert_run(
             now(),
         ),
     };
-    let n = statements.execute(
-        tx,
-        "INSERT OR IGNORE INTO runs(run_id, kind, name, status, created_at, updated_at, \
-         trace_id, fingerprint, args_json, budget_json, output_json, error_json, \
-         lease_owner, lease_until) \
-         VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-        |p| {
-            p.set(1, new.run_id.as_str())?;
-            p.set(2, new.kind.as_str())?;
-            p.set(3, new.name.as_str())?;
-            p.set(4, status)?;
-            p.set(5, run.created_at)?;
-            p.set(6, updated)?;
-            p.set(7, new.trace_id.as_str())?;
-            p.set(8, new.fingerprint.as_deref())?;
-            p.set(9, new.args_json.as_deref())?;
-            p.set(10, new.budget_json.as_deref())?;
-            p.set(11, output)?;
-            p.set(12, error)?;
-            p.set(13, owner)?;
-            p.set(14, until)
-        },
-    )?;
+    let n = statements.execute(tx, QUEUED_RUN_INSERT, |p| {
+        p.set(1, new.run_id.as_str())?;
+        p.set(2, new.kind.as_str())?;
+        p.set(3, new.name.as_str())?;
+        p.set(4, status)?;
+        p.set(5, run.created_at)?;
+        p.set(6, updated)?;
+        p.set(7, new.trace_id.as_str())?;
+        p.set(8, new.fingerprint.as_deref())?;
+        p.set(9, new.args_json.as_deref())?;
+        p.set(10, new.budget_json.as_deref())?;
+        p.set(11, output)?;
+        p.set(12, error)?;
+        p.set(13, owner)?;
+        p.set(14, until)
+    })?;
     Ok((n == 1).then(|| tx.last_insert_rowid()))
 }
 
@@ -1028,7 +1028,7 @@ pub(crate) fn insert_journal(
     journal_winner(tx, inserted, rid, key, value)
 }
 
-const JOURNAL_INSERT: &str =
+pub const JOURNAL_INSERT: &str =
     "INSERT OR IGNORE INTO journal(rid, step_key, value_json) VALUES(?1, ?2, ?3)";
 
 /// After the insert of a journal row (`inserted` rows): `None` if it was
@@ -1113,7 +1113,7 @@ pub(crate) fn insert_span(
     insert_span_under(tx, traces, statements, rec, rec.rid)
 }
 
-const SPAN_INSERT: &str =
+pub const SPAN_INSERT: &str =
     "INSERT INTO spans(tid, rid, span_id, parent, kind, name, started_at, ended_at, status, \
      flags, step_key, attributes_json, error_json, input_tokens, output_tokens, \
      cache_read_tokens, cache_creation_tokens, reasoning_tokens, cost_usd, cost_complete, \
@@ -1123,7 +1123,7 @@ const SPAN_INSERT: &str =
 
 /// A span without attributes, usage or error (a task step's, replayed or
 /// not): the columns left out are NULL.
-const PLAIN_SPAN_INSERT: &str =
+pub const PLAIN_SPAN_INSERT: &str =
     "INSERT INTO spans(tid, rid, span_id, parent, kind, name, started_at, ended_at, status, \
      flags, step_key, input_json, output_json) \
      VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)";

@@ -18,7 +18,7 @@ use std::ptr::{self, NonNull};
 /// A connection with statements left open does not close: `clear` them
 /// first (`Writer` declares this before its connection, so dropping it
 /// does too).
-pub(crate) struct Statements {
+pub struct Statements {
     db: *mut ffi::sqlite3,
     /// By the address and length of the statement's (static) text.
     prepared: Vec<((*const u8, usize), NonNull<ffi::sqlite3_stmt>)>,
@@ -45,7 +45,7 @@ impl Drop for Statements {
 
 impl Statements {
     /// Finalizes every statement.
-    pub(crate) fn clear(&mut self) {
+    pub fn clear(&mut self) {
         for (_, st) in self.prepared.drain(..) {
             // SAFETY: a statement prepared here and not finalized yet.
             unsafe { ffi::sqlite3_finalize(st.as_ptr()) };
@@ -66,7 +66,7 @@ impl Statements {
 
     /// Runs `sql` on `conn` with the values `bind` gives it; the number of
     /// rows changed.
-    pub(crate) fn execute<'a>(
+    pub fn execute<'a>(
         &mut self,
         conn: &Connection,
         sql: &'static str,
@@ -148,7 +148,7 @@ fn failure(db: *mut ffi::sqlite3, rc: c_int) -> rusqlite::Error {
 
 /// The parameters of one execution: a value bound here is borrowed until
 /// the statement has run.
-pub(crate) struct Params<'a> {
+pub struct Params<'a> {
     st: *mut ffi::sqlite3_stmt,
     db: *mut ffi::sqlite3,
     values: PhantomData<&'a ()>,
@@ -158,7 +158,7 @@ impl<'a> Params<'a> {
     /// Binds `value` to parameter `i` (numbered from 1): a number, or a
     /// reference to what outlives the execution (`Copy` keeps out owned
     /// values, which would be gone before it).
-    pub(crate) fn set<T: Bind + Copy + 'a>(&mut self, i: usize, value: T) -> rusqlite::Result<()> {
+    pub fn set<T: Bind + Copy + 'a>(&mut self, i: usize, value: T) -> rusqlite::Result<()> {
         // SAFETY: `st` is prepared; what `value` borrows outlives the
         // execution, and a number is copied by the bind.
         match unsafe { value.bind(self.st, i as c_int) } {
@@ -174,7 +174,7 @@ impl<'a> Params<'a> {
 /// An implementation binds either a copy of the value (a number) or data
 /// the value borrows, never bytes stored in the value itself: `Params::set`
 /// takes values by copy.
-pub(crate) unsafe trait Bind {
+pub unsafe trait Bind {
     /// # Safety
     /// `st` is a prepared statement; what `self` borrows stays alive and
     /// unchanged until it has run and been reset.
