@@ -607,22 +607,73 @@ pub(crate) fn moved_away(tx: &Connection, rid: i64) -> rusqlite::Result<Option<S
     }))
 }
 
-/// Whether a span of run `rid` from this process is refused: the run is
-/// leased to another process, or was released after this process's lease
-/// of it was taken over. (Spans of a run this process settled itself may
-/// still be on their way.)
-fn span_refused(tx: &Connection, rid: i64) -> rusqlite::Result<bool> {
-    let me = crate::run::owner_id();
-    let holder: Option<Option<String>> = tx
-        .prepare_cached("SELECT lease_owner FROM runs WHERE rid = ?1")?
-        .query_row([rid], |r| r.get(0))
-        .optional()?;
-    match holder {
-        None => Ok(false),
-        Some(Some(h)) => Ok(h != me),
-        Some(None) => tx
-            .prepare_cached("SELECT 1 FROM lease_takeovers WHERE rid = ?1 AND owner = ?2")?
-            .exists(params![rid, me]),
+/// The lease state of the runs one write transaction writes for, each run's
+/// row read once: a step's check (`moved`) and its span's (`refused`) read
+/// the same row, and a commit carries both.
+struct Leases<'c> {
+    tx: &'c Connection,
+    runs: HashMap<i64, RunLease>,
+}
+
+struct RunLease {
+    /// `(run_id, lease_owner)`, `None` when the run has no row.
+    row: Option<(String, Option<String>)>,
+    /// `refused`, once asked.
+    refused: Option<bool>,
+}
+
+impl<'c> Leases<'c> {
+    fn new(tx: &'c Connection) -> Leases<'c> {
+        Leases {
+            tx,
+            runs: HashMap::new(),
+        }
+    }
+
+    fn run(&mut self, rid: i64) -> rusqlite::Result<&mut RunLease> {
+        Ok(match self.runs.entry(rid) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let row = self
+                    .tx
+                    .prepare_cached("SELECT run_id, lease_owner FROM runs WHERE rid = ?1")?
+                    .query_row([rid], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()?;
+                e.insert(RunLease { row, refused: None })
+            }
+        })
+    }
+
+    /// `moved_away` of run `rid`.
+    fn moved(&mut self, rid: i64) -> rusqlite::Result<Option<String>> {
+        let me = crate::run::owner_id();
+        Ok(self
+            .run(rid)?
+            .row
+            .as_ref()
+            .and_then(|(run_id, holder)| (holder.as_deref() != Some(me)).then(|| run_id.clone())))
+    }
+
+    /// Whether a span of run `rid` from this process is refused: the run is
+    /// leased to another process, or was released after this process's
+    /// lease of it was taken over. (Spans of a run this process settled
+    /// itself may still be on their way.)
+    fn refused(&mut self, rid: i64) -> rusqlite::Result<bool> {
+        let tx = self.tx;
+        let run = self.run(rid)?;
+        if let Some(refused) = run.refused {
+            return Ok(refused);
+        }
+        let me = crate::run::owner_id();
+        let refused = match &run.row {
+            None => false,
+            Some((_, Some(holder))) => holder != me,
+            Some((_, None)) => tx
+                .prepare_cached("SELECT 1 FROM lease_takeovers WHERE rid = ?1 AND owner = ?2")?
+                .exists(params![rid, me])?,
+        };
+        run.refused = Some(refused);
+        Ok(refused)
     }
 }
 
@@ -691,24 +742,7 @@ fn write_ops_tx(
     ops: &[Op],
     results: &mut Vec<(Arc<Slot>, CoreResult<Option<String>>)>,
 ) -> rusqlite::Result<()> {
-    let mut moved: HashMap<i64, Option<String>> = HashMap::new();
-    let mut moved_run = |rid: i64| -> rusqlite::Result<Option<String>> {
-        if let Some(m) = moved.get(&rid) {
-            return Ok(m.clone());
-        }
-        let m = moved_away(tx, rid)?;
-        moved.insert(rid, m.clone());
-        Ok(m)
-    };
-    let mut refused: HashMap<i64, bool> = HashMap::new();
-    let mut is_refused = |rid: i64| -> rusqlite::Result<bool> {
-        if let Some(no) = refused.get(&rid) {
-            return Ok(*no);
-        }
-        let no = span_refused(tx, rid)?;
-        refused.insert(rid, no);
-        Ok(no)
-    };
+    let mut leases = Leases::new(tx);
     // Runs whose rows this transaction inserted, leased to this process
     // or settled by it: nothing can have taken them over, so their spans
     // skip the lease check.
@@ -723,7 +757,7 @@ fn write_ops_tx(
                 replayed.clear();
                 let mut next = Some(first);
                 while let Some(s) = next {
-                    if !is_refused(s.rid)? {
+                    if !leases.refused(s.rid)? {
                         replayed.push(s);
                     }
                     next = match ops.get(i) {
@@ -745,7 +779,7 @@ fn write_ops_tx(
                 if slot.failed() {
                     continue;
                 }
-                if let Some(run_id) = moved_run(*rid)? {
+                if let Some(run_id) = leases.moved(*rid)? {
                     results.push((slot.clone(), Err(crate::lease::moved(&run_id))));
                     continue;
                 }
@@ -758,15 +792,7 @@ fn write_ops_tx(
                 results.push((slot.clone(), Ok(winner)));
             }
             Op::Batched(batch) => {
-                write_batched(
-                    tx,
-                    traces,
-                    statements,
-                    batch,
-                    results,
-                    &mut moved_run,
-                    &mut is_refused,
-                )?;
+                write_batched(tx, traces, statements, batch, results, &mut leases)?;
             }
             Op::Run(run) => {
                 let rid = insert_run(tx, statements, run)?;
@@ -781,7 +807,7 @@ fn write_ops_tx(
                 run.slot.inserted(rid.unwrap_or(0));
             }
             Op::Span(rec) => {
-                if !rec.rid.map_or(Ok(false), &mut is_refused)? {
+                if !rec.rid.map_or(Ok(false), |rid| leases.refused(rid))? {
                     insert_span_under(tx, traces, statements, rec, rec.rid)?;
                 }
             }
@@ -789,7 +815,7 @@ fn write_ops_tx(
                 // The row was not inserted: its run failed.
                 0 => {}
                 rid => {
-                    if inserted.contains(&rid) || !is_refused(rid)? {
+                    if inserted.contains(&rid) || !leases.refused(rid)? {
                         insert_span_under(tx, traces, statements, rec, Some(rid))?;
                     }
                 }
@@ -809,8 +835,7 @@ fn write_batched(
     statements: &mut Statements,
     batch: &BatchedSteps,
     results: &mut Vec<(Arc<Slot>, CoreResult<Option<String>>)>,
-    moved_run: &mut impl FnMut(i64) -> rusqlite::Result<Option<String>>,
-    is_refused: &mut impl FnMut(i64) -> rusqlite::Result<bool>,
+    leases: &mut Leases<'_>,
 ) -> rusqlite::Result<()> {
     let mut journal_rows = Vec::with_capacity(batch.len());
     let mut span_rows = Vec::with_capacity(batch.len());
@@ -821,7 +846,8 @@ fn write_batched(
         let (moved, refused) = match &run {
             Some((r, moved, refused)) if *r == rid => (moved, *refused),
             _ => {
-                let (_, moved, refused) = run.insert((rid, moved_run(rid)?, is_refused(rid)?));
+                let (_, moved, refused) =
+                    run.insert((rid, leases.moved(rid)?, leases.refused(rid)?));
                 (&*moved, *refused)
             }
         };
