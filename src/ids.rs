@@ -47,7 +47,8 @@ pub enum StoredId {
 
 pub fn encode_id(id: &str) -> StoredId {
     match Ulid::from_string(id) {
-        Ok(u) if u.to_string() == id => StoredId::Bytes(u.to_bytes()),
+        // Canonical only: the text it decodes back to (on the stack).
+        Ok(u) if u.array_to_str(&mut [0; ulid::ULID_LEN]) == id => StoredId::Bytes(u.to_bytes()),
         _ => StoredId::Text(id.to_string()),
     }
 }
