@@ -239,6 +239,17 @@ mod tests {
     use super::*;
     use crate::store::sqlite::open_connection;
 
+    /// Commits of one 3,000-byte row each until `until` holds (at most
+    /// `max` commits); whether it did.
+    fn commit_until(writer: &Connection, max: usize, mut until: impl FnMut() -> bool) -> bool {
+        (0..max).any(|_| {
+            writer
+                .execute("INSERT INTO t VALUES(zeroblob(3000))", [])
+                .unwrap();
+            until()
+        })
+    }
+
     #[test]
     fn the_wal_starts_over_soon_after_a_reader_that_held_it_back_lets_go() {
         let dir = crate::test_dir::Dir::new();
@@ -252,38 +263,17 @@ mod tests {
             .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
             .unwrap();
         let frames = || ckpt.shared.state.lock().frames;
-        let commit = || {
-            writer
-                .execute("INSERT INTO t VALUES(zeroblob(3000))", [])
-                .unwrap();
-        };
         // The reader's snapshot keeps every checkpoint from copying the WAL.
-        while frames() < INLINE + 10 {
-            commit();
-        }
+        commit_until(&writer, usize::MAX, || frames() >= INLINE + 10);
         reader.execute_batch("COMMIT").unwrap();
         let grown = frames();
         // Not a thousand frames later: the next commits start it over.
-        let started_over = (0..100).any(|_| {
-            commit();
-            frames() < grown
-        });
+        let started_over = commit_until(&writer, 100, || frames() < grown);
         // The commits call into the checkpointer: the writer goes first.
         drop(writer);
         drop(ckpt);
         drop(reader);
         assert!(started_over, "the WAL still grows past {grown} frames");
-    }
-
-    /// Commits of one 3,000-byte row each until `until` holds (at most
-    /// `max` commits); whether it did.
-    fn commit_until(writer: &Connection, max: usize, mut until: impl FnMut() -> bool) -> bool {
-        (0..max).any(|_| {
-            writer
-                .execute("INSERT INTO t VALUES(zeroblob(3000))", [])
-                .unwrap();
-            until()
-        })
     }
 
     #[test]

@@ -598,13 +598,7 @@ impl Inner {
 /// an attempt here may journal or settle nothing then. A missing run
 /// refuses nothing.
 pub(crate) fn moved_away(tx: &Connection, rid: i64) -> rusqlite::Result<Option<String>> {
-    let row: Option<(String, Option<String>)> = tx
-        .prepare_cached("SELECT run_id, lease_owner FROM runs WHERE rid = ?1")?
-        .query_row([rid], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?;
-    Ok(row.and_then(|(run_id, holder)| {
-        (holder.as_deref() != Some(crate::run::owner_id())).then_some(run_id)
-    }))
+    Leases::new(tx).moved(rid)
 }
 
 /// The lease state of the runs one write transaction writes for, each run's
@@ -644,7 +638,7 @@ impl<'c> Leases<'c> {
         })
     }
 
-    /// `moved_away` of run `rid`.
+    /// `moved_away`.
     fn moved(&mut self, rid: i64) -> rusqlite::Result<Option<String>> {
         let me = crate::run::owner_id();
         Ok(self

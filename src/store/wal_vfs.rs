@@ -470,16 +470,23 @@ unsafe extern "C" fn x_unfetch(file: *mut ffi::sqlite3_file, at: i64, p: *mut c_
 mod tests {
     use super::*;
     use crate::test_dir::Dir;
-    use rusqlite::{params, Connection, OpenFlags};
+    use rusqlite::{Connection, OpenFlags};
 
-    fn open_gathering(path: &str) -> Connection {
+    /// A connection through the layer, in WAL mode with no automatic
+    /// checkpoint, `pragmas` run and the tests' table created.
+    fn gathering_table(path: &str, pragmas: &str) -> Connection {
         let vfs = name().expect("the VFS registers");
         let conn = Connection::open_with_flags_and_vfs(path, OpenFlags::default(), vfs).unwrap();
-        conn.execute_batch(
-            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA wal_autocheckpoint=0;",
-        )
+        conn.execute_batch(&format!(
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA wal_autocheckpoint=0; \
+             {pragmas} CREATE TABLE t(x INTEGER PRIMARY KEY, v TEXT)"
+        ))
         .unwrap();
         conn
+    }
+
+    fn insert(conn: &Connection, v: &str) {
+        conn.execute("INSERT INTO t(v) VALUES(?1)", [v]).unwrap();
     }
 
     fn count(conn: &Connection) -> i64 {
@@ -496,16 +503,11 @@ mod tests {
     fn each_commit_is_in_the_wal_file_when_it_returns() {
         let dir = Dir::new();
         let path = dir.path("db");
-        let writer = open_gathering(&path);
-        writer
-            .execute_batch("CREATE TABLE t(x INTEGER PRIMARY KEY, v TEXT)")
-            .unwrap();
+        let writer = gathering_table(&path, "");
         // A reader through SQLite's default VFS reads the WAL file itself.
         let reader = Connection::open(&path).unwrap();
         for i in 0..200 {
-            writer
-                .execute("INSERT INTO t(v) VALUES(?1)", [format!("{i:0>900}")])
-                .unwrap();
+            insert(&writer, &format!("{i:0>900}"));
             assert_eq!(count(&reader), i + 1);
         }
         assert_eq!(integrity(&reader), "ok");
@@ -527,14 +529,9 @@ mod tests {
     fn a_crash_after_commits_recovers_every_one() {
         let dir = Dir::new();
         let path = dir.path("db");
-        let writer = open_gathering(&path);
-        writer
-            .execute_batch("CREATE TABLE t(x INTEGER PRIMARY KEY, v TEXT)")
-            .unwrap();
+        let writer = gathering_table(&path, "");
         for i in 0..300 {
-            writer
-                .execute("INSERT INTO t(v) VALUES(?1)", [format!("{i:0>500}")])
-                .unwrap();
+            insert(&writer, &format!("{i:0>500}"));
         }
         let copy = recovered_copy(&dir);
         assert_eq!(count(&copy), 300);
@@ -545,18 +542,13 @@ mod tests {
     fn spilled_and_rewritten_frames_commit_intact() {
         let dir = Dir::new();
         let path = dir.path("db");
-        let writer = open_gathering(&path);
         // A tiny page cache spills pages to the WAL mid-transaction; writing
         // them again overwrites their frames, and the commit rewrites the
         // checksums from the first one overwritten.
-        writer
-            .execute_batch("PRAGMA cache_size=2; CREATE TABLE t(x INTEGER PRIMARY KEY, v TEXT)")
-            .unwrap();
+        let writer = gathering_table(&path, "PRAGMA cache_size=2;");
         writer.execute_batch("BEGIN").unwrap();
         for i in 0..400 {
-            writer
-                .execute("INSERT INTO t(v) VALUES(?1)", [format!("{i:0>700}")])
-                .unwrap();
+            insert(&writer, &format!("{i:0>700}"));
         }
         writer.execute("UPDATE t SET v = v || 'x'", []).unwrap();
         writer.execute_batch("COMMIT").unwrap();
@@ -576,29 +568,20 @@ mod tests {
     fn a_rolled_back_spill_never_overwrites_another_writers_commit() {
         let dir = Dir::new();
         let path = dir.path("db");
-        let writer = open_gathering(&path);
-        writer
-            .execute_batch("PRAGMA cache_size=2; CREATE TABLE t(x INTEGER PRIMARY KEY, v TEXT)")
-            .unwrap();
+        let writer = gathering_table(&path, "PRAGMA cache_size=2;");
         writer.execute_batch("BEGIN IMMEDIATE").unwrap();
         for i in 0..200 {
-            writer
-                .execute("INSERT INTO t(v) VALUES(?1)", [format!("{i:0>700}")])
-                .unwrap();
+            insert(&writer, &format!("{i:0>700}"));
         }
         writer.execute_batch("ROLLBACK").unwrap();
         // Another connection (default VFS) now commits where the spilled
         // frames were; this writer's later commits must not bring them back.
         let other = Connection::open(&path).unwrap();
         for i in 0..50 {
-            other
-                .execute("INSERT INTO t(v) VALUES(?1)", params![format!("other {i}")])
-                .unwrap();
+            insert(&other, &format!("other {i}"));
         }
         for i in 0..50 {
-            writer
-                .execute("INSERT INTO t(v) VALUES(?1)", params![format!("mine {i}")])
-                .unwrap();
+            insert(&writer, &format!("mine {i}"));
         }
         assert_eq!(count(&other), 100);
         assert_eq!(integrity(&other), "ok");
@@ -611,18 +594,10 @@ mod tests {
     fn the_wal_restarts_and_truncates_through_the_layer() {
         let dir = Dir::new();
         let path = dir.path("db");
-        let writer = open_gathering(&path);
-        writer
-            .execute_batch("CREATE TABLE t(x INTEGER PRIMARY KEY, v TEXT)")
-            .unwrap();
+        let writer = gathering_table(&path, "");
         for round in 0..5 {
             for i in 0..100 {
-                writer
-                    .execute(
-                        "INSERT INTO t(v) VALUES(?1)",
-                        [format!("{round} {i:0>300}")],
-                    )
-                    .unwrap();
+                insert(&writer, &format!("{round} {i:0>300}"));
             }
             // The next commit starts the WAL over from its header.
             let (busy, _, _): (i64, i64, i64) = writer
@@ -636,9 +611,7 @@ mod tests {
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
             .unwrap();
         assert_eq!(std::fs::metadata(dir.path("db-wal")).unwrap().len(), 0);
-        writer
-            .execute("INSERT INTO t(v) VALUES('last')", [])
-            .unwrap();
+        insert(&writer, "last");
         let copy = recovered_copy(&dir);
         assert_eq!(count(&copy), 501);
         assert_eq!(integrity(&copy), "ok");
@@ -648,14 +621,9 @@ mod tests {
     fn full_sync_commits_are_complete_too() {
         let dir = Dir::new();
         let path = dir.path("db");
-        let writer = open_gathering(&path);
-        writer
-            .execute_batch("PRAGMA synchronous=FULL; CREATE TABLE t(x INTEGER PRIMARY KEY, v TEXT)")
-            .unwrap();
+        let writer = gathering_table(&path, "PRAGMA synchronous=FULL;");
         for i in 0..50 {
-            writer
-                .execute("INSERT INTO t(v) VALUES(?1)", [format!("{i:0>2000}")])
-                .unwrap();
+            insert(&writer, &format!("{i:0>2000}"));
         }
         let copy = recovered_copy(&dir);
         assert_eq!(count(&copy), 50);
