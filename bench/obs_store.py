@@ -1278,7 +1278,8 @@ def ensure_store(
     template_s = time.perf_counter() - t0
     params = {"runs": runs, "spans": spans, "seed": seed, "days": days, "end": end}
     material = json.dumps(
-        [GENERATOR_VERSION, params, tpl["schema"], tpl["user_version"]], sort_keys=True
+        [GENERATOR_VERSION, params, tpl["schema"], tpl["user_version"], tpl["page_size"]],
+        sort_keys=True,
     )
     key = hashlib.sha256(material.encode()).hexdigest()[:16]
     final = os.path.join(cache_root(), f"composeai-bench-obs-{key}")

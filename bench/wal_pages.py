@@ -1,14 +1,16 @@
 """WAL pages per commit: what each commit of a workload writes, by table and index.
 
-Every commit appends each page it changed to the WAL as a whole frame (4 KiB),
-so pages per commit is the store's write amplification. This script keeps the
+Every commit appends each page it changed to the WAL as a whole frame (the
+store's page size, 2 KiB for a new store), so pages per commit is the store's write amplification. This script keeps the
 WAL from restarting while it measures (a read transaction is held open on the
 store by this process's own `sqlite3`, which is the engine's SQLite library:
 see README), runs a workload, then reads the WAL's frame headers and names each
 page's B-tree with the `dbstat` table. Workloads:
 
 * `g1`: `thread.run()` of bench/g_graph.py's 3-node linear graph;
-* `w1`: one journaled `@task` step of bench/w1_steps.py's flow.
+* `w1`: one journaled `@task` step of bench/w1_steps.py's flow;
+* `w5`: one standalone FakeModel text agent call of bench/w5_agent.py (in
+  the store `w1` opened: a process opens one store).
 
 Prints one JSON line: per workload, commits and frames per unit (a graph run,
 a step) and the pages per unit by B-tree name.
@@ -26,13 +28,12 @@ from _common import emit, parser, temp_dir
 WAL_HEADER, FRAME_HEADER = 32, 24
 
 
-def wal_commits(db: str, start: int) -> list[list[int]]:
-    """The page numbers of each commit in `db`'s WAL after byte `start`."""
+def wal_commits(db: str) -> list[list[int]]:
+    """The page numbers of each commit in `db`'s WAL, oldest first."""
     with open(db + "-wal", "rb") as f:
         header = f.read(WAL_HEADER)
         page_size = struct.unpack(">I", header[8:12])[0]
         salts = header[16:24]
-        f.seek(start)
         commits, pages = [], []
         while True:
             frame = f.read(FRAME_HEADER)
@@ -52,10 +53,11 @@ def measure(db: str, units: int, work) -> dict:
     hold = sqlite3.connect(db, isolation_level=None)
     hold.execute("BEGIN")
     hold.execute("SELECT count(*) FROM sqlite_master").fetchone()
-    start = os.path.getsize(db + "-wal")
+    # The WAL may have started over without shrinking: skip its valid commits.
+    before = len(wal_commits(db))
     for _ in range(units):
         work()
-    commits = wal_commits(db, start)
+    commits = wal_commits(db)[before:]
     hold.execute("COMMIT")
     dbstat = sqlite3.connect(db).execute("SELECT name, pageno FROM dbstat")
     names = {pgno: name for name, pgno in dbstat}
@@ -120,9 +122,35 @@ def w1(units: int) -> dict:
     return result
 
 
+def w5(units: int) -> dict:
+    from composeai import _engine, agent
+    from composeai.testing import FakeModel
+
+    model = FakeModel(["hello"] * (units + 20))
+
+    @agent(model=model)
+    def greeter(name: str) -> str:
+        """Greet the user."""
+        return f"Say hello to {name}."
+
+    for i in range(20):
+        greeter.run(f"warm-up {i}")
+    _engine.get_store().flush()
+    db = os.path.join(os.environ["COMPOSE_DIR"], "runs.db")
+    calls = iter(range(units))
+    return measure(db, units, lambda: greeter.run(f"user {next(calls)}"))
+
+
 def main() -> None:
     args = parser(__doc__.splitlines()[0], 200).parse_args()
-    emit({"workload": "wal_pages", "g1": g1(args.n), "w1": w1(args.n * 5)})
+    emit(
+        {
+            "workload": "wal_pages",
+            "g1": g1(args.n),
+            "w1": w1(args.n * 5),
+            "w5": w5(args.n),
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,12 @@ from _proc import Sandbox, wait_until
 from composeai import _core
 
 CHECKPOINT_THREAD = "composeai-ckpt"
-WAL_FRAME = 4096 + 24
+
+
+def wal_frame(db: Path | str) -> int:
+    """Bytes per WAL frame of the store at `db`: its page and the frame's 24-byte header."""
+    with closing(sqlite3.connect(db)) as conn:
+        return conn.execute("PRAGMA page_size").fetchone()[0] + 24
 
 
 def wal_sequence(db: Path) -> bytes:
@@ -165,7 +170,8 @@ def test_obs1_a_pause_lets_the_checkpoint_thread_copy_the_whole_wal(isolated_sta
     # writer's own checkpoint.
     fill.run(500)
     largest = os.path.getsize(f"{db}-wal")
-    assert 1000 * WAL_FRAME < largest < 8000 * WAL_FRAME
+    frame = wal_frame(db)
+    assert 1000 * frame < largest < 8000 * frame
 
     def started_over():
         fill.run(1)
@@ -230,6 +236,43 @@ def test_obs1_the_last_process_to_close_the_store_leaves_no_wal(tmp_path):
     with closing(sqlite3.connect(box.db_path)) as conn:
         assert conn.execute("SELECT count(*) FROM journal").fetchone()[0] == 2000
         assert box.run(body.replace("N", "300")).ok() == {"n": 300}
-        assert wal.stat().st_size > 300 * WAL_FRAME
+        assert wal.stat().st_size > 300 * wal_frame(box.db_path)
         assert conn.execute("SELECT count(*) FROM journal").fetchone()[0] == 2300
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_obs1_a_new_store_has_2048_byte_pages_and_an_older_store_keeps_its_own(tmp_path):
+    """OBS-1: every commit writes each page it changed to the WAL whole, so a new store is
+    created with 2,048-byte pages (the engine's rows are small). A store created with other
+    pages keeps them: it opens, commits and reads back as before."""
+
+    def commit_runs(path: Path, n: int) -> None:
+        store = _core.Store(str(path))
+        for i in range(n):
+            store.start_run("agent", "a", None, '{"args":[],"kwargs":{}}', None).settle(
+                "completed", f'"done {i}"', None
+            )
+        store.close()
+
+    def page_size(path: Path) -> int:
+        with closing(sqlite3.connect(path)) as conn:
+            return conn.execute("PRAGMA page_size").fetchone()[0]
+
+    new = tmp_path / "new.db"
+    commit_runs(new, 3)
+    assert page_size(new) == 2048
+
+    older = tmp_path / "older.db"
+    commit_runs(older, 3)
+    with closing(sqlite3.connect(older, isolation_level=None)) as conn:
+        conn.execute("PRAGMA journal_mode=DELETE")
+        conn.execute("PRAGMA page_size=4096")
+        conn.execute("VACUUM")
+        conn.execute("PRAGMA journal_mode=WAL")
+    assert page_size(older) == 4096
+    commit_runs(older, 3)
+    assert page_size(older) == 4096
+    with closing(sqlite3.connect(older)) as conn:
+        outputs = [r[0] for r in conn.execute("SELECT output_json FROM runs ORDER BY rid")]
+        assert outputs == ['"done 0"', '"done 1"', '"done 2"'] * 2
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

@@ -123,6 +123,14 @@ CREATE TABLE chats(
 );
 "#;
 
+/// The page size of a new store. Every commit appends each page it changed
+/// to the WAL whole, and SQLite copies and checksums every byte of those
+/// frames; the rows the engine commits (a step's journal row and span, a
+/// run's row, an agent call's spans) are a few hundred bytes, so halving
+/// SQLite's default 4,096 halves those bytes while B-trees stay as shallow
+/// (bench/wal_pages.py). A store keeps the page size it was created with.
+pub const PAGE_SIZE: i64 = 2048;
+
 /// `spans.flags` bits.
 pub const FLAG_REPLAYED: i64 = 1;
 pub const FLAG_OUTPUT_IN_JOURNAL: i64 = 2;
@@ -974,6 +982,11 @@ pub fn open_connection(path: &str, full_sync: bool) -> CoreResult<Connection> {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .map_err(|e| config(path, format!("not a readable composeai store ({e})")))?;
     migrate::refuse_foreign(&conn, path, version)?;
+    if version == 0 {
+        // Only an empty database takes it, so before WAL and the schema.
+        conn.execute_batch(&format!("PRAGMA page_size={PAGE_SIZE}"))
+            .at(path)?;
+    }
     let mode: String = conn
         .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
         .map_err(|e| config(path, format!("cannot enable WAL ({e})")))?;
