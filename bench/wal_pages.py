@@ -1,11 +1,12 @@
 """WAL pages per commit: what each commit of a workload writes, by table and index.
 
 Every commit appends each page it changed to the WAL as a whole frame (the
-store's page size, 2 KiB for a new store), so pages per commit is the store's write amplification. This script keeps the
-WAL from restarting while it measures (a read transaction is held open on the
-store by this process's own `sqlite3`, which is the engine's SQLite library:
-see README), runs a workload, then reads the WAL's frame headers and names each
-page's B-tree with the `dbstat` table. Workloads:
+store's page size: 2 KiB for a new store), so pages per commit is the store's
+write amplification. This script keeps the WAL from restarting while it
+measures (a read transaction is held open on the store by this process's own
+`sqlite3`, which is the engine's SQLite library: see README), runs a
+workload, then reads the WAL's frame headers and names each page's B-tree
+with the `dbstat` table. Workloads:
 
 * `g1`: `thread.run()` of bench/g_graph.py's 3-node linear graph;
 * `w1`: one journaled `@task` step of bench/w1_steps.py's flow;
