@@ -506,8 +506,24 @@ def _llm_input_json(system: str | None, messages: list) -> str:
         if text is None:
             return _codec.dumps_lenient({"system": system, "messages": messages})
         parts.append(text)
-    head = "null" if system is None else _codec.dumps_lenient(system)
-    return '{"system":' + head + ',"messages":[' + ",".join(parts) + "]}"
+    return '{"system":' + _system_json(system) + ',"messages":[' + ",".join(parts) + "]}"
+
+
+# An agent's system prompt is the same string call after call: its JSON is kept.
+_SYSTEM_JSON: dict[str, str] = {}
+
+
+def _system_json(system: str | None) -> str:
+    if system is None:
+        return "null"
+    if type(system) is not str:
+        return _codec.dumps_lenient(system)
+    text = _SYSTEM_JSON.get(system)
+    if text is None:
+        if len(_SYSTEM_JSON) >= 256:
+            _SYSTEM_JSON.clear()
+        text = _SYSTEM_JSON[system] = _codec.dumps_lenient(system)
+    return text
 
 
 # Attribute sets an agent writes on every llm span ({"model": ..., "provider": ...}).

@@ -99,7 +99,10 @@ class Message(BaseModel):
 
     @property
     def text(self) -> str:
-        return "".join(p.text for p in self.parts if isinstance(p, TextPart))
+        parts = self.parts
+        if len(parts) == 1 and type(parts[0]) is TextPart:  # a plain text reply
+            return parts[0].text
+        return "".join(p.text for p in parts if isinstance(p, TextPart))
 
 
 def _text_part(text: Any) -> TextPart:
@@ -132,7 +135,18 @@ def _message_of(role: Literal["user", "assistant"], parts: list[Any]) -> Message
 
 
 def _text_message(role: Literal["user", "assistant"], text: str) -> Message:
-    return _message_of(role, [_text_part(text)])
+    """`_message_of(role, [_text_part(text)])` of a `str` text, written out."""
+    part = _new(TextPart)
+    _set_dict(part, {"type": "text", "text": text})
+    _set_fields_set(part, {"text"})
+    _set_extra(part, None)
+    _set_private(part, None)
+    message = _new(Message)
+    _set_dict(message, {"role": role, "parts": [part]})
+    _set_fields_set(message, {"role", "parts"})
+    _set_extra(message, None)
+    _set_private(message, None)
+    return message
 
 
 _new = object.__new__
