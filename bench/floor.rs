@@ -64,7 +64,7 @@ fn measure(path: &str, n: u64, full_sync: bool) -> f64 {
         let (span_id, parent) = (encode_id(&new_ulid()), Some(encode_id(&root_span)));
         let start = Instant::now();
         let started = now();
-        let tx = WriteTx::immediate(&conn).expect("begin");
+        let tx = WriteTx::immediate(&conn, &mut statements).expect("begin");
         let n = statements
             .execute(&tx, JOURNAL_INSERT, |p| {
                 p.set(1, rid)?;
@@ -92,7 +92,7 @@ fn measure(path: &str, n: u64, full_sync: bool) -> f64 {
                 p.set(13, None::<&str>)
             })
             .expect("insert span");
-        tx.commit().expect("commit");
+        tx.commit(&mut statements).expect("commit");
         timed += start.elapsed();
         x += 1;
         if !full_sync && i % 128 == 0 {
@@ -128,7 +128,7 @@ fn measure_agent_call(path: &str, n: u64) -> f64 {
         let parent = Some(encode_id(&root_id));
         let start = Instant::now();
         let t = now();
-        let tx = WriteTx::immediate(&conn).expect("begin");
+        let tx = WriteTx::immediate(&conn, &mut statements).expect("begin");
         // The row inserted settled, as a run that ends before its queued
         // row was written is (`insert_run`).
         statements
@@ -193,7 +193,7 @@ fn measure_agent_call(path: &str, n: u64) -> f64 {
                 p.set(13, "\"hello\"")
             })
             .expect("insert agent span");
-        tx.commit().expect("commit");
+        tx.commit(&mut statements).expect("commit");
         timed += start.elapsed();
         if i % 128 == 127 {
             checkpoint(&conn);

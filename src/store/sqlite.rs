@@ -505,13 +505,13 @@ impl Inner {
         let mut results: Vec<(Arc<Slot>, CoreResult<Option<String>>)> = Vec::new();
         let mut extra_failed = false;
         let mut outcome = (|| -> CoreResult<()> {
-            let tx = WriteTx::immediate(conn).at(&path)?;
+            let tx = WriteTx::immediate(conn, statements).at(&path)?;
             write_ops(&tx, traces, statements, &ops, &mut results, &path)?;
             if let Err(e) = extra(&tx) {
                 extra_failed = true;
                 return Err(e);
             }
-            tx.commit().at(&path)
+            tx.commit(statements).at(&path)
         })();
         let mut extra_error = None;
         if extra_failed && !ops.is_empty() {
@@ -521,9 +521,9 @@ impl Inner {
             results.clear();
             extra_error = outcome.err();
             outcome = (|| -> CoreResult<()> {
-                let tx = WriteTx::immediate(conn).at(&path)?;
+                let tx = WriteTx::immediate(conn, statements).at(&path)?;
                 write_ops(&tx, traces, statements, &ops, &mut results, &path)?;
-                tx.commit().at(&path)
+                tx.commit(statements).at(&path)
             })();
         }
         let outcome = match outcome {
