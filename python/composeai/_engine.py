@@ -25,6 +25,9 @@ from .errors import ConfigError, SerializationError, TaskTimeoutError
 from .runs import Run
 from .tracing import ErrorInfo, Span, Trace, _capture_content, replayed_span
 
+# `events.current_bus`, called without a Python frame of its own.
+_current_bus = _events._BUS.get
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -411,7 +414,7 @@ def budget_meter(budget: Any, span_kind: str, span_name: str, baseline=(0, 0.0))
 
 
 def _emit(kind: EventKind, span: Span, data: dict) -> None:
-    if _events.current_bus() is not None:
+    if _current_bus() is not None:
         _events.emit(
             _events.Event(
                 kind, trace_id=span.trace_id, span_id=span.span_id, name=span.name, data=data
@@ -421,7 +424,7 @@ def _emit(kind: EventKind, span: Span, data: dict) -> None:
 
 def emit_run_finished(root: Span, status: str, exc: BaseException | None = None) -> None:
     """AGENT-82: once per trace, for the root span."""
-    if _events.current_bus() is None:
+    if _current_bus() is None:
         return
     data: dict[str, Any] = {"status": status}
     if exc is not None:
@@ -449,7 +452,7 @@ def open_span(parent: Span | None, trace: Trace, kind: str, name: str) -> Span:
         started_at=time.time(),
     )
     trace.add(span)
-    if _events.current_bus() is not None:
+    if _current_bus() is not None:
         _emit("span_started", span, {"kind": kind})
     return span
 
@@ -589,7 +592,7 @@ def persist_span(run: RunState | None, span: Span, output_json: str | None = Non
     or, outside any run, written when its root finishes (OBS-5)."""
     if not _capture():
         output_json = None
-    if _events.current_bus() is not None:
+    if _current_bus() is not None:
         _emit("span_finished", span, {"kind": span.kind, "status": span.status})
     row = span_row(span, output_json)
     if run is not None:
@@ -785,7 +788,6 @@ def driven_synchronously():
 
 _MODULES = sys.modules
 _STREAMS = "composeai._streams"
-_current_bus = _events._BUS.get
 
 
 def _streams_loaded() -> bool:
@@ -869,7 +871,7 @@ def started_step(
     )
     if keep:
         frame.trace.add(span)
-    if _events.current_bus() is not None:
+    if _current_bus() is not None:
         _emit("span_started", span, {"kind": kind})
     if span_input is not None and _capture():
         span.input = span_input

@@ -30,7 +30,7 @@ from .errors import (
     ProviderError,
     SerializationError,
 )
-from .events import current_bus as _current_bus
+from .events import _BUS
 from .messages import Message, StopReason, TextPart, ToolCallPart, ToolResultPart, Usage
 from .models import registry as _registry
 from .models.base import ModelRequest, new_request
@@ -39,6 +39,9 @@ from .tracing import Span
 from .tracing import _capture_content as _capture
 
 __all__ = ["AgentFunction", "agent", "prompt"]
+
+# `events.current_bus`, called without a Python frame of its own.
+_current_bus = _BUS.get
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -179,7 +182,7 @@ class _Call:
 
     @property
     def durable(self) -> bool:
-        return self.run is not None and self.snapshot_scope is not None
+        return self.frame.run is not None and self.snapshot_scope is not None
 
     def resolve_model(self) -> None:
         spec = self.model_spec
@@ -391,8 +394,9 @@ def _direct_turn(call: _Call) -> Any:
     conversation."""
     _check_cancel()
     call.turn += 1
-    if call.run is not None:
-        _core.check_cancel(call.run.attempt, False)
+    run = call.frame.run
+    if run is not None:
+        _core.check_cancel(run.attempt, False)
     span, request, input_json = _open_llm(call)
     try:
         response = call.model.complete(request)
@@ -549,7 +553,7 @@ def _attributes_json(attributes: dict) -> str | None:
 
 def _close_llm_span(call: _Call, span, message: Message, input_json: str | None) -> None:
     """`_engine.close_span` of a durable run's llm span, its row built here."""
-    run = call.run
+    run = call.frame.run
     if run is None or _current_bus() is not None:
         _engine.close_span(run, span, message)
         return
@@ -1086,7 +1090,7 @@ def _seed_from_body(agent: AgentFunction, result: Any) -> list[Message]:
 
 def _restore(call: _Call) -> bool:
     """Loads the call's snapshot, if any (AGENT-53)."""
-    if not call.durable or not call.restorable:
+    if not call.restorable or not call.durable:
         return False
     assert call.run is not None  # `durable` says so
     row = call.run.attempt.load_agent_state(call.snapshot_scope)
