@@ -243,6 +243,34 @@ def test_flow16_a_replayed_plain_task_runs_no_body_and_its_span_is_replayed():
     assert [s.output for s in replayed] == [1, 2, 3]
 
 
+def test_agent80_a_bus_installed_between_two_steps_sees_the_later_steps():
+    """AGENT-80/FLOW-17: the core path is taken step by step, not decided once per flow body:
+    steps run after a bus is installed in the body emit their span events, live and replayed."""
+    from composeai.events import EventBus, use_bus
+
+    @compose.task
+    def inc(x: int) -> int:
+        return x + 1
+
+    seen: list[list[str]] = []
+
+    @compose.flow
+    def f() -> int:
+        x = inc(inc(0))
+        bus = EventBus()
+        sub = bus.subscribe()
+        with use_bus(bus):
+            x = inc(x)
+        bus.close()
+        seen.append([e.data.get("kind") for e in sub if e.kind == "span_started"])
+        return x if compose.approve("go") else -1
+
+    first = f.run()
+    assert first.status == "paused" and seen == [["task"]]
+    done = compose.resume(first.id, answers={"go": True})
+    assert done.output == 3 and seen == [["task"], ["task"]]
+
+
 def test_flow6_a_task_called_outside_a_flow_runs_plainly():
     @compose.task
     def inc(x: int) -> int:

@@ -225,22 +225,38 @@ fn task_call<'py>(
         h.facade.call0(py)?;
     }
     let frame = h.frame_get.bind(py).call0()?;
-    let run = if frame.is_none() {
-        frame.clone()
-    } else {
-        frame.getattr(intern!(py, "run"))?
+    // The frame of the last lean step is known, and so is its run's leanness.
+    let found = match known_frame(&frame) {
+        Some(parts) => Found::Known(parts),
+        None => {
+            let run = if frame.is_none() {
+                frame.clone()
+            } else {
+                frame.getattr(intern!(py, "run"))?
+            };
+            if run.is_none() {
+                let kw = kwargs_dict(py, kwargs);
+                return h.outside.bind(py).call1((task, frame, args, kw));
+            }
+            Found::Run(run)
+        }
     };
-    if run.is_none() {
-        let kw = kwargs_dict(py, kwargs);
-        return h.outside.bind(py).call1((task, frame, args, kw));
-    }
     let spec = task.getattr(intern!(py, "_step"))?;
     let spec = spec.downcast::<PyTuple>()?;
     if !spec.get_item(2)?.is_truthy()?
-        || run.getattr(intern!(py, "span_mark"))?.is_none()
         || !h.bus_get.bind(py).call0()?.is_none()
-        || run.getattr(intern!(py, "journal_failures"))?.is_truthy()?
+        || match &found {
+            Found::Known(_) => false,
+            Found::Run(run) => {
+                run.getattr(intern!(py, "span_mark"))?.is_none()
+                    || run.getattr(intern!(py, "journal_failures"))?.is_truthy()?
+            }
+        }
     {
+        let run = match found {
+            Found::Known(_) => frame.getattr(intern!(py, "run"))?,
+            Found::Run(run) => run,
+        };
         let kw = kwargs_dict(py, kwargs);
         return h.general.bind(py).call1((frame, run, task, args, kw));
     }
@@ -258,12 +274,16 @@ fn task_call<'py>(
     };
     let name_obj = spec.get_item(1)?.downcast_into::<PyString>()?;
     let name = name_obj.to_str()?;
+    let (parts, run) = match found {
+        Found::Known(parts) => (parts, None),
+        Found::Run(run) => (frame_parts(&frame, &run)?, Some(run)),
+    };
     let FrameParts {
         scope: scope_obj,
         parent: parent_obj,
         fence: fence_obj,
         attempt,
-    } = frame_parts(&frame, &run)?;
+    } = parts;
     let parent: Option<&str> = if parent_obj.is_none() {
         None
     } else {
@@ -289,10 +309,14 @@ fn task_call<'py>(
     let is_async = spec.get_item(3)?.is_truthy()?;
     let span_id = crate::ids::new_ulid();
     let started_at = crate::store::sqlite::now();
+    let run = match run {
+        Some(run) => run,
+        None => frame.getattr(intern!(py, "run"))?,
+    };
     let inner = Bound::new(
         py,
         PyStepFrame {
-            run: run.clone().unbind(),
+            run: run.unbind(),
             scope: PyString::new(py, &key).unbind(),
             fence: fence_obj.clone().unbind(),
             trace: frame.getattr(intern!(py, "trace"))?.unbind(),
@@ -386,6 +410,13 @@ fn task_call<'py>(
     super::codec::decode(py, &stored)
 }
 
+/// What a step knows of its frame before its checks: the frame's parts, if
+/// it is the remembered frame of a lean run, or else its run.
+enum Found<'py> {
+    Known(FrameParts<'py>),
+    Run(Bound<'py, PyAny>),
+}
+
 /// What a step reads of the frame it is called in.
 struct FrameParts<'py> {
     scope: Bound<'py, PyString>,
@@ -395,10 +426,12 @@ struct FrameParts<'py> {
     attempt: Arc<Attempt>,
 }
 
-/// `FrameParts` of the last flow frame a step was called in. A frame is
-/// never changed once made (nesting makes a new one), so the steps of one
-/// flow body read its attributes once. Held weakly: the cache keeps no
-/// frame, run or attempt alive, and a frame that died never matches.
+/// `FrameParts` of the last flow frame a lean step was called in. A frame
+/// is never changed once made (nesting makes a new one), and neither are
+/// the run's `span_mark` and `journal_failures` once its body runs, so the
+/// steps of one flow body read the frame's and the run's attributes once.
+/// Held weakly: the cache keeps no frame, run or attempt alive, and a frame
+/// that died never matches.
 struct FrameView {
     frame: Py<PyWeakrefReference>,
     scope: Py<PyString>,
@@ -408,6 +441,22 @@ struct FrameView {
 }
 
 static LAST_FRAME: Mutex<Option<FrameView>> = parking_lot::const_mutex(None);
+
+/// `FrameParts` of `frame` if it is the remembered one.
+fn known_frame<'py>(frame: &Bound<'py, PyAny>) -> Option<FrameParts<'py>> {
+    let py = frame.py();
+    let last = LAST_FRAME.lock();
+    let view = last.as_ref()?;
+    if !view.frame.bind(py).upgrade().is_some_and(|f| f.is(frame)) {
+        return None;
+    }
+    Some(FrameParts {
+        scope: view.scope.bind(py).clone(),
+        parent: view.parent.bind(py).clone(),
+        fence: view.fence.bind(py).clone(),
+        attempt: view.attempt.upgrade()?,
+    })
+}
 
 fn frame_parts<'py>(
     frame: &Bound<'py, PyAny>,
@@ -422,17 +471,6 @@ fn frame_parts<'py>(
             fence: step.fence.bind(py).clone(),
             attempt: run_attempt(run)?,
         });
-    }
-    if let Some(view) = &*LAST_FRAME.lock() {
-        let same = view.frame.bind(py).upgrade().is_some_and(|f| f.is(frame));
-        if let (true, Some(attempt)) = (same, view.attempt.upgrade()) {
-            return Ok(FrameParts {
-                scope: view.scope.bind(py).clone(),
-                parent: view.parent.bind(py).clone(),
-                fence: view.fence.bind(py).clone(),
-                attempt,
-            });
-        }
     }
     let parts = FrameParts {
         scope: frame
