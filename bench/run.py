@@ -168,7 +168,7 @@ def collect(args: argparse.Namespace) -> list[dict[str, Any]]:
         for n in (10_000, args.n_w1_big)
         for phase in ("run", "resume")
     }
-    w2 = workload("w2_resume.py", args.n_w2, 1)
+    w2 = workload("w2_resume.py", args.n_w2, r)
     w3 = workload("w3_map.py", args.n_w3, r)
     w3_one = workload("w3_map.py", args.n_w3, r, extra=("--max-workers", "1"))
     w3_async = workload("w3_amap.py", args.n_w3, r)
