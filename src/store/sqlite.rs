@@ -127,8 +127,9 @@ CREATE TABLE chats(
 /// to the WAL whole, and SQLite copies and checksums every byte of those
 /// frames; the rows the engine commits (a step's journal row and span, a
 /// run's row, an agent call's spans) are a few hundred bytes, so halving
-/// SQLite's default 4,096 halves those bytes while B-trees stay as shallow
-/// (bench/wal_pages.py). A store keeps the page size it was created with.
+/// SQLite's default 4,096 halves those bytes for about as many pages per
+/// commit (bench/wal_pages.py). A store keeps the page size it was created
+/// with.
 pub const PAGE_SIZE: i64 = 2048;
 
 /// `spans.flags` bits.
