@@ -522,12 +522,7 @@ def _system_json(system: str | None) -> str:
         return "null"
     if type(system) is not str:
         return _codec.dumps_lenient(system)
-    text = _SYSTEM_JSON.get(system)
-    if text is None:
-        if len(_SYSTEM_JSON) >= 256:
-            _SYSTEM_JSON.clear()
-        text = _SYSTEM_JSON[system] = _codec.dumps_lenient(system)
-    return text
+    return _kept_json(_SYSTEM_JSON, system, system)
 
 
 # Attribute sets an agent writes on every llm span ({"model": ..., "provider": ...}).
@@ -542,13 +537,18 @@ def _attributes_json(attributes: dict) -> str | None:
         for _, value in key:
             if type(value) is not str:
                 return _codec.dumps_lenient(attributes)
-        text = _ATTRIBUTES_JSON.get(key)
-        if text is None:
-            if len(_ATTRIBUTES_JSON) >= 256:
-                _ATTRIBUTES_JSON.clear()
-            text = _ATTRIBUTES_JSON[key] = _codec.dumps_lenient(attributes)
-        return text
+        return _kept_json(_ATTRIBUTES_JSON, key, attributes)
     return _codec.dumps_lenient(attributes)
+
+
+def _kept_json(kept: dict, key: Any, value: Any) -> str:
+    """`_codec.dumps_lenient(value)`, kept in `kept` under `key` (at most 256 kept)."""
+    text = kept.get(key)
+    if text is None:
+        if len(kept) >= 256:
+            kept.clear()
+        text = kept[key] = _codec.dumps_lenient(value)
+    return text
 
 
 def _close_llm_span(call: _Call, span, message: Message, input_json: str | None) -> None:

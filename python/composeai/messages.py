@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -22,6 +22,7 @@ __all__ = [
 ]
 
 _FROZEN = ConfigDict(frozen=True)
+_M = TypeVar("_M", bound=BaseModel)
 
 
 class TextPart(BaseModel):
@@ -111,12 +112,7 @@ def _text_part(text: Any) -> TextPart:
     the same fields, fields-set and state. Any other value is validated."""
     if type(text) is not str:
         return TextPart(text=text)
-    part = _new(TextPart)
-    _set_dict(part, {"type": "text", "text": text})
-    _set_fields_set(part, {"text"})
-    _set_extra(part, None)
-    _set_private(part, None)
-    return part
+    return _built(TextPart, {"type": "text", "text": text}, {"text"})
 
 
 def _message_of(role: Literal["user", "assistant"], parts: list[Any]) -> Message:
@@ -126,27 +122,24 @@ def _message_of(role: Literal["user", "assistant"], parts: list[Any]) -> Message
     for part in parts:
         if type(part) not in _PART_TYPES:
             return Message(role=role, parts=parts)
-    message = _new(Message)
-    _set_dict(message, {"role": role, "parts": list(parts)})
-    _set_fields_set(message, {"role", "parts"})
-    _set_extra(message, None)
-    _set_private(message, None)
-    return message
+    return _built(Message, {"role": role, "parts": list(parts)}, {"role", "parts"})
 
 
 def _text_message(role: Literal["user", "assistant"], text: str) -> Message:
-    """`_message_of(role, [_text_part(text)])` of a `str` text, written out."""
-    part = _new(TextPart)
-    _set_dict(part, {"type": "text", "text": text})
-    _set_fields_set(part, {"text"})
-    _set_extra(part, None)
-    _set_private(part, None)
-    message = _new(Message)
-    _set_dict(message, {"role": role, "parts": [part]})
-    _set_fields_set(message, {"role", "parts"})
-    _set_extra(message, None)
-    _set_private(message, None)
-    return message
+    """`_message_of(role, [_text_part(text)])` of a `str` text, without the
+    checks its one new part cannot fail."""
+    part = _built(TextPart, {"type": "text", "text": text}, {"text"})
+    return _built(Message, {"role": role, "parts": [part]}, {"role", "parts"})
+
+
+def _built(cls: type[_M], values: dict[str, Any], fields_set: set[str]) -> _M:
+    """A `cls` holding `values` in the state `model_construct` leaves it in."""
+    obj = _new(cls)
+    _set_dict(obj, values)
+    _set_fields_set(obj, fields_set)
+    _set_extra(obj, None)
+    _set_private(obj, None)
+    return obj
 
 
 _new = object.__new__
