@@ -90,7 +90,9 @@ CREATE TABLE spans(
     input_json TEXT,
     output_json TEXT
 );
-CREATE INDEX spans_by_trace ON spans(tid);
+-- Descending: a new run's own trace is `-rid`, below every earlier one, so
+-- its spans append at the index's right edge instead of splitting its left.
+CREATE INDEX spans_by_trace ON spans(tid DESC);
 -- Covers `compose costs`: it reads only these columns of llm spans.
 CREATE INDEX llm_spans_by_start ON spans(started_at, rid, input_tokens, output_tokens,
     cost_usd, cost_complete, name, attributes_json) WHERE kind = 'llm';
