@@ -425,6 +425,76 @@ def test_kill9_in_batch_mode_reruns_only_a_tail_in_order(tmp_path, seed, store_k
     assert box.integrity_ok()
 
 
+_TIMED = """
+import time
+
+from composeai import flow, task
+
+
+@task
+def step(i):
+    time.sleep(0.005)
+    side_effect("step", i, repr(time.time()))
+    return i
+
+
+@flow(durability="batch")
+def timed_flow(n):
+    return sum(step(i) for i in range(n))
+"""
+
+_TIMED_STEPS = 200
+# The writer commits a queued row within 10 ms; the slack allows for a busy
+# machine's scheduling. A writer that waited for a full background batch
+# instead (32 of these 5 ms steps) would lose up to 160 ms.
+_SLACK = 0.05
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"], indirect=True)
+@pytest.mark.parametrize("seed", range(3))
+def test_kill9_in_batch_mode_reruns_only_steps_of_the_last_10_ms(tmp_path, seed, store_kind):
+    """Every finished step a resume runs again had finished at most 10 ms
+    (and the slack) before the kill: rows wait in memory that long, no longer."""
+    rng = random.Random(seed)
+    box = _proc.Sandbox(tmp_path)
+    box.write_module("timedrun", _TIMED)
+    body = f"""
+        import os
+        import sys
+        import composeai as compose
+        import timedrun
+        sys.stdout.write("READY\\n")
+        sys.stdout.flush()
+        run_id = os.environ.get("RUN_ID")
+        run = compose.resume(run_id) if run_id else timedrun.timed_flow.run({_TIMED_STEPS})
+        emit(status=run.status, output=run.output)
+        """
+    proc = box.spawn(body, PROC="P0")
+    assert _proc.read_line(proc).strip() == "READY"
+    # Well inside the run (about 1.1 s), after its first steps.
+    time.sleep(rng.uniform(0.3, 0.8))
+    killed_at = time.time()
+    proc.send_signal(signal.SIGKILL)
+    assert _proc.finish(proc).killed
+    (run_id,) = box.run_ids()
+    durable = _prefix_len(box.journal(run_id))
+    finished = {int(line[1]): float(line[2]) for line in box.side_effects() if line[-1] == "P0"}
+    assert durable > 0 and len(finished) < _TIMED_STEPS, (durable, len(finished))
+    last = box.run(body, PROC="P1", RUN_ID=run_id)
+    assert last.ok() == {"status": "completed", "output": sum(range(_TIMED_STEPS))}
+    p1 = [int(line[1]) for line in box.side_effects() if line[-1] == "P1"]
+    assert p1 == list(range(durable, _TIMED_STEPS))
+    # The steps that finished in the killed process and were not durable.
+    lost = list(range(durable, len(finished)))
+    assert sorted(finished) == list(range(len(finished)))
+    if lost:
+        age = killed_at - finished[lost[0]]
+        assert age <= 0.010 + _SLACK, (
+            f"step {lost[0]} finished {age * 1e3:.1f} ms before the kill and was not durable"
+        )
+    assert box.integrity_ok()
+
+
 # --------------------------------------------------------------------------- Run.trace
 
 
