@@ -22,8 +22,20 @@
 //!
 //! The file's content after each of these points is the one the same writes
 //! made one by one would leave, so readers in this or other processes, WAL
-//! recovery after a crash, and checkpoints see no difference. Every other
-//! file (database, journals, temporary files) passes straight through.
+//! recovery after a crash, and checkpoints see no difference.
+//!
+//! A write that grows the WAL file also writes `EXTEND_BY` bytes of zeros
+//! past its end, so the commits that follow write into pages the file
+//! already has, which the kernel does for a fraction of the cost of growing
+//! it, and `fdatasync` has no new file length to commit each time. Measured
+//! on ext4, zeros' writes included: a 15 KiB commit (an agent call's) 11.4
+//! -> 8.0 µs, a 7 KiB one (a step's) 6.5 -> 4.2 µs. Zeros are never a valid
+//! frame (their salts and checksums do not match the header's), so recovery
+//! and every reader stop where they begin, as they stop at the stale frames
+//! a WAL that started over leaves behind. They are written only past this
+//! connection's furthest write, while it holds the write lock, where no
+//! committed frame can be. Every other file (database, journals, temporary
+//! files) passes straight through.
 
 use rusqlite::ffi;
 use std::os::raw::{c_char, c_int, c_void};
@@ -36,6 +48,10 @@ const VFS_NAME_C: &[u8] = b"composeai-wal\0";
 /// Bytes gathered at most before they are written: the default VFS writes
 /// at most 128 KiB per call.
 const GATHER_LIMIT: usize = 1 << 16;
+
+/// Zeros written past the end of a WAL file a write grows (see the module
+/// documentation).
+const EXTEND_BY: usize = 256 * 1024;
 
 /// A WAL frame header's length; bytes 4..8 hold the database size in pages
 /// after a commit frame, 0 in every other frame.
@@ -71,6 +87,11 @@ struct ShimFile {
     /// The end of the furthest write since the WAL last started over: frames
     /// are appended there.
     frontier: i64,
+    /// The WAL file's length as this connection last knew it, -1 before it
+    /// asked. Another connection may have grown the file since (a longer
+    /// file is only extended again, its zeros past this write's end) or
+    /// truncated it (writes then grow it without zeros until past this).
+    extent: i64,
 }
 
 const REAL_OFFSET: usize = std::mem::size_of::<ShimFile>().next_multiple_of(16);
@@ -167,6 +188,7 @@ unsafe extern "C" fn x_open(
             start: 0,
             commit_next: false,
             frontier: 0,
+            extent: -1,
         },
     );
     if role == Role::Wal && !name.is_null() {
@@ -264,6 +286,19 @@ unsafe fn write_out(f: *mut ShimFile) -> c_int {
         return ffi::SQLITE_OK;
     }
     let (real, methods) = real(f.cast());
+    if s.extent < 0 {
+        let mut size = 0;
+        let asked = methods
+            .xFileSize
+            .map_or(ffi::SQLITE_IOERR, |m| m(real, &mut size));
+        // Unknown, it is taken to be long enough already.
+        s.extent = if asked == ffi::SQLITE_OK {
+            size
+        } else {
+            i64::MAX
+        };
+    }
+    let end = s.start + s.gathered.len() as i64;
     let rc = match (methods.xWrite, c_int::try_from(s.gathered.len())) {
         (Some(write), Ok(n)) => write(real, s.gathered.as_ptr().cast(), n, s.start),
         _ => ffi::SQLITE_IOERR_WRITE,
@@ -272,7 +307,41 @@ unsafe fn write_out(f: *mut ShimFile) -> c_int {
     if s.gathered.capacity() > GATHER_LIMIT {
         s.gathered.shrink_to(GATHER_LIMIT);
     }
-    rc
+    if rc != ffi::SQLITE_OK {
+        return rc;
+    }
+    // Below the frontier, frames of this transaction may follow the write.
+    if end >= s.frontier {
+        extend_past(s, real, methods, end);
+    }
+    ffi::SQLITE_OK
+}
+
+/// Writes `EXTEND_BY` zeros past `end`, the end of a write that grew the
+/// WAL file, `GATHER_LIMIT` bytes a call (the default VFS's writes are
+/// shorter than 128 KiB). Best effort: the frames are written already, and
+/// a later write that finds no zeros grows the file itself.
+unsafe fn extend_past(
+    s: &mut ShimFile,
+    real: *mut ffi::sqlite3_file,
+    methods: &ffi::sqlite3_io_methods,
+    end: i64,
+) {
+    if end <= s.extent {
+        return;
+    }
+    s.extent = end;
+    let Some(write) = methods.xWrite else {
+        return;
+    };
+    static ZEROS: OnceLock<Vec<u8>> = OnceLock::new();
+    let zeros = ZEROS.get_or_init(|| vec![0; GATHER_LIMIT]);
+    for _ in 0..EXTEND_BY / GATHER_LIMIT {
+        if write(real, zeros.as_ptr().cast(), GATHER_LIMIT as c_int, s.extent) != ffi::SQLITE_OK {
+            return;
+        }
+        s.extent += GATHER_LIMIT as i64;
+    }
 }
 
 /// Writes out a WAL file's gathered bytes before another use of it.
@@ -335,6 +404,9 @@ unsafe extern "C" fn x_write(
     let s = &mut *f;
     let end = s.start + s.gathered.len() as i64;
     let len = data.len() as i64;
+    // The WAL starts over with its header at offset 0.
+    let frontier = if at == 0 { 0 } else { s.frontier };
+    s.frontier = frontier.max(at + len);
     if !s.gathered.is_empty() && at == end && s.gathered.len() + data.len() <= GATHER_LIMIT {
         s.gathered.extend_from_slice(data);
     } else if !s.gathered.is_empty() && at >= s.start && at + len <= end {
@@ -347,14 +419,14 @@ unsafe extern "C" fn x_write(
         }
         if data.len() >= GATHER_LIMIT {
             s.commit_next = false;
+            if s.extent >= 0 {
+                s.extent = s.extent.max(at + len);
+            }
             return forward!(file, xWrite, buf, n, at);
         }
         s.start = at;
         s.gathered.extend_from_slice(data);
     }
-    // The WAL starts over with its header at offset 0.
-    let frontier = if at == 0 { 0 } else { s.frontier };
-    s.frontier = frontier.max(at + len);
     let page_of_commit = s.commit_next;
     s.commit_next = data.len() == FRAME_HEADER && data[4..8] != [0, 0, 0, 0];
     // A commit frame's header written below the frontier was rewritten in
@@ -371,6 +443,7 @@ unsafe extern "C" fn x_write(
 unsafe extern "C" fn x_truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_int {
     let f = file.cast::<ShimFile>();
     (*f).frontier = (*f).frontier.min(size);
+    (*f).extent = (*f).extent.min(size);
     forward_settled!(file, xTruncate, size)
 }
 
@@ -614,6 +687,88 @@ mod tests {
         insert(&writer, "last");
         let copy = recovered_copy(&dir);
         assert_eq!(count(&copy), 501);
+        assert_eq!(integrity(&copy), "ok");
+    }
+
+    /// The frames of the WAL file (its header's page size), up to the last
+    /// commit frame, and the length of the file.
+    fn wal_frames_end(dir: &Dir) -> (usize, usize) {
+        let wal = std::fs::read(dir.path("db-wal")).unwrap();
+        let page = u32::from_be_bytes(wal[8..12].try_into().unwrap()) as usize;
+        let salts = &wal[16..24];
+        let frame = FRAME_HEADER + page;
+        let mut end = 32;
+        let mut at = 32;
+        while at + frame <= wal.len() && &wal[at + 8..at + 16] == salts {
+            if wal[at + 4..at + 8] != [0, 0, 0, 0] {
+                end = at + frame;
+            }
+            at += frame;
+        }
+        (end, wal.len())
+    }
+
+    #[test]
+    fn a_growing_wal_is_extended_with_zeros_that_recovery_stops_at() {
+        let dir = Dir::new();
+        let path = dir.path("db");
+        let writer = gathering_table(&path, "");
+        for i in 0..300 {
+            insert(&writer, &format!("{i:0>500}"));
+            let (end, len) = wal_frames_end(&dir);
+            assert!(len > end, "the file ends at its last frame: {len}");
+            assert!(len <= end + EXTEND_BY, "{len} past {end}");
+        }
+        let (end, len) = wal_frames_end(&dir);
+        let wal = std::fs::read(dir.path("db-wal")).unwrap();
+        assert!(wal[end..len].iter().all(|&b| b == 0));
+        let copy = recovered_copy(&dir);
+        assert_eq!(count(&copy), 300);
+        assert_eq!(integrity(&copy), "ok");
+    }
+
+    #[test]
+    fn writers_sharing_a_wal_keep_each_others_commits() {
+        let dir = Dir::new();
+        let path = dir.path("db");
+        let first = gathering_table(&path, "");
+        let vfs = name().unwrap();
+        let second = Connection::open_with_flags_and_vfs(&path, OpenFlags::default(), vfs).unwrap();
+        let plain = Connection::open(&path).unwrap();
+        // Each extends the file past what the others know of it, and the
+        // WAL starts over twice while they do.
+        for round in 0..3 {
+            for i in 0..150 {
+                let conn = [&first, &second, &plain][i % 3];
+                insert(conn, &format!("{round} {i:0>700}"));
+            }
+            if round < 2 {
+                plain
+                    .query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()))
+                    .unwrap();
+            }
+        }
+        assert_eq!(count(&plain), 450);
+        let copy = recovered_copy(&dir);
+        assert_eq!(count(&copy), 450);
+        assert_eq!(integrity(&copy), "ok");
+    }
+
+    #[test]
+    fn pages_written_past_the_gathering_limit_commit_intact() {
+        let dir = Dir::new();
+        let path = dir.path("db");
+        // 64 KiB pages go to the file one by one, spilled and rewritten.
+        let writer = gathering_table(&path, "PRAGMA page_size=65536; PRAGMA cache_size=2;");
+        writer.execute_batch("BEGIN").unwrap();
+        for i in 0..60 {
+            insert(&writer, &format!("{i:0>30000}"));
+        }
+        writer.execute("UPDATE t SET v = v || 'x'", []).unwrap();
+        writer.execute_batch("COMMIT").unwrap();
+        insert(&writer, "after");
+        let copy = recovered_copy(&dir);
+        assert_eq!(count(&copy), 61);
         assert_eq!(integrity(&copy), "ok");
     }
 
