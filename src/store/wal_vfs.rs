@@ -598,6 +598,25 @@ mod tests {
         Connection::open(copy.join("db")).unwrap()
     }
 
+    /// The crash copy of `dir` recovers `rows` rows, intact.
+    fn assert_recovers(dir: &Dir, rows: i64) {
+        let copy = recovered_copy(dir);
+        assert_eq!(count(&copy), rows);
+        assert_eq!(integrity(&copy), "ok");
+    }
+
+    /// One transaction of `rows` rows of `width` characters, each then
+    /// suffixed with `x`: with a tiny page cache its pages spill to the WAL
+    /// and are written again before the commit.
+    fn spilled_transaction(writer: &Connection, rows: usize, width: usize) {
+        writer.execute_batch("BEGIN").unwrap();
+        for i in 0..rows {
+            insert(writer, &format!("{i:0>width$}"));
+        }
+        writer.execute("UPDATE t SET v = v || 'x'", []).unwrap();
+        writer.execute_batch("COMMIT").unwrap();
+    }
+
     #[test]
     fn a_crash_after_commits_recovers_every_one() {
         let dir = Dir::new();
@@ -606,9 +625,7 @@ mod tests {
         for i in 0..300 {
             insert(&writer, &format!("{i:0>500}"));
         }
-        let copy = recovered_copy(&dir);
-        assert_eq!(count(&copy), 300);
-        assert_eq!(integrity(&copy), "ok");
+        assert_recovers(&dir, 300);
     }
 
     #[test]
@@ -619,12 +636,7 @@ mod tests {
         // them again overwrites their frames, and the commit rewrites the
         // checksums from the first one overwritten.
         let writer = gathering_table(&path, "PRAGMA cache_size=2;");
-        writer.execute_batch("BEGIN").unwrap();
-        for i in 0..400 {
-            insert(&writer, &format!("{i:0>700}"));
-        }
-        writer.execute("UPDATE t SET v = v || 'x'", []).unwrap();
-        writer.execute_batch("COMMIT").unwrap();
+        spilled_transaction(&writer, 400, 700);
         let reader = Connection::open(&path).unwrap();
         assert_eq!(count(&reader), 400);
         let suffixed: i64 = reader
@@ -632,9 +644,7 @@ mod tests {
             .unwrap();
         assert_eq!(suffixed, 400);
         assert_eq!(integrity(&reader), "ok");
-        let copy = recovered_copy(&dir);
-        assert_eq!(count(&copy), 400);
-        assert_eq!(integrity(&copy), "ok");
+        assert_recovers(&dir, 400);
     }
 
     #[test]
@@ -658,9 +668,7 @@ mod tests {
         }
         assert_eq!(count(&other), 100);
         assert_eq!(integrity(&other), "ok");
-        let copy = recovered_copy(&dir);
-        assert_eq!(count(&copy), 100);
-        assert_eq!(integrity(&copy), "ok");
+        assert_recovers(&dir, 100);
     }
 
     #[test]
@@ -685,9 +693,7 @@ mod tests {
             .unwrap();
         assert_eq!(std::fs::metadata(dir.path("db-wal")).unwrap().len(), 0);
         insert(&writer, "last");
-        let copy = recovered_copy(&dir);
-        assert_eq!(count(&copy), 501);
-        assert_eq!(integrity(&copy), "ok");
+        assert_recovers(&dir, 501);
     }
 
     /// The frames of the WAL file (its header's page size), up to the last
@@ -722,9 +728,7 @@ mod tests {
         let (end, len) = wal_frames_end(&dir);
         let wal = std::fs::read(dir.path("db-wal")).unwrap();
         assert!(wal[end..len].iter().all(|&b| b == 0));
-        let copy = recovered_copy(&dir);
-        assert_eq!(count(&copy), 300);
-        assert_eq!(integrity(&copy), "ok");
+        assert_recovers(&dir, 300);
     }
 
     #[test]
@@ -749,9 +753,7 @@ mod tests {
             }
         }
         assert_eq!(count(&plain), 450);
-        let copy = recovered_copy(&dir);
-        assert_eq!(count(&copy), 450);
-        assert_eq!(integrity(&copy), "ok");
+        assert_recovers(&dir, 450);
     }
 
     #[test]
@@ -760,16 +762,9 @@ mod tests {
         let path = dir.path("db");
         // 64 KiB pages go to the file one by one, spilled and rewritten.
         let writer = gathering_table(&path, "PRAGMA page_size=65536; PRAGMA cache_size=2;");
-        writer.execute_batch("BEGIN").unwrap();
-        for i in 0..60 {
-            insert(&writer, &format!("{i:0>30000}"));
-        }
-        writer.execute("UPDATE t SET v = v || 'x'", []).unwrap();
-        writer.execute_batch("COMMIT").unwrap();
+        spilled_transaction(&writer, 60, 30000);
         insert(&writer, "after");
-        let copy = recovered_copy(&dir);
-        assert_eq!(count(&copy), 61);
-        assert_eq!(integrity(&copy), "ok");
+        assert_recovers(&dir, 61);
     }
 
     #[test]
@@ -780,8 +775,6 @@ mod tests {
         for i in 0..50 {
             insert(&writer, &format!("{i:0>2000}"));
         }
-        let copy = recovered_copy(&dir);
-        assert_eq!(count(&copy), 50);
-        assert_eq!(integrity(&copy), "ok");
+        assert_recovers(&dir, 50);
     }
 }
