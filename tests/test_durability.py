@@ -372,29 +372,42 @@ def _prefix_len(journal: dict[str, str]) -> int:
     return d
 
 
+def _run_or_resume(module: str, start: str) -> str:
+    """A child body that prints READY, then runs `module.start` or, given
+    RUN_ID, resumes that run, and emits its status and output."""
+    return f"""
+        import os
+        import sys
+        import composeai as compose
+        import {module}
+        sys.stdout.write("READY\\n")
+        sys.stdout.flush()
+        run_id = os.environ.get("RUN_ID")
+        run = compose.resume(run_id) if run_id else {module}.{start}
+        emit(status=run.status, output=run.output)
+        """
+
+
+def _kill_after(box: _proc.Sandbox, body: str, delay: float) -> tuple[_proc.Result, float]:
+    """Spawns `body` as process P0 and SIGKILLs it `delay` seconds after it
+    is READY: its result and the wall-clock time of the kill."""
+    proc = box.spawn(body, PROC="P0")
+    assert _proc.read_line(proc).strip() == "READY"
+    time.sleep(delay)
+    killed_at = time.time()
+    proc.send_signal(signal.SIGKILL)
+    return _proc.finish(proc), killed_at
+
+
 @pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"], indirect=True)
 @pytest.mark.parametrize("seed", range(6))
 def test_kill9_in_batch_mode_reruns_only_a_tail_in_order(tmp_path, seed, store_kind):
     rng = random.Random(seed)
     box = _proc.Sandbox(tmp_path)
     box.write_module("longrun", _LONG)
-    body = f"""
-        import os
-        import sys
-        import composeai as compose
-        import longrun
-        sys.stdout.write("READY\\n")
-        sys.stdout.flush()
-        run_id = os.environ.get("RUN_ID")
-        run = compose.resume(run_id) if run_id else longrun.long_flow.run({_STEPS})
-        emit(status=run.status, output=run.output)
-        """
-    proc = box.spawn(body, PROC="P0")
-    assert _proc.read_line(proc).strip() == "READY"
+    body = _run_or_resume("longrun", f"long_flow.run({_STEPS})")
     # Anywhere from before the run row exists to late in the run.
-    time.sleep(rng.uniform(0.0, 0.5))
-    proc.send_signal(signal.SIGKILL)
-    killed = _proc.finish(proc)
+    killed, _ = _kill_after(box, body, rng.uniform(0.0, 0.5))
     run_ids = box.run_ids()
     durable = 0
     if run_ids:
@@ -459,24 +472,10 @@ def test_kill9_in_batch_mode_reruns_only_steps_of_the_last_10_ms(tmp_path, seed,
     rng = random.Random(seed)
     box = _proc.Sandbox(tmp_path)
     box.write_module("timedrun", _TIMED)
-    body = f"""
-        import os
-        import sys
-        import composeai as compose
-        import timedrun
-        sys.stdout.write("READY\\n")
-        sys.stdout.flush()
-        run_id = os.environ.get("RUN_ID")
-        run = compose.resume(run_id) if run_id else timedrun.timed_flow.run({_TIMED_STEPS})
-        emit(status=run.status, output=run.output)
-        """
-    proc = box.spawn(body, PROC="P0")
-    assert _proc.read_line(proc).strip() == "READY"
+    body = _run_or_resume("timedrun", f"timed_flow.run({_TIMED_STEPS})")
     # Well inside the run (about 1.1 s), after its first steps.
-    time.sleep(rng.uniform(0.3, 0.8))
-    killed_at = time.time()
-    proc.send_signal(signal.SIGKILL)
-    assert _proc.finish(proc).killed
+    killed, killed_at = _kill_after(box, body, rng.uniform(0.3, 0.8))
+    assert killed.killed
     (run_id,) = box.run_ids()
     durable = _prefix_len(box.journal(run_id))
     finished = {int(line[1]): float(line[2]) for line in box.side_effects() if line[-1] == "P0"}
