@@ -21,8 +21,9 @@ from _thread import allocate_lock
 from . import _codec, _core
 from . import events as _events
 from . import tracing as _tracing
+from ._cancel import CANCEL_TOKEN as _CANCEL_TOKEN
+from ._values import Budget, Run, TaskFailed
 from .errors import ConfigError, SerializationError, TaskTimeoutError
-from .runs import Run
 from .tracing import ErrorInfo, Span, Trace, _capture_content, replayed_span
 
 # `events.current_bus`, called without a Python frame of its own.
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from .durable import StepHandle
     from .events import EventKind
 
 
@@ -56,7 +56,7 @@ class _Pause(BaseException):
         self.snapshots.append(snapshot)
 
     def interrupt(self):
-        from .hitl import Interrupt
+        from ._interrupt import Interrupt
 
         return Interrupt(
             id=self.interrupt_id, kind=self.kind, question=self.question, payload=self.payload
@@ -278,7 +278,7 @@ class RunState:
         self.journal_failures = False
         # `StepHandle`s of `start()`ed steps; the run settles only after
         # every one of them has (EXT-6).
-        self.started: list[StepHandle[Any]] | None = None
+        self.started: list[Any] | None = None
         # Durable waits park the run (settle it paused) instead of blocking
         # this process (`wait=False`, the worker).
         self.park = park
@@ -391,8 +391,6 @@ def budget_json(budget: Any) -> str | None:
 
 
 def budget_from_json(text: str) -> Any:
-    from .runs import Budget
-
     data = _codec.loads(text)
     return Budget(usd=data.get("usd"), tokens=data.get("tokens"))
 
@@ -797,9 +795,7 @@ def _streams_loaded() -> bool:
 
 
 def _check_cancel() -> None:
-    from ._streams import current_cancel_token
-
-    token = current_cancel_token()
+    token = _CANCEL_TOKEN.get()
     if token is not None and token.cancelled:
         raise _Cancelled()
 
@@ -943,8 +939,6 @@ def replayed_value(frame: Frame, step: StepStart) -> Any:
     assert frame.run is not None  # journaled steps run inside a durable run
     hit = step.hit
     if frame.run.journal_failures and isinstance(hit, dict) and list(hit) == [FAILED]:
-        from .durable import TaskFailed
-
         failure = hit[FAILED]
         raise TaskFailed(step.key, failure.get("type", ""), failure.get("message", ""))
     return hit
@@ -953,8 +947,6 @@ def replayed_value(frame: Frame, step: StepStart) -> Any:
 def raise_journaled_failure(step: StepStart, exc: Exception) -> None:
     """Journals a step's failure under its key and raises `TaskFailed`
     (original as `__cause__`)."""
-    from .durable import TaskFailed
-
     assert step.frame.run is not None  # journaled steps run inside a durable run
     record = {FAILED: {"type": type(exc).__name__, "message": str(exc)}}
     step.frame.run.attempt.commit(step.key, _codec.dumps(record), None, step.frame.fence)
@@ -1390,10 +1382,29 @@ def drive_sync(run: RunState, body: Callable[[], Any], root: Span) -> Any:
 def join_started(run: RunState) -> None:
     """Structured concurrency (EXT-6): waits for every started step; the
     first failure nobody asked for fails the run."""
-    from .durable import join_handles
-
     assert run.started is not None  # called only when steps were started
     join_handles(run.started)
+
+
+def join_handles(handles: list) -> None:
+    """Waits for every `StepHandle`; raises the first failure no caller
+    observed (through `result()`)."""
+    first: BaseException | None = None
+    for handle in handles:
+        try:
+            handle._future.result()
+        except BaseException as exc:  # noqa: BLE001 -- only unobserved failures count
+            if not handle._observed and first is None:
+                first = exc
+    if first is not None:
+        raise first
+
+
+async def ajoin_handles(handles: list) -> None:
+    import asyncio
+
+    await asyncio.gather(*(asyncio.wrap_future(h._future) for h in handles), return_exceptions=True)
+    join_handles(handles)
 
 
 def _settle_paused(run: RunState, root: Span, pause: _Pause):
@@ -1505,8 +1516,6 @@ async def drive_async(run: RunState, body: Callable[[], Any], root: Span) -> Any
     try:
         output = await body()
         if run.started:
-            from .durable import ajoin_handles
-
             await ajoin_handles(run.started)
     except BaseException as exc:  # noqa: BLE001 -- settled, re-raised unless a pause/cancel
         return await asettle_interrupted(run, root, exc)

@@ -17,9 +17,18 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from . import _codec, _core, _engine
+from ._cancel import current_cancel_token
 from ._engine import ASYNC_DRIVER as _ASYNC_DRIVER
 from ._engine import BUDGETS, FRAME, Frame, RunState
-from ._streams import current_cancel_token
+from ._lifecycle import (
+    OWNERS,
+    abegin_resume,
+    agent_not_registered,
+    aresolve_pending_answers,
+    begin_resume,
+    completed_run,
+    resolve_pending_answers,
+)
 from .errors import (
     AgentTimeoutError,
     BudgetExceededError,
@@ -196,7 +205,7 @@ class _Call:
     def _resolve(self, spec: Any) -> Any:
         model = _registry.resolve(spec)
         if self.agent.cache:
-            from .testing import CachingModel
+            from .models._cache import CachingModel
 
             model = CachingModel(model)
         return model
@@ -1692,24 +1701,10 @@ def resume_standalone(
     """AGENT-54: continue a paused or crashed standalone agent run."""
     run_id = row["run_id"]
     if row["status"] == "completed":
-        from .tracing import Trace
-
-        output_json = row["output_json"]
-        return Run(
-            id=run_id,
-            status="completed",
-            output=_codec.loads(output_json) if output_json is not None else None,
-            usage=None,
-            trace=Trace(trace_id=row["trace_id"] or ""),
-            messages=[],
-        )
+        return completed_run(row)
     agent = _AGENTS.get(row["name"])
     if agent is None:
-        raise ConfigError(
-            f"agent {row['name']!r} is not registered in this process -- import the module that "
-            "defines it (so its @agent decoration runs) before calling resume()"
-        )
-    from .flow import begin_resume, resolve_pending_answers
+        raise ConfigError(agent_not_registered(row["name"]))
 
     hooks = (approver, tool_interceptor, context_manager)
     if asynchronous:
@@ -1723,8 +1718,6 @@ def resume_standalone(
 async def _aresume_standalone(
     agent: AgentFunction, run_id: str, answers: Any, budget: Any, hooks: tuple
 ) -> Run:
-    from .flow import abegin_resume, aresolve_pending_answers
-
     resolved = await aresolve_pending_answers(run_id, answers)
     run, payload, meter = await abegin_resume(run_id, resolved, budget, "agent", agent.name)
     args, kwargs, opts = _resumed_call(payload, budget, hooks)
@@ -1857,3 +1850,7 @@ def run_conversation_step(agent: AgentFunction, messages: list) -> tuple[Any, li
 
     value = _engine.journaled_step(frame, "agent", agent.name, execute, (), {})
     return value["output"], list(value["messages"])
+
+
+# `compose.resume()` of a standalone agent run is routed here (AGENT-54).
+OWNERS["agent"] = resume_standalone
