@@ -19,6 +19,7 @@ from composeai.errors import ComposeError, ConfigError
 from composeai.messages import Message, StopReason, TextPart, ThinkingPart, ToolCallPart, Usage
 from composeai.models._cache import (
     CachingModel,
+    _canonical_hash,  # noqa: F401 -- importable from here as before
     compute_full_hash,
     compute_message_hash,
 )
