@@ -47,7 +47,7 @@ GROUPS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     # The engine: frames, steps, replay, pauses, waits, streams.
-    ("engine", ("_stages", "_engine", "_waits", "_streams", "runs")),
+    ("engine", ("_stages", "_engine", "_drive", "_waits", "_streams", "runs")),
     # Features, each importing only the engine and the features before it.
     ("models", ("models.",)),
     ("lifecycle", ("_lifecycle",)),
@@ -55,7 +55,10 @@ GROUPS: list[tuple[str, tuple[str, ...]]] = [
     ("hitl", ("hitl",)),
     ("tools", ("tools",)),
     ("composition", ("combinators",)),
-    ("agents", ("agentfn",)),
+    (
+        "agents",
+        ("_agent_call", "_agent_tools", "_agent_loop", "_agent_drive", "_agent_runs", "agentfn"),
+    ),
     ("chat", ("chat",)),
     ("durable", ("durable",)),
     ("queues", ("queues",)),

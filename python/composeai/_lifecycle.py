@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from . import _codec, _core, _engine
+from . import _codec, _core, _drive, _engine
 from ._values import Run
 from .errors import ConfigError, ResumeMismatchError, SerializationError
 from .tracing import Trace
@@ -160,11 +160,11 @@ def _prepare_resume(
     allow_code_change: bool,
     callbacks: tuple,
 ):
-    """Plan (`_engine.plan_io`): FLOW-41's checks, in order, before anything
+    """Plan (`_drive.plan_io`): FLOW-41's checks, in order, before anything
     is written. Returns the flow to run and the resolved answers, or a
     finished `Run`, or the row of an agent or graph run."""
     remote = store.kind != "sqlite"
-    row = yield _engine.plan_io(remote, store.get_run, store.aget_run, run_id)
+    row = yield _drive.plan_io(remote, store.get_run, store.aget_run, run_id)
     graph = OWNERS.get("graph")
     if row is None and graph is not None:
         found = yield from graph.find_run(run_id)
@@ -200,19 +200,19 @@ def _pending_answers(store: Any, run_id: str, answers: dict[str, Any] | None):
     if not answers:
         return []
     remote = store.kind != "sqlite"
-    pending = yield _engine.plan_io(remote, store.pending, store.apending, run_id)
+    pending = yield _drive.plan_io(remote, store.pending, store.apending, run_id)
     return _resolve_answers(answers, [p[0] for p in pending])
 
 
 def resolve_pending_answers(run_id: str, answers: dict[str, Any] | None) -> list:
     """FLOW-43 against the run's pending interrupts; nothing is written."""
-    return _engine.run_plan(_pending_answers(_engine.get_store(), run_id, answers))
+    return _drive.run_plan(_pending_answers(_engine.get_store(), run_id, answers))
 
 
 async def aresolve_pending_answers(run_id: str, answers: dict[str, Any] | None) -> list:
     """`resolve_pending_answers`, the interrupts read off the loop on a server."""
     store = await _engine.aget_store()
-    return await _engine.arun_plan(_pending_answers(store, run_id, answers))
+    return await _drive.arun_plan(_pending_answers(store, run_id, answers))
 
 
 def begin_resume(
@@ -243,7 +243,7 @@ def begin_resume(
 async def abegin_resume(run_id: str, resolved: list, budget: Any, span_kind: str, name: str):
     """`begin_resume` for an async driver: the lease claim, the answers and
     a failure's settlement are awaited off the loop on a server-backed store."""
-    attempt = await _engine.aresume_attempt(run_id)
+    attempt = await _drive.aresume_attempt(run_id)
     remote = attempt.remote
     try:
         if budget is not None:
@@ -269,7 +269,7 @@ async def abegin_resume(run_id: str, resolved: list, budget: Any, span_kind: str
                 prior = attempt.prior_llm_usage()
             meter = _engine.budget_meter(effective, span_kind, name, prior)
     except BaseException as exc:
-        await _engine.asettle(attempt, "failed", None, _engine.error_json(exc))
+        await _drive.asettle(attempt, "failed", None, _engine.error_json(exc))
         raise
     return _engine.RunState(attempt, name), payload, meter
 
@@ -301,7 +301,7 @@ def continue_due(run_id: str) -> Run[Any]:
     row = store.get_run(run_id)
     if row is None or row["kind"] != "flow" or row["status"] not in _CONTINUABLE:
         raise NotDue(run_id)
-    flow_obj, resolved, done = _engine.run_plan(
+    flow_obj, resolved, done = _drive.run_plan(
         _prepare_resume(store, run_id, None, False, (None, None, None))
     )
     if done is not None:
@@ -332,7 +332,7 @@ def resume(
 ) -> Run[Any]:
     """Continues a durable run in this or any process (FLOW-40 … FLOW-43)."""
     _engine.check_sync_facade()
-    flow_obj, resolved, done = _engine.run_plan(
+    flow_obj, resolved, done = _drive.run_plan(
         _prepare_resume(
             _engine.get_store(),
             run_id,
@@ -372,7 +372,7 @@ async def aresume(
 ) -> Run[Any]:
     """Async twin of `resume`, on the caller's loop: every read and write of a
     server-backed store, and its first open, are awaited off the loop."""
-    flow_obj, resolved, done = await _engine.arun_plan(
+    flow_obj, resolved, done = await _drive.arun_plan(
         _prepare_resume(
             await _engine.aget_store(),
             run_id,

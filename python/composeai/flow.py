@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from . import _codec, _core, _engine, _source
+from . import _codec, _core, _drive, _engine, _source
 from ._engine import FRAME, Frame
 
 # Importable from here as before they moved to `_lifecycle`.
@@ -404,7 +404,7 @@ class Flow(Generic[P, R]):
     async def _astart(self, args: tuple, kwargs: dict, budget: Any, wait: bool = True):
         args_json = _codec.dumps(_args_payload(args, kwargs))
         budget_json = _engine.budget_json(budget)
-        attempt = await _engine.astart_run(
+        attempt = await _drive.astart_run(
             "flow", self.name, self.fingerprint, args_json, budget_json
         )
         run = _engine.RunState(attempt, self.name, not wait)
@@ -441,10 +441,10 @@ class Flow(Generic[P, R]):
         if self._is_async:
             from . import _runtime
 
-            outcome = _runtime.run_sync(lambda: _engine.drive_async(run, call, root))
+            outcome = _runtime.run_sync(lambda: _drive.drive_async(run, call, root))
         else:
-            outcome = _engine.drive_sync(run, call, root)
-        return self._after(run, _engine.make_run_result(run, outcome))
+            outcome = _drive.drive_sync(run, call, root)
+        return self._after(run, _drive.make_run_result(run, outcome))
 
     def _after(self, run, result):
         """A blocking driver carries on after a retry backoff (EXT-8)."""
@@ -490,8 +490,8 @@ class Flow(Generic[P, R]):
 
             policy, plain = self.retry, body
             body = lambda: aretrying_body(policy, plain)
-        outcome = await _engine.drive_async(run, body, root)
-        result = _engine.make_run_result(run, outcome)
+        outcome = await _drive.drive_async(run, body, root)
+        result = _drive.make_run_result(run, outcome)
         if self.retry is not None and not run.park and is_retry_park(result):
             return await aresume(result.id)
         return result
@@ -564,7 +564,7 @@ class Flow(Generic[P, R]):
         output = await _engine.ajournaled_step(frame, "flow", self.name, execute, args, kwargs)
         usage = None
         if spans:
-            usage = _engine.subtree_usage(frame.trace, spans[0])
+            usage = _drive.subtree_usage(frame.trace, spans[0])
         return Run(
             id=_core.ulid(),
             status="completed",

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import _codec, _core, _engine
+from .. import _codec, _core, _drive, _engine
 from .. import events as _events
 from .._engine import FRAME, Frame
 from ..errors import BudgetExceededError, SerializationError
@@ -532,7 +532,7 @@ class _Driver:
                 gr = self.gr
                 yield _io(self.remote, gr.release, gr.arelease, "failed")
         finally:
-            yield from _settling(_engine._settle_error(self.run, root, exc))
+            yield from _settling(_drive._settle_error(self.run, root, exc))
 
     def _limit_error(self, status: str) -> GraphLimitError:
         gr = self.gr

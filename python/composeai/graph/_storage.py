@@ -1,5 +1,5 @@
 """Where a graph keeps its runs: `Storage` (EXT-30), and the store calls
-the graph makes as plans (see `_engine.plan_io`).
+the graph makes as plans (see `_drive.plan_io`).
 """
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import threading
 import weakref
 from typing import Any
 
-from .. import _core, _engine
+from .. import _core, _drive, _engine
 from ..errors import ConfigError
 
-# A graph's store calls are plans (see `_engine.plan_io`).
-_io = _engine.plan_io
-_now = _engine.run_plan
-_anow = _engine.arun_plan
+# A graph's store calls are plans (see `_drive.plan_io`).
+_io = _drive.plan_io
+_now = _drive.run_plan
+_anow = _drive.arun_plan
 
 
 def _remote(store: Any) -> bool:
