@@ -178,6 +178,8 @@ class _UnknownToolError(Exception):
 
 _UnknownToolError.__name__ = "UnknownToolError"
 _UnknownToolError.__qualname__ = "UnknownToolError"
+# As a traceback names it, unchanged since it lived in `agentfn`.
+_UnknownToolError.__module__ = "composeai.agentfn"
 
 
 def _tool_outcome(call: _Call, job: _ToolJob, span, result: Any, exc: BaseException | None):

@@ -44,6 +44,10 @@ class GraphRuns:
 # function making a queued start).
 OWNERS: dict[str, Any] = {}
 
+# The name registries of features above (compiled graphs, declared queues),
+# cleared with the flows' by `flow.reset_registries` (TEST-50).
+REGISTRIES: list[dict] = []
+
 
 def completed_run(row: dict) -> Run[Any]:
     """The `Run` of a completed run's row."""
@@ -607,4 +611,6 @@ def start_in_background(flow_obj: Any, args: tuple, kwargs: dict, budget: Any, w
     return handle
 
 
+# Reported under the public modules that export them (reprs, tracebacks, pickles).
 RunHandle.__module__ = "composeai.durable"
+NotDue.__module__ = "composeai.flow"

@@ -7,9 +7,11 @@ import sys
 from . import _codec, _core, _drive, _engine, _source
 from ._engine import FRAME, Frame
 
-# Importable from here as before they moved to `_lifecycle`.
+# `NotDue`, `continue_due` and the `*resume*` helpers stay importable from
+# here, where they were before `_lifecycle`.
 from ._lifecycle import (  # noqa: F401
     _FLOWS,
+    REGISTRIES,
     NotDue,
     abegin_resume,
     aresolve_pending_answers,
@@ -633,12 +635,8 @@ def reset_registries() -> None:
     """Forgets every registered task, flow, graph and queue name (TEST-50)."""
     _TASKS.clear()
     _FLOWS.clear()
-    graph = sys.modules.get("composeai.graph")
-    if graph is not None:
-        graph.reset_registry()
-    queues = sys.modules.get("composeai.queues")
-    if queues is not None:
-        queues._QUEUES.clear()
+    for registry in REGISTRIES:
+        registry.clear()
 
 
 # ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 from . import _codec, _core, _engine
-from ._lifecycle import OWNERS, RunHandle, queue_not_declared
+from ._lifecycle import OWNERS, REGISTRIES, RunHandle, queue_not_declared
 from .errors import ConfigError
 from .flow import Flow, _args_payload
 
@@ -148,3 +148,4 @@ def start_queued(
 
 
 OWNERS["queue"] = start_queued
+REGISTRIES.append(_QUEUES)

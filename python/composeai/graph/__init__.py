@@ -18,9 +18,7 @@ from __future__ import annotations
 from typing import Any  # noqa: F401
 
 from ._builder import Graph
-
-# `reset_registry`: `flow.reset_registries` clears the compiled graphs through it.
-from ._compiled import CompiledGraph, GraphThread, reset_registry  # noqa: F401
+from ._compiled import CompiledGraph, GraphThread, reset_registry  # noqa: F401 -- as before
 from ._driver import _input_json, _plain_update_json  # noqa: F401 -- importable as before
 from ._storage import Storage
 from ._values import (  # `_error_from_core`: the core maps a graph error code through it

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from .. import _codec, _core, _engine
 from .._engine import FRAME
-from .._lifecycle import OWNERS, GraphRuns, graph_not_compiled
+from .._lifecycle import OWNERS, REGISTRIES, GraphRuns, graph_not_compiled
 from ..errors import ConfigError
 from ._driver import (
     _args_json,
@@ -60,7 +60,7 @@ _GRAPHS: dict[str, CompiledGraph] = {}
 
 
 def reset_registry() -> None:
-    """Forgets every compiled graph name (with `flow.reset_registries`)."""
+    """Forgets every compiled graph name (`flow.reset_registries` does too)."""
     _GRAPHS.clear()
 
 
@@ -367,6 +367,7 @@ def find_run(run_id: str):
 
 # `compose.resume()` of a graph run, and of a run in a graph's own storage.
 OWNERS["graph"] = GraphRuns(resume_graph_run, aresume_graph_run, find_run)
+REGISTRIES.append(_GRAPHS)
 
 
 # ---------------------------------------------------------------------------
