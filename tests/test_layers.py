@@ -215,3 +215,115 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path):
     path.write_text(source)
     targets = {t for t, _ in _imports("_engine", path)}
     assert targets == {"flow", "durable", "graph", "models.base"}
+
+
+# --------------------------------------------------------------------------- features not imported
+
+# A graph and an agent in modules of their own: a child that does not import them
+# has neither `composeai.graph` nor `composeai.agentfn` loaded.
+FEATURES = """\
+import composeai as compose
+from composeai.graph import END, Graph, suspend
+from composeai.testing import FakeModel
+
+
+def review(state):
+    return suspend({"question": "ship?"})
+
+
+wf = Graph(name="layered")
+wf.add_node("review", review)
+wf.start("review").edge("review", END)
+app = wf.compile()
+
+
+@compose.agent(model=FakeModel(["done"]))
+def helper(topic: str) -> str:
+    return f"about {topic}"
+"""
+
+
+@pytest.fixture
+def box(tmp_path):
+    import _proc
+
+    sandbox = _proc.Sandbox(tmp_path)
+    sandbox.write_module("layered", FEATURES, helper=False)
+    return sandbox
+
+
+def test_flow40_resume_routes_by_kind_without_importing_the_feature(box):
+    """FLOW-40, AGENT-54, EXT-29: `compose.resume()` in a process that never imported
+    the graph or agent modules raises what they would (the definition is not in the
+    process), returns a completed agent run's `Run`, and imports neither."""
+    first = box.run(
+        """
+        import layered
+        g = layered.app.run({})
+        a = layered.helper.run("x")
+        emit(graph=g.run_id, suspended=g.suspended, agent=a.id, output=a.output)
+        """
+    ).ok()
+    assert first["suspended"] and first["output"] == "done"
+    fresh = box.run(
+        f"""
+        import sys
+        import composeai as compose
+        from composeai.errors import ConfigError
+
+        try:
+            compose.resume({first["graph"]!r})
+        except ConfigError as exc:
+            graph_error = str(exc)
+        done = compose.resume({first["agent"]!r})
+        emit(
+            graph_error=graph_error,
+            agent=[done.status, done.output],
+            loaded=[m for m in ("composeai.graph", "composeai.agentfn") if m in sys.modules],
+        )
+        """
+    ).ok()
+    assert fresh["graph_error"].startswith("graph 'layered' is not compiled in this process")
+    assert fresh["agent"] == ["completed", "done"]
+    assert fresh["loaded"] == []
+    again = box.run(
+        f"""
+        import composeai as compose
+        import layered
+
+        r = compose.resume({first["graph"]!r}, answers={{"node:review": "yes"}})
+        emit(suspended=r.suspended, run_id=r.run_id)
+        """
+    ).ok()
+    assert again["run_id"] == first["graph"] and again["suspended"]
+
+
+def test_store20_a_queue_start_before_any_queue_is_declared(box):
+    """STORE-20: `Flow.start(queue=...)` in a process that never imported
+    `composeai.queues` names an undeclared queue (or is not a queue at all)."""
+    out = box.run(
+        """
+        import sys
+        import composeai as compose
+        from composeai.errors import ConfigError
+
+
+        @compose.flow
+        def job():
+            return 1
+
+
+        try:
+            job.start(queue="nightly")
+        except ConfigError as exc:
+            named = str(exc)
+        try:
+            job.start(queue=3)
+        except TypeError as exc:
+            other = str(exc)
+        emit(named=named, other=other, loaded="composeai.queues" in sys.modules)
+        """
+    ).ok()
+    assert out["named"].startswith("queue 'nightly' is not declared in this process")
+    assert out["other"] == "queue must be a Queue or a queue name, got int"
+    assert out["loaded"] is False
