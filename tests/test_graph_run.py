@@ -512,8 +512,10 @@ def test_ext29_compose_resume_with_node_answers():
 
     pending = _engine.get_store().pending(paused.run_id)
     assert [p[0] for p in pending] == ["node:ask"]
+    # `compose.resume` returns a `Run` for every run kind (FLOW-40).
     done = compose.resume(paused.run_id, answers={"node:ask": "yes"})
-    assert isinstance(done, GraphResult) and done.state == {"k": 1, "got": "yes"}
+    assert isinstance(done, compose.Run) and (done.id, done.status) == (paused.run_id, "completed")
+    assert done.output == {"k": 1, "got": "yes"} and done.pending is None
     assert _engine.get_store().get_run(paused.run_id)["status"] == "completed"
 
 
@@ -786,10 +788,59 @@ def test_ext29_compose_resume_answers_a_node_by_its_interrupt_id_or_node_name():
     assert [i.payload["id"] for i in paused.interrupts] == ["deploy"]
     # By the approve() id, as for a flow (FLOW-43)...
     second = compose.resume(paused.run_id, answers={"deploy": True})
-    assert second.suspended and second.interrupts[0].node == "note"
+    assert (second.status, second.output) == ("paused", None)
+    assert (second.pending.id, second.pending.kind) == ("node:note", "approval")
     # ... or by node, as for any suspended graph node (EXT-29).
     done = compose.resume(paused.run_id, answers={"node:note": False})
-    assert done.state == {"ok": True, "ok2": False}
+    assert done.status == "completed" and done.output == {"ok": True, "ok2": False}
+
+
+def test_ext29_compose_resume_answers_graph_and_flow_runs_alike():
+    """EXT-29 / FLOW-40: `compose.resume` and `aresume` return a `Run` for a graph run
+    too (id, status, output = the final state, pending = an `Interrupt` with id
+    `node:<name>`), so one loop answers paused runs of any kind; a handle from
+    `compose.get_run` shows the same pending interrupt."""
+
+    @compose.flow
+    def checklist() -> list:
+        return [compose.approve("lint"), compose.approve("tests")]
+
+    def gate(state, ctx):
+        return suspend({"check": "lint"}) if ctx.resume is None else {"lint": ctx.resume}
+
+    def note(state):
+        return {"tests": compose.approve("tests")}
+
+    wf = Graph(name="generic").add_node("gate", gate).add_node("note", note)
+    app = wf.start("gate").edge("gate", "note").edge("note", END).compile()
+    paused_graph = app.run({})
+    assert compose.get_run(paused_graph.run_id).pending.id == "node:gate"
+
+    def answer_all(run_id: str) -> tuple[list, compose.Run]:
+        asked = []
+        run = compose.get_run(run_id).result(timeout=10)
+        while run.status == "paused":
+            asked.append((run.pending.id, run.pending.kind))
+            run = compose.resume(run.id, {run.pending.id: True})
+        return asked, run
+
+    asked, flow_run = answer_all(checklist.start().id)
+    assert asked == [("lint", "approval"), ("tests", "approval")]
+    assert flow_run.output == [True, True]
+    asked, graph_run = answer_all(paused_graph.run_id)
+    assert asked == [("node:gate", "question"), ("node:note", "approval")]
+    assert (graph_run.id, graph_run.status) == (paused_graph.run_id, "completed")
+    assert graph_run.output == {"lint": True, "tests": True}
+
+    again = app.run({})
+
+    async def answer_async() -> compose.Run:
+        run = await compose.aresume(again.run_id, {"node:gate": False})
+        assert (run.status, run.pending.id) == ("paused", "node:note")
+        return await compose.aresume(run.id, {run.pending.id: False})
+
+    done = asyncio.run(answer_async())
+    assert done.status == "completed" and done.output == {"lint": False, "tests": False}
 
 
 def test_ext21_a_sync_facade_call_inside_an_async_node_under_arun_raises_not_deadlocks():

@@ -559,6 +559,10 @@ def _interrupt(row: tuple) -> Any:
 
     interrupt_id, kind, question, payload_json = row
     payload = _codec.loads(payload_json) if payload_json is not None else None
+    if kind == "graph":
+        from .graph import pending_interrupt
+
+        return pending_interrupt(interrupt_id[len("node:") :], payload)
     return Interrupt(id=interrupt_id, kind=kind, question=question, payload=payload)
 
 

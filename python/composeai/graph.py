@@ -18,13 +18,17 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import _codec, _core, _engine
 from . import events as _events
 from ._engine import FRAME, Frame
 from .errors import BudgetExceededError, ComposeError, ConfigError, SerializationError
 from .tracing import Span
+
+if TYPE_CHECKING:
+    from ._interrupt import Interrupt
+    from .runs import Run
 
 __all__ = [
     "END",
@@ -1490,19 +1494,53 @@ def _compiled_for(row: dict) -> CompiledGraph:
     return compiled
 
 
-def resume_graph_run(row: dict, answers: Mapping[str, Any] | None, budget: Any) -> GraphResult:
+def resume_graph_run(row: dict, answers: Mapping[str, Any] | None, budget: Any) -> Run:
     """`compose.resume()` of a graph run: routed to its graph by name."""
-    return _now(_compiled_for(row)._continue_run(row, answers, budget)).drive()
+    result = _now(_compiled_for(row)._continue_run(row, answers, budget)).drive()
+    return _as_run(row, result)
 
 
-async def aresume_graph_run(
-    row: dict, answers: Mapping[str, Any] | None, budget: Any
-) -> GraphResult:
+async def aresume_graph_run(row: dict, answers: Mapping[str, Any] | None, budget: Any) -> Run:
     """`compose.aresume()` of a graph run, on the caller's loop."""
     compiled = _compiled_for(row)
     await compiled._storage.aopen()
     begun = await _anow(compiled._continue_run(row, answers, budget))
-    return await begun.adrive()
+    return _as_run(row, await begun.adrive())
+
+
+def _as_run(row: dict, result: GraphResult) -> Run:
+    """`compose.resume()` returns a `Run` for every run kind (FLOW-40), so code
+    answering paused runs need not know their kind; `GraphResult` stays the
+    answer of `CompiledGraph.resume()` and threads."""
+    from .runs import Run
+    from .tracing import Trace
+
+    trace = Trace(trace_id=row["trace_id"] or "")
+    if result.suspended:
+        first = result.interrupts[0]
+        return Run(
+            id=result.run_id,
+            status="paused",
+            output=None,
+            trace=trace,
+            pending=pending_interrupt(first.node, first.payload),
+        )
+    return Run(id=result.run_id, status="completed", output=result.state, trace=trace)
+
+
+def pending_interrupt(node: str, payload: Any) -> Interrupt:
+    """A suspended node as an `Interrupt` (EXT-29): id `node:<name>`; a node
+    paused by `approve()`/`ask_human()` keeps that kind, question and payload."""
+    from .hitl import Interrupt
+
+    if _asked_id(payload) is not None:
+        return Interrupt(
+            id=f"node:{node}",
+            kind=payload["kind"],
+            question=payload["question"],
+            payload=payload["payload"],
+        )
+    return Interrupt(id=f"node:{node}", kind="question", payload=payload)
 
 
 def find_run(run_id: str):
