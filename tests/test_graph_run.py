@@ -5,7 +5,12 @@ the third founding seed rewritten for composeai.graph."""
 from __future__ import annotations
 
 import asyncio
+import os
+import sqlite3
+import subprocess
+import sys
 import threading
+from contextlib import closing
 
 import pytest
 
@@ -841,6 +846,63 @@ def test_ext29_compose_resume_answers_graph_and_flow_runs_alike():
 
     done = asyncio.run(answer_async())
     assert done.status == "completed" and done.output == {"lint": False, "tests": False}
+
+
+def test_ext21_ext04_a_task_replayed_in_a_node_is_traced_replayed_when_resume_returns():
+    """EXT-21 / EXT-0.4 / OBS-5: a `@task` that a resumed node replays shows as
+    `(replayed)` in `compose trace` (another process) as soon as `compose.resume`
+    or a thread's `resume` returns, with the resumed attempt's node and root."""
+
+    @task
+    def lookup(topic: str) -> str:
+        return f"facts:{topic}"
+
+    def ask(state, ctx):
+        facts = lookup("solar")
+        return suspend("ship?") if ctx.resume is None else {"facts": facts}
+
+    from composeai import _engine
+
+    def stored_spans(run_id: str) -> int | None:
+        """The run's span rows, read at once through a connection of its own
+        (on SQLite; the CLI below reads either store)."""
+        store = _engine.get_store()
+        if store.kind != "sqlite":
+            return None
+        with closing(sqlite3.connect(f"file:{store.path}?mode=ro", uri=True)) as db:
+            sql = "SELECT count(*) FROM spans JOIN runs USING (rid) WHERE runs.run_id = ?"
+            return db.execute(sql, (run_id,)).fetchone()[0]
+
+    app = Graph(name="traced").add_node("ask", ask).start("ask").edge("ask", END).compile()
+    paused = app.run({})
+    compose.resume(paused.run_id, {"node:ask": True})
+    assert stored_spans(paused.run_id) in (None, 6)
+    thread = app.thread("traced-1")
+    first = thread.run({})
+    thread.resume({"ask": True})
+    assert stored_spans(first.run_id) in (None, 6)
+    for run_id in (paused.run_id, first.run_id):
+        cli = subprocess.run(
+            [sys.executable, "-m", "composeai.cli", "trace", run_id],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=dict(os.environ, NO_COLOR="1"),
+            timeout=120,
+        )
+        assert cli.returncode == 0, cli.stderr
+        tree = [line.split("─ ", 1)[1] for line in cli.stdout.splitlines() if "─ " in line]
+        names = [
+            " ".join(part for part in line.split() if not part.startswith("[")) for line in tree
+        ]
+        assert names == [
+            "◇ traced ⏸ paused",
+            "• ask",
+            "• lookup",
+            "◇ traced",
+            "• ask",
+            "• lookup (replayed)",
+        ], cli.stdout
 
 
 def test_ext21_a_sync_facade_call_inside_an_async_node_under_arun_raises_not_deadlocks():

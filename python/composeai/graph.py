@@ -276,8 +276,9 @@ class Storage:
 
 
 def _flush_all() -> None:
-    """A graph run's spans ride with later commits or the background writer;
-    whatever is still queued when the process exits is written then."""
+    """A settled graph run's spans are written with its settlement (OBS-5);
+    spans of a run that has not settled ride with later commits or the
+    background writer, and whatever is still queued at exit is written then."""
     stores = [_engine._store, *(s._store for s in list(_STORAGES))]
     for store in stores:
         if store is not None:
