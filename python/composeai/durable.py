@@ -494,10 +494,11 @@ class RunHandle:
             # Set before `_done` is.
             assert self._outcome is not None
             ok, value = self._outcome
-            if not ok:
-                raise value
-            if value.status != "paused" or value.pending.kind not in ("timer", "signal"):
-                return value
+            if not self._moved_on(ok, value):
+                if not ok:
+                    raise value
+                if value.status != "paused" or value.pending.kind not in ("timer", "signal"):
+                    return value
         while True:
             run = self._settled()
             if run is not None:
@@ -505,6 +506,20 @@ class RunHandle:
             if end is not None and time.monotonic() >= end:
                 raise TimeoutError(f"run {self.id} did not finish within {timeout}s")
             time.sleep(_RESULT_POLL)
+
+    def _moved_on(self, ok: bool, value: Any) -> bool:
+        """Whether the run went on after this process's drive of it ended (a
+        resume or retry here or in another process), so that the outcome kept
+        here is stale and the store's latest settled state is the answer."""
+        row = self._row()
+        if not ok:
+            return row["status"] != "failed"
+        if value.status != "paused":
+            return False
+        if row["status"] != "paused":
+            return True
+        pending = [p[0] for p in _engine.get_store().pending(self.id)]
+        return value.pending.id not in pending
 
     def _settled(self) -> Run | None:
         from .runs import Run
@@ -544,6 +559,10 @@ def _interrupt(row: tuple) -> Any:
 
     interrupt_id, kind, question, payload_json = row
     payload = _codec.loads(payload_json) if payload_json is not None else None
+    if kind == "graph":
+        from .graph import pending_interrupt
+
+        return pending_interrupt(interrupt_id[len("node:") :], payload)
     return Interrupt(id=interrupt_id, kind=kind, question=question, payload=payload)
 
 

@@ -921,9 +921,7 @@ def resume(
     if isinstance(done, dict) and done["kind"] == "graph":
         from .graph import resume_graph_run
 
-        # A graph run resumes to its `GraphResult`; the signature keeps the `Run` of
-        # every other kind rather than make each caller narrow a union.
-        return resume_graph_run(done, answers, budget)  # type: ignore[return-value]
+        return resume_graph_run(done, answers, budget)
     if isinstance(done, dict):
         from .agentfn import resume_standalone
 
@@ -961,8 +959,7 @@ async def aresume(
     if isinstance(done, dict) and done["kind"] == "graph":
         from .graph import aresume_graph_run
 
-        # A `GraphResult`, as in `resume`.
-        return await aresume_graph_run(done, answers, budget)  # type: ignore[return-value]
+        return await aresume_graph_run(done, answers, budget)
     if isinstance(done, dict):
         from .agentfn import resume_standalone
 

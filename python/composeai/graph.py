@@ -18,13 +18,17 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import _codec, _core, _engine
 from . import events as _events
 from ._engine import FRAME, Frame
 from .errors import BudgetExceededError, ComposeError, ConfigError, SerializationError
 from .tracing import Span
+
+if TYPE_CHECKING:
+    from ._interrupt import Interrupt
+    from .runs import Run
 
 __all__ = [
     "END",
@@ -203,7 +207,7 @@ def goto(targets: str | Sequence[str], update: dict | None = None) -> Any:
 
 class Storage:
     """Where threads (and the graph's runs) are kept: `None` = the composeai
-    store, `":memory:"` = this process only, `sqlite:///path` or a PostgreSQL URL.
+    store, `":memory:"` = this process only, or a store URL as for `COMPOSE_STORE`.
     `on_busy="wait"` makes a second caller wait for a busy thread."""
 
     def __init__(self, url: str | None = None, *, on_busy: str = "raise"):
@@ -211,12 +215,21 @@ class Storage:
             raise ValueError(f"on_busy must be 'raise' or 'wait', got {on_busy!r}")
         if url is not None and not isinstance(url, str):
             raise TypeError(f"storage url must be a str, got {type(url).__name__}")
-        sqlite = url is not None and url.startswith("sqlite:///") and len(url) > len("sqlite:///")
-        if url is not None and url != ":memory:" and not _is_postgres(url) and not sqlite:
-            raise ConfigError(
-                f"storage {url!r} is not a store URL -- use None, ':memory:', "
-                "'sqlite:///path/to/file.db' or 'postgresql://user@host/db'"
-            )
+        # The store's own parser (STORE-1), so a graph accepts every form
+        # COMPOSE_STORE does: (kind, SQLite path or redacted server URL).
+        self._target: tuple[str, str] | None = None
+        if url is not None and url != ":memory:":
+            try:
+                self._target = _core.store_target(url, "")
+            except ConfigError as exc:
+                raise ConfigError(
+                    f"graph storage is not a store URL -- use None, ':memory:' or a store URL: {exc}"
+                ) from None
+            if not self._target[1]:
+                raise ConfigError(
+                    "graph storage is not a store URL -- use None, ':memory:' or a store URL "
+                    "(sqlite:///abs/path.db, sqlite://relative/path.db, postgresql://...)"
+                )
         self.url = url
         self.on_busy = on_busy
         self._store: Any = None
@@ -235,15 +248,19 @@ class Storage:
             if self._store is None:
                 if self.url == ":memory:":
                     self._store = _memory_store()
-                elif _is_postgres(self.url):
+                elif self._is_postgres():
                     self._store = _core.Store(self.url)
                 else:
-                    self._store = _core.Store(self.url[len("sqlite://") :])
+                    assert self._target is not None
+                    self._store = _core.Store(self._target[1])
             return self._store
+
+    def _is_postgres(self) -> bool:
+        return self._target is not None and self._target[0] == "postgresql"
 
     def _open_io(self):
         """Plan: `store()`, a server's first open made by the plan's driver."""
-        if self.url is not None and self._store is None and _is_postgres(self.url):
+        if self._store is None and self._is_postgres():
             opened = yield _io(True, _core.Store, _core.Store.aopen, self.url)
             with self._lock:
                 if self._store is None:
@@ -258,13 +275,10 @@ class Storage:
         return await _anow(self._open_io())
 
 
-def _is_postgres(url: str) -> bool:
-    return url.startswith(("postgresql://", "postgres://"))
-
-
 def _flush_all() -> None:
-    """A graph run's spans ride with later commits or the background writer;
-    whatever is still queued when the process exits is written then."""
+    """A settled graph run's spans are written with its settlement (OBS-5);
+    spans of a run that has not settled ride with later commits or the
+    background writer, and whatever is still queued at exit is written then."""
     stores = [_engine._store, *(s._store for s in list(_STORAGES))]
     for store in stores:
         if store is not None:
@@ -1481,19 +1495,53 @@ def _compiled_for(row: dict) -> CompiledGraph:
     return compiled
 
 
-def resume_graph_run(row: dict, answers: Mapping[str, Any] | None, budget: Any) -> GraphResult:
+def resume_graph_run(row: dict, answers: Mapping[str, Any] | None, budget: Any) -> Run:
     """`compose.resume()` of a graph run: routed to its graph by name."""
-    return _now(_compiled_for(row)._continue_run(row, answers, budget)).drive()
+    result = _now(_compiled_for(row)._continue_run(row, answers, budget)).drive()
+    return _as_run(row, result)
 
 
-async def aresume_graph_run(
-    row: dict, answers: Mapping[str, Any] | None, budget: Any
-) -> GraphResult:
+async def aresume_graph_run(row: dict, answers: Mapping[str, Any] | None, budget: Any) -> Run:
     """`compose.aresume()` of a graph run, on the caller's loop."""
     compiled = _compiled_for(row)
     await compiled._storage.aopen()
     begun = await _anow(compiled._continue_run(row, answers, budget))
-    return await begun.adrive()
+    return _as_run(row, await begun.adrive())
+
+
+def _as_run(row: dict, result: GraphResult) -> Run:
+    """`compose.resume()` returns a `Run` for every run kind (FLOW-40), so code
+    answering paused runs need not know their kind; `GraphResult` stays the
+    answer of `CompiledGraph.resume()` and threads."""
+    from .runs import Run
+    from .tracing import Trace
+
+    trace = Trace(trace_id=row["trace_id"] or "")
+    if result.suspended:
+        first = result.interrupts[0]
+        return Run(
+            id=result.run_id,
+            status="paused",
+            output=None,
+            trace=trace,
+            pending=pending_interrupt(first.node, first.payload),
+        )
+    return Run(id=result.run_id, status="completed", output=result.state, trace=trace)
+
+
+def pending_interrupt(node: str, payload: Any) -> Interrupt:
+    """A suspended node as an `Interrupt` (EXT-29): id `node:<name>`; a node
+    paused by `approve()`/`ask_human()` keeps that kind, question and payload."""
+    from .hitl import Interrupt
+
+    if _asked_id(payload) is not None:
+        return Interrupt(
+            id=f"node:{node}",
+            kind=payload["kind"],
+            question=payload["question"],
+            payload=payload["payload"],
+        )
+    return Interrupt(id=f"node:{node}", kind="question", payload=payload)
 
 
 def find_run(run_id: str):
