@@ -292,10 +292,10 @@ def test_flow40_resume_routes_by_kind_without_importing_the_feature(box):
         import layered
 
         r = compose.resume({first["graph"]!r}, answers={{"node:review": "yes"}})
-        emit(suspended=r.suspended, run_id=r.run_id)
+        emit(status=r.status, run_id=r.id, pending=r.pending.id)
         """
     ).ok()
-    assert again["run_id"] == first["graph"] and again["suspended"]
+    assert again == {"status": "paused", "run_id": first["graph"], "pending": "node:review"}
 
 
 def test_store20_a_queue_start_before_any_queue_is_declared(box):

@@ -23,6 +23,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from ._interrupt import Interrupt
+
 # `@flow`s by name; `composeai.flow` fills it.
 _FLOWS: dict[str, Any] = {}
 
@@ -346,8 +348,6 @@ def resume(
         )
     )
     if isinstance(done, dict) and done["kind"] == "graph":
-        # A graph run resumes to its `GraphResult`; the signature keeps the `Run` of
-        # every other kind rather than make each caller narrow a union.
         return _graph_owner(done).resume(done, answers, budget)  # type: ignore[no-any-return]
     if isinstance(done, dict):
         return _resume_agent_run(
@@ -386,7 +386,6 @@ async def aresume(
         )
     )
     if isinstance(done, dict) and done["kind"] == "graph":
-        # A `GraphResult`, as in `resume`.
         return await _graph_owner(done).aresume(done, answers, budget)  # type: ignore[no-any-return]
     if isinstance(done, dict):
         return await _resume_agent_run(
@@ -515,10 +514,11 @@ class RunHandle:
             # Set before `_done` is.
             assert self._outcome is not None
             ok, value = self._outcome
-            if not ok:
-                raise value
-            if value.status != "paused" or value.pending.kind not in ("timer", "signal"):
-                return value
+            if not self._moved_on(ok, value):
+                if not ok:
+                    raise value
+                if value.status != "paused" or value.pending.kind not in ("timer", "signal"):
+                    return value
         while True:
             run = self._settled()
             if run is not None:
@@ -526,6 +526,20 @@ class RunHandle:
             if end is not None and time.monotonic() >= end:
                 raise TimeoutError(f"run {self.id} did not finish within {timeout}s")
             time.sleep(_RESULT_POLL)
+
+    def _moved_on(self, ok: bool, value: Any) -> bool:
+        """Whether the run went on after this process's drive of it ended (a
+        resume or retry here or in another process), so that the outcome kept
+        here is stale and the store's latest settled state is the answer."""
+        row = self._row()
+        if not ok:
+            return row["status"] != "failed"
+        if value.status != "paused":
+            return False
+        if row["status"] != "paused":
+            return True
+        pending = [p[0] for p in _engine.get_store().pending(self.id)]
+        return value.pending.id not in pending
 
     def _settled(self) -> Run | None:
         row = self._row()
@@ -562,7 +576,40 @@ def _interrupt(row: tuple) -> Any:
 
     interrupt_id, kind, question, payload_json = row
     payload = _codec.loads(payload_json) if payload_json is not None else None
+    if kind == "graph":
+        return pending_interrupt(interrupt_id[len("node:") :], payload)
     return Interrupt(id=interrupt_id, kind=kind, question=question, payload=payload)
+
+
+# What a node suspended by `approve()`/`ask_human()` carries as its payload.
+_ASKED_KEYS = frozenset(("id", "kind", "question", "payload"))
+
+
+def _asked_id(payload: Any) -> str | None:
+    """The interrupt id of a graph node suspended by `approve()`/`ask_human()`."""
+    if (
+        isinstance(payload, dict)
+        and payload.keys() == _ASKED_KEYS
+        and payload["kind"] in ("approval", "question")
+        and isinstance(payload["id"], str)
+    ):
+        return payload["id"]
+    return None
+
+
+def pending_interrupt(node: str, payload: Any) -> Interrupt:
+    """A suspended graph node as an `Interrupt` (EXT-29): id `node:<name>`; a
+    node paused by `approve()`/`ask_human()` keeps that kind, question and payload."""
+    from ._interrupt import Interrupt
+
+    if _asked_id(payload) is not None:
+        return Interrupt(
+            id=f"node:{node}",
+            kind=payload["kind"],
+            question=payload["question"],
+            payload=payload["payload"],
+        )
+    return Interrupt(id=f"node:{node}", kind="question", payload=payload)
 
 
 def _stored_error(run_id: str, error_json: str | None) -> BaseException:

@@ -766,14 +766,12 @@ impl GraphRun {
                         payload_json: Some(p.payload.to_string()),
                     })
                     .collect(),
-                defer_spans: true,
                 ..Default::default()
             }
         } else {
             Settlement {
                 status: "completed".into(),
                 output_json: Some(output_json),
-                defer_spans: true,
                 ..Default::default()
             }
         }

@@ -540,6 +540,5 @@ fn settlement(
             .collect(),
         agent_states: agent_states.into_iter().map(agent_state_row).collect(),
         wait: None,
-        defer_spans: false,
     }
 }

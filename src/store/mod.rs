@@ -185,9 +185,6 @@ pub struct Settlement {
     pub agent_states: Vec<AgentStateRow>,
     /// What a parked run waits for (a timer or a signal).
     pub wait: Option<crate::durable::WaitRow>,
-    /// Leave queued spans to the background writer (a graph run: its
-    /// spans batch with other runs').
-    pub defer_spans: bool,
 }
 
 /// Where a run row created through the store's write queue

@@ -894,11 +894,8 @@ impl PgStore {
         s: &Settlement,
         work: &mut GraphWork<'_>,
     ) -> CoreResult<()> {
-        let spans = if s.defer_spans {
-            Vec::new()
-        } else {
-            self.take_spans()
-        };
+        // As on SQLite: the spans are stored when the run returns (OBS-5).
+        let spans = self.take_spans();
         let mut c = block_on(self.client())?;
         let tx = block_on(c.transaction()).map_err(self.err())?;
         block_on(self.settle_tx(&tx, rid, owner, s, &spans))?;

@@ -1537,11 +1537,9 @@ impl Store for SqliteStore {
         work: &mut GraphWork<'_>,
     ) -> CoreResult<()> {
         let mut w = self.lock_writer();
-        let ops = if s.defer_spans {
-            Vec::new()
-        } else {
-            self.take_queue()
-        };
+        // The run's queued spans commit with its settlement, so they are
+        // stored when run()/resume() returns (OBS-5).
+        let ops = self.take_queue();
         let path = self.path.clone();
         self.apply(&mut w, ops, |tx| {
             settle_tx(tx, &path, rid, owner, s)?;

@@ -17,6 +17,7 @@ from __future__ import annotations
 # The dataclasses below report this module; their annotations resolve here.
 from typing import Any  # noqa: F401
 
+from .._lifecycle import pending_interrupt  # noqa: F401 -- importable as before
 from ._builder import Graph
 from ._compiled import CompiledGraph, GraphThread, reset_registry  # noqa: F401 -- as before
 from ._driver import _input_json, _plain_update_json  # noqa: F401 -- importable as before

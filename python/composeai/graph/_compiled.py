@@ -10,11 +10,19 @@ from typing import Any, Literal
 
 from .. import _codec, _core, _engine
 from .._engine import FRAME
-from .._lifecycle import OWNERS, REGISTRIES, GraphRuns, graph_not_compiled
+from .._lifecycle import (
+    OWNERS,
+    REGISTRIES,
+    GraphRuns,
+    _asked_id,
+    graph_not_compiled,
+    pending_interrupt,
+)
+from .._values import Run
 from ..errors import ConfigError
+from ..tracing import Trace
 from ._driver import (
     _args_json,
-    _asked_id,
     _check_max_steps,
     _deadline_at,
     _decode,
@@ -337,19 +345,35 @@ def _compiled_for(row: dict) -> CompiledGraph:
     return compiled
 
 
-def resume_graph_run(row: dict, answers: Mapping[str, Any] | None, budget: Any) -> GraphResult:
+def resume_graph_run(row: dict, answers: Mapping[str, Any] | None, budget: Any) -> Run:
     """`compose.resume()` of a graph run: routed to its graph by name."""
-    return _now(_compiled_for(row)._continue_run(row, answers, budget)).drive()
+    result = _now(_compiled_for(row)._continue_run(row, answers, budget)).drive()
+    return _as_run(row, result)
 
 
-async def aresume_graph_run(
-    row: dict, answers: Mapping[str, Any] | None, budget: Any
-) -> GraphResult:
+async def aresume_graph_run(row: dict, answers: Mapping[str, Any] | None, budget: Any) -> Run:
     """`compose.aresume()` of a graph run, on the caller's loop."""
     compiled = _compiled_for(row)
     await compiled._storage.aopen()
     begun = await _anow(compiled._continue_run(row, answers, budget))
-    return await begun.adrive()
+    return _as_run(row, await begun.adrive())
+
+
+def _as_run(row: dict, result: GraphResult) -> Run:
+    """`compose.resume()` returns a `Run` for every run kind (FLOW-40), so code
+    answering paused runs need not know their kind; `GraphResult` stays the
+    answer of `CompiledGraph.resume()` and threads."""
+    trace = Trace(trace_id=row["trace_id"] or "")
+    if result.suspended:
+        first = result.interrupts[0]
+        return Run(
+            id=result.run_id,
+            status="paused",
+            output=None,
+            trace=trace,
+            pending=pending_interrupt(first.node, first.payload),
+        )
+    return Run(id=result.run_id, status="completed", output=result.state, trace=trace)
 
 
 def find_run(run_id: str):

@@ -13,6 +13,7 @@ from typing import Any
 from .. import _codec, _core, _drive, _engine
 from .. import events as _events
 from .._engine import FRAME, Frame
+from .._lifecycle import _asked_id
 from ..errors import BudgetExceededError, SerializationError
 from ..tracing import Span
 from ._agents import run_agent_node
@@ -641,21 +642,6 @@ def _human_suspend(pause: Any) -> _Suspend:
         "payload": pause.payload,
     }
     return _Suspend(payload, None)
-
-
-_ASKED_KEYS = frozenset(("id", "kind", "question", "payload"))
-
-
-def _asked_id(payload: Any) -> str | None:
-    """The interrupt id of a node suspended by `approve()`/`ask_human()`."""
-    if (
-        isinstance(payload, dict)
-        and payload.keys() == _ASKED_KEYS
-        and payload["kind"] in ("approval", "question")
-        and isinstance(payload["id"], str)
-    ):
-        return payload["id"]
-    return None
 
 
 def _check_max_steps(max_steps: Any) -> int:

@@ -28,7 +28,7 @@ def _remote(store: Any) -> bool:
 
 class Storage:
     """Where threads (and the graph's runs) are kept: `None` = the composeai
-    store, `":memory:"` = this process only, `sqlite:///path` or a PostgreSQL URL.
+    store, `":memory:"` = this process only, or a store URL as for `COMPOSE_STORE`.
     `on_busy="wait"` makes a second caller wait for a busy thread."""
 
     def __init__(self, url: str | None = None, *, on_busy: str = "raise"):
@@ -36,12 +36,21 @@ class Storage:
             raise ValueError(f"on_busy must be 'raise' or 'wait', got {on_busy!r}")
         if url is not None and not isinstance(url, str):
             raise TypeError(f"storage url must be a str, got {type(url).__name__}")
-        sqlite = url is not None and url.startswith("sqlite:///") and len(url) > len("sqlite:///")
-        if url is not None and url != ":memory:" and not _is_postgres(url) and not sqlite:
-            raise ConfigError(
-                f"storage {url!r} is not a store URL -- use None, ':memory:', "
-                "'sqlite:///path/to/file.db' or 'postgresql://user@host/db'"
-            )
+        # The store's own parser (STORE-1), so a graph accepts every form
+        # COMPOSE_STORE does: (kind, SQLite path or redacted server URL).
+        self._target: tuple[str, str] | None = None
+        if url is not None and url != ":memory:":
+            try:
+                self._target = _core.store_target(url, "")
+            except ConfigError as exc:
+                raise ConfigError(
+                    f"graph storage is not a store URL -- use None, ':memory:' or a store URL: {exc}"
+                ) from None
+            if not self._target[1]:
+                raise ConfigError(
+                    "graph storage is not a store URL -- use None, ':memory:' or a store URL "
+                    "(sqlite:///abs/path.db, sqlite://relative/path.db, postgresql://...)"
+                )
         self.url = url
         self.on_busy = on_busy
         self._store: Any = None
@@ -60,15 +69,19 @@ class Storage:
             if self._store is None:
                 if self.url == ":memory:":
                     self._store = _memory_store()
-                elif _is_postgres(self.url):
+                elif self._is_postgres():
                     self._store = _core.Store(self.url)
                 else:
-                    self._store = _core.Store(self.url[len("sqlite://") :])
+                    assert self._target is not None
+                    self._store = _core.Store(self._target[1])
             return self._store
+
+    def _is_postgres(self) -> bool:
+        return self._target is not None and self._target[0] == "postgresql"
 
     def _open_io(self):
         """Plan: `store()`, a server's first open made by the plan's driver."""
-        if self.url is not None and self._store is None and _is_postgres(self.url):
+        if self._store is None and self._is_postgres():
             opened = yield _io(True, _core.Store, _core.Store.aopen, self.url)
             with self._lock:
                 if self._store is None:
@@ -83,13 +96,10 @@ class Storage:
         return await _anow(self._open_io())
 
 
-def _is_postgres(url: str) -> bool:
-    return url.startswith(("postgresql://", "postgres://"))
-
-
 def _flush_all() -> None:
-    """A graph run's spans ride with later commits or the background writer;
-    whatever is still queued when the process exits is written then."""
+    """A settled graph run's spans are written with its settlement (OBS-5);
+    spans of a run that has not settled ride with later commits or the
+    background writer, and whatever is still queued at exit is written then."""
     stores = [_engine._store, *(s._store for s in list(_STORAGES))]
     for store in stores:
         if store is not None:
