@@ -1,19 +1,20 @@
 """Agent nodes of a graph (EXT-22): the conversation comes from and goes
-back to `state["messages"]`; an approval-gated tool pause suspends the graph."""
+back to `state["messages"]`; an approval-gated tool pause suspends the graph.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import _codec, _engine
-from ._engine import FRAME
-from .errors import ConfigError
+from .. import _codec, _engine
+from .._engine import FRAME
+from ..errors import ConfigError
+from ._values import suspend
 
 
 def run_agent_node(agent: Any, state: dict, resume: Any, list_reducer: bool) -> Any:
-    from .agentfn import run_conversation_step
-    from .graph import suspend
-    from .messages import Message
+    from ..agentfn import run_conversation_step
+    from ..messages import Message
 
     conversation = state.get("messages")
     if isinstance(conversation, str):
