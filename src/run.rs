@@ -3,84 +3,17 @@
 
 use crate::error::{CoreError, CoreResult};
 use crate::journal::{Fence, Journal, StepKey};
-use crate::store::sqlite::now;
-use crate::store::sqlite::Slot;
+use crate::owner::{lease_is_live, owner_id};
+use crate::store::slot::Slot;
 use crate::store::{
     AgentStateRow, InterruptRow, NewRun, PriorSpend, RowSlot, RunRow, Settlement, SpanRecord,
     SpanRow, Store,
 };
+use crate::time::now;
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-
-/// This process's identity in lease rows: `host:pid:start-time:nonce`
-/// (STORE-10). The nonce tells apart processes that share host name, pid
-/// and start time (containers started together).
-pub fn owner_id() -> &'static str {
-    static OWNER: OnceLock<String> = OnceLock::new();
-    OWNER.get_or_init(|| {
-        let pid = std::process::id();
-        format!(
-            "{}:{}:{}:{}",
-            hostname(),
-            pid,
-            process_start(pid).unwrap_or(0),
-            crate::ids::new_ulid()
-        )
-    })
-}
-
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates
-    // within it or truncates.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "localhost".into();
-    }
-    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
-}
-
-/// The start time of a running process in clock ticks since boot (field 22
-/// of /proc/<pid>/stat), which tells a live process from a reused pid.
-/// `None` when there is no such process, or it has exited and only awaits
-/// reaping (state `Z` or `X`).
-fn process_start(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may contain spaces; fields resume after ')'.
-    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
-    let state = fields.next()?;
-    if state == "Z" || state == "X" {
-        return None;
-    }
-    fields.nth(18)?.parse().ok()
-}
-
-/// Whether the lease held by `holder` until `until` is still live: not
-/// expired, and, when the holder is on this host, its process still
-/// running (a crashed run on this machine resumes without waiting).
-pub fn lease_is_live(holder: &str, until: f64) -> bool {
-    let parts: Vec<&str> = holder.rsplitn(4, ':').collect();
-    // `host:pid:start:nonce`, or `host:pid:start` from an older release.
-    let ids = match parts[..] {
-        [_nonce, start, pid, host] => Some((host, pid, start)),
-        [start, pid, host] => Some((host, pid, start)),
-        _ => None,
-    };
-    if let Some((host, pid, start)) = ids {
-        if host == hostname() {
-            if let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) {
-                match process_start(pid) {
-                    Some(s) if start == 0 || s == start => {}
-                    _ => return false,
-                }
-            }
-        }
-    }
-    until > now()
-}
 
 /// Runs currently executed by this process.
 fn active_runs() -> &'static Mutex<HashSet<String>> {
@@ -217,7 +150,12 @@ impl Attempt {
         run_id: &str,
         answers: &[(String, String)],
     ) -> CoreResult<Attempt> {
-        Attempt::take(store, run_id, crate::lease::Takeover::Manual, answers)
+        Attempt::take(
+            store,
+            run_id,
+            crate::store::takeover::Takeover::Manual,
+            answers,
+        )
     }
 
     /// `resume` for a worker continuing a due run: taking it from a dead
@@ -231,7 +169,7 @@ impl Attempt {
         Attempt::take(
             store,
             run_id,
-            crate::lease::Takeover::Recover { max },
+            crate::store::takeover::Takeover::Recover { max },
             answers,
         )
     }
@@ -239,7 +177,7 @@ impl Attempt {
     fn take(
         store: Arc<dyn Store>,
         run_id: &str,
-        takeover: crate::lease::Takeover,
+        takeover: crate::store::takeover::Takeover,
         answers: &[(String, String)],
     ) -> CoreResult<Attempt> {
         let seconds = crate::lease::lease_seconds()?;
@@ -364,7 +302,7 @@ impl Attempt {
             return Err(CoreError::Revoked("the stage was abandoned".into()));
         }
         if self.lease.lock().as_ref().is_some_and(|l| l.is_lost()) {
-            return Err(crate::lease::moved(&self.run.run_id));
+            return Err(crate::store::takeover::moved(&self.run.run_id));
         }
         Ok(())
     }
@@ -874,7 +812,7 @@ impl Attempt {
         let lost = self.lease.lock().take().is_some_and(|l| l.is_lost());
         active_runs().lock().remove(&self.run.run_id);
         if lost {
-            return Err(crate::lease::moved(&self.run.run_id));
+            return Err(crate::store::takeover::moved(&self.run.run_id));
         }
         match (work, self.row.committed()) {
             (_, Some(Err(e))) => Err(e),
@@ -1300,7 +1238,7 @@ mod tests {
         drop(a);
         let live = |_: &str, _: f64| true;
         let dead = |_: &str, _: f64| false;
-        let manual = crate::lease::Takeover::Manual;
+        let manual = crate::store::takeover::Takeover::Manual;
         store
             .acquire(&run_id, "otherhost:1:1:n", now() + 60.0, &dead, manual)
             .unwrap();
@@ -1338,27 +1276,11 @@ mod tests {
         ));
     }
 
-    /// STORE-10: a lease is dead once expired, or at once when its holder
-    /// is a process of this host that is gone.
-    #[test]
-    fn leases_die_by_expiry_or_with_their_process_on_this_host() {
-        assert_eq!(owner_id().split(':').count(), 4);
-        assert!(lease_is_live(owner_id(), now() + 100.0));
-        assert!(!lease_is_live(owner_id(), now() - 1.0));
-        let host = hostname();
-        assert!(!lease_is_live(
-            &format!("{host}:4000000000:5:n"),
-            now() + 100.0
-        ));
-        assert!(lease_is_live("elsewhere:1:1:n", now() + 100.0));
-        assert!(!lease_is_live("elsewhere:1:1:n", now() - 1.0));
-    }
-
     /// STORE-12: worker takeovers from a dead holder count; past the limit
     /// the run is failed instead, and a manual resume still works.
     #[test]
     fn recoveries_past_the_limit_fail_the_run_and_a_manual_resume_works() {
-        use crate::lease::Takeover;
+        use crate::store::takeover::Takeover;
         let (_d, store) = temp_store();
         let a = Attempt::start(store.clone(), new_run("f")).unwrap();
         let run_id = a.run.run_id.clone();
@@ -1420,7 +1342,7 @@ mod tests {
                 "other:1:1:n",
                 now() + 60.0,
                 &dead,
-                crate::lease::Takeover::Manual,
+                crate::store::takeover::Takeover::Manual,
             )
             .unwrap();
         assert!(store
@@ -1448,7 +1370,7 @@ mod tests {
                 other,
                 now() + 60.0,
                 &dead,
-                crate::lease::Takeover::Manual,
+                crate::store::takeover::Takeover::Manual,
             )
             .unwrap();
         let done = Settlement {
@@ -1686,7 +1608,7 @@ mod tests {
         let path = dir.path("runs.db");
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
         let a = Attempt::start(store.clone(), new_run("f")).unwrap();
-        crate::store::sqlite::take_span_write_error();
+        crate::store::slot::take_span_write_error();
         // Another connection drops the table the span goes to.
         rusqlite::Connection::open(&path)
             .unwrap()
@@ -1694,8 +1616,8 @@ mod tests {
             .unwrap();
         a.queue_span(span("t#1", "1"));
         assert!(store.flush().is_err());
-        let recorded = crate::store::sqlite::take_span_write_error();
+        let recorded = crate::store::slot::take_span_write_error();
         assert!(recorded.is_some_and(|m| m.contains("spans")));
-        assert!(crate::store::sqlite::take_span_write_error().is_none());
+        assert!(crate::store::slot::take_span_write_error().is_none());
     }
 }

@@ -7,7 +7,6 @@
 //! decide again), or *park* (the attempt settles `paused` with a `waits`
 //! row, which `due_runs` reads to know when the run should continue).
 
-pub mod clock;
 pub mod schema;
 pub mod store;
 mod wait;
@@ -18,6 +17,7 @@ pub use store::{
 };
 pub use wait::{Mode, Outcome, WaitSpec};
 
+use crate::clock;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::time::Instant;

@@ -1,7 +1,8 @@
 //! SQL of the durable tables. Every function takes a connection (or a
 //! transaction) of the store, so callers choose the transaction.
 
-use super::{clock, WaitRow};
+use super::WaitRow;
+use crate::clock;
 use crate::error::{AtPath, CoreError, CoreResult};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -64,7 +65,7 @@ pub fn insert_timer(
     tx.prepare_cached(
         "INSERT OR IGNORE INTO timers(rid, step_key, wake_at, created_at) VALUES(?1, ?2, ?3, ?4)",
     )?
-    .execute(params![rid, key, wake_at, crate::store::sqlite::now()])
+    .execute(params![rid, key, wake_at, crate::time::now()])
     .map(|_| ())
 }
 
@@ -150,7 +151,7 @@ pub fn send_signal(
         .at(path)?;
     tx.execute(
         "INSERT INTO signals(rid, name, seq, value_json, created_at) VALUES(?1, ?2, ?3, ?4, ?5)",
-        params![rid, name, seq, value_json, crate::store::sqlite::now()],
+        params![rid, name, seq, value_json, crate::time::now()],
     )
     .at(path)?;
     tx.commit().at(path)?;
@@ -200,7 +201,7 @@ pub fn request_cancel(
                 tx.execute(
                     "INSERT OR REPLACE INTO cancel_requests(rid, reason, created_at) \
                      VALUES(?1, ?2, ?3)",
-                    params![rid, reason, crate::store::sqlite::now()],
+                    params![rid, reason, crate::time::now()],
                 )
                 .at(path)?;
                 CancelOutcome::Requested
@@ -213,7 +214,7 @@ pub fn request_cancel(
                 tx.execute(
                     "UPDATE runs SET status = 'cancelled', error_json = ?1, updated_at = ?2, \
                      lease_owner = NULL, lease_until = NULL WHERE rid = ?3",
-                    params![error, crate::store::sqlite::now(), rid],
+                    params![error, crate::time::now(), rid],
                 )
                 .at(path)?;
                 tx.execute_batch(&format!(
@@ -416,7 +417,7 @@ impl DurableStore for crate::store::sqlite::SqliteStore {
                 .at(&path)?;
             // Fenced (STORE-11): nothing is written once the run moved on.
             if let Some(run_id) = crate::store::sqlite::moved_away(&tx, rid).at(&path)? {
-                return Err(crate::lease::moved(&run_id));
+                return Err(crate::store::takeover::moved(&run_id));
             }
             let winner = crate::store::sqlite::insert_journal(&tx, rid, key, value).at(&path)?;
             if let Some((k, wake)) = timer {

@@ -1,6 +1,7 @@
 //! The wait decision of an attempt: sleep, receive, receive_all.
 
-use super::{clock, WaitRow, EPSILON, POLL};
+use super::{WaitRow, EPSILON, POLL};
+use crate::clock;
 use crate::error::{CoreError, CoreResult};
 use crate::journal::Fence;
 use crate::run::Attempt;
@@ -475,7 +476,7 @@ impl Attempt {
 mod tests {
     use super::*;
     use crate::durable::{due_runs, request_cancel, send_signal, CancelOutcome};
-    use crate::run::owner_id;
+    use crate::owner::owner_id;
     use crate::store::sqlite::SqliteStore;
     use crate::store::{NewRun, Settlement, Store};
     use rusqlite::Connection;
@@ -524,7 +525,7 @@ mod tests {
     }
 
     fn due(path: &str, now: f64) -> Vec<(String, &'static str)> {
-        due_runs(&conn(path), now, 100, &crate::run::lease_is_live)
+        due_runs(&conn(path), now, 100, &crate::owner::lease_is_live)
             .unwrap()
             .into_iter()
             .map(|d| (d.run_id, d.reason))

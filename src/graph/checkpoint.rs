@@ -18,7 +18,7 @@ pub const MIN_SNAPSHOT_DELTA: usize = 4096;
 pub const MAX_CHAIN: usize = 1024;
 
 pub fn now_ms() -> i64 {
-    (crate::store::sqlite::now() * 1000.0) as i64
+    (crate::time::now() * 1000.0) as i64
 }
 
 fn db(e: rusqlite::Error) -> CoreError {

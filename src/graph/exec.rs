@@ -677,10 +677,7 @@ impl GraphRun {
             "completed"
         } else if self.steps >= self.max_steps {
             "step_limit"
-        } else if self
-            .deadline
-            .is_some_and(|d| crate::store::sqlite::now() > d)
-        {
+        } else if self.deadline.is_some_and(|d| crate::time::now() > d) {
             "deadline"
         } else {
             "running"

@@ -159,7 +159,7 @@ impl PyAttempt {
         };
         let value = super::codec::decode(py, &stored)?;
         let span_id = crate::ids::new_ulid();
-        let at = crate::store::sqlite::now();
+        let at = crate::time::now();
         let parent: Option<String> = parent_span_id.extract()?;
         let record = PyTuple::new(
             py,

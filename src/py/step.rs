@@ -308,7 +308,7 @@ fn task_call<'py>(
     let body = spec.get_item(0)?;
     let is_async = spec.get_item(3)?.is_truthy()?;
     let span_id = crate::ids::new_ulid();
-    let started_at = crate::store::sqlite::now();
+    let started_at = crate::time::now();
     let run = match run {
         Some(run) => run,
         None => frame.getattr(intern!(py, "run"))?,
@@ -387,7 +387,7 @@ fn task_call<'py>(
         kind: "task",
         name,
         started_at,
-        ended_at: Some(crate::store::sqlite::now()),
+        ended_at: Some(crate::time::now()),
         status: "ok",
         replayed: false,
         step_key: Some(&key),

@@ -12,7 +12,6 @@
 mod pg;
 pub mod schema;
 mod sqlite;
-pub mod wake;
 
 use crate::error::{CoreError, CoreResult};
 use crate::store::postgres::PgStore;

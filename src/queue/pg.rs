@@ -8,8 +8,8 @@ use super::{claim_order, dedup_taken, window, Claimed, Claimer, Limits, Placemen
 use crate::error::{CoreError, CoreResult};
 use crate::runtime::block_on;
 use crate::store::postgres::{insert_run_err, PgStore};
-use crate::store::sqlite::now;
 use crate::store::{NewRun, RunRow};
+use crate::time::now;
 
 /// The advisory lock key of a queue (per schema: schemas are separate
 /// stores on one server).

@@ -3,8 +3,9 @@
 
 use super::{claim_order, dedup_taken, window, Claimed, Claimer, Limits, Placement, QueueStats};
 use crate::error::{AtPath, CoreResult};
-use crate::store::sqlite::{now, SqliteStore};
+use crate::store::sqlite::SqliteStore;
 use crate::store::{NewRun, RunRow, Store};
+use crate::time::now;
 use rusqlite::{params, OptionalExtension, TransactionBehavior};
 
 pub fn enqueue(s: &SqliteStore, new: &NewRun, p: &Placement) -> CoreResult<RunRow> {

@@ -7,7 +7,8 @@
 //! and a `SpanRecord` of the same step would write.
 
 use super::multirow::{self, MultiRow};
-use super::sqlite::{trace_tid, Slot, FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
+use super::slot::{Slot, FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
+use super::sqlite::trace_tid;
 use super::statements::Statements;
 use super::SpanRow;
 use crate::ids::{encode_id, StoredId};

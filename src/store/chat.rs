@@ -3,7 +3,7 @@
 //! A row is written only after a completed send; `created_at` is the chat's
 //! own (kept on every later upsert), `updated_at` is stamped here.
 
-use super::sqlite::now;
+use crate::time::now;
 use rusqlite::{params, Connection, OptionalExtension};
 
 /// A `chats` row.

@@ -7,6 +7,16 @@ use crate::error::{AtPath, CoreError, CoreResult};
 use rusqlite::Connection;
 use std::collections::HashMap;
 
+/// Schema step 7 (idempotent): how often each run was recovered since it
+/// last settled (STORE-12), and the holders whose lease of a run was taken
+/// over, whose late spans are then refused even once the run has settled
+/// (STORE-11).
+const LEASE_SCHEMA_VERSION: i64 = 7;
+const LEASE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS run_recoveries(\
+     rid INTEGER PRIMARY KEY, count INTEGER NOT NULL); \
+     CREATE TABLE IF NOT EXISTS lease_takeovers(rid INTEGER NOT NULL, owner TEXT NOT NULL, \
+     PRIMARY KEY(rid, owner)) WITHOUT ROWID;";
+
 /// The version 0.11.0 stamped on its stores.
 const LEGACY_VERSION: i64 = 1;
 
@@ -100,8 +110,8 @@ pub fn bring_up_to_date(conn: &Connection, path: &str, version: i64) -> CoreResu
     if version < crate::queue::schema::SQLITE_VERSION {
         crate::queue::schema::apply_sqlite(conn, path)?;
     }
-    if version < crate::lease::SQLITE_SCHEMA_VERSION {
-        conn.execute_batch(crate::lease::SQLITE_SCHEMA).at(path)?;
+    if version < LEASE_SCHEMA_VERSION {
+        conn.execute_batch(LEASE_SCHEMA).at(path)?;
     }
     if version < crate::durable::schema::ACTIVE_RUNS_VERSION {
         conn.execute_batch(crate::durable::schema::ACTIVE_RUNS_SCHEMA)
@@ -303,7 +313,8 @@ fn migrate_spans(conn: &Connection, path: &str) -> CoreResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run::{owner_id, Attempt};
+    use crate::owner::owner_id;
+    use crate::run::Attempt;
     use crate::store::query::trace_spans;
     use crate::store::sqlite::{open_connection, SqliteStore};
     use crate::store::{NewRun, SpanRow, Store};

@@ -16,9 +16,11 @@ mod postgres_ext;
 pub mod postgres_query;
 pub mod query;
 pub mod replayed;
+pub mod slot;
 pub mod sqlite;
 pub mod statements;
 pub mod step_spans;
+pub mod takeover;
 pub mod url;
 pub mod wal_vfs;
 pub mod write_tx;
@@ -325,7 +327,7 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
         owner: &str,
         lease_until: f64,
         live: LeaseCheck<'_>,
-        takeover: crate::lease::Takeover,
+        takeover: crate::store::takeover::Takeover,
     ) -> CoreResult<(RunRow, Vec<(String, String)>)>;
 
     /// `acquire` with the journal in the attempt's form, after journaling
@@ -338,7 +340,7 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
         owner: &str,
         lease_until: f64,
         live: LeaseCheck<'_>,
-        takeover: crate::lease::Takeover,
+        takeover: crate::store::takeover::Takeover,
         answers: &[(String, String)],
     ) -> CoreResult<Claim> {
         let (row, entries) = self.acquire(run_id, owner, lease_until, live, takeover)?;
@@ -413,7 +415,7 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
         key: &str,
         value: &str,
         span: Option<SpanRecord>,
-    ) -> std::sync::Arc<sqlite::Slot>;
+    ) -> std::sync::Arc<slot::Slot>;
 
     /// Whether `commit_batched` is available (batch durability).
     fn supports_batch(&self) -> bool {
@@ -432,7 +434,7 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
         _key: &str,
         _value: &str,
         _span: Option<SpanRecord>,
-        _slot: &std::sync::Arc<sqlite::Slot>,
+        _slot: &std::sync::Arc<slot::Slot>,
     ) -> CoreResult<()> {
         Err(crate::error::CoreError::Config(format!(
             "composeai store '{}': durability 'batch' is not supported by this store yet -- \
@@ -450,7 +452,7 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
         value: &str,
         span: Option<SpanRow>,
         trace: &std::sync::Arc<str>,
-        slot: &std::sync::Arc<sqlite::Slot>,
+        slot: &std::sync::Arc<slot::Slot>,
     ) -> CoreResult<()> {
         let record = span.map(|s| SpanRecord::of_step(trace, rid, s, Some(value)));
         self.commit_batched(rid, key, value, record, slot)
@@ -464,7 +466,7 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
         value: &str,
         span: Option<batched::SpanView<'_>>,
         trace: &std::sync::Arc<str>,
-        slot: &std::sync::Arc<sqlite::Slot>,
+        slot: &std::sync::Arc<slot::Slot>,
     ) -> CoreResult<()> {
         let span = span.map(|s| s.to_row(value));
         self.commit_batched_step(rid, key, value, span, trace, slot)

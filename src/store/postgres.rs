@@ -16,9 +16,10 @@ use super::{
 use crate::error::{CoreError, CoreResult};
 use crate::graph::store::GraphWork;
 use crate::ids::{decode_id, encode_id, StoredId};
-use crate::lease::Takeover;
 use crate::runtime::{block_on, runtime};
-use crate::store::sqlite::{now, Slot, FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
+use crate::store::slot::{Slot, FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
+use crate::store::takeover::Takeover;
+use crate::time::now;
 use deadpool_postgres::GenericClient;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use futures_util::future::join_all;
@@ -29,10 +30,21 @@ use std::sync::Arc;
 use tokio_postgres::types::ToSql;
 
 mod driven;
+pub mod listen;
+
+/// Schema step 4 (idempotent): how often each run was recovered since it
+/// last settled (STORE-12), and the holders whose lease of a run was taken
+/// over, whose late spans are then refused even once the run has settled
+/// (STORE-11).
+const LEASE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS run_recoveries(\
+     rid BIGINT PRIMARY KEY, count INTEGER NOT NULL); \
+     CREATE TABLE IF NOT EXISTS lease_takeovers(rid BIGINT NOT NULL, owner TEXT NOT NULL, \
+     PRIMARY KEY(rid, owner)); \
+     CREATE INDEX IF NOT EXISTS runs_by_lease_expiry ON runs(lease_until) WHERE lease_owner IS NOT NULL;";
 
 /// Versions of the PostgreSQL schema (its own series; step `n` brings a
 /// schema at `n - 1` to `n`).
-pub const PG_SCHEMA_VERSION: i32 = crate::lease::PG_SCHEMA_VERSION;
+pub const PG_SCHEMA_VERSION: i32 = 4;
 
 const PG_SCHEMA_V1: &str = r#"
 CREATE TABLE runs(
@@ -126,7 +138,7 @@ const MIGRATIONS: [(i32, &str); 4] = [
     (1, PG_SCHEMA_V1),
     (2, super::postgres_ext::PG_SCHEMA_V2),
     (3, crate::queue::schema::PG_QUEUE_SCHEMA),
-    (4, crate::lease::PG_SCHEMA),
+    (4, LEASE_SCHEMA),
 ];
 
 /// The fence every journal and snapshot write of an attempt carries: `$1`
@@ -218,7 +230,7 @@ pub(super) async fn moved<C: GenericClient>(c: &C, rid: i64) -> CoreError {
         .ok()
         .flatten()
         .map_or_else(|| format!("#{rid}"), |r| r.get(0));
-    crate::lease::moved(&run_id)
+    crate::store::takeover::moved(&run_id)
 }
 
 impl PgInner {
@@ -410,7 +422,7 @@ fn span_insert_sqls(filter: &str) -> String {
 }
 
 pub(super) fn owner() -> &'static str {
-    crate::run::owner_id()
+    crate::owner::owner_id()
 }
 
 /// A run row read with `RUN_COLUMNS` first.
@@ -684,7 +696,7 @@ impl PgStore {
             }
             .await;
             if let Err(e) = outcome {
-                crate::store::sqlite::record_span_write_error(e.to_string());
+                crate::store::slot::record_span_write_error(e.to_string());
             }
         });
     }
@@ -1065,7 +1077,7 @@ impl PgInner {
             futures_util::join!(c.query_one(&st, &params), self.write_spans(&c, &queued));
         let row = row.map_err(self.err())?;
         if let Err(e) = spans {
-            crate::store::sqlite::record_span_write_error(e.to_string());
+            crate::store::slot::record_span_write_error(e.to_string());
         }
         let run_id: Option<String> = row.get(0);
         if run_id.is_none() {
@@ -1192,7 +1204,11 @@ impl Store for PgStore {
                 tx.execute(
                     "UPDATE runs SET status = 'failed', error_json = $1, updated_at = $2, \
                      lease_owner = NULL, lease_until = NULL WHERE rid = $3",
-                    &[&crate::lease::exhausted_error_json(), &now(), &run.rid],
+                    &[
+                        &crate::store::takeover::exhausted_error_json(),
+                        &now(),
+                        &run.rid,
+                    ],
                 )
                 .await
                 .map_err(self.err())?;
@@ -1200,7 +1216,7 @@ impl Store for PgStore {
                     .await
                     .map_err(self.err())?;
                 tx.commit().await.map_err(self.err())?;
-                return Err(crate::lease::exhausted(run_id, max));
+                return Err(crate::store::takeover::exhausted(run_id, max));
             }
             tx.execute(
                 "UPDATE runs SET lease_owner = $1, lease_until = $2 WHERE rid = $3",
@@ -1578,8 +1594,8 @@ impl Store for PgStore {
     }
 
     fn wait_slice(&self) -> std::time::Duration {
-        crate::queue::wake::ensure_listener(self);
-        crate::queue::wake::PG_POLL
+        crate::store::postgres::listen::ensure_listener(self);
+        crate::store::postgres::listen::PG_POLL
     }
 
     fn create_run_with(

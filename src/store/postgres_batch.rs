@@ -8,7 +8,7 @@
 //! earlier steps in the store.
 
 use super::postgres::{moved, owner, step_sql, PgInner};
-use super::sqlite::Slot;
+use super::slot::Slot;
 use super::SpanRecord;
 use crate::error::{CoreError, CoreResult};
 use crate::runtime::runtime;
@@ -101,7 +101,7 @@ impl PgInner {
             let (results, spans) =
                 futures_util::join!(join_all(inserts), self.write_spans(&tx, &spans));
             if let Err(e) = spans {
-                crate::store::sqlite::record_span_write_error(e.to_string());
+                crate::store::slot::record_span_write_error(e.to_string());
             }
             let mut outcomes = Vec::with_capacity(rows.len());
             for r in results {

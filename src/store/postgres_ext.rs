@@ -10,13 +10,14 @@ use super::postgres::{
     insert_run_err, insert_run_params, moved, owner, PgInner, PgStore, FENCE, INSERT_RUN,
 };
 use super::{LeaseCheck, NewRun, RunRow, Settlement};
+use crate::clock;
 use crate::durable::store::{CancelOutcome, DueRun, DurableStore};
-use crate::durable::{clock, WaitRow, EPSILON};
+use crate::durable::{WaitRow, EPSILON};
 use crate::error::{CoreError, CoreResult};
 use crate::graph::checkpoint::{Row, Thread};
 use crate::graph::store::{GraphTx, GraphWork};
 use crate::runtime::block_on;
-use crate::store::sqlite::now;
+use crate::time::now;
 use deadpool_postgres::GenericClient;
 use serde_json::{json, Value};
 use tokio_postgres::types::ToSql;

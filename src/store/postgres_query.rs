@@ -10,7 +10,7 @@ use super::{InterruptRow, RunRow, UsageRow};
 use crate::error::CoreResult;
 use crate::ids::decode_id;
 use crate::runtime::block_on;
-use crate::store::sqlite::FLAG_REPLAYED;
+use crate::store::slot::FLAG_REPLAYED;
 use crate::trace::RenderSpan;
 use std::collections::HashMap;
 use tokio_postgres::types::ToSql;

@@ -429,7 +429,7 @@ fn read_trace(
                 started_at: r.get(4)?,
                 ended_at: r.get(5)?,
                 status: r.get(6)?,
-                replayed: flags & super::sqlite::FLAG_REPLAYED != 0,
+                replayed: flags & super::slot::FLAG_REPLAYED != 0,
                 error_type,
                 error_message,
                 usage,
@@ -747,7 +747,7 @@ mod tests {
                     name: name.into(),
                     ..Default::default()
                 },
-                crate::run::owner_id(),
+                crate::owner::owner_id(),
                 0.0,
             )
             .unwrap()
@@ -757,7 +757,7 @@ mod tests {
         store
             .settle(
                 rid,
-                crate::run::owner_id(),
+                crate::owner::owner_id(),
                 &Settlement {
                     status: status.into(),
                     output_json: None,

@@ -5,7 +5,7 @@
 //! `SpanRecord` of the same span would write.
 
 use super::multirow::{self, MultiRow};
-use super::sqlite::{FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
+use super::slot::{FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
 use super::statements::Statements;
 use super::{SpanRecord, SpanRow};
 use crate::ids::encode_id;

@@ -11,6 +11,7 @@ use super::batched::{BatchedSteps, SpanView};
 use super::checkpointer::Checkpointer;
 use super::migrate;
 use super::replayed::ReplayedSpan;
+use super::slot::{record_span_write_error, Slot, FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
 use super::statements::{Params, Statements};
 use super::write_tx::WriteTx;
 use super::{
@@ -21,23 +22,16 @@ use crate::error::{AtPath, CoreError, CoreResult};
 use crate::graph::store::GraphWork;
 use crate::ids::{encode_id, StoredId};
 use crate::journal::{Journal, JournalLoader};
+use crate::time::now;
 use parking_lot::{Condvar, Mutex};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// From version 10 on a run's own trace has no `traces` row: its spans are
 /// stored under `tid = -rid`. No table changed; the version keeps an older
 /// engine, which finds spans only through `traces`, from opening the store.
 pub const SCHEMA_VERSION: i64 = 10;
-
-pub fn now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
 
 pub const SCHEMA: &str = r#"
 CREATE TABLE runs(
@@ -133,43 +127,6 @@ CREATE TABLE chats(
 /// commit (bench/wal_pages.py). A store keeps the page size it was created
 /// with.
 pub const PAGE_SIZE: i64 = 2048;
-
-/// `spans.flags` bits.
-pub const FLAG_REPLAYED: i64 = 1;
-pub const FLAG_OUTPUT_IN_JOURNAL: i64 = 2;
-
-type StepResult = CoreResult<Option<String>>;
-
-/// Where the outcome of a queued journal write lands once it is applied.
-#[derive(Default)]
-pub struct Slot(Mutex<Option<StepResult>>);
-
-impl Slot {
-    /// A write sharing this slot failed: the slot keeps the error, and
-    /// later writes sharing it are not applied (so a batch-durability run
-    /// never has a later step stored without an earlier one).
-    pub fn failed(&self) -> bool {
-        matches!(&*self.0.lock(), Some(Err(_)))
-    }
-
-    /// The write's outcome, once a commit has applied it.
-    pub fn outcome(&self) -> Option<StepResult> {
-        self.0.lock().clone()
-    }
-
-    /// Records a write's outcome; a failure already held is kept.
-    pub(crate) fn fill(&self, outcome: StepResult) {
-        let mut held = self.0.lock();
-        if !matches!(&*held, Some(Err(_))) {
-            *held = Some(outcome);
-        }
-    }
-
-    /// A slot for a write that was applied before it was handed out.
-    pub fn filled(outcome: StepResult) -> Arc<Slot> {
-        Arc::new(Slot(Mutex::new(Some(outcome))))
-    }
-}
 
 /// Queued spans are written in the background once this many are waiting
 /// (replayed steps queue one each): a replay's settlement, which must write
@@ -280,19 +237,6 @@ impl Drop for SqliteStore {
         self.queue.lock().shutdown = true;
         self.wake.notify_all();
     }
-}
-
-/// The first span-persistence failure of this process, for one warning.
-static SPAN_WRITE_ERROR: Mutex<Option<String>> = Mutex::new(None);
-
-/// Records a span-persistence failure (the first one is kept).
-pub fn record_span_write_error(message: String) {
-    SPAN_WRITE_ERROR.lock().get_or_insert(message);
-}
-
-/// Takes the recorded span-persistence failure, if any.
-pub fn take_span_write_error() -> Option<String> {
-    SPAN_WRITE_ERROR.lock().take()
 }
 
 fn config(path: &str, what: String) -> CoreError {
@@ -569,7 +513,7 @@ impl Inner {
                     }
                 }
                 if span_failed {
-                    SPAN_WRITE_ERROR.lock().get_or_insert_with(|| e.to_string());
+                    record_span_write_error(e.to_string());
                 }
                 Err(extra_error.unwrap_or(e))
             }
@@ -651,7 +595,7 @@ impl<'c> Leases<'c> {
 
     /// `moved_away`.
     fn moved(&mut self, rid: i64) -> rusqlite::Result<Option<String>> {
-        let me = crate::run::owner_id();
+        let me = crate::owner::owner_id();
         Ok(self
             .run(rid)?
             .row
@@ -669,7 +613,7 @@ impl<'c> Leases<'c> {
         if let Some(refused) = run.refused {
             return Ok(refused);
         }
-        let me = crate::run::owner_id();
+        let me = crate::owner::owner_id();
         let refused = match &run.row {
             None => false,
             Some((_, Some(holder))) => holder != me,
@@ -689,7 +633,7 @@ fn moved_rid(tx: &Connection, rid: i64) -> CoreError {
             r.get::<_, String>(0)
         })
         .unwrap_or_else(|_| format!("#{rid}"));
-    crate::lease::moved(&run_id)
+    crate::store::takeover::moved(&run_id)
 }
 
 /// STORE-12 bookkeeping inside `acquire`: a worker's takeover from a dead
@@ -698,17 +642,17 @@ fn moved_rid(tx: &Connection, rid: i64) -> CoreError {
 fn count_recovery(
     tx: &Connection,
     rid: i64,
-    takeover: crate::lease::Takeover,
+    takeover: crate::store::takeover::Takeover,
     recovering: bool,
 ) -> rusqlite::Result<Option<u32>> {
     match takeover {
-        crate::lease::Takeover::Manual => {
+        crate::store::takeover::Takeover::Manual => {
             tx.prepare_cached("DELETE FROM run_recoveries WHERE rid = ?1")?
                 .execute([rid])?;
             Ok(None)
         }
-        crate::lease::Takeover::Recover { .. } if !recovering => Ok(None),
-        crate::lease::Takeover::Recover { max } => {
+        crate::store::takeover::Takeover::Recover { .. } if !recovering => Ok(None),
+        crate::store::takeover::Takeover::Recover { max } => {
             let count: i64 = tx
                 .prepare_cached("SELECT count FROM run_recoveries WHERE rid = ?1")?
                 .query_row([rid], |r| r.get(0))
@@ -785,7 +729,7 @@ fn write_ops_tx(
                     continue;
                 }
                 if let Some(run_id) = leases.moved(*rid)? {
-                    results.push((slot.clone(), Err(crate::lease::moved(&run_id))));
+                    results.push((slot.clone(), Err(crate::store::takeover::moved(&run_id))));
                     continue;
                 }
                 let inserted = statements.execute(tx, JOURNAL_INSERT, |p| {
@@ -862,7 +806,9 @@ fn write_batched(
         };
         if !slot_failed {
             match moved {
-                Some(run_id) => results.push((slot.clone(), Err(crate::lease::moved(run_id)))),
+                Some(run_id) => {
+                    results.push((slot.clone(), Err(crate::store::takeover::moved(run_id))))
+                }
                 None => journal_rows.push(i),
             }
         }
@@ -1299,7 +1245,7 @@ impl Store for SqliteStore {
         owner: &str,
         lease_until: f64,
         live: LeaseCheck<'_>,
-        takeover: crate::lease::Takeover,
+        takeover: crate::store::takeover::Takeover,
     ) -> CoreResult<(RunRow, Vec<(String, String)>)> {
         self.acquire_reading(run_id, owner, lease_until, live, takeover, read_journal)
     }
@@ -1310,7 +1256,7 @@ impl Store for SqliteStore {
         owner: &str,
         lease_until: f64,
         live: LeaseCheck<'_>,
-        takeover: crate::lease::Takeover,
+        takeover: crate::store::takeover::Takeover,
         answers: &[(String, String)],
     ) -> CoreResult<Claim> {
         let (row, (journal, span_mark)) =
@@ -1922,7 +1868,7 @@ impl SqliteStore {
         owner: &str,
         lease_until: f64,
         live: LeaseCheck<'_>,
-        takeover: crate::lease::Takeover,
+        takeover: crate::store::takeover::Takeover,
         read: impl FnOnce(&Connection, i64) -> rusqlite::Result<T>,
     ) -> CoreResult<(RunRow, T)> {
         let mut w = self.lock_writer();
@@ -1961,12 +1907,16 @@ impl SqliteStore {
             tx.execute(
                 "UPDATE runs SET status = 'failed', error_json = ?1, updated_at = ?2, \
                  lease_owner = NULL, lease_until = NULL WHERE rid = ?3",
-                params![crate::lease::exhausted_error_json(), now(), row.rid],
+                params![
+                    crate::store::takeover::exhausted_error_json(),
+                    now(),
+                    row.rid
+                ],
             )
             .at(&path)?;
             crate::durable::store::on_settle(&tx, row.rid, "failed", None).at(&path)?;
             tx.commit().at(&path)?;
-            return Err(crate::lease::exhausted(run_id, max));
+            return Err(crate::store::takeover::exhausted(run_id, max));
         }
         tx.execute(
             "UPDATE runs SET lease_owner = ?1, lease_until = ?2 WHERE rid = ?3",

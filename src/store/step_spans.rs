@@ -46,7 +46,7 @@ pub fn step_spans(conn: &Connection, rid: i64, mark: i64) -> rusqlite::Result<Ve
             name: r.get(2)?,
             started_at: r.get(3)?,
             ended_at: r.get(4)?,
-            replayed: flags & super::sqlite::FLAG_REPLAYED != 0,
+            replayed: flags & super::slot::FLAG_REPLAYED != 0,
             step_key: r.get(6)?,
             attributes_json: r.get(7)?,
             input_json: r.get(8)?,

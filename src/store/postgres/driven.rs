@@ -191,7 +191,7 @@ impl Driven {
         let row = row?;
         for r in written {
             if let Err(e) = r {
-                crate::store::sqlite::record_span_write_error(inner.err()(e).to_string());
+                crate::store::slot::record_span_write_error(inner.err()(e).to_string());
                 break;
             }
         }
@@ -206,7 +206,7 @@ impl Driven {
                 .ok()
                 .flatten()
                 .map_or_else(|| format!("#{rid}"), |r| r.get(0));
-            return Err(Failure::Moved(crate::lease::moved(&run_id)));
+            return Err(Failure::Moved(crate::store::takeover::moved(&run_id)));
         }
         let stored: Option<String> = row.get(1);
         Ok(stored.filter(|s| s != value))

@@ -6,7 +6,7 @@
 //! `PG_POLL`, so a lost one costs latency, never correctness. SQLite has no
 //! notifications: its waits poll every `durable::POLL`.
 
-use crate::durable::clock;
+use crate::clock;
 use crate::runtime::runtime;
 use crate::store::postgres::{PgInner, PgStore};
 use parking_lot::Mutex;

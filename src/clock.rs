@@ -20,7 +20,7 @@ static TICK: Condvar = Condvar::new();
 
 /// Engine time in seconds since the epoch (UTC).
 pub fn now() -> f64 {
-    CLOCK.lock().fake.unwrap_or_else(crate::store::sqlite::now)
+    CLOCK.lock().fake.unwrap_or_else(crate::time::now)
 }
 
 pub fn is_fake() -> bool {
@@ -66,7 +66,7 @@ pub fn nap(deadline: Option<f64>, slice: Duration) -> bool {
     let start = c.epoch;
     let mut limit = slice;
     if let (Some(d), None) = (deadline, c.fake) {
-        let left = d - crate::store::sqlite::now();
+        let left = d - crate::time::now();
         if left <= 0.0 {
             return false;
         }
