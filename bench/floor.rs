@@ -17,12 +17,12 @@
 
 use _core::ids::{encode_id, new_ulid};
 use _core::store::slot::FLAG_OUTPUT_IN_JOURNAL;
+use _core::store::sqlite::statements::Statements;
+use _core::store::sqlite::write_tx::WriteTx;
 use _core::store::sqlite::{
     open_connection, JOURNAL_INSERT, PLAIN_SPAN_INSERT, QUEUED_RUN_INSERT, SCHEMA_VERSION,
     SPAN_INSERT,
 };
-use _core::store::statements::Statements;
-use _core::store::write_tx::WriteTx;
 use _core::time::now;
 use rusqlite::params;
 use std::time::Instant;

@@ -38,7 +38,7 @@ pub enum Commit {
 }
 
 /// Work on the graph tables inside a store transaction.
-use crate::graph::store::GraphWork as TxWork;
+use crate::store::graph::GraphWork as TxWork;
 
 /// One attempt at executing a run, holding its lease.
 /// The last task name and parent span id of a replayed span.
@@ -445,7 +445,7 @@ impl Attempt {
         &self,
         key: &str,
         value: &str,
-        span: crate::store::batched::SpanView<'_>,
+        span: crate::store::spans::SpanView<'_>,
     ) -> CoreResult<Arc<str>> {
         self.check(None)?;
         if let Some(existing) = self.journal.lock().get(key) {
@@ -680,7 +680,7 @@ impl Attempt {
                 parent_span_id.map(|p| shared(parents, p)),
             )
         };
-        let span = crate::store::replayed::ReplayedSpan {
+        let span = crate::store::spans::ReplayedSpan {
             trace_id: self.trace.clone(),
             rid: 0,
             span_id,
@@ -694,7 +694,7 @@ impl Attempt {
         match self.row.committed() {
             Some(Ok(rid)) => self
                 .store
-                .queue_replayed(crate::store::replayed::ReplayedSpan { rid, ..span }),
+                .queue_replayed(crate::store::spans::ReplayedSpan { rid, ..span }),
             Some(Err(_)) => {}
             None => {
                 let mut record = span.into_record();

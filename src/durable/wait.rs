@@ -475,8 +475,9 @@ impl Attempt {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::durable::{due_runs, request_cancel, send_signal, CancelOutcome};
+    use crate::durable::CancelOutcome;
     use crate::owner::owner_id;
+    use crate::store::sqlite::durable::{due_runs, request_cancel, send_signal};
     use crate::store::sqlite::SqliteStore;
     use crate::store::{NewRun, Settlement, Store};
     use rusqlite::Connection;

@@ -3,9 +3,9 @@
 //! forking, deleting and pruning.
 
 use super::checkpoint::{self, Row, Thread};
-use super::store::GraphTx;
 use super::{graph_error, plain_error};
 use crate::error::CoreResult;
+use crate::store::graph::GraphTx;
 use crate::store::Store;
 use serde_json::{json, Value};
 

@@ -317,7 +317,9 @@ pub fn parked_waits<'py>(
             let conn = crate::store::sqlite::open_connection(db_path, false)?;
             let mut out = Vec::new();
             for id in run_ids {
-                if let Some(w) = durable::parked_wait(&conn, &id).at(db_path)? {
+                if let Some(w) =
+                    crate::store::sqlite::durable::parked_wait(&conn, &id).at(db_path)?
+                {
                     out.push((id, w));
                 }
             }

@@ -10,10 +10,10 @@ use super::spans::UsageTuple;
 use super::store::{run_row_dict, PendingTuple};
 use crate::error::{CoreError, CoreResult};
 use crate::store::postgres::PgStore;
-use crate::store::query::{
+use crate::store::sqlite::open_connection;
+use crate::store::sqlite::query::{
     self, CostBucket, CostsBy, Resolved, RunFilter, RunSummary, SearchError, StoredSpan,
 };
-use crate::store::sqlite::open_connection;
 use crate::store::url::{self, StoreUrl};
 use crate::store::{InterruptRow, RunRow};
 use pyo3::prelude::*;

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 fn backend(store: &PyStore) -> CoreResult<Backend<'_>> {
     match (&store.sqlite, &store.pg) {
-        (Some(s), _) => Ok(Backend::Sqlite(s)),
-        (None, Some(p)) => Ok(Backend::Postgres(p)),
+        (Some(s), _) => Ok(&**s),
+        (None, Some(p)) => Ok(&**p),
         (None, None) => Err(CoreError::Config("the store has no queue support".into())),
     }
 }

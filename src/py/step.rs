@@ -12,7 +12,7 @@ use super::attempt::{PyAttempt, PyFence};
 use super::errors::IntoPy;
 use crate::journal::Fence;
 use crate::run::Attempt;
-use crate::store::batched::SpanView;
+use crate::store::spans::SpanView;
 use parking_lot::Mutex;
 use pyo3::exceptions::PyKeyError;
 use pyo3::intern;

@@ -5,28 +5,18 @@
 //! through `durable::store::DurableStore` and the graph tables through
 //! `graph::store::GraphTx`, so no caller depends on one backend.
 
-pub mod batched;
-pub mod chat;
-mod checkpointer;
-mod migrate;
-mod multirow;
+pub mod durable;
+pub mod graph;
 pub mod postgres;
-mod postgres_batch;
-mod postgres_ext;
-pub mod postgres_query;
-pub mod query;
-pub mod replayed;
+pub mod queue;
 pub mod slot;
+pub mod spans;
 pub mod sqlite;
-pub mod statements;
-pub mod step_spans;
 pub mod takeover;
 pub mod url;
-pub mod wal_vfs;
-pub mod write_tx;
 
 use crate::error::CoreResult;
-use crate::graph::store::GraphWork;
+use graph::GraphWork;
 
 /// What a resumed attempt starts from, read when its lease was taken.
 pub struct Claim {
@@ -149,6 +139,18 @@ impl SpanRecord {
     }
 }
 
+/// A `chats` row.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatRow {
+    pub chat_id: String,
+    pub agent_name: String,
+    pub system: Option<String>,
+    pub model: Option<String>,
+    pub messages_json: String,
+    pub created_at: f64,
+    pub updated_at: f64,
+}
+
 /// A pending human interrupt.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InterruptRow {
@@ -186,7 +188,7 @@ pub struct Settlement {
     /// Agent snapshots written with the settlement (a pause mid-batch).
     pub agent_states: Vec<AgentStateRow>,
     /// What a parked run waits for (a timer or a signal).
-    pub wait: Option<crate::durable::WaitRow>,
+    pub wait: Option<crate::store::durable::WaitRow>,
     /// Leave queued spans to the background writer (a graph run: its
     /// spans batch with other runs').
     pub defer_spans: bool,
@@ -250,7 +252,7 @@ pub type LeaseCheck<'a> = &'a dyn Fn(&str, f64) -> bool;
 
 /// The store: runs and their attempts here, the durable primitives'
 /// tables through `DurableStore`.
-pub trait Store: Send + Sync + crate::durable::store::DurableStore {
+pub trait Store: Send + Sync + durable::DurableStore {
     fn path(&self) -> &str;
 
     /// Creates a run row leased to `owner`, in one commit.
@@ -402,7 +404,7 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
     fn queue_span(&self, span: SpanRecord);
 
     /// Queues the span of a replayed step of a run whose row is stored.
-    fn queue_replayed(&self, span: replayed::ReplayedSpan) {
+    fn queue_replayed(&self, span: spans::ReplayedSpan) {
         self.queue_span(span.into_record());
     }
 
@@ -464,7 +466,7 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
         rid: i64,
         key: &str,
         value: &str,
-        span: Option<batched::SpanView<'_>>,
+        span: Option<spans::SpanView<'_>>,
         trace: &std::sync::Arc<str>,
         slot: &std::sync::Arc<slot::Slot>,
     ) -> CoreResult<()> {
@@ -496,7 +498,7 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
 
     /// The `ok` task-step spans of `rid` written after `mark`, after
     /// writing everything queued.
-    fn step_spans(&self, _rid: i64, _mark: i64) -> CoreResult<Vec<step_spans::StepSpanRow>> {
+    fn step_spans(&self, _rid: i64, _mark: i64) -> CoreResult<Vec<spans::StepSpanRow>> {
         Ok(Vec::new())
     }
 
@@ -543,9 +545,9 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
     fn journal(&self, rid: i64) -> CoreResult<Vec<(String, String)>>;
 
     /// Upserts a chat row (CHAT-4); `updated_at` is set to now.
-    fn save_chat(&self, chat: &chat::ChatRow) -> CoreResult<()>;
+    fn save_chat(&self, chat: &ChatRow) -> CoreResult<()>;
 
-    fn load_chat(&self, chat_id: &str) -> CoreResult<Option<chat::ChatRow>>;
+    fn load_chat(&self, chat_id: &str) -> CoreResult<Option<ChatRow>>;
 
     /// The run's stored cancel request (EXT-10): `Some(reason)` when one
     /// is stored.
@@ -574,6 +576,6 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
     /// (STORE-22): a store that sends wake-up hints starts listening here
     /// and polls less often.
     fn wait_slice(&self) -> std::time::Duration {
-        crate::durable::POLL
+        crate::store::durable::POLL
     }
 }

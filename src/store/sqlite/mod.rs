@@ -7,21 +7,39 @@
 //! commit on their own thread with no hand-off, and concurrent callers share
 //! commits.
 
-use super::batched::{BatchedSteps, SpanView};
-use super::checkpointer::Checkpointer;
-use super::migrate;
-use super::replayed::ReplayedSpan;
-use super::slot::{record_span_write_error, Slot, FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
-use super::statements::{Params, Statements};
-use super::write_tx::WriteTx;
-use super::{
+pub mod batched;
+pub mod chat;
+mod checkpointer;
+pub mod durable;
+pub mod durable_schema;
+pub mod graph;
+pub mod graph_schema;
+mod migrate;
+mod multirow;
+pub mod query;
+pub mod queue;
+pub mod queue_schema;
+pub mod replayed;
+pub mod statements;
+pub mod step_spans;
+pub mod wal_vfs;
+pub mod write_tx;
+
+use crate::error::{AtPath, CoreError, CoreResult};
+use crate::ids::{encode_id, StoredId};
+use crate::journal::{Journal, JournalLoader};
+use crate::store::graph::GraphWork;
+use crate::store::slot::{record_span_write_error, Slot, FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
+use crate::store::spans::ReplayedSpan;
+use crate::store::spans::SpanView;
+use crate::store::sqlite::batched::BatchedSteps;
+use crate::store::sqlite::checkpointer::Checkpointer;
+use crate::store::sqlite::statements::{Params, Statements};
+use crate::store::sqlite::write_tx::WriteTx;
+use crate::store::{
     AgentStateRow, Claim, InterruptRow, LeaseCheck, NewRun, PriorSpend, RowSlot, RunRow,
     Settlement, SpanRecord, SpanRow, Store,
 };
-use crate::error::{AtPath, CoreError, CoreResult};
-use crate::graph::store::GraphWork;
-use crate::ids::{encode_id, StoredId};
-use crate::journal::{Journal, JournalLoader};
 use crate::time::now;
 use parking_lot::{Condvar, Mutex};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
@@ -717,7 +735,7 @@ fn write_ops_tx(
                         _ => None,
                     };
                 }
-                super::replayed::insert_replayed(tx, traces, statements, &replayed)?;
+                crate::store::sqlite::replayed::insert_replayed(tx, traces, statements, &replayed)?;
             }
             Op::Step {
                 rid,
@@ -817,7 +835,8 @@ fn write_batched(
         }
     }
     let mut winners =
-        super::batched::insert_journal(tx, statements, batch, &journal_rows)?.into_iter();
+        crate::store::sqlite::batched::insert_journal(tx, statements, batch, &journal_rows)?
+            .into_iter();
     let mut next_winner = winners.next();
     for (n, &i) in journal_rows.iter().enumerate() {
         let winner = match next_winner.take() {
@@ -839,7 +858,7 @@ fn write_batched(
             results.push((slot.clone(), Ok(winner)));
         }
     }
-    super::batched::insert_spans(tx, traces, statements, batch, &span_rows)
+    crate::store::sqlite::batched::insert_spans(tx, traces, statements, batch, &span_rows)
 }
 
 /// Inserts a queued run row: running and leased, or settled; `None` when
@@ -917,7 +936,7 @@ pub fn read_run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
 pub fn open_connection(path: &str, full_sync: bool) -> CoreResult<Connection> {
     create_private_file(path)?;
     // Commits write their WAL frames in one system call (see `wal_vfs`).
-    let conn = match super::wal_vfs::name() {
+    let conn = match crate::store::sqlite::wal_vfs::name() {
         Some(vfs) => Connection::open_with_flags_and_vfs(path, OpenFlags::default(), vfs),
         None => Connection::open(path),
     }
@@ -1265,7 +1284,10 @@ impl Store for SqliteStore {
                 // mark comes from the same snapshot: one commit, no second
                 // write or read after the claim.
                 record_answers_in(tx, rid, answers)?;
-                Ok((load_journal(tx, rid)?, super::step_spans::span_mark(tx)?))
+                Ok((
+                    load_journal(tx, rid)?,
+                    crate::store::sqlite::step_spans::span_mark(tx)?,
+                ))
             })?;
         Ok(Claim {
             row,
@@ -1464,15 +1486,15 @@ impl Store for SqliteStore {
     fn span_mark(&self) -> CoreResult<Option<i64>> {
         let mut w = self.lock_writer();
         self.drain(&mut w)?;
-        super::step_spans::span_mark(&w.conn)
+        crate::store::sqlite::step_spans::span_mark(&w.conn)
             .map(Some)
             .at(&self.path)
     }
 
-    fn step_spans(&self, rid: i64, mark: i64) -> CoreResult<Vec<super::step_spans::StepSpanRow>> {
+    fn step_spans(&self, rid: i64, mark: i64) -> CoreResult<Vec<crate::store::spans::StepSpanRow>> {
         let mut w = self.lock_writer();
         self.drain(&mut w)?;
-        super::step_spans::step_spans(&w.conn, rid, mark).at(&self.path)
+        crate::store::sqlite::step_spans::step_spans(&w.conn, rid, mark).at(&self.path)
     }
 
     fn settle_with(
@@ -1610,7 +1632,7 @@ impl Store for SqliteStore {
                  DELETE FROM run_recoveries WHERE rid = {rid}; \
                  DELETE FROM lease_takeovers WHERE rid = {rid}; \
                  DELETE FROM runs WHERE rid = {rid}; {}",
-                crate::durable::schema::delete_sql(rid)
+                crate::store::sqlite::durable_schema::delete_sql(rid)
             ))
             .at(&path)
         })?;
@@ -1759,19 +1781,19 @@ impl Store for SqliteStore {
         read_journal(&w.conn, rid).at(&self.path)
     }
 
-    fn save_chat(&self, chat: &super::chat::ChatRow) -> CoreResult<()> {
+    fn save_chat(&self, chat: &crate::store::ChatRow) -> CoreResult<()> {
         let path = self.path.clone();
-        self.with_conn(|conn| super::chat::upsert(conn, chat).at(&path))
+        self.with_conn(|conn| crate::store::sqlite::chat::upsert(conn, chat).at(&path))
     }
 
-    fn load_chat(&self, chat_id: &str) -> CoreResult<Option<super::chat::ChatRow>> {
+    fn load_chat(&self, chat_id: &str) -> CoreResult<Option<crate::store::ChatRow>> {
         let w = self.lock_writer();
-        super::chat::get(&w.conn, chat_id).at(&self.path)
+        crate::store::sqlite::chat::get(&w.conn, chat_id).at(&self.path)
     }
 
     fn cancel_request(&self, rid: i64) -> CoreResult<Option<Option<String>>> {
         let w = self.lock_writer();
-        crate::durable::store::cancel_request(&w.conn, rid).at(&self.path)
+        crate::store::sqlite::durable::cancel_request(&w.conn, rid).at(&self.path)
     }
 }
 
@@ -1803,7 +1825,7 @@ fn settle_tx(tx: &Connection, path: &str, rid: i64, owner: &str, s: &Settlement)
     for a in &s.agent_states {
         write_agent_state(tx, rid, a, t).at(path)?;
     }
-    crate::durable::store::on_settle(tx, rid, &s.status, s.wait.as_ref()).at(path)?;
+    crate::store::sqlite::durable::on_settle(tx, rid, &s.status, s.wait.as_ref()).at(path)?;
     for p in &s.pending {
         tx.prepare_cached(
             "INSERT OR REPLACE INTO pending_interrupts(rid, interrupt_id, kind, question, \
@@ -1914,7 +1936,7 @@ impl SqliteStore {
                 ],
             )
             .at(&path)?;
-            crate::durable::store::on_settle(&tx, row.rid, "failed", None).at(&path)?;
+            crate::store::sqlite::durable::on_settle(&tx, row.rid, "failed", None).at(&path)?;
             tx.commit().at(&path)?;
             return Err(crate::store::takeover::exhausted(run_id, max));
         }
@@ -1923,7 +1945,7 @@ impl SqliteStore {
             params![owner, lease_until, row.rid],
         )
         .at(&path)?;
-        crate::durable::store::on_acquire(&tx, row.rid).at(&path)?;
+        crate::store::sqlite::durable::on_acquire(&tx, row.rid).at(&path)?;
         let journal = read(&tx, row.rid).at(&path)?;
         tx.commit().at(&path)?;
         Ok((row, journal))

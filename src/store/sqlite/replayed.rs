@@ -4,66 +4,13 @@
 //! a batch of them with multi-row statements; the rows are the ones a
 //! `SpanRecord` of the same span would write.
 
-use super::multirow::{self, MultiRow};
-use super::slot::{FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
-use super::statements::Statements;
-use super::{SpanRecord, SpanRow};
 use crate::ids::encode_id;
-use crate::journal::StepKey;
+use crate::store::spans::ReplayedSpan;
+use crate::store::sqlite::multirow::{self, MultiRow};
+use crate::store::sqlite::statements::Statements;
 use rusqlite::Connection;
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
-
-/// The span of a step replayed from the journal: finished when it started,
-/// status `ok`, no input, its output the journaled value (stored by
-/// reference) when `output_in_journal`.
-#[derive(Debug, Clone)]
-pub struct ReplayedSpan {
-    pub trace_id: Arc<str>,
-    pub rid: i64,
-    /// A ULID, in its 16-byte stored form.
-    pub span_id: [u8; 16],
-    /// Shared with the replay's other spans (see `Attempt::queue_replayed`).
-    pub parent_span_id: Option<Arc<str>>,
-    pub kind: Cow<'static, str>,
-    pub name: Arc<str>,
-    pub at: f64,
-    /// Its text is written by the inserting thread.
-    pub step_key: StepKey,
-    pub output_in_journal: bool,
-}
-
-impl ReplayedSpan {
-    /// The same span as a general record.
-    pub fn into_record(self) -> SpanRecord {
-        SpanRecord {
-            trace_id: self.trace_id.to_string(),
-            rid: Some(self.rid),
-            span: SpanRow {
-                span_id: crate::ids::decode_id(&self.span_id),
-                parent_span_id: self.parent_span_id.map(|p| p.to_string()),
-                kind: self.kind.into_owned(),
-                name: self.name.to_string(),
-                started_at: self.at,
-                ended_at: Some(self.at),
-                status: "ok".into(),
-                replayed: true,
-                step_key: Some(self.step_key.to_string()),
-                ..Default::default()
-            },
-            output_in_journal: self.output_in_journal,
-        }
-    }
-
-    fn flags(&self) -> i64 {
-        if self.output_in_journal {
-            FLAG_REPLAYED | FLAG_OUTPUT_IN_JOURNAL
-        } else {
-            FLAG_REPLAYED
-        }
-    }
-}
 
 const SPANS_HEAD: &str = "INSERT INTO spans(tid, rid, span_id, parent, kind, name, \
                           started_at, ended_at, status, flags, step_key) VALUES";
@@ -118,7 +65,8 @@ pub(crate) fn insert_replayed(
                 tid
             }
             _ => {
-                let tid = super::sqlite::trace_tid(tx, traces, &first.trace_id, Some(first.rid))?;
+                let tid =
+                    crate::store::sqlite::trace_tid(tx, traces, &first.trace_id, Some(first.rid))?;
                 last_trace = Some((&first.trace_id, first.rid, tid));
                 tid
             }
@@ -193,7 +141,8 @@ pub(crate) fn insert_replayed(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::multirow::stored_rows;
+    use crate::journal::StepKey;
+    use crate::store::sqlite::multirow::stored_rows;
     use crate::store::sqlite::{insert_span, open_connection};
 
     #[test]

@@ -1,8 +1,11 @@
 //! The queues on SQLite: every operation is one `IMMEDIATE` transaction,
 //! so claims of concurrent workers are serialized by the file's write lock.
 
-use super::{claim_order, dedup_taken, window, Claimed, Claimer, Limits, Placement, QueueStats};
 use crate::error::{AtPath, CoreResult};
+use crate::store::queue::{
+    allowance, claim_order, dedup_taken, window, Claimed, Claimer, Limits, Placement, QueueStats,
+    QueueStore,
+};
 use crate::store::sqlite::SqliteStore;
 use crate::store::{NewRun, RunRow, Store};
 use crate::time::now;
@@ -107,7 +110,7 @@ pub fn claim(
         } else {
             0
         };
-        let n = super::allowance(limits, room, running, started);
+        let n = allowance(limits, room, running, started);
         if n == 0 {
             return Ok(Vec::new());
         }
@@ -199,96 +202,23 @@ pub fn recent_starts(s: &SqliteStore, queue: &str, since: f64, limit: i64) -> Co
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::queue::{self, Backend};
-
-    fn new_run(name: &str) -> NewRun {
-        NewRun {
-            run_id: crate::ids::new_ulid(),
-            trace_id: crate::ids::new_ulid(),
-            kind: "flow".into(),
-            name: name.into(),
-            ..NewRun::default()
-        }
+impl QueueStore for SqliteStore {
+    fn enqueue(&self, new: &NewRun, p: &Placement) -> CoreResult<RunRow> {
+        enqueue(self, new, p)
     }
-
-    fn placed(queue: &str, priority: i64, dedup: Option<&str>) -> Placement {
-        Placement {
-            queue: queue.into(),
-            priority,
-            dedup_id: dedup.map(Into::into),
-        }
+    fn claim(
+        &self,
+        queue: &str,
+        limits: &Limits,
+        room: i64,
+        by: &Claimer<'_>,
+    ) -> CoreResult<Vec<Claimed>> {
+        claim(self, queue, limits, room, by)
     }
-
-    #[test]
-    fn the_queued_row_returned_is_the_row_stored() {
-        let dir = std::env::temp_dir().join(format!("composeai-queue-{}", crate::ids::new_ulid()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let store = SqliteStore::open(dir.join("runs.db").to_str().unwrap()).unwrap();
-        let new = NewRun {
-            fingerprint: Some("fp".into()),
-            args_json: Some("{\"args\":[1]}".into()),
-            budget_json: Some("{\"max_usd\":1.0}".into()),
-            ..new_run("f")
-        };
-        let row = queue::enqueue(Backend::Sqlite(&store), &new, &placed("q", 0, None)).unwrap();
-        let stored = store.get_run(&new.run_id).unwrap().unwrap();
-        // Every field, as `get_run` reads it back.
-        assert_eq!(format!("{row:?}"), format!("{stored:?}"));
-        assert_eq!(row.status, "queued");
-        std::fs::remove_dir_all(&dir).ok();
+    fn stats(&self, now: f64) -> CoreResult<Vec<QueueStats>> {
+        stats(self, now)
     }
-
-    #[test]
-    fn claims_follow_priority_then_fifo_and_respect_concurrency_and_dedup() {
-        let dir = std::env::temp_dir().join(format!("composeai-queue-{}", crate::ids::new_ulid()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let store = SqliteStore::open(dir.join("runs.db").to_str().unwrap()).unwrap();
-        let b = Backend::Sqlite(&store);
-        let ids: Vec<String> = [3, 1, 1, 0]
-            .iter()
-            .map(|p| {
-                queue::enqueue(b, &new_run("f"), &placed("q", *p, None))
-                    .unwrap()
-                    .run_id
-            })
-            .collect();
-        let held = queue::enqueue(b, &new_run("f"), &placed("q", 9, Some("d"))).unwrap();
-        let err = queue::enqueue(b, &new_run("f"), &placed("q", 0, Some("d"))).unwrap_err();
-        assert!(err.to_string().contains(&held.run_id), "{err}");
-        let capped = Limits {
-            concurrency: Some(2),
-            priority: true,
-            ..Limits::default()
-        };
-        let flows = ["f".to_string()];
-        let by = queue::Claimer {
-            owner: "me",
-            lease_until: now() + 60.0,
-            flows: &flows,
-        };
-        let elsewhere = queue::Claimer {
-            flows: &["g".to_string()],
-            ..by
-        };
-        assert!(queue::claim(b, "q", &capped, 10, &elsewhere)
-            .unwrap()
-            .is_empty());
-        let first = queue::claim(b, "q", &capped, 10, &by).unwrap();
-        let got: Vec<&str> = first.iter().map(|c| c.run_id.as_str()).collect();
-        assert_eq!(got, [ids[3].as_str(), ids[1].as_str()]);
-        assert!(queue::claim(b, "q", &capped, 10, &by).unwrap().is_empty());
-        let stats = queue::stats(b, now()).unwrap();
-        assert_eq!((stats[0].queued, stats[0].running), (3, 2));
-        let fifo = Limits::default();
-        let rest = queue::claim(b, "q", &fifo, 10, &by).unwrap();
-        let got: Vec<&str> = rest.iter().map(|c| c.run_id.as_str()).collect();
-        assert_eq!(
-            got,
-            [ids[0].as_str(), ids[2].as_str(), held.run_id.as_str()]
-        );
-        std::fs::remove_dir_all(&dir).ok();
+    fn recent_starts(&self, queue: &str, since: f64, limit: i64) -> CoreResult<Vec<f64>> {
+        recent_starts(self, queue, since, limit)
     }
 }

@@ -5,23 +5,8 @@
 //! first access. Only SQLite offers this; on other stores the spans stay in
 //! memory.
 
+use crate::store::spans::StepSpanRow;
 use rusqlite::{params, Connection};
-
-/// A finished `ok` span of a journaled task step.
-#[derive(Debug, Clone, Default)]
-pub struct StepSpanRow {
-    pub span_id: String,
-    pub parent_span_id: Option<String>,
-    pub name: String,
-    pub started_at: f64,
-    pub ended_at: Option<f64>,
-    pub replayed: bool,
-    pub step_key: Option<String>,
-    pub attributes_json: Option<String>,
-    pub input_json: Option<String>,
-    /// The output, read from the journal when stored by reference.
-    pub output_json: Option<String>,
-}
 
 /// The highest span row id: spans written later have higher ones.
 pub fn span_mark(conn: &Connection) -> rusqlite::Result<i64> {
@@ -46,7 +31,7 @@ pub fn step_spans(conn: &Connection, rid: i64, mark: i64) -> rusqlite::Result<Ve
             name: r.get(2)?,
             started_at: r.get(3)?,
             ended_at: r.get(4)?,
-            replayed: flags & super::slot::FLAG_REPLAYED != 0,
+            replayed: flags & crate::store::slot::FLAG_REPLAYED != 0,
             step_key: r.get(6)?,
             attributes_json: r.get(7)?,
             input_json: r.get(8)?,

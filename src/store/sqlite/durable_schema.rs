@@ -97,7 +97,7 @@ mod tests {
         assert_eq!(runs_indexes(&conn), ["runs_active", "runs_by_created"]);
         // Both halves of the recovery query read the runs it may return
         // through the partial index, never the whole table.
-        let steps = plan(&conn, crate::durable::store::RECOVERABLE_RUNS);
+        let steps = plan(&conn, crate::store::sqlite::durable::RECOVERABLE_RUNS);
         let scans: Vec<_> = steps.iter().filter(|s| s.contains("runs")).collect();
         assert_eq!(scans.len(), 2, "{steps:?}");
         assert!(

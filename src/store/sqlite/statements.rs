@@ -1,8 +1,8 @@
 //! The writer connection's insert statements, run without rusqlite's
 //! statement cache or its copies of bound values (see `Statements`).
 
-use super::multirow::MultiRow;
 use crate::ids::StoredId;
+use crate::store::sqlite::multirow::MultiRow;
 use rusqlite::{ffi, Connection};
 use std::marker::PhantomData;
 use std::os::raw::{c_char, c_int};
@@ -259,7 +259,7 @@ unsafe impl<T: Bind> Bind for Option<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::multirow::stored_rows;
+    use crate::store::sqlite::multirow::stored_rows;
 
     static PAIRS: MultiRow = MultiRow::new("INSERT INTO t(k, a, b) VALUES", "(?1,?#1,?#2)", 1, 2);
 

@@ -1,9 +1,9 @@
 //! SQL of the durable tables. Every function takes a connection (or a
 //! transaction) of the store, so callers choose the transaction.
 
-use super::WaitRow;
 use crate::clock;
 use crate::error::{AtPath, CoreError, CoreResult};
+use crate::store::durable::{CancelOutcome, DueRun, DurableStore, WaitRow, EPSILON};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 const TERMINAL: [&str; 3] = ["completed", "failed", "cancelled"];
@@ -159,15 +159,6 @@ pub fn send_signal(
     Ok(seq)
 }
 
-#[derive(Debug, PartialEq)]
-pub enum CancelOutcome {
-    /// Nobody executes the run: it is `cancelled` now.
-    Cancelled,
-    /// The executing attempt observes the request at its next boundary.
-    Requested,
-    AlreadyCancelled,
-}
-
 /// EXT-10: cancels a parked (or orphaned) run at once, else records the
 /// request for the attempt executing it.
 pub fn request_cancel(
@@ -232,18 +223,6 @@ pub fn request_cancel(
     Ok(outcome)
 }
 
-/// A run the worker should continue now.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DueRun {
-    pub run_id: String,
-    pub kind: String,
-    pub name: String,
-    /// `timer`, `signal` or `recovered` (a `running` run whose lease
-    /// holder is dead).
-    pub reason: &'static str,
-    pub module: Option<String>,
-}
-
 /// Runs an attempt may have been executing: leased (running, or a resumed
 /// `paused` run), or running without a lease. Read through the partial index
 /// `runs_active`.
@@ -263,7 +242,7 @@ pub fn due_runs(
     live: crate::store::LeaseCheck<'_>,
 ) -> rusqlite::Result<Vec<DueRun>> {
     // Wake times are journaled to the microsecond.
-    let now = now + super::EPSILON;
+    let now = now + EPSILON;
     let mut out: Vec<DueRun> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     let cap = limit as i64;
@@ -330,7 +309,7 @@ pub fn due_runs(
 /// The earliest wake time of a parked run after `after`.
 pub fn next_wake(conn: &Connection, after: f64) -> rusqlite::Result<Option<f64>> {
     conn.prepare_cached("SELECT MIN(wake_at) FROM waits WHERE wake_at > ?1")?
-        .query_row([after + super::EPSILON], |r| r.get(0))
+        .query_row([after + EPSILON], |r| r.get(0))
 }
 
 /// What a parked run waits for.
@@ -350,56 +329,6 @@ pub fn parked_wait(conn: &Connection, run_id: &str) -> rusqlite::Result<Option<W
         })
     })
     .optional()
-}
-
-/// The durable primitives' operations on a store (EXT-1 … EXT-12). Every
-/// write an attempt makes is fenced on it owning the run where the store
-/// shares runs between machines.
-pub trait DurableStore {
-    /// Journals a wait's `value` under `key` (first write wins) with, when
-    /// `timer` is given, the timer `(step_key, wake_at)`, in one commit;
-    /// returns the stored value when an earlier write won.
-    fn commit_wait(
-        &self,
-        rid: i64,
-        key: &str,
-        value: &str,
-        timer: Option<(&str, Option<f64>)>,
-    ) -> CoreResult<Option<String>>;
-    /// Records that a wait began (and, with `wake_at`, its timer).
-    fn insert_timer(&self, rid: i64, key: &str, wake_at: Option<f64>) -> CoreResult<()>;
-    /// Removes a satisfied wait's timer; returns when the wait began.
-    fn take_timer(&self, rid: i64, key: &str) -> CoreResult<Option<f64>>;
-    fn signal_at(&self, rid: i64, name: &str, seq: i64) -> CoreResult<Option<String>>;
-    /// Signals of `name` after sequence number `seq`, in send order.
-    fn signals_after(&self, rid: i64, name: &str, seq: i64) -> CoreResult<Vec<(i64, String)>>;
-    fn last_signal_id(&self, rid: i64) -> CoreResult<i64>;
-    /// EXT-3: appends a signal in one commit; returns its sequence number.
-    fn send_signal(&self, run_id: &str, name: &str, value_json: &str) -> CoreResult<i64>;
-    /// EXT-10: cancels a parked (or orphaned) run at once, else records the
-    /// request for the attempt executing it.
-    fn request_cancel(
-        &self,
-        run_id: &str,
-        reason: Option<&str>,
-        live: crate::store::LeaseCheck<'_>,
-    ) -> CoreResult<CancelOutcome>;
-    /// EXT-2: the runs a worker should continue now, at most `limit`.
-    fn due_runs(
-        &self,
-        now: f64,
-        limit: usize,
-        live: crate::store::LeaseCheck<'_>,
-    ) -> CoreResult<Vec<DueRun>>;
-    /// The earliest wake time of a parked run after `after`.
-    fn next_wake(&self, after: f64) -> CoreResult<Option<f64>>;
-    /// What a parked run waits for.
-    fn parked_wait(&self, run_id: &str) -> CoreResult<Option<WaitRow>>;
-    /// A value that changes when another connection commits to the store.
-    fn change_marker(&self) -> CoreResult<i64>;
-    /// Gives up `owner`'s leases: each run is left `running` with no
-    /// holder, which `due_runs` recovers.
-    fn release_leases(&self, owner: &str) -> CoreResult<usize>;
 }
 
 impl DurableStore for crate::store::sqlite::SqliteStore {

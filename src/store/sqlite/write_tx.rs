@@ -4,7 +4,7 @@
 //! cache hashes each text on every lookup and return, which costs every
 //! commit a measurable share of its time.
 
-use super::statements::Statements;
+use crate::store::sqlite::statements::Statements;
 use rusqlite::Connection;
 
 pub struct WriteTx<'c> {
@@ -47,7 +47,7 @@ impl Drop for WriteTx<'_> {
 #[cfg(test)]
 mod tests {
     use super::WriteTx;
-    use crate::store::statements::Statements;
+    use crate::store::sqlite::statements::Statements;
     use rusqlite::Connection;
 
     fn count(c: &Connection) -> i64 {

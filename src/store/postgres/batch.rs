@@ -7,11 +7,11 @@
 //! attempt (settlement, answers, waits, fenced steps) comes after its
 //! earlier steps in the store.
 
-use super::postgres::{moved, owner, step_sql, PgInner};
-use super::slot::Slot;
-use super::SpanRecord;
 use crate::error::{CoreError, CoreResult};
 use crate::runtime::runtime;
+use crate::store::postgres::{moved, owner, step_sql, PgInner};
+use crate::store::slot::Slot;
+use crate::store::SpanRecord;
 use futures_util::future::join_all;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -5,9 +5,9 @@
 //! engine's tables; `search_runs` maintains the derived full-text index
 //! (`span_fts`), which the engine never reads or writes.
 
-use super::sqlite::{read_pending, read_run_row};
-use super::{InterruptRow, RunRow, UsageRow};
 use crate::ids::read_id;
+use crate::store::sqlite::{read_pending, read_run_row};
+use crate::store::{InterruptRow, RunRow, UsageRow};
 use crate::trace::RenderSpan;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{params, Connection, OptionalExtension, ToSql, Transaction, TransactionBehavior};
@@ -429,7 +429,7 @@ fn read_trace(
                 started_at: r.get(4)?,
                 ended_at: r.get(5)?,
                 status: r.get(6)?,
-                replayed: flags & super::slot::FLAG_REPLAYED != 0,
+                replayed: flags & crate::store::slot::FLAG_REPLAYED != 0,
                 error_type,
                 error_message,
                 usage,

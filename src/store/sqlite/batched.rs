@@ -6,12 +6,12 @@
 //! them with multi-row statements; the rows are the ones a journal write
 //! and a `SpanRecord` of the same step would write.
 
-use super::multirow::{self, MultiRow};
-use super::slot::{Slot, FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
-use super::sqlite::trace_tid;
-use super::statements::Statements;
-use super::SpanRow;
 use crate::ids::{encode_id, StoredId};
+use crate::store::slot::{Slot, FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
+use crate::store::spans::SpanView;
+use crate::store::sqlite::multirow::{self, MultiRow};
+use crate::store::sqlite::statements::Statements;
+use crate::store::sqlite::trace_tid;
 use rusqlite::Connection;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -51,72 +51,6 @@ struct StepSpan {
     started_at: f64,
     ended_at: Option<f64>,
     flags: i64,
-}
-
-/// A step's span without attributes, usage or error, its output none or
-/// the journaled value, borrowed from its maker (a task step builds no
-/// `SpanRow` for it under batch durability).
-#[derive(Clone, Copy)]
-pub struct SpanView<'a> {
-    pub span_id: &'a str,
-    pub parent_span_id: Option<&'a str>,
-    pub kind: &'a str,
-    pub name: &'a str,
-    pub started_at: f64,
-    pub ended_at: Option<f64>,
-    pub status: &'a str,
-    pub replayed: bool,
-    pub step_key: Option<&'a str>,
-    pub input_json: Option<&'a str>,
-    /// The output is the step's journaled value.
-    pub output: bool,
-}
-
-impl<'a> SpanView<'a> {
-    /// The view of `span` of a step journaling `value`, when it has no
-    /// attributes, usage or error, and no output or the journaled one.
-    pub fn of(span: &'a SpanRow, value: &str) -> Option<SpanView<'a>> {
-        let plain = span.attributes_json.is_none()
-            && span.usage.is_none()
-            && span.error_json.is_none()
-            && match &span.output_json {
-                None => true,
-                Some(out) => span.step_key.is_some() && out == value,
-            };
-        plain.then(|| SpanView {
-            span_id: &span.span_id,
-            parent_span_id: span.parent_span_id.as_deref(),
-            kind: &span.kind,
-            name: &span.name,
-            started_at: span.started_at,
-            ended_at: span.ended_at,
-            status: &span.status,
-            replayed: span.replayed,
-            step_key: span.step_key.as_deref(),
-            input_json: span.input_json.as_deref(),
-            output: span.output_json.is_some(),
-        })
-    }
-
-    /// The same span as a row, its output `value` when it has one.
-    pub fn to_row(&self, value: &str) -> SpanRow {
-        SpanRow {
-            span_id: self.span_id.to_owned(),
-            parent_span_id: self.parent_span_id.map(str::to_owned),
-            kind: self.kind.to_owned(),
-            name: self.name.to_owned(),
-            started_at: self.started_at,
-            ended_at: self.ended_at,
-            status: self.status.to_owned(),
-            replayed: self.replayed,
-            step_key: self.step_key.map(str::to_owned),
-            attributes_json: None,
-            usage: None,
-            error_json: None,
-            input_json: self.input_json.map(str::to_owned),
-            output_json: self.output.then(|| value.to_owned()),
-        }
-    }
 }
 
 impl BatchedSteps {
@@ -366,9 +300,10 @@ pub(crate) fn insert_spans(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::multirow::stored_rows;
+    use crate::store::sqlite::multirow::stored_rows;
     use crate::store::sqlite::{insert_span, open_connection};
     use crate::store::SpanRecord;
+    use crate::store::SpanRow;
 
     #[test]
     fn multi_row_inserts_store_the_rows_of_the_general_inserts() {
@@ -449,7 +384,7 @@ mod tests {
                 insert_spans(&conn, &mut traces, &mut statements, &batch, &with_span).unwrap();
             } else {
                 for (rid, key, value, span) in &steps {
-                    super::super::sqlite::insert_journal(&conn, *rid, key, value).unwrap();
+                    crate::store::sqlite::insert_journal(&conn, *rid, key, value).unwrap();
                     if let Some((t, s)) = span {
                         let rec = SpanRecord {
                             trace_id: t.to_string(),

@@ -1,16 +1,16 @@
 //! The `compose` CLI's queries on a PostgreSQL store (STORE-2): the same
 //! rows as `query` reads from SQLite, so every command prints the same.
 
-use super::postgres::{read_run, PgStore, RUN_COLUMNS};
-use super::query::{
-    model_attribute, parse_error, CostBucket, CostsBy, LocalDates, Resolved, RunFilter, RunSummary,
-    StoredSpan,
-};
-use super::{InterruptRow, RunRow, UsageRow};
 use crate::error::CoreResult;
 use crate::ids::decode_id;
 use crate::runtime::block_on;
+use crate::store::postgres::{read_run, PgStore, RUN_COLUMNS};
 use crate::store::slot::FLAG_REPLAYED;
+use crate::store::sqlite::query::{
+    model_attribute, parse_error, CostBucket, CostsBy, LocalDates, Resolved, RunFilter, RunSummary,
+    StoredSpan,
+};
+use crate::store::{InterruptRow, RunRow, UsageRow};
 use crate::trace::RenderSpan;
 use std::collections::HashMap;
 use tokio_postgres::types::ToSql;

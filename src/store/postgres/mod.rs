@@ -8,17 +8,17 @@
 //! one statement, hence one round trip; spans queued before it travel in the
 //! same pipelined batch.
 
-use super::url::{PgUrl, SslMode};
-use super::{
-    chat::ChatRow, AgentStateRow, InterruptRow, LeaseCheck, NewRun, PriorSpend, RunRow, Settlement,
-    SpanRecord, Store,
-};
 use crate::error::{CoreError, CoreResult};
-use crate::graph::store::GraphWork;
 use crate::ids::{decode_id, encode_id, StoredId};
 use crate::runtime::{block_on, runtime};
+use crate::store::graph::GraphWork;
 use crate::store::slot::{Slot, FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
 use crate::store::takeover::Takeover;
+use crate::store::url::{PgUrl, SslMode};
+use crate::store::{
+    AgentStateRow, ChatRow, InterruptRow, LeaseCheck, NewRun, PriorSpend, RunRow, Settlement,
+    SpanRecord, Store,
+};
 use crate::time::now;
 use deadpool_postgres::GenericClient;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
@@ -29,8 +29,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio_postgres::types::ToSql;
 
+mod batch;
 mod driven;
+mod ext;
 pub mod listen;
+pub mod query;
+pub mod queue;
 
 /// Schema step 4 (idempotent): how often each run was recovered since it
 /// last settled (STORE-12), and the holders whose lease of a run was taken
@@ -136,8 +140,8 @@ CREATE TABLE cancel_requests(
 /// every step above `v`.
 const MIGRATIONS: [(i32, &str); 4] = [
     (1, PG_SCHEMA_V1),
-    (2, super::postgres_ext::PG_SCHEMA_V2),
-    (3, crate::queue::schema::PG_QUEUE_SCHEMA),
+    (2, crate::store::postgres::ext::PG_SCHEMA_V2),
+    (3, queue::PG_QUEUE_SCHEMA),
     (4, LEASE_SCHEMA),
 ];
 
@@ -178,7 +182,7 @@ pub struct PgInner {
     pub(super) spans: Mutex<Vec<SpanRecord>>,
     flush_armed: AtomicBool,
     /// Batch durability's waiting journal rows (`postgres_batch`).
-    pub(super) batch: super::postgres_batch::Batch,
+    pub(super) batch: crate::store::postgres::batch::Batch,
     /// Held by the background span write from taking the queued spans until
     /// they are written, so a `flush` meanwhile waits for them.
     span_writing: tokio::sync::Mutex<()>,
@@ -494,8 +498,8 @@ mod tls {
     //! rustls for libpq's `sslmode`/`sslrootcert` (see `connector`):
     //! `verify-ca` checks the chain, `verify-full` the chain and the host
     //! name (or IP address).
-    use super::super::url::{PgUrl, SslMode};
     use crate::error::{CoreError, CoreResult};
+    use crate::store::url::{PgUrl, SslMode};
     use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
     use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
     use rustls::{DigitallySignedStruct, Error, SignatureScheme};
@@ -925,7 +929,7 @@ impl PgInner {
         if n == 0 {
             return Err(moved(tx, rid).await);
         }
-        super::postgres_ext::on_settle(tx, rid, &s.status, s.wait.as_ref())
+        crate::store::postgres::ext::on_settle(tx, rid, &s.status, s.wait.as_ref())
             .await
             .map_err(self.err())?;
         for p in &s.pending {
@@ -1224,7 +1228,7 @@ impl Store for PgStore {
             )
             .await
             .map_err(self.err())?;
-            super::postgres_ext::on_acquire(&tx, run.rid)
+            crate::store::postgres::ext::on_acquire(&tx, run.rid)
                 .await
                 .map_err(self.err())?;
             let journal = tx
@@ -1408,7 +1412,7 @@ impl Store for PgStore {
                 "DELETE FROM runs WHERE rid = $1",
             ]
             .into_iter()
-            .chain(super::postgres_ext::DELETE_DURABLE)
+            .chain(crate::store::postgres::ext::DELETE_DURABLE)
             {
                 tx.execute(sql, &[&rid]).await.map_err(self.err())?;
             }

@@ -3,20 +3,9 @@
 //! A row is written only after a completed send; `created_at` is the chat's
 //! own (kept on every later upsert), `updated_at` is stamped here.
 
+use crate::store::ChatRow;
 use crate::time::now;
 use rusqlite::{params, Connection, OptionalExtension};
-
-/// A `chats` row.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ChatRow {
-    pub chat_id: String,
-    pub agent_name: String,
-    pub system: Option<String>,
-    pub model: Option<String>,
-    pub messages_json: String,
-    pub created_at: f64,
-    pub updated_at: f64,
-}
 
 /// Inserts or replaces the chat's row; the first `created_at` stays.
 pub fn upsert(conn: &Connection, chat: &ChatRow) -> rusqlite::Result<()> {

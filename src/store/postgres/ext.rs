@@ -6,17 +6,17 @@
 //! the same statement (the `FENCE` CTE) or the same transaction (a
 //! `FOR SHARE` read of the run row first), as the journal is (STORE-11).
 
-use super::postgres::{
-    insert_run_err, insert_run_params, moved, owner, PgInner, PgStore, FENCE, INSERT_RUN,
-};
-use super::{LeaseCheck, NewRun, RunRow, Settlement};
 use crate::clock;
-use crate::durable::store::{CancelOutcome, DueRun, DurableStore};
 use crate::durable::{WaitRow, EPSILON};
 use crate::error::{CoreError, CoreResult};
 use crate::graph::checkpoint::{Row, Thread};
-use crate::graph::store::{GraphTx, GraphWork};
 use crate::runtime::block_on;
+use crate::store::durable::{CancelOutcome, DueRun, DurableStore};
+use crate::store::graph::{GraphTx, GraphWork};
+use crate::store::postgres::{
+    insert_run_err, insert_run_params, moved, owner, PgInner, PgStore, FENCE, INSERT_RUN,
+};
+use crate::store::{LeaseCheck, NewRun, RunRow, Settlement};
 use crate::time::now;
 use deadpool_postgres::GenericClient;
 use serde_json::{json, Value};

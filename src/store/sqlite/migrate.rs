@@ -1,9 +1,9 @@
 //! Schema creation and forward migration of composeai 0.11.0 stores.
 
-use super::sqlite::{insert_span, SCHEMA, SCHEMA_VERSION};
-use super::statements::Statements;
-use super::{SpanRecord, SpanRow, UsageRow};
 use crate::error::{AtPath, CoreError, CoreResult};
+use crate::store::sqlite::statements::Statements;
+use crate::store::sqlite::{insert_span, SCHEMA, SCHEMA_VERSION};
+use crate::store::{SpanRecord, SpanRow, UsageRow};
 use rusqlite::Connection;
 use std::collections::HashMap;
 
@@ -101,24 +101,24 @@ pub fn bring_up_to_date(conn: &Connection, path: &str, version: i64) -> CoreResu
     }
     // Additive steps, each applied once to a store older than it.
     if version < 4 {
-        crate::durable::schema::apply(conn, path)?;
+        crate::store::sqlite::durable_schema::apply(conn, path)?;
     }
-    if version < crate::graph::schema::VERSION {
-        conn.execute_batch(crate::graph::schema::GRAPH_SCHEMA)
+    if version < crate::store::sqlite::graph_schema::VERSION {
+        conn.execute_batch(crate::store::sqlite::graph_schema::GRAPH_SCHEMA)
             .at(path)?;
     }
-    if version < crate::queue::schema::SQLITE_VERSION {
-        crate::queue::schema::apply_sqlite(conn, path)?;
+    if version < crate::store::sqlite::queue_schema::SQLITE_VERSION {
+        crate::store::sqlite::queue_schema::apply_sqlite(conn, path)?;
     }
     if version < LEASE_SCHEMA_VERSION {
         conn.execute_batch(LEASE_SCHEMA).at(path)?;
     }
-    if version < crate::durable::schema::ACTIVE_RUNS_VERSION {
-        conn.execute_batch(crate::durable::schema::ACTIVE_RUNS_SCHEMA)
+    if version < crate::store::sqlite::durable_schema::ACTIVE_RUNS_VERSION {
+        conn.execute_batch(crate::store::sqlite::durable_schema::ACTIVE_RUNS_SCHEMA)
             .at(path)?;
     }
-    if version < crate::graph::schema::STEPS_VERSION {
-        crate::graph::schema::apply_steps(conn, path)?;
+    if version < crate::store::sqlite::graph_schema::STEPS_VERSION {
+        crate::store::sqlite::graph_schema::apply_steps(conn, path)?;
     }
     conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
         .at(path)?;
@@ -315,7 +315,7 @@ mod tests {
     use super::*;
     use crate::owner::owner_id;
     use crate::run::Attempt;
-    use crate::store::query::trace_spans;
+    use crate::store::sqlite::query::trace_spans;
     use crate::store::sqlite::{open_connection, SqliteStore};
     use crate::store::{NewRun, SpanRow, Store};
     use std::sync::Arc;
