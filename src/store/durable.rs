@@ -3,6 +3,7 @@
 //! each backend implements.
 
 use crate::error::CoreResult;
+use crate::store::takeover::LeaseCheck;
 
 /// How often a running attempt looks for a cancel request at its step
 /// boundaries, and how often a blocked wait polls the store.
@@ -78,15 +79,10 @@ pub trait DurableStore {
         &self,
         run_id: &str,
         reason: Option<&str>,
-        live: crate::store::LeaseCheck<'_>,
+        live: LeaseCheck<'_>,
     ) -> CoreResult<CancelOutcome>;
     /// EXT-2: the runs a worker should continue now, at most `limit`.
-    fn due_runs(
-        &self,
-        now: f64,
-        limit: usize,
-        live: crate::store::LeaseCheck<'_>,
-    ) -> CoreResult<Vec<DueRun>>;
+    fn due_runs(&self, now: f64, limit: usize, live: LeaseCheck<'_>) -> CoreResult<Vec<DueRun>>;
     /// The earliest wake time of a parked run after `after`.
     fn next_wake(&self, after: f64) -> CoreResult<Option<f64>>;
     /// What a parked run waits for.

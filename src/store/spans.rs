@@ -3,8 +3,8 @@
 //! a task step's span read back.
 
 use crate::journal::StepKey;
+use crate::store::rows::{SpanRecord, SpanRow};
 use crate::store::slot::{FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
-use crate::store::{SpanRecord, SpanRow};
 use std::borrow::Cow;
 use std::sync::Arc;
 

@@ -36,3 +36,6 @@ pub fn moved(run_id: &str) -> CoreError {
          it does from now on is stored -- the new owner continues the run"
     ))
 }
+
+/// Decides whether a lease held by `owner` until `until` is still live.
+pub type LeaseCheck<'a> = &'a dyn Fn(&str, f64) -> bool;

@@ -7,12 +7,10 @@
 //! `FOR SHARE` read of the run row first), as the journal is (STORE-11).
 
 use crate::clock;
-use crate::durable::{WaitRow, EPSILON};
 use crate::error::{CoreError, CoreResult};
-use crate::graph::checkpoint::{Row, Thread};
 use crate::runtime::block_on;
-use crate::store::durable::{CancelOutcome, DueRun, DurableStore};
-use crate::store::graph::{GraphTx, GraphWork};
+use crate::store::durable::{CancelOutcome, DueRun, DurableStore, WaitRow, EPSILON};
+use crate::store::graph::{GraphTx, GraphWork, Row, Thread};
 use crate::store::postgres::{
     insert_run_err, insert_run_params, moved, owner, PgInner, PgStore, FENCE, INSERT_RUN,
 };
@@ -642,7 +640,7 @@ fn read_thread(r: &tokio_postgres::Row) -> Thread {
 }
 
 fn now_ms() -> i64 {
-    crate::graph::checkpoint::now_ms()
+    crate::store::graph::now_ms()
 }
 
 impl<C: GenericClient> PgGraph<'_, C> {

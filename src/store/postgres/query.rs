@@ -5,13 +5,13 @@ use crate::error::CoreResult;
 use crate::ids::decode_id;
 use crate::runtime::block_on;
 use crate::store::postgres::{read_run, PgStore, RUN_COLUMNS};
+use crate::store::query::RenderSpan;
 use crate::store::slot::FLAG_REPLAYED;
 use crate::store::sqlite::query::{
     model_attribute, parse_error, CostBucket, CostsBy, LocalDates, Resolved, RunFilter, RunSummary,
     StoredSpan,
 };
 use crate::store::{InterruptRow, RunRow, UsageRow};
-use crate::trace::RenderSpan;
 use std::collections::HashMap;
 use tokio_postgres::types::ToSql;
 

@@ -314,10 +314,10 @@ fn migrate_spans(conn: &Connection, path: &str) -> CoreResult<()> {
 mod tests {
     use super::*;
     use crate::owner::owner_id;
-    use crate::run::Attempt;
     use crate::store::sqlite::query::trace_spans;
     use crate::store::sqlite::{open_connection, SqliteStore};
-    use crate::store::{NewRun, SpanRow, Store};
+    use crate::store::takeover::Takeover;
+    use crate::store::{NewRun, SpanRecord, SpanRow, Store};
     use std::sync::Arc;
 
     use crate::test_dir::Dir;
@@ -374,10 +374,20 @@ mod tests {
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
         assert_eq!(user_version(&path), SCHEMA_VERSION);
         // B, resumed, keeps its trace's row; a new run owns its trace.
-        let b = Attempt::resume(store.clone(), "B").unwrap();
-        b.commit("t#2", "2", Some(span("B2", "t#2")), None).unwrap();
-        let c = Attempt::start(store.clone(), new_run("C")).unwrap();
-        c.commit("t#1", "1", Some(span("C1", "t#1")), None).unwrap();
+        let commit = |rid: i64, trace: &str, key: &str, id: &str| {
+            let record = SpanRecord::of_step(trace, rid, span(id, key), Some("1"));
+            store.commit_step(rid, key, "1", Some(record)).unwrap();
+        };
+        let live = |_: &str, _: f64| false;
+        store
+            .acquire("B", owner_id(), 1e12, &live, Takeover::Manual)
+            .unwrap();
+        commit(rid, "TB", "t#2", "B2");
+        let c_rid = store
+            .create_run(&new_run("C"), owner_id(), 1e12)
+            .unwrap()
+            .rid;
+        commit(c_rid, "TC", "t#1", "C1");
         store.flush().unwrap();
 
         let conn = open_connection(&path, false).unwrap();
@@ -394,7 +404,6 @@ mod tests {
                 r.get(0)
             })
             .unwrap();
-        let c_rid = c.rid().unwrap();
         assert_eq!(tids(rid), [tb, tb]);
         assert_eq!(tids(c_rid), [-c_rid]);
         let ids = |rid: i64, trace: &str| -> Vec<String> {

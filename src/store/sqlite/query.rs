@@ -6,9 +6,9 @@
 //! (`span_fts`), which the engine never reads or writes.
 
 use crate::ids::read_id;
+use crate::store::query::RenderSpan;
 use crate::store::sqlite::{read_pending, read_run_row};
 use crate::store::{InterruptRow, RunRow, UsageRow};
-use crate::trace::RenderSpan;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{params, Connection, OptionalExtension, ToSql, Transaction, TransactionBehavior};
 use std::collections::HashMap;
