@@ -1,10 +1,10 @@
 //! The wait decision of an attempt: sleep, receive, receive_all.
 
-use super::{WaitRow, EPSILON, POLL};
 use crate::clock;
 use crate::error::{CoreError, CoreResult};
 use crate::journal::Fence;
 use crate::run::Attempt;
+use crate::store::durable::{WaitRow, EPSILON, POLL};
 use crate::store::InterruptRow;
 use std::sync::Arc;
 use std::time::Instant;
