@@ -475,8 +475,8 @@ impl Attempt {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::durable::CancelOutcome;
     use crate::owner::owner_id;
+    use crate::store::durable::CancelOutcome;
     use crate::store::sqlite::durable::{due_runs, request_cancel, send_signal};
     use crate::store::sqlite::SqliteStore;
     use crate::store::{NewRun, Settlement, Store};

@@ -4,8 +4,8 @@
 
 use super::errors::to_py;
 use super::errors::IntoPy;
+use super::rows::{interrupt_tuple, PendingTuple};
 use super::spans::span_from_py;
-use super::store::{interrupt_tuple, PendingTuple};
 use crate::journal::Fence;
 use crate::run::{Attempt, Commit};
 use crate::store::{AgentStateRow, InterruptRow, Settlement};

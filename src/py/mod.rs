@@ -10,6 +10,7 @@ mod graph;
 mod offloop;
 mod query;
 mod queue;
+mod rows;
 mod spans;
 mod step;
 mod store;
