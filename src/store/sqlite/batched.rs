@@ -10,8 +10,8 @@ use crate::ids::{encode_id, StoredId};
 use crate::store::slot::{Slot, FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
 use crate::store::spans::SpanView;
 use crate::store::sqlite::multirow::{self, MultiRow};
+use crate::store::sqlite::rows::trace_tid;
 use crate::store::sqlite::statements::Statements;
-use crate::store::sqlite::trace_tid;
 use rusqlite::Connection;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -301,7 +301,8 @@ pub(crate) fn insert_spans(
 mod tests {
     use super::*;
     use crate::store::sqlite::multirow::stored_rows;
-    use crate::store::sqlite::{insert_span, open_connection};
+    use crate::store::sqlite::open::open_connection;
+    use crate::store::sqlite::rows::insert_span;
     use crate::store::SpanRecord;
     use crate::store::SpanRow;
 
@@ -384,7 +385,7 @@ mod tests {
                 insert_spans(&conn, &mut traces, &mut statements, &batch, &with_span).unwrap();
             } else {
                 for (rid, key, value, span) in &steps {
-                    crate::store::sqlite::insert_journal(&conn, *rid, key, value).unwrap();
+                    crate::store::sqlite::rows::insert_journal(&conn, *rid, key, value).unwrap();
                     if let Some((t, s)) = span {
                         let rec = SpanRecord {
                             trace_id: t.to_string(),

@@ -239,7 +239,7 @@ extern "C" fn on_commit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::sqlite::open_connection;
+    use crate::store::sqlite::open::open_connection;
 
     /// Commits of one 3,000-byte row each until `until` holds (at most
     /// `max` commits); whether it did.

@@ -3,7 +3,7 @@
 
 use crate::clock;
 use crate::error::{AtPath, CoreError, CoreResult};
-use crate::store::durable::{CancelOutcome, DueRun, DurableStore, WaitRow, EPSILON};
+use crate::store::durable::{CancelOutcome, DueRun, WaitRow, EPSILON};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 const TERMINAL: [&str; 3] = ["completed", "failed", "cancelled"];
@@ -329,111 +329,4 @@ pub fn parked_wait(conn: &Connection, run_id: &str) -> rusqlite::Result<Option<W
         })
     })
     .optional()
-}
-
-impl DurableStore for crate::store::sqlite::SqliteStore {
-    fn commit_wait(
-        &self,
-        rid: i64,
-        key: &str,
-        value: &str,
-        timer: Option<(&str, Option<f64>)>,
-    ) -> CoreResult<Option<String>> {
-        let path = crate::store::Store::path(self).to_string();
-        self.with_conn(|c| {
-            let tx = c
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .at(&path)?;
-            // Fenced (STORE-11): nothing is written once the run moved on.
-            if let Some(run_id) = crate::store::sqlite::moved_away(&tx, rid).at(&path)? {
-                return Err(crate::store::takeover::moved(&run_id));
-            }
-            let winner = crate::store::sqlite::insert_journal(&tx, rid, key, value).at(&path)?;
-            if let Some((k, wake)) = timer {
-                insert_timer(&tx, rid, k, wake).at(&path)?;
-            }
-            tx.commit().at(&path)?;
-            Ok(winner)
-        })
-    }
-
-    fn insert_timer(&self, rid: i64, key: &str, wake_at: Option<f64>) -> CoreResult<()> {
-        let path = crate::store::Store::path(self);
-        self.with_conn(|c| insert_timer(c, rid, key, wake_at).at(path))
-    }
-
-    fn take_timer(&self, rid: i64, key: &str) -> CoreResult<Option<f64>> {
-        let path = crate::store::Store::path(self);
-        self.with_conn(|c| take_timer(c, rid, key).at(path))
-    }
-
-    fn signal_at(&self, rid: i64, name: &str, seq: i64) -> CoreResult<Option<String>> {
-        let path = crate::store::Store::path(self);
-        self.with_conn(|c| signal_at(c, rid, name, seq).at(path))
-    }
-
-    fn signals_after(&self, rid: i64, name: &str, seq: i64) -> CoreResult<Vec<(i64, String)>> {
-        let path = crate::store::Store::path(self);
-        self.with_conn(|c| signals_after(c, rid, name, seq).at(path))
-    }
-
-    fn last_signal_id(&self, rid: i64) -> CoreResult<i64> {
-        let path = crate::store::Store::path(self);
-        self.with_conn(|c| last_signal_id(c, rid).at(path))
-    }
-
-    fn send_signal(&self, run_id: &str, name: &str, value_json: &str) -> CoreResult<i64> {
-        let path = crate::store::Store::path(self);
-        self.with_conn(|c| send_signal(c, path, run_id, name, value_json))
-    }
-
-    fn request_cancel(
-        &self,
-        run_id: &str,
-        reason: Option<&str>,
-        live: crate::store::LeaseCheck<'_>,
-    ) -> CoreResult<CancelOutcome> {
-        let path = crate::store::Store::path(self);
-        self.with_conn(|c| request_cancel(c, path, run_id, reason, live))
-    }
-
-    fn due_runs(
-        &self,
-        now: f64,
-        limit: usize,
-        live: crate::store::LeaseCheck<'_>,
-    ) -> CoreResult<Vec<DueRun>> {
-        let path = crate::store::Store::path(self);
-        self.with_conn(|c| due_runs(c, now, limit, live).at(path))
-    }
-
-    fn next_wake(&self, after: f64) -> CoreResult<Option<f64>> {
-        let path = crate::store::Store::path(self);
-        self.with_conn(|c| next_wake(c, after).at(path))
-    }
-
-    fn parked_wait(&self, run_id: &str) -> CoreResult<Option<WaitRow>> {
-        let path = crate::store::Store::path(self);
-        self.with_conn(|c| parked_wait(c, run_id).at(path))
-    }
-
-    fn change_marker(&self) -> CoreResult<i64> {
-        let path = crate::store::Store::path(self);
-        self.with_conn(|c| {
-            c.query_row("PRAGMA data_version", [], |r| r.get::<_, i64>(0))
-                .at(path)
-        })
-    }
-
-    fn release_leases(&self, owner: &str) -> CoreResult<usize> {
-        let path = crate::store::Store::path(self);
-        self.with_conn(|c| {
-            c.execute(
-                "UPDATE runs SET status = 'running', lease_owner = NULL, lease_until = NULL \
-                 WHERE lease_owner = ?1",
-                [owner],
-            )
-            .at(path)
-        })
-    }
 }

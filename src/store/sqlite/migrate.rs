@@ -1,8 +1,10 @@
 //! Schema creation and forward migration of composeai 0.11.0 stores.
 
 use crate::error::{AtPath, CoreError, CoreResult};
+use crate::store::sqlite::rows::insert_span;
+use crate::store::sqlite::schema::SCHEMA;
+use crate::store::sqlite::schema::SCHEMA_VERSION;
 use crate::store::sqlite::statements::Statements;
-use crate::store::sqlite::{insert_span, SCHEMA, SCHEMA_VERSION};
 use crate::store::{SpanRecord, SpanRow, UsageRow};
 use rusqlite::Connection;
 use std::collections::HashMap;
@@ -308,130 +310,4 @@ fn migrate_spans(conn: &Connection, path: &str) -> CoreResult<()> {
         insert_span(conn, &mut traces, &mut statements, &rec).at(path)?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::owner::owner_id;
-    use crate::store::sqlite::query::trace_spans;
-    use crate::store::sqlite::{open_connection, SqliteStore};
-    use crate::store::takeover::Takeover;
-    use crate::store::{NewRun, SpanRecord, SpanRow, Store};
-    use std::sync::Arc;
-
-    use crate::test_dir::Dir;
-
-    fn new_run(run_id: &str) -> NewRun {
-        NewRun {
-            run_id: run_id.into(),
-            trace_id: format!("T{run_id}"),
-            kind: "flow".into(),
-            name: "f".into(),
-            ..NewRun::default()
-        }
-    }
-
-    fn span(id: &str, key: &str) -> SpanRow {
-        SpanRow {
-            span_id: id.into(),
-            kind: "task".into(),
-            name: "t".into(),
-            status: "ok".into(),
-            step_key: Some(key.into()),
-            ..Default::default()
-        }
-    }
-
-    fn user_version(path: &str) -> i64 {
-        Connection::open(path)
-            .unwrap()
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .unwrap()
-    }
-
-    #[test]
-    fn a_version_9_store_is_brought_up_and_its_traces_rows_kept() {
-        let dir = Dir::new();
-        let path = dir.db();
-        let rid = SqliteStore::open(&path)
-            .unwrap()
-            .create_run(&new_run("B"), owner_id(), 0.0)
-            .unwrap()
-            .rid;
-        // What version 9 wrote for B's first span.
-        Connection::open(&path)
-            .unwrap()
-            .execute_batch(&format!(
-                "INSERT INTO traces(trace_id) VALUES('TB'); \
-                 INSERT INTO spans(tid, rid, span_id, kind, name, started_at, status, flags) \
-                 VALUES((SELECT tid FROM traces WHERE trace_id = 'TB'), {rid}, 'B1', 'task', \
-                 't', 0.0, 'ok', 0); \
-                 PRAGMA user_version = 9;"
-            ))
-            .unwrap();
-
-        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
-        assert_eq!(user_version(&path), SCHEMA_VERSION);
-        // B, resumed, keeps its trace's row; a new run owns its trace.
-        let commit = |rid: i64, trace: &str, key: &str, id: &str| {
-            let record = SpanRecord::of_step(trace, rid, span(id, key), Some("1"));
-            store.commit_step(rid, key, "1", Some(record)).unwrap();
-        };
-        let live = |_: &str, _: f64| false;
-        store
-            .acquire("B", owner_id(), 1e12, &live, Takeover::Manual)
-            .unwrap();
-        commit(rid, "TB", "t#2", "B2");
-        let c_rid = store
-            .create_run(&new_run("C"), owner_id(), 1e12)
-            .unwrap()
-            .rid;
-        commit(c_rid, "TC", "t#1", "C1");
-        store.flush().unwrap();
-
-        let conn = open_connection(&path, false).unwrap();
-        let tids = |rid: i64| -> Vec<i64> {
-            conn.prepare("SELECT tid FROM spans WHERE rid = ?1 ORDER BY sid")
-                .unwrap()
-                .query_map([rid], |r| r.get(0))
-                .unwrap()
-                .collect::<rusqlite::Result<_>>()
-                .unwrap()
-        };
-        let tb: i64 = conn
-            .query_row("SELECT tid FROM traces WHERE trace_id = 'TB'", [], |r| {
-                r.get(0)
-            })
-            .unwrap();
-        assert_eq!(tids(rid), [tb, tb]);
-        assert_eq!(tids(c_rid), [-c_rid]);
-        let ids = |rid: i64, trace: &str| -> Vec<String> {
-            trace_spans(&conn, rid, trace)
-                .unwrap()
-                .into_iter()
-                .map(|s| s.span_id)
-                .collect()
-        };
-        assert_eq!(ids(rid, "TB"), ["B1", "B2"]);
-        assert_eq!(ids(c_rid, "TC"), ["C1"]);
-    }
-
-    #[test]
-    fn a_store_of_a_newer_version_is_refused_and_left_alone() {
-        let dir = Dir::new();
-        let path = dir.db();
-        drop(SqliteStore::open(&path).unwrap());
-        let newer = SCHEMA_VERSION + 1;
-        Connection::open(&path)
-            .unwrap()
-            .execute_batch(&format!("PRAGMA user_version = {newer}"))
-            .unwrap();
-        let err = SqliteStore::open(&path).err().unwrap().to_string();
-        assert!(
-            err.contains(&format!("schema version {newer}, newer")),
-            "{err}"
-        );
-        assert_eq!(user_version(&path), newer);
-    }
 }

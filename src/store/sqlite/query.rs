@@ -7,7 +7,8 @@
 
 use crate::ids::read_id;
 use crate::store::query::RenderSpan;
-use crate::store::sqlite::{read_pending, read_run_row};
+use crate::store::sqlite::rows::read_pending;
+use crate::store::sqlite::rows::read_run_row;
 use crate::store::{InterruptRow, RunRow, UsageRow};
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{params, Connection, OptionalExtension, ToSql, Transaction, TransactionBehavior};
@@ -732,7 +733,8 @@ pub fn llm_costs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::sqlite::{open_connection, SqliteStore};
+    use crate::store::sqlite::open::open_connection;
+    use crate::store::sqlite::store::SqliteStore;
     use crate::store::{NewRun, Settlement, SpanRecord, SpanRow, Store};
 
     use crate::test_dir::Dir;

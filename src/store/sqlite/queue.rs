@@ -6,7 +6,7 @@ use crate::store::queue::{
     allowance, claim_order, dedup_taken, window, Claimed, Claimer, Limits, Placement, QueueStats,
     QueueStore,
 };
-use crate::store::sqlite::SqliteStore;
+use crate::store::sqlite::store::SqliteStore;
 use crate::store::{NewRun, RunRow, Store};
 use crate::time::now;
 use rusqlite::{params, OptionalExtension, TransactionBehavior};

@@ -65,8 +65,12 @@ pub(crate) fn insert_replayed(
                 tid
             }
             _ => {
-                let tid =
-                    crate::store::sqlite::trace_tid(tx, traces, &first.trace_id, Some(first.rid))?;
+                let tid = crate::store::sqlite::rows::trace_tid(
+                    tx,
+                    traces,
+                    &first.trace_id,
+                    Some(first.rid),
+                )?;
                 last_trace = Some((&first.trace_id, first.rid, tid));
                 tid
             }
@@ -143,7 +147,8 @@ mod tests {
     use super::*;
     use crate::journal::StepKey;
     use crate::store::sqlite::multirow::stored_rows;
-    use crate::store::sqlite::{insert_span, open_connection};
+    use crate::store::sqlite::open::open_connection;
+    use crate::store::sqlite::rows::insert_span;
 
     #[test]
     fn multi_row_inserts_store_the_rows_of_the_general_insert() {
