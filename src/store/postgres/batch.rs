@@ -9,35 +9,19 @@
 
 use crate::error::{CoreError, CoreResult};
 use crate::runtime::runtime;
-use crate::store::postgres::{moved, owner, step_sql, PgInner};
+use crate::store::postgres::inner::PgInner;
+use crate::store::postgres::sql::{moved, owner, step_sql};
+use crate::store::postgres::state::Waiting;
 use crate::store::slot::Slot;
 use crate::store::SpanRecord;
 use futures_util::future::join_all;
-use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio_postgres::types::ToSql;
 
 /// How long a batched step may wait before the group-commit: half the
 /// 10 ms promised, leaving the rest for the commit itself.
 pub const BATCH_LATENCY: std::time::Duration = std::time::Duration::from_millis(5);
-
-struct Waiting {
-    rid: i64,
-    key: String,
-    value: String,
-    slot: Arc<Slot>,
-}
-
-/// The journal rows waiting for the group-commit.
-#[derive(Default)]
-pub struct Batch {
-    rows: Mutex<Vec<Waiting>>,
-    armed: AtomicBool,
-    /// Held from taking the rows until they are committed, so a `flush`
-    /// meanwhile waits for them (and rows stay in order).
-    writing: tokio::sync::Mutex<()>,
-}
 
 impl PgInner {
     /// Queues `value` under `key` for the group-commit (its span with the

@@ -11,111 +11,15 @@ use crate::error::{CoreError, CoreResult};
 use crate::runtime::block_on;
 use crate::store::durable::{CancelOutcome, DueRun, DurableStore, WaitRow, EPSILON};
 use crate::store::graph::{GraphTx, GraphWork, Row, Thread};
-use crate::store::postgres::{
-    insert_run_err, insert_run_params, moved, owner, PgInner, PgStore, FENCE, INSERT_RUN,
+use crate::store::postgres::inner::{insert_run_err, PgInner, PgStore};
+use crate::store::postgres::sql::{
+    exec, insert_run_params, moved, owner, rows, Params, FENCE, INSERT_RUN, TERMINAL,
 };
 use crate::store::{LeaseCheck, NewRun, RunRow, Settlement};
 use crate::time::now;
 use deadpool_postgres::GenericClient;
 use serde_json::{json, Value};
 use tokio_postgres::types::ToSql;
-
-/// Schema version 2: timers, signals, parked waits (EXT-1 … EXT-12) and
-/// the graph tables (EXT-30 … EXT-33), as on SQLite.
-pub const PG_SCHEMA_V2: &str = r#"
-CREATE TABLE IF NOT EXISTS timers(
-    rid BIGINT NOT NULL,
-    step_key TEXT NOT NULL,
-    wake_at DOUBLE PRECISION,
-    created_at DOUBLE PRECISION NOT NULL,
-    PRIMARY KEY(rid, step_key)
-);
-CREATE TABLE IF NOT EXISTS signals(
-    sid BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    rid BIGINT NOT NULL,
-    name TEXT NOT NULL,
-    seq BIGINT NOT NULL,
-    value_json TEXT NOT NULL,
-    created_at DOUBLE PRECISION NOT NULL,
-    UNIQUE(rid, name, seq)
-);
-CREATE TABLE IF NOT EXISTS waits(
-    rid BIGINT PRIMARY KEY,
-    step_key TEXT NOT NULL,
-    wake_at DOUBLE PRECISION,
-    signal_name TEXT,
-    signal_seq BIGINT,
-    after_sid BIGINT,
-    module TEXT
-);
-CREATE INDEX IF NOT EXISTS waits_by_wake ON waits(wake_at) WHERE wake_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS waits_on_signals ON waits(rid)
-    WHERE signal_name IS NOT NULL OR after_sid IS NOT NULL;
-CREATE INDEX IF NOT EXISTS runs_running ON runs(rid) WHERE status = 'running';
-CREATE INDEX IF NOT EXISTS runs_leased ON runs(rid) WHERE lease_owner IS NOT NULL;
-CREATE TABLE IF NOT EXISTS graph_threads(
-    thread_id TEXT PRIMARY KEY,
-    graph TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    head TEXT,
-    version BIGINT NOT NULL,
-    status TEXT NOT NULL,
-    run_id TEXT,
-    owner TEXT,
-    created_at_ms BIGINT NOT NULL,
-    updated_at_ms BIGINT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS graph_checkpoints(
-    checkpoint_id TEXT PRIMARY KEY,
-    thread_id TEXT,
-    rid BIGINT,
-    parent_id TEXT,
-    version BIGINT NOT NULL,
-    source TEXT NOT NULL,
-    status TEXT NOT NULL,
-    run_id TEXT,
-    step BIGINT NOT NULL,
-    created_at_ms BIGINT NOT NULL,
-    delta_json TEXT,
-    snapshot_json TEXT,
-    meta_json TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS graph_checkpoints_by_thread
-    ON graph_checkpoints(thread_id, version);
-CREATE INDEX IF NOT EXISTS graph_checkpoints_by_run ON graph_checkpoints(rid, version)
-    WHERE thread_id IS NULL;
-CREATE TABLE IF NOT EXISTS graph_audit(
-    aid BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    thread_id TEXT NOT NULL,
-    actor TEXT,
-    action TEXT NOT NULL,
-    checkpoint_id TEXT,
-    at_ms BIGINT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS graph_audit_by_thread ON graph_audit(thread_id, aid);
-"#;
-
-const TERMINAL: [&str; 3] = ["completed", "failed", "cancelled"];
-
-type Params<'a> = [&'a (dyn ToSql + Sync)];
-
-async fn rows<C: GenericClient>(
-    c: &C,
-    sql: &str,
-    p: &Params<'_>,
-) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-    let st = c.prepare_cached(sql).await?;
-    c.query(&st, p).await
-}
-
-async fn exec<C: GenericClient>(
-    c: &C,
-    sql: &str,
-    p: &Params<'_>,
-) -> Result<u64, tokio_postgres::Error> {
-    let st = c.prepare_cached(sql).await?;
-    c.execute(&st, p).await
-}
 
 /// Locks the run row against a takeover for the rest of the transaction;
 /// refuses when another attempt owns the run.
@@ -133,63 +37,6 @@ async fn fence_tx<C: GenericClient>(store: &PgInner, c: &C, rid: i64) -> CoreRes
     }
     Ok(())
 }
-
-/// In a settlement's transaction: the run's `waits` row is replaced by the
-/// one it parks on; a terminal run drops every durable row but its signals.
-pub(super) async fn on_settle<C: GenericClient>(
-    c: &C,
-    rid: i64,
-    status: &str,
-    wait: Option<&WaitRow>,
-) -> Result<(), tokio_postgres::Error> {
-    exec(c, "DELETE FROM waits WHERE rid = $1", &[&rid]).await?;
-    if TERMINAL.contains(&status) {
-        exec(c, "DELETE FROM timers WHERE rid = $1", &[&rid]).await?;
-        exec(c, "DELETE FROM cancel_requests WHERE rid = $1", &[&rid]).await?;
-        return Ok(());
-    }
-    if let (Some(w), "paused") = (wait, status) {
-        exec(
-            c,
-            "INSERT INTO waits(rid, step_key, wake_at, signal_name, signal_seq, after_sid, module) \
-             VALUES($1, $2, $3, $4, $5, $6, $7)",
-            &[
-                &rid,
-                &w.step_key,
-                &w.wake_at,
-                &w.signal_name,
-                &w.signal_seq,
-                &w.after_sid,
-                &w.module,
-            ],
-        )
-        .await?;
-    }
-    Ok(())
-}
-
-/// In an acquiring transaction: the run is no longer parked, and its
-/// replay decides its durable waits afresh.
-pub(super) async fn on_acquire<C: GenericClient>(
-    c: &C,
-    rid: i64,
-) -> Result<(), tokio_postgres::Error> {
-    exec(c, "DELETE FROM waits WHERE rid = $1", &[&rid]).await?;
-    exec(
-        c,
-        "DELETE FROM pending_interrupts WHERE rid = $1 AND kind IN ('timer', 'signal')",
-        &[&rid],
-    )
-    .await
-    .map(|_| ())
-}
-
-/// The durable rows deleted with a run.
-pub(super) const DELETE_DURABLE: [&str; 3] = [
-    "DELETE FROM timers WHERE rid = $1",
-    "DELETE FROM signals WHERE rid = $1",
-    "DELETE FROM waits WHERE rid = $1",
-];
 
 impl DurableStore for PgStore {
     fn commit_wait(

@@ -8,7 +8,7 @@
 
 use crate::clock;
 use crate::runtime::runtime;
-use crate::store::postgres::{PgInner, PgStore};
+use crate::store::postgres::inner::{PgInner, PgStore};
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -4,7 +4,8 @@
 use crate::error::CoreResult;
 use crate::ids::decode_id;
 use crate::runtime::block_on;
-use crate::store::postgres::{read_run, PgStore, RUN_COLUMNS};
+use crate::store::postgres::inner::PgStore;
+use crate::store::postgres::sql::{read_run, RUN_COLUMNS};
 use crate::store::query::RenderSpan;
 use crate::store::slot::FLAG_REPLAYED;
 use crate::store::sqlite::query::{
