@@ -10,10 +10,9 @@ use super::rows::{run_row_dict, PendingTuple};
 use super::spans::UsageTuple;
 use crate::error::{CoreError, CoreResult};
 use crate::store::postgres::PgStore;
+use crate::store::query::{CostBucket, CostsBy, Resolved, RunFilter, RunSummary, StoredSpan};
 use crate::store::sqlite::open_connection;
-use crate::store::sqlite::query::{
-    self, CostBucket, CostsBy, Resolved, RunFilter, RunSummary, SearchError, StoredSpan,
-};
+use crate::store::sqlite::query::{self, SearchError};
 use crate::store::url::{self, StoreUrl};
 use crate::store::{InterruptRow, RunRow};
 use pyo3::prelude::*;

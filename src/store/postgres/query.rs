@@ -6,12 +6,11 @@ use crate::ids::decode_id;
 use crate::runtime::block_on;
 use crate::store::postgres::inner::PgStore;
 use crate::store::postgres::sql::{read_run, RUN_COLUMNS};
-use crate::store::query::RenderSpan;
-use crate::store::slot::FLAG_REPLAYED;
-use crate::store::sqlite::query::{
-    model_attribute, parse_error, CostBucket, CostsBy, LocalDates, Resolved, RunFilter, RunSummary,
-    StoredSpan,
+use crate::store::query::{
+    model_attribute, parse_error, CostBucket, CostsBy, LocalDates, RenderSpan, Resolved, RunFilter,
+    RunSummary, StoredSpan,
 };
+use crate::store::slot::FLAG_REPLAYED;
 use crate::store::{InterruptRow, RunRow, UsageRow};
 use std::collections::HashMap;
 use tokio_postgres::types::ToSql;
