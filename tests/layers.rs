@@ -113,15 +113,14 @@ fn strip(src: &str) -> String {
             }
             i = body;
             let mut close = vec![b'"'];
-            close.extend(std::iter::repeat(b'#').take(hashes));
+            close.extend(std::iter::repeat_n(b'#', hashes));
             while i < b.len() && !b[i..].starts_with(&close) {
                 blank(&mut out, b[i]);
                 i += 1;
             }
-            for _ in 0..close.len().min(b.len() - i) {
-                out.push(b' ');
-                i += 1;
-            }
+            let n = close.len().min(b.len() - i);
+            out.extend(std::iter::repeat_n(b' ', n));
+            i += n;
         } else if c == b'"' {
             out.push(b' ');
             i += 1;
@@ -153,7 +152,7 @@ fn strip(src: &str) -> String {
             };
             match end {
                 Some(e) => {
-                    out.extend(std::iter::repeat(b' ').take(e + 1 - i));
+                    out.extend(std::iter::repeat_n(b' ', e + 1 - i));
                     i = e + 1;
                 }
                 None => {
