@@ -174,10 +174,7 @@ pub(crate) fn insert_journal(
     let mut at = 0;
     while at < rows.len() {
         let rid = batch.steps[rows[at]].rid;
-        let mut end = at + 1;
-        while end < rows.len() && batch.steps[rows[end]].rid == rid {
-            end += 1;
-        }
+        let end = multirow::run_end(at, rows.len(), |i| batch.steps[rows[i]].rid == rid);
         for chunk in multirow::chunks(at..end) {
             let chunk = &rows[chunk];
             let inserted = statements.execute_rows(tx, &JOURNAL, chunk.len(), |p| {
@@ -247,20 +244,15 @@ pub(crate) fn insert_spans(
         let kind = batch.get(first.kind);
         let status = batch.get(first.status);
         // The run of spans sharing these values.
-        let mut end = at + 1;
-        while end < rows.len() {
-            let (r, s) = span(rows[end]);
-            let same = r == rid
+        let end = multirow::run_end(at, rows.len(), |i| {
+            let (r, s) = span(rows[i]);
+            r == rid
                 && s.flags == first.flags
                 && text(s.parent) == parent
                 && batch.get(s.kind) == kind
                 && batch.get(s.status) == status
-                && (Arc::ptr_eq(&s.trace, &first.trace) || s.trace == first.trace);
-            if !same {
-                break;
-            }
-            end += 1;
-        }
+                && (Arc::ptr_eq(&s.trace, &first.trace) || s.trace == first.trace)
+        });
         let parent = parent.map(encode_id);
         let flags = first.flags;
         for chunk in multirow::chunks(at..end) {

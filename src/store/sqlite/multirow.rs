@@ -22,6 +22,17 @@ pub(crate) fn chunks(run: Range<usize>) -> impl Iterator<Item = Range<usize>> {
     })
 }
 
+/// Where the run of rows that starts at `at` ends (the rows a chunk's
+/// shared parameters fit): the first index after `at`, below `len`, whose
+/// row `same` refuses.
+pub(crate) fn run_end(at: usize, len: usize, mut same: impl FnMut(usize) -> bool) -> usize {
+    let mut end = at + 1;
+    while end < len && same(end) {
+        end += 1;
+    }
+    end
+}
+
 /// A multi-row insert: `head` (up to `VALUES`), then `row` once per row.
 /// In `row`, `?1` to `?{shared}` are parameters every row of a statement
 /// shares, bound once, and `?#k` is the row's own k-th parameter (of
@@ -109,6 +120,13 @@ mod tests {
         assert_eq!(sizes(3..3), [0usize; 0]);
         let all: Vec<_> = chunks(5..88).flatten().collect();
         assert_eq!(all, (5..88).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_run_ends_at_the_first_row_that_shares_less() {
+        let rids = [4, 4, 4, 7, 7, 4];
+        let end = |at: usize| run_end(at, rids.len(), |i| rids[i] == rids[at]);
+        assert_eq!((end(0), end(3), end(5)), (3, 5, 6));
     }
 
     #[test]

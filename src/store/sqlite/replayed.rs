@@ -83,19 +83,14 @@ pub(crate) fn insert_replayed(
             flags: first.flags(),
         };
         // The run of spans sharing these values.
-        let mut end = at + 1;
-        while end < spans.len() {
-            let s = spans[end];
-            let same = s.rid == shared.rid
+        let end = multirow::run_end(at, spans.len(), |i| {
+            let s = spans[i];
+            s.rid == shared.rid
                 && s.parent_span_id.as_deref() == shared.parent
                 && *s.kind == *shared.kind
                 && s.flags() == shared.flags
-                && (Arc::ptr_eq(&s.trace_id, &first.trace_id) || s.trace_id == first.trace_id);
-            if !same {
-                break;
-            }
-            end += 1;
-        }
+                && (Arc::ptr_eq(&s.trace_id, &first.trace_id) || s.trace_id == first.trace_id)
+        });
         let parent = shared.parent.map(encode_id);
         for chunk in multirow::chunks(at..end) {
             let rows = &spans[chunk];
