@@ -1456,6 +1456,18 @@ def test_async2_gathered_pipe_and_aggregate_aruns_overlap():
     assert sorted(row(r.id)["kind"] for r in (r1, r2, r3)) == ["aggregate", "pipe", "pipe"]
 
 
+def test_async3_the_twins_missing_by_design_stay_missing():
+    """ASYNC-3: no `Flow.astream`, no `Task.run`, no async chat methods; flows stream
+    synchronously and tasks run through `__call__`/`arun` only."""
+    from composeai.chat import Chat
+    from composeai.flow import Flow, Task
+
+    assert not hasattr(Flow, "astream") and hasattr(Flow, "stream")
+    assert not hasattr(Task, "run") and hasattr(Task, "arun")
+    public = [name for name in dir(Chat) if not name.startswith("_")]
+    assert [name for name in public if name.startswith("a") and name[1:] in public] == []
+
+
 # --------------------------------------------------------------------------- ASYNC-7/10/11, AGENT-91/92/93
 
 
