@@ -1454,3 +1454,195 @@ def test_async2_gathered_pipe_and_aggregate_aruns_overlap():
     assert (r1.output, r2.output, r3.output) == (101, 102, {"m": 3})
     assert len({r1.id, r2.id, r3.id}) == 3
     assert sorted(row(r.id)["kind"] for r in (r1, r2, r3)) == ["aggregate", "pipe", "pipe"]
+
+
+def test_async3_the_twins_missing_by_design_stay_missing():
+    """ASYNC-3: no `Flow.astream`, no `Task.run`, no async chat methods; flows stream
+    synchronously and tasks run through `__call__`/`arun` only."""
+    from composeai.chat import Chat
+    from composeai.flow import Flow, Task
+
+    assert not hasattr(Flow, "astream") and hasattr(Flow, "stream")
+    assert not hasattr(Task, "run") and hasattr(Task, "arun")
+    public = [name for name in dir(Chat) if not name.startswith("_")]
+    assert [name for name in public if name.startswith("a") and name[1:] in public] == []
+
+
+# --------------------------------------------------------------------------- ASYNC-7/10/11, AGENT-91/92/93
+
+
+def _done_event(text: str) -> Any:
+    from composeai.messages import Message, StopReason
+    from composeai.models.base import ModelResponse, RawStreamEvent
+
+    response = ModelResponse(
+        message=Message.assistant(text),
+        stop_reason=StopReason.END_TURN,
+        raw_stop_reason="end_turn",
+        usage=usage(1, 1),
+        model_id="m",
+    )
+    return RawStreamEvent("response_done", response=response)
+
+
+class _GatedStreams:
+    """A provider whose streams yield one delta, then wait for `gate`; each records its
+    cleanup in `closed`. `sync=True` offers only `stream()`, else only `astream()`."""
+
+    def __init__(self, sync: bool):
+        self.gate = threading.Event()
+        self.opened = 0
+        self.closed: list[int] = []
+        if sync:
+            self.stream = self._sync_stream
+        else:
+            self.astream = self._async_stream
+
+    def complete(self, request):
+        raise AssertionError("a streamed call streams")
+
+    def _sync_stream(self, request):
+        from composeai.models.base import RawStreamEvent
+
+        self.opened += 1
+        n = self.opened
+
+        def events():
+            try:
+                yield RawStreamEvent("text_delta", text="first")
+                assert self.gate.wait(WAIT)
+                yield _done_event("first")
+            finally:
+                self.closed.append(n)
+
+        return events()
+
+    def _async_stream(self, request):
+        from composeai.models.base import RawStreamEvent
+
+        self.opened += 1
+        n = self.opened
+
+        async def events():
+            try:
+                yield RawStreamEvent("text_delta", text="first")
+                while not self.gate.is_set():
+                    await asyncio.sleep(0.005)
+                yield _done_event("first")
+            finally:
+                self.closed.append(n)
+
+        return events()
+
+
+@pytest.mark.parametrize("sync_model", [True, False], ids=["sync-model", "async-model"])
+def test_async7_agent93_async_work_and_abandoned_streams_leave_no_thread_span_or_lease(
+    isolated_state, sync_model
+):
+    """Once async work settles (arun, amap, timeouts, astream drained, broken out of,
+    closed, dropped, cancelled, its awaiter cancelled, and a sync stream cancelled), no
+    thread it started is left beyond the background loop (ASYNC-7, ASYNC-11), every
+    provider stream it opened is closed (AGENT-93), and no span or run stays `running`
+    or keeps its lease (ASYNC-10)."""
+    import gc
+
+    import _proc
+
+    before = {t.ident for t in threading.enumerate()}
+    model = _GatedStreams(sync_model)
+
+    @agent(model=model, name="census_talker")
+    def talker(x: str) -> str:
+        return x
+
+    @compose.task(timeout=0.05)
+    async def stuck() -> None:
+        await asyncio.sleep(WAIT)
+
+    @compose.task
+    def inc(x: int) -> int:
+        return x + 1
+
+    @compose.flow
+    async def steps() -> list[int]:
+        with pytest.raises(TaskTimeoutError):
+            await stuck.arun()
+        return await compose.amap(inc, [1, 2, 3])
+
+    async def first_delta(stream) -> None:
+        async for event in stream:
+            if event.kind == "text_delta":
+                return
+
+    async def main() -> list[str]:
+        statuses = [str((await steps.arun()).output)]
+        # Broken out of, then closed: the run goes on to its end.
+        model.gate.clear()
+        stream = talker.astream("a")
+        await first_delta(stream)
+        stream.close()
+        model.gate.set()
+        statuses.append((await stream.run()).status)
+        # Dropped unread after its first event.
+        model.gate.clear()
+        dropped = talker.astream("b")
+        await first_delta(dropped)
+        del dropped
+        gc.collect()
+        model.gate.set()
+        # Cancelled between provider events.
+        model.gate.clear()
+        stream = talker.astream("c")
+        await first_delta(stream)
+        stream.cancel()
+        model.gate.set()
+        statuses.append((await stream.run()).status)
+        # Its awaiter cancelled mid-stream (ASYNC-10).
+        model.gate.clear()
+        stream = talker.astream("d")
+        await first_delta(stream)
+        awaiter = asyncio.ensure_future(stream.run())
+        await asyncio.sleep(0.01)
+        awaiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await awaiter
+        model.gate.set()
+        return statuses
+
+    assert asyncio.run(main()) == ["[2, 3, 4]", "completed", "cancelled"]
+    # A sync stream broken out of and cancelled (AGENT-91, AGENT-93).
+    model.gate.clear()
+    sync_stream = talker.stream("e")
+    for event in sync_stream:
+        if event.kind == "text_delta":
+            break
+    sync_stream.cancel()
+    model.gate.set()
+    assert sync_stream.run.status == "cancelled"
+
+    def left() -> list[str]:
+        return sorted(
+            t.name
+            for t in threading.enumerate()
+            if t.ident not in before and t.name != "composeai-runtime"
+        )
+
+    deadline = time.monotonic() + WAIT
+    while (left() or len(model.closed) < model.opened) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert left() == []
+    assert sorted(model.closed) == list(range(1, model.opened + 1)) and model.opened == 5
+    store().flush()
+    with _proc.store_db(isolated_state) as db:
+        running = db.execute("SELECT kind, name FROM spans WHERE status = 'running'").fetchall()
+        runs = db.execute("SELECT status, lease_owner FROM runs").fetchall()
+    assert running == []
+    assert sorted(status for status, _ in runs) == [
+        "cancelled",
+        "cancelled",
+        "completed",
+        "completed",
+        "completed",
+        "failed",
+    ]
+    assert [owner for _, owner in runs if owner is not None] == []

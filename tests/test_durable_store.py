@@ -43,6 +43,10 @@ def test_ext03_a_version_2_store_is_upgraded_in_place(isolated_state):
         db.execute("PRAGMA user_version = 2")
         db.commit()
     assert not set(DURABLE_TABLES) & _tables(path)
+    # Any thread of the process (another test's, still finishing) may have
+    # reopened the store meanwhile, migrated before the rewrite: the next use
+    # must open the rewritten file.
+    _engine.reset_store()
 
     @flow
     def after() -> int:

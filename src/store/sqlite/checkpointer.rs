@@ -15,7 +15,8 @@
 //! frame is copied, so the WAL could not start over; past `INLINE` frames
 //! the writer connection checkpoints itself after every commit until the WAL
 //! starts over, as SQLite would past its own limit (copying what the thread
-//! has not copied yet). One try per `LIMIT` frames is not enough: a reader
+//! has not copied yet), and no longer wakes the thread, whose checkpoint
+//! would hold the lock these need. One try per `LIMIT` frames is not enough: a reader
 //! that began before the commit keeps the try from copying every frame, or
 //! the next commit from starting the WAL over, and a reader polling the
 //! database can be there at every try while the WAL grows without bound.
@@ -163,7 +164,10 @@ impl Shared {
             s.frames = frames;
             // A checkpoint that could not copy everything (a reader still
             // uses old frames) is asked for again after as many new frames.
-            let asked = frames - s.asked_at >= LIMIT;
+            // Past `INLINE` the writer copies the WAL itself: a request would
+            // have the thread hold the checkpoint lock, back to back while
+            // commits go on, and turn each of the writer's tries away busy.
+            let asked = frames < INLINE && frames - s.asked_at >= LIMIT;
             if asked {
                 s.asked_at = frames;
                 s.requested = true;
@@ -276,6 +280,37 @@ mod tests {
         drop(ckpt);
         drop(reader);
         assert!(started_over, "the WAL still grows past {grown} frames");
+    }
+
+    #[test]
+    fn past_inline_commits_no_longer_ask_the_thread() {
+        let dir = crate::test_dir::Dir::new();
+        let path = dir.db();
+        let writer = open_connection(&path, false).unwrap();
+        let ckpt = Checkpointer::start(&path, &writer);
+        writer.execute_batch("CREATE TABLE t(x BLOB)").unwrap();
+        // A reader's snapshot keeps the WAL from starting over.
+        let reader = Connection::open(&path).unwrap();
+        reader.execute_batch("BEGIN").unwrap();
+        let _: i64 = reader
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .unwrap();
+        let state = || {
+            let s = ckpt.shared.state.lock();
+            (s.frames, s.asked_at)
+        };
+        commit_until(&writer, usize::MAX, || state().0 >= INLINE + 2 * LIMIT);
+        let (frames, asked_at) = state();
+        reader.execute_batch("COMMIT").unwrap();
+        drop(writer);
+        drop(ckpt);
+        drop(reader);
+        // The thread's checkpoint would hold the lock the writer's own
+        // checkpoints after each commit need.
+        assert!(
+            asked_at < INLINE,
+            "the thread was asked at {asked_at} of {frames} frames"
+        );
     }
 
     #[test]
