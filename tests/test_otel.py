@@ -119,6 +119,38 @@ def test_otel_flow_task_and_map_item_spans_with_parent_links(exported):
         assert s.end_time == int(stored.ended_at * 1e9)
 
 
+@pytest.mark.parametrize("durability", ["step", "batch"])
+def test_otel_async_flow_and_batch_durability_emit_each_span_once(exported, durability):
+    """The async driver and batch durability commit steps by other paths
+    (awaited commits, group commits): every span is still emitted once."""
+    import asyncio
+
+    @task
+    async def ainc(x: int) -> int:
+        await asyncio.sleep(0)
+        return x + 1
+
+    @task
+    def inc(x: int) -> int:
+        return x + 1
+
+    @compose.flow(durability=durability)
+    async def chain(x: int) -> int:
+        a = await ainc.arun(x)
+        b = await ainc.arun(a)
+        return await inc.arun(b) + sum(await compose.amap(ainc, [1, 2]))
+
+    run = asyncio.run(chain.arun(1))
+    assert run.output == 4 + 5
+    plain = chain.run(1)
+    assert plain.output == 9
+    spans = exported()
+    for r in (run, plain):
+        ours = [s for s in spans if s.attributes["composeai.run_id"] == r.id]
+        check_links(r, ours)
+        assert sum(s.attributes["composeai.kind"] == "task" for s in ours) == 7
+
+
 def test_otel_agent_llm_and_tool_spans_carry_genai_attributes(exported, monkeypatch):
     """Agent, llm and tool spans: the GenAI semantic conventions, usage on
     the llm span (OBS-17's keys), content while capture is on."""
@@ -322,6 +354,30 @@ def test_otel_configure_false_stops_the_export(exported):
     _EXPORTER.clear()
     compose.configure(otel=False)
     f.run()
+    assert exported() == ()
+
+
+def test_otel_a_failing_export_never_fails_the_run(exported, monkeypatch):
+    """A span that cannot be emitted is a warning (once), never an error
+    in the step (as span persistence, OBS-5)."""
+
+    def broken(record, content):
+        raise RuntimeError("collector on fire")
+
+    monkeypatch.setattr(_otel, "_describe", broken)
+    monkeypatch.setattr(_otel, "_warned", False)
+
+    @task
+    def one() -> int:
+        return 1
+
+    @compose.flow
+    def f() -> int:
+        return one() + one()
+
+    with pytest.warns(RuntimeWarning, match="collector on fire") as warned:
+        assert f.run().output == 2
+    assert len(warned) == 1
     assert exported() == ()
 
 
@@ -618,6 +674,31 @@ def test_compose_export_otlp_keeps_a_url_path_and_reports_errors(exported):
 
     code, _, err = compose_cli("export", "nope", "--otlp", url)
     assert (code, err) == (1, "compose: no run found with id 'nope'\n")
+
+
+def test_compose_export_otlp_sends_no_content_while_trace_content_is_off(exported, monkeypatch):
+    """OBS-70 holds for the stored export too: content captured earlier is
+    not sent while COMPOSE_TRACE_CONTENT=0."""
+
+    @task
+    def shout(x: str) -> str:
+        return x.upper()
+
+    @compose.flow
+    def f(x: str) -> str:
+        return shout(x)
+
+    run = f.run("quiet")
+    monkeypatch.setenv("COMPOSE_TRACE_CONTENT", "0")
+    with _Receiver() as rx:
+        code, _, _ = compose_cli("export", run.id, "--otlp", rx.url)
+    assert code == 0
+    spans = decode(rx.requests[0][2])
+    assert len(spans) == 2
+    for s in spans:
+        a = attributes(s)
+        assert "composeai.input" not in a and "composeai.output" not in a
+        assert a["composeai.status"] == "ok"
 
 
 def test_compose_export_needs_cassette_or_otlp():
