@@ -478,19 +478,19 @@ impl Attempt {
         span: Option<SpanRow>,
         fence: Option<&Fence>,
     ) -> CoreResult<Arc<str>> {
+        self.check(fence)?;
         self.tap(span.as_ref());
-        self.commit_tapped(key, value, span, fence)
+        self.commit_checked(key, value, span, fence)
     }
 
-    /// `commit` of a span already handed to the tap.
-    fn commit_tapped(
+    /// `commit` once checked, its span handed to the tap.
+    fn commit_checked(
         &self,
         key: &str,
         value: &str,
         span: Option<SpanRow>,
         fence: Option<&Fence>,
     ) -> CoreResult<Arc<str>> {
-        self.check(fence)?;
         if let Some(existing) = self.journal.lock().get(key) {
             if let Some(s) = span {
                 self.queue_tapped_span(s);
@@ -521,10 +521,10 @@ impl Attempt {
         value: &str,
         span: crate::store::batched::SpanView<'_>,
     ) -> CoreResult<Arc<str>> {
+        self.check(None)?;
         if crate::span_tap::on() {
             self.tap(Some(&span.to_row(value)));
         }
-        self.check(None)?;
         if let Some(existing) = self.journal.lock().get(key) {
             self.queue_tapped_span(span.to_row(value));
             return Ok(existing);
@@ -553,8 +553,8 @@ impl Attempt {
         span: Option<SpanRow>,
         fence: Option<&Fence>,
     ) -> CoreResult<Commit> {
-        self.tap(span.as_ref());
         self.check(fence)?;
+        self.tap(span.as_ref());
         if let Some(existing) = self.journal.lock().get(key) {
             if let Some(s) = span {
                 self.queue_tapped_span(s);
@@ -564,7 +564,7 @@ impl Attempt {
         if self.batches(fence) {
             // Queued without I/O: nothing to await.
             return self
-                .commit_tapped(key, value, span, fence)
+                .commit_checked(key, value, span, fence)
                 .map(Commit::Stored);
         }
         self.sync_point()?;
@@ -613,8 +613,8 @@ impl Attempt {
         span: Option<SpanRow>,
         fence: Option<&Fence>,
     ) -> CoreResult<Arc<str>> {
-        self.tap(span.as_ref());
         self.check(fence)?;
+        self.tap(span.as_ref());
         let stored = {
             let mut j = self.journal.lock();
             if let Some(existing) = j.get(key) {

@@ -60,7 +60,8 @@ mod tests {
     #[test]
     fn a_set_tap_sees_each_span_and_a_removed_one_none() {
         // One test owns the process-wide tap (tests run in parallel).
-        let seen: Arc<Mutex<Vec<(String, Option<String>, String)>>> = Arc::default();
+        type Seen = Vec<(String, Option<String>, String)>;
+        let seen: Arc<Mutex<Seen>> = Arc::default();
         let sink = seen.clone();
         set(Some(Arc::new(move |t: &Tapped<'_>| {
             sink.lock().push((
