@@ -361,7 +361,7 @@ def test_otel_a_failing_export_never_fails_the_run(exported, monkeypatch):
     """A span that cannot be emitted is a warning (once), never an error
     in the step (as span persistence, OBS-5)."""
 
-    def broken(record, content):
+    def broken(record):
         raise RuntimeError("collector on fire")
 
     monkeypatch.setattr(_otel, "_describe", broken)

@@ -223,7 +223,7 @@ def _llm_content(attributes: dict[str, Any], input_json: str | None, output_json
         attributes["gen_ai.output.messages"] = _attribute([message])
 
 
-def _describe(record: tuple, content: bool) -> tuple[str, bool, dict[str, Any], Any]:
+def _describe(record: tuple) -> tuple[str, bool, dict[str, Any], Any]:
     """`(name, is_client, attributes, error)` of a span as the core hands it
     over (the 16-tuple of src/py/span_tap.rs); `error` is None or `(type,
     message, stacktrace)`."""
@@ -292,7 +292,7 @@ def _describe(record: tuple, content: bool) -> tuple[str, bool, dict[str, Any], 
         if cost is not None:
             attributes["composeai.cost_usd"] = cost
             attributes["composeai.cost_complete"] = bool(complete)
-    if content and _capture_content():
+    if _capture_content():
         if kind == "llm":
             _llm_content(attributes, input_json, output_json)
         elif kind == "tool":
@@ -421,7 +421,7 @@ class _Emitter:
         if provider is not self._provider:
             self._tracer = self._tracer_of(provider)
             self._provider = provider
-        name, client, attributes, error = _describe(record, True)
+        name, client, attributes, error = _describe(record)
         trace_id = _trace_id(record[0])
         parent = record[3]
         if parent is None:
@@ -499,7 +499,7 @@ def export_request(found: dict) -> bytes:
     for record in found["spans"]:
         started = record[6]
         ended = _nanos(record[7], started)
-        name, client, attributes, error = _describe(record, True)
+        name, client, attributes, error = _describe(record)
         span = trace_pb2.Span(
             trace_id=_trace_id(record[0]).to_bytes(16, "big"),
             span_id=_span_id(record[2]).to_bytes(8, "big"),
