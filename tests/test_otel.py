@@ -393,6 +393,7 @@ def test_import_composeai_does_not_import_opentelemetry(tmp_path):
         "def f(x): return t(x)\n"
         "assert f.run(1).output == 1\n"
         "assert not [m for m in sys.modules if m.startswith('opentelemetry')], 'after a run'\n"
+        "assert 'composeai._otel' not in sys.modules\n"
         "print('clean')\n"
     )
     env = _proc.Sandbox(tmp_path).env()

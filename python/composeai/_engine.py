@@ -178,7 +178,10 @@ async def aget_store():
 
 
 def _otel_from_env() -> None:
-    """`COMPOSE_OTEL`, read as the store opens (before any span reaches it)."""
+    """`COMPOSE_OTEL`, read as the store opens (before any span reaches it).
+    Unset, and with the export never started, nothing more is imported."""
+    if "composeai._otel" not in sys.modules and not os.environ.get("COMPOSE_OTEL"):
+        return
     from . import _otel
 
     _otel.from_env()
