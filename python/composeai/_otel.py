@@ -397,7 +397,7 @@ class _Emitter:
 
     def _tracer_of(self, provider: Any) -> Any:
         """composeai's tracer of `provider`, its id generator ours."""
-        from . import __version__
+        from ._version import __version__
 
         tracer = provider.get_tracer("composeai", __version__)
         ids = getattr(tracer, "id_generator", None)
@@ -493,7 +493,7 @@ def export_request(found: dict) -> bytes:
         raise ComposeError(
             f"--otlp needs the OpenTelemetry protobuf package ({exc}): {_INSTALL_HINT}"
         ) from None
-    from . import __version__
+    from ._version import __version__
 
     spans = []
     for record in found["spans"]:
