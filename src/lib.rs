@@ -14,6 +14,7 @@ pub mod py;
 pub mod queue;
 pub mod run;
 pub mod runtime;
+pub mod span_tap;
 pub mod store;
 #[cfg(test)]
 pub(crate) mod test_dir;

@@ -40,6 +40,9 @@ const LAYERS: &[(&str, u32, &str)] = &[
     // journal's value types the trait hands back.
     ("store/", 1, "store trait"),
     ("journal.rs", 1, "store trait"),
+    // The span tap (OpenTelemetry export) sees the trait's span rows only;
+    // the engine hands it each finished span, the bindings set it.
+    ("span_tap.rs", 1, "store trait"),
     // The engine over the trait.
     ("lease.rs", 3, "engine"),
     ("run.rs", 3, "engine"),

@@ -31,6 +31,7 @@ GROUPS: list[tuple[str, tuple[str, ...]]] = [
             "_retry",
             "_cancel",
             "_codec",
+            "_version",
         ),
     ),
     # Value types: results, spans, events, messages, interrupts.
@@ -44,6 +45,8 @@ GROUPS: list[tuple[str, tuple[str, ...]]] = [
             "_interrupt",
             "_approval",
             "interception",
+            # OpenTelemetry export: spans in, the engine loads it lazily.
+            "_otel",
         ),
     ),
     # The engine: frames, steps, replay, pauses, waits, streams.

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # the lazily loaded names of `_LAZY`, for type checkers (PKG-
     from .models.prices import ModelPrice, register_price
     from .tools import tool
 
-__version__ = "0.12.0"
+from ._version import __version__ as __version__
 
 __all__ = [
     "ApprovalReply",

@@ -95,10 +95,16 @@ def state_dir() -> str:
 _configured_store: str | None = None
 
 
-def configure(*, store: str | None = None) -> None:
+def configure(*, store: str | None = None, otel: bool | None = None) -> None:
     """STORE-1: selects the store (a URL, as for `COMPOSE_STORE`) before its
-    first use; a later call naming another store is a `ConfigError`."""
+    first use; a later call naming another store is a `ConfigError`.
+    `otel=True` emits every span through OpenTelemetry as it ends, `False`
+    stops it (see `_otel`; overrides `COMPOSE_OTEL`)."""
     global _configured_store
+    if otel is not None:
+        from . import _otel
+
+        _otel.configure(otel)
     if store is None:
         return
     _core.store_target(store, "")
@@ -148,6 +154,7 @@ def _open_store():
             else:
                 _store = _core.Store(spec)
             _close_at_exit_once()
+            _otel_from_env()
         return _store
 
 
@@ -166,7 +173,18 @@ async def aget_store():
         if _store is None:
             _store = opened
             _close_at_exit_once()
+            _otel_from_env()
         return _store
+
+
+def _otel_from_env() -> None:
+    """`COMPOSE_OTEL`, read as the store opens (before any span reaches it).
+    Unset, and with the export never started, nothing more is imported."""
+    if "composeai._otel" not in sys.modules and not os.environ.get("COMPOSE_OTEL"):
+        return
+    from . import _otel
+
+    _otel.from_env()
 
 
 _CLOSE_AT_EXIT = False

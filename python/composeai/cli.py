@@ -651,6 +651,15 @@ def _model_attribute(attributes_json: str | None) -> str | None:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     _import_modules(args.imports)
+    if args.otlp is not None:
+        try:
+            found = _load_run(_core.otel_view, args.run_id)
+        except _NoStore:
+            raise _not_found(args.run_id) from None
+        from ._otel import send_run
+
+        print(send_run(found, args.otlp))
+        return 0
     try:
         found = _load_run(_core.export_view, args.run_id)
     except _NoStore:
@@ -871,9 +880,17 @@ def _build_parser() -> argparse.ArgumentParser:
     costs.add_argument("--since", metavar="X", help="<N>d, <N>h or YYYY-MM-DD")
     costs.set_defaults(func=_cmd_costs, parser=costs)
 
-    export = sub.add_parser("export", help="write a run's model calls as a replay cassette")
+    export = sub.add_parser(
+        "export", help="write a run's model calls as a replay cassette, or send its spans (OTLP)"
+    )
     export.add_argument("run_id", metavar="RUN_ID", help="run id or unique prefix")
-    export.add_argument("--cassette", required=True, metavar="PATH", help="file to write")
+    target = export.add_mutually_exclusive_group(required=True)
+    target.add_argument("--cassette", metavar="PATH", help="file to write")
+    target.add_argument(
+        "--otlp",
+        metavar="URL",
+        help="POST the run's spans to this OTLP/HTTP endpoint (path /v1/traces if none)",
+    )
     add_import(export)
     export.set_defaults(func=_cmd_export, parser=export)
 

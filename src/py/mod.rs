@@ -11,6 +11,7 @@ mod offloop;
 mod query;
 mod queue;
 mod rows;
+mod span_tap;
 mod spans;
 mod step;
 mod store;
@@ -60,6 +61,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store::store_target, m)?)?;
     m.add_function(wrap_pyfunction!(store::migrate_store, m)?)?;
     m.add_function(wrap_pyfunction!(take_span_write_error, m)?)?;
+    m.add_function(wrap_pyfunction!(span_tap::set_span_tap, m)?)?;
     m.add_function(wrap_pyfunction!(errors::register_errors, m)?)?;
     m.add_function(wrap_pyfunction!(codec::register_decoder, m)?)?;
     m.add_function(wrap_pyfunction!(codec::loads_plain, m)?)?;
@@ -73,6 +75,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(query::llm_costs, m)?)?;
     m.add_function(wrap_pyfunction!(query::diff_view, m)?)?;
     m.add_function(wrap_pyfunction!(query::export_view, m)?)?;
+    m.add_function(wrap_pyfunction!(query::otel_view, m)?)?;
     durable::register(m)?;
     step::register(m)?;
     queue::register(m)?;

@@ -408,7 +408,7 @@ fn run_spans<'py, T: IntoPyObject<'py>>(
     db_path: &str,
     run_id: &str,
     load: impl Fn(&Source, &RunRow) -> CoreResult<Vec<StoredSpan>> + Send + Sync,
-    convert: impl Fn(StoredSpan) -> T,
+    convert: impl Fn(&RunRow, StoredSpan) -> PyResult<T>,
 ) -> PyResult<(String, PyObject)> {
     let found = py
         .allow_threads(
@@ -438,7 +438,7 @@ fn run_spans<'py, T: IntoPyObject<'py>>(
     d.set_item("trace_id", &run.trace_id)?;
     let items = pyo3::types::PyList::empty(py);
     for s in spans {
-        items.append(convert(s))?;
+        items.append(convert(&run, s)?)?;
     }
     d.set_item("spans", items)?;
     Ok(("found".into(), d.into_any().unbind()))
@@ -471,9 +471,9 @@ pub fn diff_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(Strin
             Some(t) => src.trace(run.rid, t, true),
             None => Ok(Vec::new()),
         },
-        |s| -> DiffSpan {
+        |_, s| -> PyResult<DiffSpan> {
             let usage = usage_tuple(&s);
-            (
+            Ok((
                 s.span.span_id,
                 s.span.parent_span_id,
                 s.span.kind,
@@ -482,7 +482,7 @@ pub fn diff_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(Strin
                 s.span.ended_at,
                 usage,
                 s.output_json,
-            )
+            ))
         },
     )
 }
@@ -515,16 +515,69 @@ pub fn export_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(Str
             spans.retain(|s| s.rid == Some(run.rid) && s.span.kind == "llm");
             Ok(spans)
         },
-        |s| -> ExportSpan {
+        |_, s| -> PyResult<ExportSpan> {
             let usage = usage_tuple(&s);
-            (
+            Ok((
                 s.span.span_id,
                 s.span.name,
                 s.attributes_json,
                 s.input_json,
                 s.output_json,
                 usage,
-            )
+            ))
+        },
+    )
+}
+
+/// The data side of `compose export --otlp`: resolves `run_id` and returns
+/// `(outcome, value)` like `resolve_run`; for `"found"` the value is
+/// `{"run_id", "trace_id", "spans"}` with every stored span of the run's
+/// trace (both attempts' after a resume), ordered by `started_at` then span
+/// id, each as the 16-tuple the span tap is given (`span_tap.rs`): the
+/// step key is not read back, the error has no stack trace, and `run_id`
+/// is set on the spans the run owns.
+#[pyfunction]
+pub fn otel_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(String, PyObject)> {
+    run_spans(
+        py,
+        db_path,
+        run_id,
+        |src, run| match run.trace_id.as_deref() {
+            Some(t) => src.trace(run.rid, t, true),
+            None => Ok(Vec::new()),
+        },
+        |run, s| -> PyResult<PyObject> {
+            let span = s.span;
+            let error_json = span.error_type.as_ref().map(|t| {
+                serde_json::json!({"type": t, "message": span.error_message.as_deref().unwrap_or("")})
+                    .to_string()
+            });
+            let row = crate::store::SpanRow {
+                span_id: span.span_id,
+                parent_span_id: span.parent_span_id,
+                kind: span.kind,
+                name: span.name,
+                started_at: span.started_at,
+                ended_at: span.ended_at,
+                status: span.status,
+                replayed: span.replayed,
+                step_key: None,
+                attributes_json: s.attributes_json,
+                usage: span.usage,
+                error_json,
+                input_json: s.input_json,
+                output_json: s.output_json,
+            };
+            let tapped = crate::span_tap::Tapped {
+                trace_id: run.trace_id.as_deref().unwrap_or(""),
+                run_id: (s.rid == Some(run.rid)).then_some(run.run_id.as_str()),
+                span: &row,
+            };
+            Python::with_gil(|py| {
+                Ok(super::span_tap::span_tuple(py, &tapped)?
+                    .into_any()
+                    .unbind())
+            })
         },
     )
 }

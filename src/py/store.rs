@@ -333,6 +333,9 @@ impl PyStore {
     /// writes it.
     fn queue_span(&self, trace_id: String, span: &Bound<'_, PyAny>) -> PyResult<()> {
         let span = span_from_py(span)?;
+        if crate::span_tap::on() {
+            crate::span_tap::emit(&trace_id, None, &span);
+        }
         self.inner.queue_span(SpanRecord {
             trace_id,
             rid: None,

@@ -120,9 +120,21 @@ impl Attempt {
         fence: Option<&Fence>,
     ) -> CoreResult<Arc<str>> {
         self.check(fence)?;
+        self.tap(span.as_ref());
+        self.commit_checked(key, value, span, fence)
+    }
+
+    /// `commit` once checked, its span handed to the tap.
+    fn commit_checked(
+        &self,
+        key: &str,
+        value: &str,
+        span: Option<SpanRow>,
+        fence: Option<&Fence>,
+    ) -> CoreResult<Arc<str>> {
         if let Some(existing) = self.journal.lock().get(key) {
             if let Some(s) = span {
-                self.queue_span(s);
+                self.queue_tapped_span(s);
             }
             return Ok(existing);
         }
@@ -151,8 +163,11 @@ impl Attempt {
         span: crate::store::spans::SpanView<'_>,
     ) -> CoreResult<Arc<str>> {
         self.check(None)?;
+        if crate::span_tap::on() {
+            self.tap(Some(&span.to_row(value)));
+        }
         if let Some(existing) = self.journal.lock().get(key) {
-            self.queue_span(span.to_row(value));
+            self.queue_tapped_span(span.to_row(value));
             return Ok(existing);
         }
         self.batch_failure()?;
@@ -180,15 +195,18 @@ impl Attempt {
         fence: Option<&Fence>,
     ) -> CoreResult<Commit> {
         self.check(fence)?;
+        self.tap(span.as_ref());
         if let Some(existing) = self.journal.lock().get(key) {
             if let Some(s) = span {
-                self.queue_span(s);
+                self.queue_tapped_span(s);
             }
             return Ok(Commit::Stored(existing));
         }
         if self.batches(fence) {
             // Queued without I/O: nothing to await.
-            return self.commit(key, value, span, fence).map(Commit::Stored);
+            return self
+                .commit_checked(key, value, span, fence)
+                .map(Commit::Stored);
         }
         self.sync_point()?;
         let rid = self.rid()?;
@@ -237,12 +255,13 @@ impl Attempt {
         fence: Option<&Fence>,
     ) -> CoreResult<Arc<str>> {
         self.check(fence)?;
+        self.tap(span.as_ref());
         let stored = {
             let mut j = self.journal.lock();
             if let Some(existing) = j.get(key) {
                 drop(j);
                 if let Some(s) = span {
-                    self.queue_span(s);
+                    self.queue_tapped_span(s);
                 }
                 return Ok(existing);
             }

@@ -20,8 +20,21 @@ impl Attempt {
         self.run.trace_id.as_deref().unwrap_or("")
     }
 
+    /// Hands a finished span of this run to the span tap, if one is set.
+    pub(super) fn tap(&self, span: Option<&SpanRow>) {
+        if let (true, Some(span)) = (crate::span_tap::on(), span) {
+            crate::span_tap::emit(self.trace_id(), Some(&self.run.run_id), span);
+        }
+    }
+
     /// Queues a finished span of this run (written with the next commit).
     pub fn queue_span(&self, span: SpanRow) {
+        self.tap(Some(&span));
+        self.queue_tapped_span(span);
+    }
+
+    /// `queue_span` of a span already handed to the tap.
+    pub(super) fn queue_tapped_span(&self, span: SpanRow) {
         let in_journal = span
             .step_key
             .as_deref()
@@ -59,8 +72,19 @@ impl Attempt {
         step_key: String,
         with_output: bool,
     ) {
+        if crate::span_tap::on() {
+            self.tap_replayed(
+                &span_id,
+                parent_span_id.as_deref(),
+                &kind,
+                &name,
+                at,
+                &step_key,
+                with_output,
+            );
+        }
         match (crate::ids::encode_id(&span_id), StepKey::parse(&step_key)) {
-            (crate::ids::StoredId::Bytes(id), Some(key)) => self.queue_replayed(
+            (crate::ids::StoredId::Bytes(id), Some(key)) => self.queue_replayed_untapped(
                 id,
                 parent_span_id.as_deref(),
                 kind.into(),
@@ -95,6 +119,74 @@ impl Attempt {
     /// `queue_replayed_span` of a span id in its stored form.
     #[allow(clippy::too_many_arguments)]
     pub fn queue_replayed(
+        &self,
+        span_id: [u8; 16],
+        parent_span_id: Option<&str>,
+        kind: std::borrow::Cow<'static, str>,
+        name: &str,
+        at: f64,
+        step_key: StepKey,
+        with_output: bool,
+    ) {
+        if crate::span_tap::on() {
+            self.tap_replayed(
+                &ulid::Ulid::from_bytes(span_id).to_string(),
+                parent_span_id,
+                &kind,
+                name,
+                at,
+                &step_key.to_string(),
+                with_output,
+            );
+        }
+        self.queue_replayed_untapped(
+            span_id,
+            parent_span_id,
+            kind,
+            name,
+            at,
+            step_key,
+            with_output,
+        );
+    }
+
+    /// The span row of a replayed step, handed to the tap: its output is
+    /// the journaled value.
+    #[allow(clippy::too_many_arguments)]
+    fn tap_replayed(
+        &self,
+        span_id: &str,
+        parent_span_id: Option<&str>,
+        kind: &str,
+        name: &str,
+        at: f64,
+        step_key: &str,
+        with_output: bool,
+    ) {
+        let output_json = if with_output {
+            self.journal.lock().get(step_key).map(|v| v.to_string())
+        } else {
+            None
+        };
+        let span = SpanRow {
+            span_id: span_id.to_string(),
+            parent_span_id: parent_span_id.map(str::to_string),
+            kind: kind.to_string(),
+            name: name.to_string(),
+            started_at: at,
+            ended_at: Some(at),
+            status: "ok".into(),
+            replayed: true,
+            step_key: Some(step_key.to_string()),
+            output_json,
+            ..Default::default()
+        };
+        self.tap(Some(&span));
+    }
+
+    /// `queue_replayed` of a span already handed to the tap.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_replayed_untapped(
         &self,
         span_id: [u8; 16],
         parent_span_id: Option<&str>,
