@@ -12,6 +12,7 @@ pub mod py;
 pub mod queue;
 pub mod run;
 pub mod runtime;
+pub mod sqlite_lib;
 pub mod store;
 #[cfg(test)]
 pub(crate) mod test_dir;
