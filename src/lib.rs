@@ -15,6 +15,7 @@ pub mod queue;
 pub mod run;
 pub mod runtime;
 pub mod span_tap;
+pub mod sqlite_lib;
 pub mod store;
 #[cfg(test)]
 pub(crate) mod test_dir;

@@ -32,6 +32,9 @@ const LAYERS: &[(&str, u32, &str)] = &[
     ("clock.rs", 0, "base"),
     ("owner.rs", 0, "base"),
     ("runtime.rs", 0, "base"),
+    // Which SQLite library the engine calls, found at import; the SQLite
+    // backend's VFS and the bindings use it.
+    ("sqlite_lib.rs", 0, "base"),
     ("test_dir.rs", 0, "base"),
     // Backends, each in its own folder: they see the trait and the base only.
     ("store/sqlite/", 2, "backend"),
@@ -45,7 +48,6 @@ const LAYERS: &[(&str, u32, &str)] = &[
     ("span_tap.rs", 1, "store trait"),
     // The engine over the trait.
     ("lease.rs", 3, "engine"),
-    ("run.rs", 3, "engine"),
     ("run/", 3, "engine"),
     ("budget.rs", 3, "engine"),
     ("trace.rs", 3, "engine"),

@@ -13,6 +13,7 @@ mod queue;
 mod rows;
 mod span_tap;
 mod spans;
+mod sqlite_lib;
 mod step;
 mod store;
 mod trace;
@@ -48,6 +49,7 @@ fn take_span_write_error() -> Option<String> {
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    sqlite_lib::load(py)?;
     py.import("atexit")?.call_method1(
         "register",
         (wrap_pyfunction!(offloop::settle_deliveries, py)?,),
@@ -62,6 +64,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store::migrate_store, m)?)?;
     m.add_function(wrap_pyfunction!(take_span_write_error, m)?)?;
     m.add_function(wrap_pyfunction!(span_tap::set_span_tap, m)?)?;
+    m.add_function(wrap_pyfunction!(sqlite_lib::sqlite_library, m)?)?;
     m.add_function(wrap_pyfunction!(errors::register_errors, m)?)?;
     m.add_function(wrap_pyfunction!(codec::register_decoder, m)?)?;
     m.add_function(wrap_pyfunction!(codec::loads_plain, m)?)?;

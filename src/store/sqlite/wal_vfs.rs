@@ -57,11 +57,6 @@ const EXTEND_BY: usize = 256 * 1024;
 /// after a commit frame, 0 in every other frame.
 const FRAME_HEADER: usize = 24;
 
-extern "C" {
-    // SQLite 3.31+: the database file a WAL or journal file name belongs to.
-    fn sqlite3_database_file_object(name: *const c_char) -> *mut ffi::sqlite3_file;
-}
-
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Role {
     Main,
@@ -119,8 +114,8 @@ fn register() -> Option<Box<Vfs>> {
     // SAFETY: plain SQLite calls; the registered struct is boxed and kept
     // for the life of the process in `VFS`.
     unsafe {
-        if ffi::sqlite3_initialize() != ffi::SQLITE_OK {
-            return None;
+        if let Err(e) = crate::sqlite_lib::ensure() {
+            panic!("{e}");
         }
         let base = ffi::sqlite3_vfs_find(std::ptr::null());
         if base.is_null() || (*base).iVersion < 1 || (*base).xOpen.is_none() {
@@ -192,7 +187,10 @@ unsafe extern "C" fn x_open(
         },
     );
     if role == Role::Wal && !name.is_null() {
-        let main = sqlite3_database_file_object(name).cast::<ShimFile>();
+        // SQLite 3.31+: the database file a WAL or journal file name belongs to.
+        let main = crate::sqlite_lib::database_file_object(name)
+            .unwrap_or(std::ptr::null_mut())
+            .cast::<ShimFile>();
         // Only a main file opened through this VFS carries these methods.
         if !main.is_null() && is_shim(&(*main).base) && (*main).role == Role::Main {
             (*main).peer = f;
