@@ -9,6 +9,7 @@ __all__ = [
     "Fence",
     "Store",
     "Wait",
+    "answer_interrupts",
     "begin_await",
     "begin_receive",
     "begin_sleep",
@@ -376,6 +377,7 @@ def query_runs(
     kind: str | None = None,
     since: float | None = None,
     limit: int = 10,
+    before: tuple[float, str] | None = None,
 ) -> list[_RunRow] | None: ...
 def resolve_run(
     db_path: str, run_id: str | None = None
@@ -397,7 +399,13 @@ def search_runs(
     kind: str | None = None,
     since: float | None = None,
     limit: int = 10,
+    before: tuple[float, str] | None = None,
 ) -> tuple[Literal["no_store", "ok", "unavailable", "bad_query"], Any]: ...
+
+# `compose answer` (src/py/answer.rs): `(interrupt_id, stored, value_json)` per answer.
+def answer_interrupts(
+    store: Store, run_id: str, answers: list[tuple[str, str]]
+) -> tuple[list[tuple[str, bool, str]], bool] | None: ...
 
 # `(key, calls, tokens, cost_usd, incomplete)`.
 _CostTuple: TypeAlias = tuple[str, int, int, float | None, bool]

@@ -178,7 +178,11 @@ def _parked(rows: list[dict]) -> dict[str, str]:
     if not ids:
         return {}
     out = {}
-    for run_id, (_key, wake_at, signal_name) in _core.parked_waits(_db_path(), ids).items():
+    for run_id, (key, wake_at, signal_name) in _core.parked_waits(_db_path(), ids).items():
+        if key.startswith("__interrupt__:"):
+            # Answered (`compose answer`): due for a worker now.
+            out[run_id] = "  answered, due"
+            continue
         wake = "" if wake_at is None else f" until {_core.clock_iso(wake_at)}"
         out[run_id] = f"  signal {signal_name}{wake}" if signal_name else f"  timer {wake.strip()}"
     return out
@@ -349,6 +353,59 @@ def _cmd_signal(args: argparse.Namespace) -> int:
     durable.signal(args.run_id, args.name, value)
     print(f"signal {args.name!r} sent to run {args.run_id}")
     return 0
+
+
+def _cmd_answer(args: argparse.Namespace) -> int:
+    """`compose answer RUN_ID INTERRUPT_ID [--json VALUE | --yes | --no] [--resume]`
+    and `compose answer RUN_ID --list` (issue 26)."""
+    from . import _answer
+
+    _import_modules(args.imports)
+    if args.list:
+        run = _answer.resolve(args.run_id)
+        if args.json_list:
+            print(json.dumps([p.as_dict() for p in _answer.pending(run["run_id"])], indent=2))
+            return 0
+        found = _answer.pending(run["run_id"])
+        if not found:
+            print(f"run {run['run_id']} ({run['status']}) has no pending interrupts")
+        for p in found:
+            print(f"{p.id}  kind={p.kind}  question={json.dumps(p.question)}")
+            print(f"    payload={json.dumps(p.payload)}")
+        return 0
+    if args.interrupt_id is None:
+        args.parser.error("INTERRUPT_ID is required (or --list)")
+    if args.value is None:
+        args.parser.error("give the answer: --json VALUE, --yes or --no")
+    value = args.value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise ComposeError(f"--json value is not valid JSON: {e}") from None
+    done = _answer.answer(args.run_id, args.interrupt_id, value, resume=args.resume)
+    print(
+        f"answered interrupt {done.interrupt_id!r} of run {done.run_id}: {json.dumps(done.value)}"
+    )
+    if done.outcome is not None:
+        print(f"run {done.run_id} continued here: {done.status}")
+    elif done.due:
+        print(
+            "the run is due: a running `compose worker` (with --import for its flow) continues it"
+        )
+    else:
+        print(
+            f"continue it with: compose answer {done.run_id} --resume, or resume({done.run_id!r})"
+        )
+    return 0
+
+
+def _cmd_ui(args: argparse.Namespace) -> int:
+    """`compose ui`: the local web app over the store (issue 26)."""
+    _import_modules(args.imports)
+    from .ui.server import serve
+
+    return serve(args.host, args.port, allow_remote=args.allow_remote)
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
@@ -910,6 +967,34 @@ def _build_parser() -> argparse.ArgumentParser:
     sig.add_argument("--json", metavar="VALUE", help="the signal's value, as JSON")
     add_import(sig)
     sig.set_defaults(func=_cmd_signal, parser=sig)
+
+    ans = sub.add_parser("answer", help="answer a pending interrupt of a run")
+    ans.add_argument("run_id", metavar="RUN_ID", help="run id or unique prefix")
+    ans.add_argument("interrupt_id", nargs="?", metavar="INTERRUPT_ID")
+    given = ans.add_mutually_exclusive_group()
+    given.add_argument("--json", dest="value", metavar="VALUE", help="the answer, as JSON")
+    given.add_argument("--yes", dest="value", action="store_const", const=True, help="answer true")
+    given.add_argument("--no", dest="value", action="store_const", const=False, help="answer false")
+    given.add_argument("--list", action="store_true", help="list the run's pending interrupts")
+    ans.add_argument(
+        "--resume", action="store_true", help="continue the run in this process (needs --import)"
+    )
+    ans.add_argument(
+        "--json-list", action="store_true", help="with --list: print the interrupts as JSON"
+    )
+    add_import(ans)
+    ans.set_defaults(func=_cmd_answer, parser=ans)
+
+    ui = sub.add_parser("ui", help="serve the local web UI over the store")
+    ui.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
+    ui.add_argument("--port", type=int, default=8765, help="port (8765)")
+    ui.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a non-loopback --host; every request must carry COMPOSE_UI_TOKEN",
+    )
+    add_import(ui)
+    ui.set_defaults(func=_cmd_ui, parser=ui)
 
     cancel = sub.add_parser("cancel", help="cancel a run")
     cancel.add_argument("run_id", metavar="RUN_ID")

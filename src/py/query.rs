@@ -117,7 +117,7 @@ fn summary_dict<'py>(py: Python<'py>, s: &RunSummary) -> PyResult<Bound<'py, PyD
 /// `compose runs` rows: every `runs` column plus `tokens`, `cost_usd` and
 /// `cost_complete`, newest first; `None` when there is no store.
 #[pyfunction]
-#[pyo3(signature = (db_path, status=None, kind=None, since=None, limit=10))]
+#[pyo3(signature = (db_path, status=None, kind=None, since=None, limit=10, before=None))]
 pub fn query_runs<'py>(
     py: Python<'py>,
     db_path: &str,
@@ -125,11 +125,13 @@ pub fn query_runs<'py>(
     kind: Option<String>,
     since: Option<f64>,
     limit: i64,
+    before: Option<(f64, String)>,
 ) -> PyResult<Option<Vec<Bound<'py, PyDict>>>> {
     let filter = RunFilter {
         status,
         kind,
         since,
+        before,
         limit,
     };
     let rows = py
@@ -291,7 +293,7 @@ type Searched = (&'static str, Result<Vec<RunSummary>, String>);
 /// `("unavailable", rows)` (FTS5 missing: `rows` are unfiltered by the
 /// query) or `("bad_query", sqlite_message)`.
 #[pyfunction]
-#[pyo3(signature = (db_path, query, status=None, kind=None, since=None, limit=10))]
+#[pyo3(signature = (db_path, query, status=None, kind=None, since=None, limit=10, before=None))]
 pub fn search_runs(
     py: Python<'_>,
     db_path: &str,
@@ -300,11 +302,13 @@ pub fn search_runs(
     kind: Option<String>,
     since: Option<f64>,
     limit: i64,
+    before: Option<(f64, String)>,
 ) -> PyResult<(String, PyObject)> {
     let filter = RunFilter {
         status,
         kind,
         since,
+        before,
         limit,
     };
     let found = py

@@ -35,6 +35,9 @@ pub struct RunFilter {
     pub kind: Option<String>,
     /// Keeps runs with `created_at >= since` (Unix seconds).
     pub since: Option<f64>,
+    /// Keeps runs listed after the run `(created_at, run_id)` in the
+    /// newest-first order: the next page of a listing.
+    pub before: Option<(f64, String)>,
     pub limit: i64,
 }
 
@@ -60,12 +63,23 @@ fn select_runs(
         "SELECT {RUN_COLUMNS} FROM runs \
          WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR kind = ?2) \
            AND (?3 IS NULL OR created_at >= ?3) {fts} \
+           AND (?6 IS NULL OR created_at < ?6 OR (created_at = ?6 \
+             AND rid < (SELECT b.rid FROM runs b WHERE b.run_id = ?7))) \
          ORDER BY created_at DESC, rid DESC LIMIT ?4"
     );
+    let (before_at, before_id) = f.before.clone().unzip();
     let runs: Vec<RunRow> = conn
         .prepare_cached(&sql)?
         .query_map(
-            params![f.status, f.kind, f.since, f.limit.max(0), matching],
+            params![
+                f.status,
+                f.kind,
+                f.since,
+                f.limit.max(0),
+                matching,
+                before_at,
+                before_id
+            ],
             read_run_row,
         )?
         .collect::<rusqlite::Result<_>>()?;
@@ -890,6 +904,7 @@ mod tests {
                     status: status.map(Into::into),
                     kind: kind.map(Into::into),
                     since,
+                    before: None,
                     limit,
                 },
             )
