@@ -192,7 +192,7 @@ def answer(run_id: str, interrupt_id: str, value: Any, *, resume: bool = False) 
     if not stored:
         # Another answer won the race since the pending row was read.
         raise AlreadyAnswered(run_id, answered_id, _plain(now_json))
-    outcome = None
+    outcome: Any = None
     if resume:
         from . import resume as _resume
 

@@ -40,6 +40,7 @@ __all__ = [
     "search_runs",
     "send_signal",
     "set_module",
+    "span_view",
     "take_span_write_error",
     "trace_status",
     "trace_view",
@@ -417,6 +418,9 @@ def diff_view(
     db_path: str, run_id: str
 ) -> tuple[Literal["no_store", "not_found", "ambiguous", "found"], Any]: ...
 def export_view(
+    db_path: str, run_id: str
+) -> tuple[Literal["no_store", "not_found", "ambiguous", "found"], Any]: ...
+def span_view(
     db_path: str, run_id: str
 ) -> tuple[Literal["no_store", "not_found", "ambiguous", "found"], Any]: ...
 

@@ -73,6 +73,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(query::llm_costs, m)?)?;
     m.add_function(wrap_pyfunction!(query::diff_view, m)?)?;
     m.add_function(wrap_pyfunction!(query::export_view, m)?)?;
+    m.add_function(wrap_pyfunction!(query::span_view, m)?)?;
     answer::register(m)?;
     durable::register(m)?;
     step::register(m)?;

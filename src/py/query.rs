@@ -533,3 +533,54 @@ pub fn export_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(Str
         },
     )
 }
+
+type ViewSpan = (
+    String,
+    Option<String>,
+    String,
+    String,
+    f64,
+    Option<f64>,
+    String,
+    bool,
+    (Option<String>, Option<String>),
+    Option<UsageTuple>,
+    (Option<String>, Option<String>, Option<String>),
+);
+
+/// The data side of the web UI's run page: resolves `run_id` and returns
+/// `(outcome, value)` like `resolve_run`; for `"found"` the value is
+/// `{"run_id", "trace_id", "spans"}` with every span of the run's trace,
+/// ordered by `started_at` then span id, as `(span_id, parent_span_id,
+/// kind, name, started_at, ended_at, status, replayed, (error_type,
+/// error_message), usage | None, (attributes_json, input_json,
+/// output_json))`.
+#[pyfunction]
+pub fn span_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(String, PyObject)> {
+    run_spans(
+        py,
+        db_path,
+        run_id,
+        |src, run| match run.trace_id.as_deref() {
+            Some(t) => src.trace(run.rid, t, true),
+            None => Ok(Vec::new()),
+        },
+        |s| -> ViewSpan {
+            let usage = usage_tuple(&s);
+            let span = s.span;
+            (
+                span.span_id,
+                span.parent_span_id,
+                span.kind,
+                span.name,
+                span.started_at,
+                span.ended_at,
+                span.status,
+                span.replayed,
+                (span.error_type, span.error_message),
+                usage,
+                (s.attributes_json, s.input_json, s.output_json),
+            )
+        },
+    )
+}
