@@ -183,8 +183,8 @@ def answer(run_id: str, interrupt_id: str, value: Any, *, resume: bool = False) 
             )
         from . import resume as _resume
 
-        outcome = _resume(run_id, answers={full: value})
-        return Answered(run_id, row["kind"], full, value, False, outcome)
+        graph_outcome = _resume(run_id, answers={full: value})
+        return Answered(run_id, row["kind"], full, value, False, graph_outcome)
     found = _core.answer_interrupts(store, run_id, [(full, encoded)])
     if found is None:
         raise ComposeError(f"no run found with id '{run_id}'")

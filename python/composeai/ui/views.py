@@ -193,7 +193,7 @@ def _span_html(spans: list[tuple]) -> str:
         if replayed:
             marks.append("<span class='mark replayed'>replayed</span>")
         if status == "paused":
-            marks.append("<span class='mark paused'>⏸ paused</span>")
+            marks.append("<span class='mark paused'>paused</span>")
         if status == "error":
             marks.append("<span class='mark error'>error</span>")
         dur = "running" if end is None else f"{(end - start) * 1000:.0f}ms"
