@@ -16,6 +16,7 @@ import composeai as compose
 from composeai import _answer, _engine, approve, ask_human, flow, task
 from composeai.cli import main
 from composeai.errors import ComposeError, SerializationError
+from composeai.testing import FakeModel
 
 pytestmark = pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"], indirect=True)
 
@@ -71,6 +72,8 @@ def test_answer_journals_and_the_worker_continues_the_run_issue26(capsys):
 
     assert main(["runs"]) == 0
     assert "answered, due" in capsys.readouterr().out
+    assert main(["trace", run.id]) == 0
+    assert "is answered and due: `compose worker` continues it" in capsys.readouterr().out
 
     done = compose.wake_due()
     assert [(r.id, r.status, r.output) for r in done] == [
@@ -196,3 +199,57 @@ def test_a_tool_shorthand_and_ambiguity_follow_resume_issue26():
     assert _answer._full_id("r", "other", ["publish"]) is None
     with pytest.raises(ComposeError, match="ambiguous"):
         _answer._full_id("r", "send", ["tool:send:c1", "tool:send:c2"])
+
+
+def test_agent_gated_tool_by_shorthand_with_resume_issue26(capsys):
+    """A standalone agent's approval-gated tool call is answered by the tool's name (the
+    shorthand `resume()` accepts); `--resume` continues the agent here and the tool runs."""
+    sent: list[str] = []
+
+    @compose.tool(requires_approval=True)
+    def send_email(to: str) -> str:
+        """Send an email."""
+        sent.append(to)
+        return f"sent to {to}"
+
+    call = {"tool_calls": [{"name": "send_email", "arguments": {"to": "bob"}, "id": "c1"}]}
+
+    @compose.agent(model=FakeModel([call, "Email sent."]), tools=[send_email])
+    def mailer(request: str) -> str:
+        """You send emails."""
+        return request
+
+    run = mailer.run("email bob")
+    assert (run.status, run.pending.id) == ("paused", "tool:send_email:c1")
+    capsys.readouterr()
+    assert main(["answer", run.id, "send_email", "--yes", "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert f"answered interrupt 'tool:send_email:c1' of run {run.id}: true" in out
+    assert f"run {run.id} continued here: completed" in out
+    assert sent == ["bob"]
+    assert main(["answer", run.id, "send_email", "--no"]) == 1
+    assert "already answered" in capsys.readouterr().err
+
+
+def test_graph_run_is_answered_through_resume_issue26(capsys):
+    """A graph node's suspend is answered by `node:<name>`; a graph applies answers as it
+    continues, so without `--resume` the CLI says so and stores nothing."""
+    from composeai.graph import END, Graph, suspend
+
+    def review(state, ctx):
+        if ctx.resume is None:
+            return suspend({"question": "Send?"})
+        return {"approved": ctx.resume == "yes"}
+
+    wf = Graph()
+    wf.add_node("review", review)
+    wf.start("review").edge("review", END)
+    paused = wf.compile().run({"text": "hi"})
+    assert paused.suspended
+    capsys.readouterr()
+    assert main(["answer", paused.run_id, "node:review", "--json", '"yes"']) == 1
+    assert "is a graph run" in capsys.readouterr().err
+    assert [p[0] for p in _engine.get_store().pending(paused.run_id)] == ["node:review"]
+    assert main(["answer", paused.run_id, "node:review", "--json", '"yes"', "--resume"]) == 0
+    assert f"run {paused.run_id} continued here: completed" in capsys.readouterr().out
+    assert _engine.get_store().get_run(paused.run_id)["status"] == "completed"

@@ -271,7 +271,10 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     if outcome == "ambiguous":
         raise _ambiguous(args.run_id, value)
     print(value["text"])
-    if value["status"] == "paused":
+    if value["status"] == "paused" and not value["pending"]:
+        # Answered (`compose answer`), not continued yet.
+        print(f"\n⏸  run {value['run_id']} is answered and due: `compose worker` continues it")
+    elif value["status"] == "paused":
         print(_paused_banner(value["run_id"], value["pending"]))
     return 0
 

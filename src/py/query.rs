@@ -294,6 +294,7 @@ type Searched = (&'static str, Result<Vec<RunSummary>, String>);
 /// query) or `("bad_query", sqlite_message)`.
 #[pyfunction]
 #[pyo3(signature = (db_path, query, status=None, kind=None, since=None, limit=10, before=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn search_runs(
     py: Python<'_>,
     db_path: &str,
