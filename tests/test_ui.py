@@ -21,6 +21,7 @@ from urllib.parse import urlencode
 import pytest
 
 from composeai import _engine, agent, approve, flow, task
+from composeai.cli import main
 from composeai.errors import ComposeError
 from composeai.testing import FakeModel
 from composeai.ui.server import make_server
@@ -176,11 +177,13 @@ def test_json_answer_form_and_other_pages_issue26():
         assert request(host, "GET", "/queues")[0] == 200
 
 
-def test_token_host_and_loopback_rules_issue26(monkeypatch):
+def test_token_host_and_loopback_rules_issue26(monkeypatch, capsys):
     """A non-loopback host needs --allow-remote and a token; with a token every request
     must carry it; a foreign Host header is refused (DNS rebinding)."""
     with pytest.raises(ComposeError, match="refusing to serve on non-loopback host"):
         make_server("0.0.0.0", 0)
+    assert main(["ui", "--host", "0.0.0.0", "--port", "0"]) == 1
+    assert "pass --allow-remote and set COMPOSE_UI_TOKEN" in capsys.readouterr().err
     monkeypatch.delenv("COMPOSE_UI_TOKEN", raising=False)
     with pytest.raises(ComposeError, match="needs COMPOSE_UI_TOKEN"):
         make_server("0.0.0.0", 0, allow_remote=True)
