@@ -16,12 +16,14 @@
 //! (the engine runs them on a thread of their own).
 
 use _core::ids::{encode_id, new_ulid};
+use _core::store::slot::FLAG_OUTPUT_IN_JOURNAL;
+use _core::store::sqlite::statements::Statements;
+use _core::store::sqlite::write_tx::WriteTx;
 use _core::store::sqlite::{
-    now, open_connection, FLAG_OUTPUT_IN_JOURNAL, JOURNAL_INSERT, PLAIN_SPAN_INSERT,
-    QUEUED_RUN_INSERT, SCHEMA_VERSION, SPAN_INSERT,
+    open_connection, JOURNAL_INSERT, PLAIN_SPAN_INSERT, QUEUED_RUN_INSERT, SCHEMA_VERSION,
+    SPAN_INSERT,
 };
-use _core::store::statements::Statements;
-use _core::store::write_tx::WriteTx;
+use _core::time::now;
 use rusqlite::params;
 use std::time::Instant;
 

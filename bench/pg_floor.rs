@@ -10,8 +10,8 @@
 use _core::ids::new_ulid;
 use _core::runtime::block_on;
 use _core::store::postgres::PgStore;
-use _core::store::sqlite::now;
 use _core::store::url::{parse, StoreUrl};
+use _core::time::now;
 use std::time::Instant;
 
 fn main() {

@@ -18,9 +18,6 @@ use std::time::{Duration, Instant};
 pub const DEFAULT_LEASE_SECONDS: f64 = 30.0;
 pub const DEFAULT_MAX_RECOVERY_ATTEMPTS: u32 = 5;
 
-/// The reason a run is failed with once it was recovered too often.
-pub const RECOVERY_EXHAUSTED: &str = "recovery attempts exhausted";
-
 /// `COMPOSE_LEASE_SECONDS`, read at each use (tests and workers set it per
 /// process); a positive number of seconds.
 pub fn lease_seconds() -> CoreResult<f64> {
@@ -58,53 +55,6 @@ fn parse_max_recovery(value: Option<&str>) -> CoreResult<u32> {
             ))
         }),
     }
-}
-
-/// SQLite schema step 7 and PostgreSQL schema step 4 (idempotent): how
-/// often each run was recovered since it last settled (STORE-12), and the
-/// holders whose lease of a run was taken over, whose late spans are then
-/// refused even once the run has settled (STORE-11).
-pub const SQLITE_SCHEMA_VERSION: i64 = 7;
-pub const SQLITE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS run_recoveries(\
-     rid INTEGER PRIMARY KEY, count INTEGER NOT NULL); \
-     CREATE TABLE IF NOT EXISTS lease_takeovers(rid INTEGER NOT NULL, owner TEXT NOT NULL, \
-     PRIMARY KEY(rid, owner)) WITHOUT ROWID;";
-pub const PG_SCHEMA_VERSION: i32 = 4;
-pub const PG_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS run_recoveries(\
-     rid BIGINT PRIMARY KEY, count INTEGER NOT NULL); \
-     CREATE TABLE IF NOT EXISTS lease_takeovers(rid BIGINT NOT NULL, owner TEXT NOT NULL, \
-     PRIMARY KEY(rid, owner)); \
-     CREATE INDEX IF NOT EXISTS runs_by_lease_expiry ON runs(lease_until) WHERE lease_owner IS NOT NULL;";
-
-/// What `acquire` does about earlier attempts whose holder died.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Takeover {
-    /// By hand: the run's recovery count starts again.
-    Manual,
-    /// By a worker: a takeover from a dead holder counts as a recovery, and
-    /// once `max` were counted the run is failed instead.
-    Recover { max: u32 },
-}
-
-/// The error_json of a run failed by the recovery limit.
-pub fn exhausted_error_json() -> String {
-    serde_json::json!({"type": "RecoveryError", "message": RECOVERY_EXHAUSTED}).to_string()
-}
-
-/// What the caller of an exhausted takeover is told.
-pub fn exhausted(run_id: &str, max: u32) -> CoreError {
-    CoreError::Config(format!(
-        "run '{run_id}' failed: {RECOVERY_EXHAUSTED} (recovered {max} times without settling; \
-         COMPOSE_MAX_RECOVERY_ATTEMPTS={max}) -- resume it by hand to try again"
-    ))
-}
-
-/// The error an attempt stops with once its run moved to another owner.
-pub fn moved(run_id: &str) -> CoreError {
-    CoreError::Config(format!(
-        "run '{run_id}' moved to another owner: this attempt's lease was taken over, so nothing \
-         it does from now on is stored -- the new owner continues the run"
-    ))
 }
 
 struct Entry {
@@ -247,8 +197,8 @@ fn run() {
         };
         for (store, seconds, members) in due {
             let rids: Vec<i64> = members.iter().map(|m| m.1).collect();
-            let until = crate::store::sqlite::now() + seconds;
-            let outcome = store.renew_leases(crate::run::owner_id(), until, &rids);
+            let until = crate::time::now() + seconds;
+            let outcome = store.renew_leases(crate::owner::owner_id(), until, &rids);
             let mut b = lock.lock();
             match outcome {
                 Ok(renewed) => {
@@ -264,7 +214,7 @@ fn run() {
                     if any_lost {
                         drop(b);
                         // Blocked waits of the lost attempts look again.
-                        crate::durable::clock::poke();
+                        crate::clock::poke();
                     }
                 }
                 Err(_) => {

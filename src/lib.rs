@@ -2,12 +2,14 @@
 //! with `cargo test`; `py` holds the Python bindings.
 
 pub mod budget;
+pub mod clock;
 pub mod durable;
 pub mod error;
 pub mod graph;
 pub mod ids;
 pub mod journal;
 pub mod lease;
+pub mod owner;
 pub mod py;
 pub mod queue;
 pub mod run;
@@ -15,4 +17,5 @@ pub mod runtime;
 pub mod store;
 #[cfg(test)]
 pub(crate) mod test_dir;
+pub mod time;
 pub mod trace;

@@ -170,6 +170,27 @@ def test_ext11_a_handle_result_returns_when_the_run_parks_on_a_human(isolated_st
         assert handle.resume({"ship": True}).output is True
 
 
+def test_ext11_handle_result_reflects_a_later_resume(isolated_state):
+    """EXT-11: `result()` returns the run's latest settled state, not the
+    paused outcome the handle's own drive ended with, whether the run was
+    resumed through the handle or through `compose.resume`."""
+
+    @flow
+    def twice() -> list:
+        return [compose.approve("first"), compose.approve("second")]
+
+    handle = twice.start()
+    assert handle.result(timeout=10).pending.id == "first"
+    resumed = handle.resume({"first": True})
+    assert resumed.status == "paused" and resumed.pending.id == "second"
+    parked = handle.result(timeout=10)
+    assert (parked.status, parked.pending.id) == ("paused", "second")
+    compose.resume(handle.id, {"second": False})
+    run = handle.result(timeout=10)
+    assert (run.id, run.status, run.output) == (handle.id, "completed", [True, False])
+    assert handle.status == "completed"
+
+
 FLOWS = """\
 import composeai as compose
 from composeai import flow, task

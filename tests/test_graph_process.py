@@ -140,11 +140,13 @@ def test_ext29_compose_resume_of_a_threadless_run_from_a_fresh_process(box):
         import composeai as compose
         import tickets
         r = compose.resume({first["run_id"]!r}, answers={{"review": "no"}})
-        emit(state=r.state, steps=r.steps)
+        emit(id=r.id, status=r.status, output=r.output)
         """,
         PROC="B",
     ).ok()
-    assert done["state"]["verdict"] == "no" and done["steps"] == 1
+    assert (done["id"], done["status"]) == (first["run_id"], "completed")
+    assert done["output"]["verdict"] == "no"
+    assert [e[1:] for e in effects(box, "node")][-1] == ("review", "2", "B")
     assert [e[-1] for e in effects(box, "lookup")] == ["A", "A"]
     unknown = box.run(
         f"""
@@ -282,12 +284,14 @@ def test_ext27_a_threadless_run_killed_mid_node_continues_with_compose_resume(bo
         import composeai as compose
         import tickets
         r = compose.resume({run_id!r})
-        emit(suspended=r.suspended, state=r.state, run_id=r.run_id)
+        paused = [r.status, r.id, r.pending.id]
+        r = compose.resume({run_id!r}, answers={{r.pending.id: "ok"}})
+        emit(paused=paused, status=r.status, output=r.output)
         """,
         PROC="B",
     ).ok()
-    assert done["run_id"] == run_id and done["suspended"]
-    assert done["state"]["c"] == "FACTS:DNS"
+    assert done["paused"] == ["paused", run_id, "node:review"]
+    assert done["status"] == "completed" and done["output"]["c"] == "FACTS:DNS"
     nodes = [(e[1], e[-1]) for e in effects(box, "node")]
     assert nodes[:3] == [("first", "A"), ("second", "A"), ("second", "B")]
     assert effects(box, "lookup")[0][1:] == ("dns", "A")
@@ -357,25 +361,29 @@ def test_ext21_approve_and_ask_human_in_nodes_resume_by_id_from_fresh_processes(
         import composeai as compose
         import gates
         r = compose.resume({run_id!r}, answers={{"ship": True}})
-        emit(suspended=r.suspended, interrupts=[[i.node, i.payload] for i in r.interrupts])
+        emit(status=r.status, pending=r.pending.model_dump())
         """,
         PROC="B",
     ).ok()
-    assert second["interrupts"] == [
-        ["why", {"id": "reason", "kind": "question", "question": "Why send it?", "payload": None}]
-    ]
+    assert second["status"] == "paused"
+    assert second["pending"] == {
+        "id": "node:why",
+        "kind": "question",
+        "question": "Why send it?",
+        "payload": None,
+    }
     third = gates.run(
         f"""
         import asyncio
         import composeai as compose
         import gates
         r = asyncio.run(compose.aresume({run_id!r}, answers={{"reason": "urgent"}}))
-        emit(state=r.state, suspended=r.suspended)
+        emit(id=r.id, status=r.status, output=r.output)
         """,
         PROC="C",
     ).ok()
-    assert not third["suspended"]
-    assert third["state"] == {
+    assert (third["id"], third["status"]) == (run_id, "completed")
+    assert third["output"] == {
         "topic": "solar",
         "text": "draft:solar",
         "sent": True,

@@ -5,7 +5,12 @@ the third founding seed rewritten for composeai.graph."""
 from __future__ import annotations
 
 import asyncio
+import os
+import sqlite3
+import subprocess
+import sys
 import threading
+from contextlib import closing
 
 import pytest
 
@@ -512,8 +517,10 @@ def test_ext29_compose_resume_with_node_answers():
 
     pending = _engine.get_store().pending(paused.run_id)
     assert [p[0] for p in pending] == ["node:ask"]
+    # `compose.resume` returns a `Run` for every run kind (FLOW-40).
     done = compose.resume(paused.run_id, answers={"node:ask": "yes"})
-    assert isinstance(done, GraphResult) and done.state == {"k": 1, "got": "yes"}
+    assert isinstance(done, compose.Run) and (done.id, done.status) == (paused.run_id, "completed")
+    assert done.output == {"k": 1, "got": "yes"} and done.pending is None
     assert _engine.get_store().get_run(paused.run_id)["status"] == "completed"
 
 
@@ -786,10 +793,116 @@ def test_ext29_compose_resume_answers_a_node_by_its_interrupt_id_or_node_name():
     assert [i.payload["id"] for i in paused.interrupts] == ["deploy"]
     # By the approve() id, as for a flow (FLOW-43)...
     second = compose.resume(paused.run_id, answers={"deploy": True})
-    assert second.suspended and second.interrupts[0].node == "note"
+    assert (second.status, second.output) == ("paused", None)
+    assert (second.pending.id, second.pending.kind) == ("node:note", "approval")
     # ... or by node, as for any suspended graph node (EXT-29).
     done = compose.resume(paused.run_id, answers={"node:note": False})
-    assert done.state == {"ok": True, "ok2": False}
+    assert done.status == "completed" and done.output == {"ok": True, "ok2": False}
+
+
+def test_ext29_compose_resume_answers_graph_and_flow_runs_alike():
+    """EXT-29 / FLOW-40: `compose.resume` and `aresume` return a `Run` for a graph run
+    too (id, status, output = the final state, pending = an `Interrupt` with id
+    `node:<name>`), so one loop answers paused runs of any kind; a handle from
+    `compose.get_run` shows the same pending interrupt."""
+
+    @compose.flow
+    def checklist() -> list:
+        return [compose.approve("lint"), compose.approve("tests")]
+
+    def gate(state, ctx):
+        return suspend({"check": "lint"}) if ctx.resume is None else {"lint": ctx.resume}
+
+    def note(state):
+        return {"tests": compose.approve("tests")}
+
+    wf = Graph(name="generic").add_node("gate", gate).add_node("note", note)
+    app = wf.start("gate").edge("gate", "note").edge("note", END).compile()
+    paused_graph = app.run({})
+    assert compose.get_run(paused_graph.run_id).pending.id == "node:gate"
+
+    def answer_all(run_id: str) -> tuple[list, compose.Run]:
+        asked = []
+        run = compose.get_run(run_id).result(timeout=10)
+        while run.status == "paused":
+            asked.append((run.pending.id, run.pending.kind))
+            run = compose.resume(run.id, {run.pending.id: True})
+        return asked, run
+
+    asked, flow_run = answer_all(checklist.start().id)
+    assert asked == [("lint", "approval"), ("tests", "approval")]
+    assert flow_run.output == [True, True]
+    asked, graph_run = answer_all(paused_graph.run_id)
+    assert asked == [("node:gate", "question"), ("node:note", "approval")]
+    assert (graph_run.id, graph_run.status) == (paused_graph.run_id, "completed")
+    assert graph_run.output == {"lint": True, "tests": True}
+
+    again = app.run({})
+
+    async def answer_async() -> compose.Run:
+        run = await compose.aresume(again.run_id, {"node:gate": False})
+        assert (run.status, run.pending.id) == ("paused", "node:note")
+        return await compose.aresume(run.id, {run.pending.id: False})
+
+    done = asyncio.run(answer_async())
+    assert done.status == "completed" and done.output == {"lint": False, "tests": False}
+
+
+def test_ext21_ext04_a_task_replayed_in_a_node_is_traced_replayed_when_resume_returns():
+    """EXT-21 / EXT-0.4 / OBS-5: a `@task` that a resumed node replays shows as
+    `(replayed)` in `compose trace` (another process) as soon as `compose.resume`
+    or a thread's `resume` returns, with the resumed attempt's node and root."""
+
+    @task
+    def lookup(topic: str) -> str:
+        return f"facts:{topic}"
+
+    def ask(state, ctx):
+        facts = lookup("solar")
+        return suspend("ship?") if ctx.resume is None else {"facts": facts}
+
+    from composeai import _engine
+
+    def stored_spans(run_id: str) -> int | None:
+        """The run's span rows, read at once through a connection of its own
+        (on SQLite; the CLI below reads either store)."""
+        store = _engine.get_store()
+        if store.kind != "sqlite":
+            return None
+        with closing(sqlite3.connect(f"file:{store.path}?mode=ro", uri=True)) as db:
+            sql = "SELECT count(*) FROM spans JOIN runs USING (rid) WHERE runs.run_id = ?"
+            return db.execute(sql, (run_id,)).fetchone()[0]
+
+    app = Graph(name="traced").add_node("ask", ask).start("ask").edge("ask", END).compile()
+    paused = app.run({})
+    compose.resume(paused.run_id, {"node:ask": True})
+    assert stored_spans(paused.run_id) in (None, 6)
+    thread = app.thread("traced-1")
+    first = thread.run({})
+    thread.resume({"ask": True})
+    assert stored_spans(first.run_id) in (None, 6)
+    for run_id in (paused.run_id, first.run_id):
+        cli = subprocess.run(
+            [sys.executable, "-m", "composeai.cli", "trace", run_id],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=dict(os.environ, NO_COLOR="1"),
+            timeout=120,
+        )
+        assert cli.returncode == 0, cli.stderr
+        tree = [line.split("─ ", 1)[1] for line in cli.stdout.splitlines() if "─ " in line]
+        names = [
+            " ".join(part for part in line.split() if not part.startswith("[")) for line in tree
+        ]
+        assert names == [
+            "◇ traced ⏸ paused",
+            "• ask",
+            "• lookup",
+            "◇ traced",
+            "• ask",
+            "• lookup (replayed)",
+        ], cli.stdout
 
 
 def test_ext21_a_sync_facade_call_inside_an_async_node_under_arun_raises_not_deadlocks():

@@ -16,6 +16,7 @@ import pytest
 import _proc
 from composeai import _engine
 from composeai.cli import main
+from composeai.errors import ConfigError
 from composeai.graph import (
     END,
     Graph,
@@ -307,6 +308,30 @@ def test_ext30_memory_and_sqlite_storage(tmp_path, isolated_state):
     assert Storage("postgresql://localhost/x").url == "postgresql://localhost/x"
     with pytest.raises(Exception, match="store URL"):
         Storage("mysql://x")
+
+
+def test_ext30_storage_accepts_every_store_url_form(tmp_path, monkeypatch, store_kind):
+    """EXT-30 / STORE-1: graph storage takes the store URLs COMPOSE_STORE takes,
+    the seed's `compile("sqlite://workflows.db")` included (relative to the
+    current directory); a password never shows in the error."""
+    monkeypatch.chdir(tmp_path)
+    relative = review_graph("relative", "sqlite://workflows.db")
+    first = relative.thread("request-1", actor="reviewer-7").run({"topic": "solar"})
+    assert first.suspended and (tmp_path / "workflows.db").exists()
+    done = relative.thread("request-1").resume({"review": "yes"})
+    assert done.state["verdict"] == "yes" and not done.suspended
+    assert read(tmp_path / "workflows.db", "SELECT count(*) FROM graph_threads") == [(1,)]
+    path = tmp_path / "nested" / "abs.db"
+    path.parent.mkdir()
+    assert counter_graph("absolute", f"sqlite:///{path}").thread("a").run().state["n"] == 1
+    assert read(path, "SELECT count(*) FROM graph_threads") == [(1,)]
+    if store_kind == "postgresql":
+        served = counter_graph("served", os.environ["COMPOSE_STORE"])
+        assert served.thread("p").run().state["n"] == 1
+        assert served.thread("p").run().state["n"] == 2
+    with pytest.raises(ConfigError, match="store URL") as bad:
+        Storage("postgresql://user:hunter2@localhost/db?sslmode=sometimes")
+    assert "hunter2" not in str(bad.value)
 
 
 def test_ext30a_checkpoints_store_deltas_and_periodic_snapshots():

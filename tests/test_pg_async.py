@@ -638,6 +638,6 @@ def test_compose_aresume_of_a_graph_run_with_a_budget_off_the_loop(store_kind):
         return await task
 
     result = asyncio.run(main())
-    assert result.state == {"size": 3} and not result.suspended
+    assert (result.status, result.output) == ("completed", {"size": 3})
     row = _engine.get_store().get_run(paused.run_id)
     assert row["status"] == "completed" and json.loads(row["budget_json"])["tokens"] == 100

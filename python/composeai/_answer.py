@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import _codec, _core
+from . import _codec, _core, _engine, _lifecycle
+from ._show import _db_path
 from .errors import ComposeError, SerializationError
 
 __all__ = ["AlreadyAnswered", "Answered", "Pending", "answer", "pending", "resolve"]
@@ -95,12 +96,6 @@ def _plain(value_json: str | None) -> Any:
         return value_json
 
 
-def _db_path() -> str:
-    from .cli import _db_path
-
-    return _db_path()
-
-
 def resolve(run_id: str) -> dict:
     """The run row for a full id or unique prefix (OBS-30), or a
     `ComposeError` naming it."""
@@ -117,8 +112,6 @@ def resolve(run_id: str) -> dict:
 
 def pending(run_id: str) -> list[Pending]:
     """The run's pending interrupts, ordered by id."""
-    from . import _engine
-
     return [Pending(row) for row in _engine.get_store().pending(run_id)]
 
 
@@ -155,8 +148,6 @@ def answer(run_id: str, interrupt_id: str, value: Any, *, resume: bool = False) 
     codec cannot encode. With `resume`, the run continues here through
     `resume()` (its flow, agent or graph must be importable in this process).
     """
-    from . import _engine
-
     row = resolve(run_id)
     run_id = row["run_id"]
     store = _engine.get_store()
@@ -181,9 +172,7 @@ def answer(run_id: str, interrupt_id: str, value: Any, *, resume: bool = False) 
                 f"run '{run_id}' is a graph run: its answers are applied as it continues -- "
                 "answer it with --resume (and --import the module that compiles the graph)"
             )
-        from . import resume as _resume
-
-        graph_outcome = _resume(run_id, answers={full: value})
+        graph_outcome = _lifecycle.resume(run_id, answers={full: value})
         return Answered(run_id, row["kind"], full, value, False, graph_outcome)
     found = _core.answer_interrupts(store, run_id, [(full, encoded)])
     if found is None:
@@ -194,7 +183,5 @@ def answer(run_id: str, interrupt_id: str, value: Any, *, resume: bool = False) 
         raise AlreadyAnswered(run_id, answered_id, _plain(now_json))
     outcome: Any = None
     if resume:
-        from . import resume as _resume
-
-        outcome = _resume(run_id)
+        outcome = _lifecycle.resume(run_id)
     return Answered(run_id, row["kind"], full, value, found[1] and not resume, outcome)

@@ -16,16 +16,15 @@ from __future__ import annotations
 import contextvars
 import threading
 from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from . import _core, _engine
+from ._cancel import CANCEL_TOKEN, CancelToken, current_cancel_token, use_cancel_token
+from ._values import Run
 from .events import AsyncSubscription, Event, EventBus, Subscription, use_bus
 
 if TYPE_CHECKING:
     import asyncio
-    from types import TracebackType
-
-    from .runs import Run
 
 __all__ = [
     "CANCEL_TOKEN",
@@ -43,64 +42,6 @@ if TYPE_CHECKING:
     R = typing_extensions.TypeVar("R", default=Any)
 else:
     R = TypeVar("R")
-
-
-class CancelToken:
-    """A one-way cancellation flag, safe to set and read from any thread."""
-
-    __slots__ = ("_event",)
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-
-    @property
-    def cancelled(self) -> bool:
-        """True once `set()` has been called."""
-        return self._event.is_set()
-
-    def set(self) -> None:
-        """Request cancellation (idempotent)."""
-        self._event.set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until cancelled or `timeout` seconds pass; returns `cancelled`.
-        For interruptible sleeps (e.g. retry back-off) on worker threads."""
-        return self._event.wait(timeout)
-
-    def __repr__(self) -> str:
-        return f"<CancelToken cancelled={self.cancelled}>"
-
-
-CANCEL_TOKEN: ContextVar[CancelToken | None] = ContextVar("composeai.cancel_token", default=None)
-
-
-def current_cancel_token() -> CancelToken | None:
-    """The ambient cancel token (set inside `RunStream.start`'s call), or None."""
-    return CANCEL_TOKEN.get()
-
-
-class use_cancel_token:
-    """`with use_cancel_token(token):` makes `token` ambient for the block;
-    `use_cancel_token(None)` hides an enclosing stream's token (e.g. for work
-    that must not be cancelled with it)."""
-
-    __slots__ = ("_resets", "_token")
-
-    def __init__(self, token: CancelToken | None) -> None:
-        self._token = token
-        self._resets: list[Any] = []
-
-    def __enter__(self) -> CancelToken | None:
-        self._resets.append(CANCEL_TOKEN.set(self._token))
-        return self._token
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        CANCEL_TOKEN.reset(self._resets.pop())
 
 
 class RunStream(Generic[R]):
@@ -207,13 +148,8 @@ def _cancelled_run(exc: BaseException) -> Run | None:
     """The `Run` a cancelled call returns when the engine's cancel signal
     reached the stream itself: a stream nested in a flow step has no run row
     to settle, and the signal must never reach user code (AGENT-93, ERR-5)."""
-    from . import _engine
-
     if not isinstance(exc, _engine._Cancelled):
         return None
-    from . import _core
-    from .runs import Run
-
     frame = _engine.FRAME.get()
     return Run(
         id=_core.ulid(),

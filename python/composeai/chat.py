@@ -87,7 +87,7 @@ class Chat:
         )
 
     def _run_send(self, text: str, budget: Any) -> Run:
-        from .agentfn import run_seeded
+        from ._agent_runs import run_seeded
         from .messages import Message
 
         seed = [*self._messages, Message.user(text)]

@@ -16,7 +16,7 @@ from contextvars import copy_context
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, overload
 
-from . import _codec, _core, _engine
+from . import _codec, _core, _drive, _engine
 from ._engine import FRAME, Frame
 from ._stages import build_validator, stage_name, stage_types
 from .errors import CompositionTypeError, ConfigError
@@ -748,10 +748,10 @@ class _Composite:
             run.attempt.discard()
             raise self._paused_error() from None
         if exc is not None:
-            outcome = _engine.settle_interrupted(run, root, exc, cancelled_status="cancelled")
+            outcome = _drive.settle_interrupted(run, root, exc, cancelled_status="cancelled")
         else:
-            outcome = _engine.settle_completed(run, root, output, lenient=True)
-        return _engine.make_run_result(run, outcome)
+            outcome = _drive.settle_completed(run, root, output, lenient=True)
+        return _drive.make_run_result(run, outcome)
 
     def run(self, x: Any, budget: Any = None):
         """An independent top-level run, even inside a flow (COMP-11)."""
@@ -785,7 +785,7 @@ class _Composite:
                 id=_core.ulid(),
                 status="completed",
                 output=output,
-                usage=_engine.subtree_usage(frame.trace, spans[0]),
+                usage=_drive.subtree_usage(frame.trace, spans[0]),
                 trace=frame.trace,
                 messages=[],
             )

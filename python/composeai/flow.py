@@ -4,9 +4,27 @@ from __future__ import annotations
 
 import sys
 
-from . import _codec, _core, _engine, _source
+from . import _codec, _core, _drive, _engine, _source
 from ._engine import FRAME, Frame
-from .errors import ConfigError, ResumeMismatchError, SerializationError
+
+# `NotDue`, `continue_due` and the `*resume*` helpers stay importable from
+# here, where they were before `_lifecycle`.
+from ._lifecycle import (  # noqa: F401
+    _FLOWS,
+    REGISTRIES,
+    NotDue,
+    abegin_resume,
+    aresolve_pending_answers,
+    aresume,
+    begin_resume,
+    continue_due,
+    resolve_pending_answers,
+    resume,
+    start_in_background,
+    start_queued,
+)
+from ._values import Run
+from .errors import ConfigError
 
 __all__ = ["Flow", "Task", "anow", "arandom", "aresume", "flow", "now", "random", "resume", "task"]
 
@@ -18,7 +36,7 @@ if TYPE_CHECKING:
     import typing_extensions
 
     from ._streams import RunStream
-    from .runs import Budget, Run
+    from .runs import Budget
 
     # Bare `Task` / `Flow` mean `[..., Any]` (COMP-46).
     P = typing_extensions.ParamSpec("P", default=...)
@@ -30,7 +48,6 @@ else:
     R = TypeVar("R")
 
 _TASKS: dict[str, Task] = {}
-_FLOWS: dict[str, Flow] = {}
 
 
 _CO_COROUTINE = 0x80  # inspect.CO_COROUTINE
@@ -389,7 +406,7 @@ class Flow(Generic[P, R]):
     async def _astart(self, args: tuple, kwargs: dict, budget: Any, wait: bool = True):
         args_json = _codec.dumps(_args_payload(args, kwargs))
         budget_json = _engine.budget_json(budget)
-        attempt = await _engine.astart_run(
+        attempt = await _drive.astart_run(
             "flow", self.name, self.fingerprint, args_json, budget_json
         )
         run = _engine.RunState(attempt, self.name, not wait)
@@ -416,7 +433,7 @@ class Flow(Generic[P, R]):
     def _drive_body(self, run, root, args: tuple, kwargs: dict):
         call = lambda: self.fn(*args, **kwargs)
         if self.retry is not None:
-            from .durable import aretrying_body, retrying_body
+            from ._waits import aretrying_body, retrying_body
 
             policy, plain = self.retry, call
             if self._is_async:
@@ -426,15 +443,15 @@ class Flow(Generic[P, R]):
         if self._is_async:
             from . import _runtime
 
-            outcome = _runtime.run_sync(lambda: _engine.drive_async(run, call, root))
+            outcome = _runtime.run_sync(lambda: _drive.drive_async(run, call, root))
         else:
-            outcome = _engine.drive_sync(run, call, root)
-        return self._after(run, _engine.make_run_result(run, outcome))
+            outcome = _drive.drive_sync(run, call, root)
+        return self._after(run, _drive.make_run_result(run, outcome))
 
     def _after(self, run, result):
         """A blocking driver carries on after a retry backoff (EXT-8)."""
         if self.retry is not None and not run.park:
-            from .durable import is_retry_park
+            from ._waits import is_retry_park
 
             if is_retry_park(result):
                 return resume(result.id)
@@ -471,12 +488,12 @@ class Flow(Generic[P, R]):
                 )
 
         if self.retry is not None:
-            from .durable import aretrying_body, is_retry_park
+            from ._waits import aretrying_body, is_retry_park
 
             policy, plain = self.retry, body
             body = lambda: aretrying_body(policy, plain)
-        outcome = await _engine.drive_async(run, body, root)
-        result = _engine.make_run_result(run, outcome)
+        outcome = await _drive.drive_async(run, body, root)
+        result = _drive.make_run_result(run, outcome)
         if self.retry is not None and not run.park and is_retry_park(result):
             return await aresume(result.id)
         return result
@@ -503,15 +520,11 @@ class Flow(Generic[P, R]):
         (STORE-20) the run is created `queued` and a worker executes it."""
         _engine.check_sync_facade()
         if queue is not None:
-            from .queues import start_queued
-
             return start_queued(self, args, kwargs, budget, queue, priority, dedup_id)
         if priority != 0 or dedup_id is not None:
             raise ConfigError(
                 f"priority and dedup_id apply to queued runs -- pass queue= to {self.name}.start()"
             )
-        from .durable import start_in_background
-
         return start_in_background(self, args, kwargs, budget, wait)
 
     def stream(self, *args: Any, budget: Any = None, **kwargs: Any) -> RunStream[R]:
@@ -533,9 +546,6 @@ class Flow(Generic[P, R]):
         return await self._adrive(run, args, kwargs, meter)
 
     async def _anested(self, frame: Frame, args: tuple, kwargs: dict):
-        from . import _core
-        from .runs import Run
-
         spans: list = []
 
         async def execute(inner: Frame, args: tuple, kwargs: dict):
@@ -556,7 +566,7 @@ class Flow(Generic[P, R]):
         output = await _engine.ajournaled_step(frame, "flow", self.name, execute, args, kwargs)
         usage = None
         if spans:
-            usage = _engine.subtree_usage(frame.trace, spans[0])
+            usage = _drive.subtree_usage(frame.trace, spans[0])
         return Run(
             id=_core.ulid(),
             status="completed",
@@ -625,12 +635,8 @@ def reset_registries() -> None:
     """Forgets every registered task, flow, graph and queue name (TEST-50)."""
     _TASKS.clear()
     _FLOWS.clear()
-    graph = sys.modules.get("composeai.graph")
-    if graph is not None:
-        graph.reset_registry()
-    queues = sys.modules.get("composeai.queues")
-    if queues is not None:
-        queues._QUEUES.clear()
+    for registry in REGISTRIES:
+        registry.clear()
 
 
 # ---------------------------------------------------------------------------
@@ -671,307 +677,3 @@ async def anow():
 async def arandom() -> float:
     """Async twin of `random()`, sharing its keys (FLOW-24)."""
     return _engine.journaled_value("random", _draw)
-
-
-# ---------------------------------------------------------------------------
-# resume()
-
-_CALLBACKS_ON_FLOW = (
-    "approver=, context_manager= and tool_interceptor= apply only to standalone agent runs, "
-    "not @flow runs"
-)
-
-
-def _resolve_answers(answers: dict[str, Any], pending_ids: list[str]) -> list[tuple[str, str]]:
-    """Maps answer keys to interrupt ids and encodes the answers (FLOW-43)."""
-    pending = set(pending_ids)
-    resolved: list[tuple[str, str]] = []
-    for key, value in answers.items():
-        if key in pending:
-            full = key
-        else:
-            matches = sorted(p for p in pending_ids if p.startswith(f"tool:{key}:"))
-            if len(matches) == 1:
-                full = matches[0]
-            elif len(matches) > 1:
-                raise ConfigError(
-                    f"answer key {key!r} is ambiguous -- it matches multiple pending interrupts "
-                    f"{matches!r}; use the full interrupt id to disambiguate"
-                )
-            elif pending_ids and all(p.startswith("tool:") for p in pending_ids):
-                raise ConfigError(
-                    f"answer key {key!r} does not match any pending interrupt -- currently "
-                    f"pending: {sorted(pending_ids)!r} (a tool-call answer can't be supplied ahead "
-                    "of the tool actually being called, unlike a bare approve()/ask_human() id)"
-                )
-            else:
-                full = key
-        try:
-            encoded = _codec.dumps(value)
-        except SerializationError as exc:
-            raise SerializationError(f"answer {key!r}: {exc}") from None
-        resolved.append((full, encoded))
-    return resolved
-
-
-def _prepare_resume(
-    store: Any,
-    run_id: str,
-    answers: dict[str, Any] | None,
-    allow_code_change: bool,
-    callbacks: tuple,
-):
-    """Plan (`_engine.plan_io`): FLOW-41's checks, in order, before anything
-    is written. Returns the flow to run and the resolved answers, or a
-    finished `Run`, or the row of an agent or graph run."""
-    remote = store.kind != "sqlite"
-    row = yield _engine.plan_io(remote, store.get_run, store.aget_run, run_id)
-    graph = sys.modules.get("composeai.graph")
-    if row is None and graph is not None:
-        found = yield from graph.find_run(run_id)
-        row = found[1] if found is not None else None
-    if row is None:
-        raise ConfigError(f"no run found with run_id {run_id!r}")
-    if row["kind"] in ("agent", "graph"):
-        return None, None, row
-    if any(c is not None for c in callbacks):
-        raise ConfigError(_CALLBACKS_ON_FLOW)
-    if row["status"] == "cancelled" and row["kind"] == "flow":
-        raise ConfigError(f"run '{run_id}' was cancelled")
-    flow_obj = _FLOWS.get(row["name"])
-    if flow_obj is None or row["kind"] != "flow":
-        raise ConfigError(
-            f"flow {row['name']!r} is not registered in this process -- import the module that "
-            "defines it (so its @flow decoration runs) before calling resume()"
-        )
-    if row["status"] == "completed":
-        from .runs import Run
-        from .tracing import Trace
-
-        output_json = row["output_json"]
-        return (
-            None,
-            None,
-            Run(
-                id=run_id,
-                status="completed",
-                output=_codec.loads(output_json) if output_json is not None else None,
-                usage=None,
-                trace=Trace(trace_id=row["trace_id"] or ""),
-                messages=[],
-                pending=None,
-            ),
-        )
-    if not allow_code_change and not flow_obj._has_fingerprint(row["fingerprint"]):
-        raise ResumeMismatchError(
-            f"@flow {flow_obj.name!r}'s source changed since run {run_id!r} was created "
-            "(fingerprint mismatch) -- pass allow_code_change=True to resume anyway (the journal "
-            "may no longer match the new code's call sequence)"
-        )
-    resolved = yield from _pending_answers(store, run_id, answers)
-    return flow_obj, resolved, None
-
-
-def _pending_answers(store: Any, run_id: str, answers: dict[str, Any] | None):
-    """Plan: FLOW-43 against the run's pending interrupts; nothing is written."""
-    if not answers:
-        return []
-    remote = store.kind != "sqlite"
-    pending = yield _engine.plan_io(remote, store.pending, store.apending, run_id)
-    return _resolve_answers(answers, [p[0] for p in pending])
-
-
-def resolve_pending_answers(run_id: str, answers: dict[str, Any] | None) -> list:
-    """FLOW-43 against the run's pending interrupts; nothing is written."""
-    return _engine.run_plan(_pending_answers(_engine.get_store(), run_id, answers))
-
-
-async def aresolve_pending_answers(run_id: str, answers: dict[str, Any] | None) -> list:
-    """`resolve_pending_answers`, the interrupts read off the loop on a server."""
-    store = await _engine.aget_store()
-    return await _engine.arun_plan(_pending_answers(store, run_id, answers))
-
-
-def begin_resume(
-    run_id: str, resolved: list, budget: Any, span_kind: str, name: str, recover: bool = False
-):
-    """Takes the lease, applies the budget override and the answers, decodes
-    the stored arguments, and builds the budget meter seeded with earlier
-    attempts' spend (FLOW-42, BUDGET-7/8). Returns `(run, payload, meter)`.
-    `recover`: a worker continuing a due run (STORE-12's limit applies)."""
-    # The answers are journaled with the claim (one commit on SQLite).
-    attempt = _engine.get_store().resume(run_id, recover, resolved)
-    try:
-        if budget is not None:
-            attempt.set_budget(_engine.budget_json(budget))
-        payload = _codec.loads(attempt.args_json) if attempt.args_json else {}
-        effective = budget
-        if effective is None and attempt.budget_json:
-            effective = _engine.budget_from_json(attempt.budget_json)
-        meter = None
-        if effective is not None:
-            meter = _engine.budget_meter(effective, span_kind, name, attempt.prior_llm_usage())
-    except BaseException as exc:
-        attempt.settle("failed", None, _engine.error_json(exc))
-        raise
-    return _engine.RunState(attempt, name), payload, meter
-
-
-async def abegin_resume(run_id: str, resolved: list, budget: Any, span_kind: str, name: str):
-    """`begin_resume` for an async driver: the lease claim, the answers and
-    a failure's settlement are awaited off the loop on a server-backed store."""
-    attempt = await _engine.aresume_attempt(run_id)
-    remote = attempt.remote
-    try:
-        if budget is not None:
-            budget_json = _engine.budget_json(budget)
-            if remote:
-                await _engine.off_loop(attempt.aset_budget, budget_json)
-            else:
-                attempt.set_budget(budget_json)
-        if resolved:
-            if remote:
-                await _engine.off_loop(attempt.arecord_answers, resolved)
-            else:
-                attempt.record_answers(resolved)
-        payload = _codec.loads(attempt.args_json) if attempt.args_json else {}
-        effective = budget
-        if effective is None and attempt.budget_json:
-            effective = _engine.budget_from_json(attempt.budget_json)
-        meter = None
-        if effective is not None:
-            if remote:
-                prior = await _engine.off_loop(attempt.aprior_llm_usage)
-            else:
-                prior = attempt.prior_llm_usage()
-            meter = _engine.budget_meter(effective, span_kind, name, prior)
-    except BaseException as exc:
-        await _engine.asettle(attempt, "failed", None, _engine.error_json(exc))
-        raise
-    return _engine.RunState(attempt, name), payload, meter
-
-
-def _begin_resume(
-    flow_obj: Flow, run_id: str, resolved, budget, wait: bool = True, recover: bool = False
-):
-    run, payload, meter = begin_resume(run_id, resolved, budget, "flow", flow_obj.name, recover)
-    run.park = not wait
-    return run, tuple(payload.get("args", ())), dict(payload.get("kwargs", {})), meter
-
-
-class NotDue(Exception):
-    """The run settled in another process after it was listed as due."""
-
-
-# Statuses a due run can be continued from: parked, or running with a dead holder.
-_CONTINUABLE = ("paused", "running")
-
-
-def continue_due(run_id: str) -> Run[Any]:
-    """Continues a run the worker found due, parking on its next wait.
-
-    Unlike ``resume()``, a run that another process settled in the meantime
-    (completed, failed or cancelled) is left exactly as it is: the status is
-    checked again under the lease, so two workers never both continue it.
-    """
-    store = _engine.get_store()
-    row = store.get_run(run_id)
-    if row is None or row["kind"] != "flow" or row["status"] not in _CONTINUABLE:
-        raise NotDue(run_id)
-    flow_obj, resolved, done = _engine.run_plan(
-        _prepare_resume(store, run_id, None, False, (None, None, None))
-    )
-    if done is not None:
-        raise NotDue(run_id)
-    run, args, kwargs, meter = _begin_resume(
-        flow_obj, run_id, resolved, None, wait=False, recover=True
-    )
-    attempt = run.attempt
-    if attempt.status not in _CONTINUABLE:
-        # Settled between the check above and the lease: give the lease back
-        # with the row as it is.
-        settled = store.get_run(run_id)
-        attempt.settle(settled["status"], settled["output_json"], settled["error_json"])
-        raise NotDue(run_id)
-    return flow_obj._drive(run, args, kwargs, meter)
-
-
-def resume(
-    run_id: str,
-    answers: dict[str, Any] | None = None,
-    *,
-    budget: Any = None,
-    allow_code_change: bool = False,
-    approver: Any = None,
-    tool_interceptor: Any = None,
-    context_manager: Any = None,
-    wait: bool = True,
-) -> Run[Any]:
-    """Continues a durable run in this or any process (FLOW-40 … FLOW-43)."""
-    _engine.check_sync_facade()
-    flow_obj, resolved, done = _engine.run_plan(
-        _prepare_resume(
-            _engine.get_store(),
-            run_id,
-            answers,
-            allow_code_change,
-            (approver, tool_interceptor, context_manager),
-        )
-    )
-    if isinstance(done, dict) and done["kind"] == "graph":
-        from .graph import resume_graph_run
-
-        # A graph run resumes to its `GraphResult`; the signature keeps the `Run` of
-        # every other kind rather than make each caller narrow a union.
-        return resume_graph_run(done, answers, budget)  # type: ignore[return-value]
-    if isinstance(done, dict):
-        from .agentfn import resume_standalone
-
-        return resume_standalone(
-            done, answers, budget, approver, tool_interceptor, context_manager, False
-        )
-    if done is not None:
-        return done
-    run, args, kwargs, meter = _begin_resume(flow_obj, run_id, resolved, budget, wait)
-    return flow_obj._drive(run, args, kwargs, meter)
-
-
-async def aresume(
-    run_id: str,
-    answers: dict[str, Any] | None = None,
-    *,
-    budget: Any = None,
-    allow_code_change: bool = False,
-    approver: Any = None,
-    tool_interceptor: Any = None,
-    context_manager: Any = None,
-    wait: bool = True,
-) -> Run[Any]:
-    """Async twin of `resume`, on the caller's loop: every read and write of a
-    server-backed store, and its first open, are awaited off the loop."""
-    flow_obj, resolved, done = await _engine.arun_plan(
-        _prepare_resume(
-            await _engine.aget_store(),
-            run_id,
-            answers,
-            allow_code_change,
-            (approver, tool_interceptor, context_manager),
-        )
-    )
-    if isinstance(done, dict) and done["kind"] == "graph":
-        from .graph import aresume_graph_run
-
-        # A `GraphResult`, as in `resume`.
-        return await aresume_graph_run(done, answers, budget)  # type: ignore[return-value]
-    if isinstance(done, dict):
-        from .agentfn import resume_standalone
-
-        return await resume_standalone(
-            done, answers, budget, approver, tool_interceptor, context_manager, True
-        )
-    if done is not None:
-        return done
-    run, payload, meter = await abegin_resume(run_id, resolved, budget, "flow", flow_obj.name)
-    run.park = not wait
-    args, kwargs = tuple(payload.get("args", ())), dict(payload.get("kwargs", {}))
-    return await flow_obj._adrive(run, args, kwargs, meter)

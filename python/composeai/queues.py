@@ -16,7 +16,9 @@ import threading
 from typing import Any
 
 from . import _codec, _core, _engine
+from ._lifecycle import OWNERS, REGISTRIES, RunHandle, queue_not_declared
 from .errors import ConfigError
+from .flow import Flow, _args_payload
 
 __all__ = ["Queue"]
 
@@ -100,8 +102,6 @@ class Queue:
 
     def enqueue(self, flow: Any, *args: Any, **kwargs: Any):
         """`flow.start(*args, queue=self, **kwargs)`: a `queued` run's `RunHandle`."""
-        from .flow import Flow
-
         if not isinstance(flow, Flow):
             raise TypeError(f"enqueue() takes a @flow, got {type(flow).__name__}")
         return flow.start(*args, queue=self, **kwargs)
@@ -118,10 +118,7 @@ def resolve(queue: Any) -> Queue:
     if isinstance(queue, str):
         found = _QUEUES.get(queue)
         if found is None:
-            raise ConfigError(
-                f"queue {queue!r} is not declared in this process -- declare it with "
-                f"composeai.Queue({queue!r}, ...) before starting runs on it"
-            )
+            raise ConfigError(queue_not_declared(queue))
         return found
     raise TypeError(f"queue must be a Queue or a queue name, got {type(queue).__name__}")
 
@@ -130,8 +127,6 @@ def start_queued(
     flow_obj: Any, args: tuple, kwargs: dict, budget: Any, queue: Any, priority: Any, dedup_id: Any
 ):
     """`Flow.start(queue=…)`: the run row is created `queued`; nothing executes here."""
-    from .durable import RunHandle
-
     q = resolve(queue)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ConfigError(f"priority must be an integer, got {priority!r}")
@@ -152,7 +147,5 @@ def start_queued(
     return RunHandle(run_id)
 
 
-def _args_payload(args: tuple, kwargs: dict) -> Any:
-    from .flow import _args_payload as payload
-
-    return payload(args, kwargs)
+OWNERS["queue"] = start_queued
+REGISTRIES.append(_QUEUES)

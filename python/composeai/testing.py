@@ -17,6 +17,12 @@ from typing import TYPE_CHECKING, Any
 from composeai import _core
 from composeai.errors import ComposeError, ConfigError
 from composeai.messages import Message, StopReason, TextPart, ThinkingPart, ToolCallPart, Usage
+from composeai.models._cache import (
+    CachingModel,
+    _canonical_hash,  # noqa: F401 -- importable from here as before
+    compute_full_hash,
+    compute_message_hash,
+)
 from composeai.models.base import ModelRequest, ModelResponse, RawStreamEvent, new_response
 
 if TYPE_CHECKING:
@@ -38,52 +44,6 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- hashes (TEST-22)
-
-
-def _canonical_hash(payload: Any) -> str:
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    return _core.sha256_hex(text)
-
-
-def compute_message_hash(system: str | None, messages: Sequence[Message]) -> str:
-    """SHA-256 (hex) of the system prompt and messages only (TEST-22)."""
-    return _canonical_hash(
-        {"system": system, "messages": [m.model_dump(mode="json") for m in messages]}
-    )
-
-
-def compute_full_hash(request: ModelRequest) -> str:
-    """SHA-256 (hex) of everything in ``request`` that affects the reply (TEST-22).
-
-    ``prompt_cache`` is never hashed; ``thinking``/``effort``/``thinking_budget`` only when set.
-    """
-    tools = request.tools
-    payload: dict[str, Any] = {
-        "provider": request.provider,
-        "model": request.model,
-        "system": request.system,
-        "messages": [m.model_dump(mode="json") for m in request.messages],
-        "tools": None
-        if tools is None
-        else [
-            {
-                "name": t.name,
-                "description": t.description,
-                "input_schema": t.input_schema,
-                "strict": t.strict,
-                "requires_approval": t.requires_approval,
-            }
-            for t in sorted(tools, key=lambda t: t.name)
-        ],
-        "output_schema": request.output_schema,
-        "max_tokens": request.max_tokens,
-        "temperature": request.temperature,
-    }
-    for key in ("thinking", "effort", "thinking_budget"):
-        value = getattr(request, key)
-        if value is not None:
-            payload[key] = value
-    return _canonical_hash(payload)
 
 
 # --------------------------------------------------------------------------- streaming (TEST-5)
@@ -474,93 +434,6 @@ def __getattr__(name: str) -> Any:
 
 
 # --------------------------------------------------------------------------- registries (TEST-50)
-
-
-class CachingModel:
-    """Wraps a model with an on-disk response cache keyed by the request's
-    full hash (TEST-40): a hit is returned with `Usage()`, never re-billed."""
-
-    def __init__(self, inner: Any, cache_dir: str | None = None):
-        import contextvars
-        import os
-
-        from composeai import _engine
-
-        self.inner = inner
-        self.cache_dir = cache_dir or os.path.join(_engine.state_dir(), "cache")
-        self._hit: contextvars.ContextVar[bool] = contextvars.ContextVar(
-            "composeai.cache_hit", default=False
-        )
-        if getattr(inner, "acomplete", None) is not None:
-            self.acomplete = self._acomplete
-        if getattr(inner, "stream", None) is not None:
-            self.stream = inner.stream
-        if getattr(inner, "astream", None) is not None:
-            self.astream = inner.astream
-        model_id = getattr(inner, "model_id", None)
-        if model_id:
-            self.model_id = model_id
-
-    @property
-    def last_was_hit(self) -> bool:
-        """Whether this thread's or task's latest call was served from the cache."""
-        return self._hit.get()
-
-    def _path(self, request: ModelRequest) -> str:
-        import os
-
-        return os.path.join(self.cache_dir, f"{compute_full_hash(request)}.json")
-
-    def _lookup(self, path: str) -> ModelResponse | None:
-        from composeai import _codec
-
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except FileNotFoundError:
-            return None
-        cached = _codec.loads(text)
-        self._hit.set(True)
-        return ModelResponse(
-            message=cached.message,
-            stop_reason=cached.stop_reason,
-            raw_stop_reason=cached.raw_stop_reason,
-            usage=Usage(),
-            model_id=cached.model_id,
-            parsed=cached.parsed,
-        )
-
-    def _store(self, path: str, response: ModelResponse) -> None:
-        import os
-        import tempfile
-
-        from composeai import _codec
-
-        os.makedirs(self.cache_dir, mode=0o700, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.cache_dir, suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(_codec.encode(response)))
-        os.replace(tmp, path)
-
-    def complete(self, request: ModelRequest) -> ModelResponse:
-        path = self._path(request)
-        cached = self._lookup(path)
-        if cached is not None:
-            return cached
-        self._hit.set(False)
-        response = self.inner.complete(request)
-        self._store(path, response)
-        return response
-
-    async def _acomplete(self, request: ModelRequest) -> ModelResponse:
-        path = self._path(request)
-        cached = self._lookup(path)
-        if cached is not None:
-            return cached
-        self._hit.set(False)
-        response = await self.inner.acomplete(request)
-        self._store(path, response)
-        return response
 
 
 def reset_registries() -> None:

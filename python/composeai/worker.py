@@ -22,8 +22,8 @@ from typing import IO, Any
 
 from . import _core, _engine
 from . import durable as _durable
+from ._lifecycle import _FLOWS, NotDue
 from .errors import ConfigError
-from .flow import NotDue
 from .queues import Queue
 
 # How long in-flight runs may take to settle after SIGINT/SIGTERM before the
@@ -32,8 +32,6 @@ STOP_GRACE = 2.0
 
 
 def _flow_names() -> list[str]:
-    from .flow import _FLOWS
-
     return list(_FLOWS)
 
 

@@ -1,9 +1,10 @@
 //! The wait decision of an attempt: sleep, receive, receive_all.
 
-use super::{clock, WaitRow, EPSILON, POLL};
+use crate::clock;
 use crate::error::{CoreError, CoreResult};
 use crate::journal::Fence;
 use crate::run::Attempt;
+use crate::store::durable::{WaitRow, EPSILON, POLL};
 use crate::store::InterruptRow;
 use std::sync::Arc;
 use std::time::Instant;
@@ -474,8 +475,9 @@ impl Attempt {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::durable::{due_runs, request_cancel, send_signal, CancelOutcome};
-    use crate::run::owner_id;
+    use crate::owner::owner_id;
+    use crate::store::durable::CancelOutcome;
+    use crate::store::sqlite::durable::{due_runs, request_cancel, send_signal};
     use crate::store::sqlite::SqliteStore;
     use crate::store::{NewRun, Settlement, Store};
     use rusqlite::Connection;
@@ -524,7 +526,7 @@ mod tests {
     }
 
     fn due(path: &str, now: f64) -> Vec<(String, &'static str)> {
-        due_runs(&conn(path), now, 100, &crate::run::lease_is_live)
+        due_runs(&conn(path), now, 100, &crate::owner::lease_is_live)
             .unwrap()
             .into_iter()
             .map(|d| (d.run_id, d.reason))

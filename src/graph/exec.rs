@@ -9,9 +9,9 @@ use super::checkpoint::{self, Pending, Progress, Rebuilt, Row};
 use super::graph_error;
 use super::reduce::{self, Op, State};
 use super::spec::Graph;
-use super::store::GraphTx;
 use crate::error::{CoreError, CoreResult};
 use crate::run::Attempt;
+use crate::store::graph::GraphTx;
 use crate::store::{InterruptRow, Settlement};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -677,10 +677,7 @@ impl GraphRun {
             "completed"
         } else if self.steps >= self.max_steps {
             "step_limit"
-        } else if self
-            .deadline
-            .is_some_and(|d| crate::store::sqlite::now() > d)
-        {
+        } else if self.deadline.is_some_and(|d| crate::time::now() > d) {
             "deadline"
         } else {
             "running"
@@ -766,14 +763,12 @@ impl GraphRun {
                         payload_json: Some(p.payload.to_string()),
                     })
                     .collect(),
-                defer_spans: true,
                 ..Default::default()
             }
         } else {
             Settlement {
                 status: "completed".into(),
                 output_json: Some(output_json),
-                defer_spans: true,
                 ..Default::default()
             }
         }

@@ -6,9 +6,7 @@
 pub mod checkpoint;
 pub mod exec;
 pub mod reduce;
-pub mod schema;
 pub mod spec;
-pub mod store;
 pub mod threads;
 
 use crate::error::CoreError;

@@ -3,9 +3,9 @@
 //! forking, deleting and pruning.
 
 use super::checkpoint::{self, Row, Thread};
-use super::store::GraphTx;
 use super::{graph_error, plain_error};
 use crate::error::CoreResult;
+use crate::store::graph::GraphTx;
 use crate::store::Store;
 use serde_json::{json, Value};
 
@@ -46,7 +46,7 @@ fn busy(t: &Thread) -> crate::error::CoreError {
 fn effective_status(t: &Thread) -> &str {
     if t.status == "running" {
         match &t.owner {
-            Some(o) if crate::run::lease_is_live(o, f64::MAX) => "running",
+            Some(o) if crate::owner::lease_is_live(o, f64::MAX) => "running",
             _ => "interrupted",
         }
     } else {
@@ -90,7 +90,7 @@ pub fn claim_in(
     mode: Claim,
     run_id: Option<&str>,
 ) -> CoreResult<(Option<Thread>, Option<i64>)> {
-    let owner = crate::run::owner_id();
+    let owner = crate::owner::owner_id();
     {
         let now = checkpoint::now_ms();
         let Some(t) = tx.thread(thread_id)? else {

@@ -4,8 +4,8 @@
 
 use super::errors::to_py;
 use super::errors::IntoPy;
+use super::rows::{interrupt_tuple, PendingTuple};
 use super::spans::span_from_py;
-use super::store::{interrupt_tuple, PendingTuple};
 use crate::journal::Fence;
 use crate::run::{Attempt, Commit};
 use crate::store::{AgentStateRow, InterruptRow, Settlement};
@@ -159,7 +159,7 @@ impl PyAttempt {
         };
         let value = super::codec::decode(py, &stored)?;
         let span_id = crate::ids::new_ulid();
-        let at = crate::store::sqlite::now();
+        let at = crate::time::now();
         let parent: Option<String> = parent_span_id.extract()?;
         let record = PyTuple::new(
             py,
@@ -540,6 +540,5 @@ fn settlement(
             .collect(),
         agent_states: agent_states.into_iter().map(agent_state_row).collect(),
         wait: None,
-        defer_spans: false,
     }
 }

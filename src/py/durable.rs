@@ -4,9 +4,11 @@
 use super::attempt::{PyAttempt, PyFence};
 use super::errors::IntoPy;
 use super::store::PyStore;
-use crate::durable::{self, clock, DurableStore, Mode, Outcome, WaitSpec};
+use crate::clock;
+use crate::durable::{self, DurableStore, Mode, Outcome, WaitSpec};
 use crate::error::{AtPath, CoreError, CoreResult};
-use crate::run::{lease_is_live, owner_id, Attempt};
+use crate::owner::{lease_is_live, owner_id};
+use crate::run::Attempt;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::sync::Arc;
@@ -259,7 +261,7 @@ pub fn next_wake(py: Python<'_>, store: &PyStore, after: f64) -> PyResult<Option
         };
         // When another process's lease lapses (wall time, as engine time),
         // its run may be due for recovery (STORE-12).
-        let wall = crate::store::sqlite::now();
+        let wall = crate::time::now();
         let expiry = pg
             .next_lease_expiry(owner_id(), wall)?
             .map(|t| after.max(clock::now() + (t - wall)) + durable::EPSILON);
@@ -315,7 +317,9 @@ pub fn parked_waits<'py>(
             let conn = crate::store::sqlite::open_connection(db_path, false)?;
             let mut out = Vec::new();
             for id in run_ids {
-                if let Some(w) = durable::parked_wait(&conn, &id).at(db_path)? {
+                if let Some(w) =
+                    crate::store::sqlite::durable::parked_wait(&conn, &id).at(db_path)?
+                {
                     out.push((id, w));
                 }
             }

@@ -11,6 +11,7 @@ mod graph;
 mod offloop;
 mod query;
 mod queue;
+mod rows;
 mod spans;
 mod step;
 mod store;
@@ -41,7 +42,7 @@ fn sha256_hex(py: Python<'_>, text: &str) -> String {
 /// The first span-persistence failure since the last call, if any.
 #[pyfunction]
 fn take_span_write_error() -> Option<String> {
-    crate::store::sqlite::take_span_write_error()
+    crate::store::slot::take_span_write_error()
 }
 
 #[pymodule]

@@ -6,14 +6,13 @@
 //! directly, so the CLI does not depend on `register_errors` having run.
 
 use super::errors::to_py;
+use super::rows::{run_row_dict, PendingTuple};
 use super::spans::UsageTuple;
-use super::store::{run_row_dict, PendingTuple};
 use crate::error::{CoreError, CoreResult};
 use crate::store::postgres::PgStore;
-use crate::store::query::{
-    self, CostBucket, CostsBy, Resolved, RunFilter, RunSummary, SearchError, StoredSpan,
-};
+use crate::store::query::{CostBucket, CostsBy, Resolved, RunFilter, RunSummary, StoredSpan};
 use crate::store::sqlite::open_connection;
+use crate::store::sqlite::query::{self, SearchError};
 use crate::store::url::{self, StoreUrl};
 use crate::store::{InterruptRow, RunRow};
 use pyo3::prelude::*;
@@ -277,7 +276,7 @@ pub fn trace_view(
     let pending: Vec<PendingTuple> = v
         .pending
         .into_iter()
-        .map(super::store::interrupt_tuple)
+        .map(super::rows::interrupt_tuple)
         .collect();
     d.set_item("pending", pending)?;
     Ok(("found".into(), d.into_any().unbind()))

@@ -4,7 +4,7 @@
 
 use super::errors::IntoPy;
 use super::store::PyStore;
-use crate::durable::clock;
+use crate::clock;
 use crate::error::{CoreError, CoreResult};
 use crate::queue::{self, Backend, Claimer, Limits, Placement};
 use crate::store::NewRun;
@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 fn backend(store: &PyStore) -> CoreResult<Backend<'_>> {
     match (&store.sqlite, &store.pg) {
-        (Some(s), _) => Ok(Backend::Sqlite(s)),
-        (None, Some(p)) => Ok(Backend::Postgres(p)),
+        (Some(s), _) => Ok(&**s),
+        (None, Some(p)) => Ok(&**p),
         (None, None) => Err(CoreError::Config("the store has no queue support".into())),
     }
 }
@@ -80,8 +80,8 @@ pub fn queue_claim(
 ) -> PyResult<Vec<(String, String, String)>> {
     let l = limits(concurrency, rate_limit, priority);
     let by = Claimer {
-        owner: crate::run::owner_id(),
-        lease_until: crate::store::sqlite::now() + crate::lease::lease_seconds().py_err()?,
+        owner: crate::owner::owner_id(),
+        lease_until: crate::time::now() + crate::lease::lease_seconds().py_err()?,
         flows: &flows,
     };
     py.allow_threads(|| queue::claim(backend(store)?, queue, &l, room, &by))
@@ -102,7 +102,7 @@ pub fn queue_next_slot(
     rate_limit: Option<(i64, f64)>,
 ) -> PyResult<Option<f64>> {
     let l = limits(None, rate_limit, false);
-    py.allow_threads(|| queue::next_slot(backend(store)?, queue, &l, crate::store::sqlite::now()))
+    py.allow_threads(|| queue::next_slot(backend(store)?, queue, &l, crate::time::now()))
         .py_err()
 }
 
@@ -112,7 +112,7 @@ pub type StatsTuple = (String, i64, i64, i64, Option<f64>);
 
 #[pyfunction]
 pub fn queue_stats(py: Python<'_>, store: &PyStore) -> PyResult<Vec<StatsTuple>> {
-    py.allow_threads(|| queue::stats(backend(store)?, crate::store::sqlite::now()))
+    py.allow_threads(|| queue::stats(backend(store)?, crate::time::now()))
         .py_err()
         .map(|rows| {
             rows.into_iter()

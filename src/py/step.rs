@@ -12,7 +12,7 @@ use super::attempt::{PyAttempt, PyFence};
 use super::errors::IntoPy;
 use crate::journal::Fence;
 use crate::run::Attempt;
-use crate::store::batched::SpanView;
+use crate::store::spans::SpanView;
 use parking_lot::Mutex;
 use pyo3::exceptions::PyKeyError;
 use pyo3::intern;
@@ -308,7 +308,7 @@ fn task_call<'py>(
     let body = spec.get_item(0)?;
     let is_async = spec.get_item(3)?.is_truthy()?;
     let span_id = crate::ids::new_ulid();
-    let started_at = crate::store::sqlite::now();
+    let started_at = crate::time::now();
     let run = match run {
         Some(run) => run,
         None => frame.getattr(intern!(py, "run"))?,
@@ -387,7 +387,7 @@ fn task_call<'py>(
         kind: "task",
         name,
         started_at,
-        ended_at: Some(crate::store::sqlite::now()),
+        ended_at: Some(crate::time::now()),
         status: "ok",
         replayed: false,
         step_key: Some(&key),

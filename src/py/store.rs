@@ -3,13 +3,14 @@
 
 use super::attempt::PyAttempt;
 use super::errors::IntoPy;
+use super::rows::{interrupt_tuple, run_row_dict, PendingTuple};
 use super::spans::span_from_py;
 use crate::run::Attempt;
-use crate::store::chat::ChatRow;
 use crate::store::postgres::PgStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::url::{self, StoreUrl};
-use crate::store::{InterruptRow, NewRun, RunRow, SpanRecord, Store};
+use crate::store::ChatRow;
+use crate::store::{NewRun, SpanRecord, Store};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::sync::Arc;
@@ -71,30 +72,6 @@ pub fn migrate_store(
         }
     })
     .py_err()
-}
-
-pub fn run_row_dict<'py>(py: Python<'py>, r: &RunRow) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("run_id", &r.run_id)?;
-    d.set_item("kind", &r.kind)?;
-    d.set_item("name", &r.name)?;
-    d.set_item("status", &r.status)?;
-    d.set_item("created_at", r.created_at)?;
-    d.set_item("updated_at", r.updated_at)?;
-    d.set_item("trace_id", &r.trace_id)?;
-    d.set_item("fingerprint", &r.fingerprint)?;
-    d.set_item("args_json", &r.args_json)?;
-    d.set_item("output_json", &r.output_json)?;
-    d.set_item("error_json", &r.error_json)?;
-    d.set_item("budget_json", &r.budget_json)?;
-    Ok(d)
-}
-
-/// `(interrupt_id, kind, question, payload_json)`.
-pub type PendingTuple = (String, String, Option<String>, Option<String>);
-
-pub fn interrupt_tuple(p: InterruptRow) -> PendingTuple {
-    (p.interrupt_id, p.kind, p.question, p.payload_json)
 }
 
 /// A plain path names a SQLite file, as before store URLs existed.

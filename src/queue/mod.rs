@@ -9,90 +9,11 @@
 //! be counted. A claimed run is `running` and leased to the claiming
 //! process, which continues it through the ordinary resume path.
 
-mod pg;
-pub mod schema;
-mod sqlite;
-pub mod wake;
-
 use crate::error::{CoreError, CoreResult};
-use crate::store::postgres::PgStore;
-use crate::store::sqlite::SqliteStore;
+pub use crate::store::queue::{
+    allowance, Claimed, Claimer, Limits, Placement, QueueStats, QueueStore,
+};
 use crate::store::{NewRun, RunRow};
-
-/// A queue's limits, as declared by `compose.Queue`.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Limits {
-    /// Runs of the queue executing at once, across every worker.
-    pub concurrency: Option<i64>,
-    /// At most `n` claims per `seconds`, across every worker.
-    pub rate_limit: Option<(i64, f64)>,
-    /// Claim lower `priority` values first (then FIFO), else FIFO only.
-    pub priority: bool,
-}
-
-impl Limits {
-    /// Whether claims must be counted under the queue's lock.
-    pub fn counted(&self) -> bool {
-        self.concurrency.is_some() || self.rate_limit.is_some()
-    }
-}
-
-/// Where a new run waits.
-#[derive(Debug, Clone, Default)]
-pub struct Placement {
-    pub queue: String,
-    pub priority: i64,
-    pub dedup_id: Option<String>,
-}
-
-/// A run a worker claimed: it is `running` and leased to the claimer.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Claimed {
-    pub run_id: String,
-    pub kind: String,
-    pub name: String,
-}
-
-/// One line of `compose queues` (STORE-23).
-#[derive(Debug, Clone, PartialEq)]
-pub struct QueueStats {
-    pub queue: String,
-    pub queued: i64,
-    pub running: i64,
-    pub completed_last_hour: i64,
-    /// When the oldest queued run was enqueued.
-    pub oldest_queued_at: Option<f64>,
-}
-
-/// How many runs a claim may start now: what the worker has room for,
-/// bounded by the queue's free global slots and its rate-limit window.
-pub fn allowance(limits: &Limits, room: i64, running: i64, started_in_window: i64) -> i64 {
-    let mut n = room.max(0);
-    if let Some(c) = limits.concurrency {
-        n = n.min((c - running).max(0));
-    }
-    if let Some((per, _)) = limits.rate_limit {
-        n = n.min((per - started_in_window).max(0));
-    }
-    n
-}
-
-/// The SQL `ORDER BY` of a queue's claims.
-fn claim_order(limits: &Limits) -> &'static str {
-    if limits.priority {
-        "q.priority, q.rid"
-    } else {
-        "q.rid"
-    }
-}
-
-/// STORE-20: a `dedup_id` already taken by a queued or running run.
-fn dedup_taken(dedup_id: &str, queue: &str, run_id: &str, status: &str) -> CoreError {
-    CoreError::Config(format!(
-        "dedup_id '{dedup_id}' is already used by run '{run_id}' ({status}) on queue '{queue}' -- \
-         a run with the same dedup_id is enqueued again only after that run has finished"
-    ))
-}
 
 fn check_placement(p: &Placement) -> CoreResult<()> {
     if p.queue.is_empty() {
@@ -108,34 +29,14 @@ fn check_placement(p: &Placement) -> CoreResult<()> {
     Ok(())
 }
 
-/// Seconds of the rate-limit window, or 0 without one.
-fn window(limits: &Limits) -> f64 {
-    limits.rate_limit.map_or(0.0, |(_, s)| s)
-}
-
 /// The store a queue operation runs on.
-#[derive(Clone, Copy)]
-pub enum Backend<'a> {
-    Sqlite(&'a SqliteStore),
-    Postgres(&'a PgStore),
-}
+pub type Backend<'a> = &'a dyn QueueStore;
 
 /// STORE-20: creates the run `queued` in `p.queue`, refusing a `dedup_id`
 /// held by a queued or running run of that queue; one transaction.
 pub fn enqueue(b: Backend<'_>, new: &NewRun, p: &Placement) -> CoreResult<RunRow> {
     check_placement(p)?;
-    match b {
-        Backend::Sqlite(s) => sqlite::enqueue(s, new, p),
-        Backend::Postgres(s) => pg::enqueue(s, new, p),
-    }
-}
-
-/// What a worker claims for: its owner id, its lease, and the flows it
-/// can execute (it never claims a run of a flow it has not imported).
-pub struct Claimer<'a> {
-    pub owner: &'a str,
-    pub lease_until: f64,
-    pub flows: &'a [String],
+    b.enqueue(new, p)
 }
 
 /// STORE-21: claims up to `room` queued runs of `queue` for `by`, within
@@ -150,18 +51,12 @@ pub fn claim(
     if room <= 0 || by.flows.is_empty() {
         return Ok(Vec::new());
     }
-    match b {
-        Backend::Sqlite(s) => sqlite::claim(s, queue, limits, room, by),
-        Backend::Postgres(s) => pg::claim(s, queue, limits, room, by),
-    }
+    b.claim(queue, limits, room, by)
 }
 
 /// STORE-23: per queue, by name.
 pub fn stats(b: Backend<'_>, now: f64) -> CoreResult<Vec<QueueStats>> {
-    match b {
-        Backend::Sqlite(s) => sqlite::stats(s, now),
-        Backend::Postgres(s) => pg::stats(s, now),
-    }
+    b.stats(now)
 }
 
 /// When a rate-limited queue next has room: the oldest start in the
@@ -176,16 +71,14 @@ pub fn next_slot(
     let Some((per, seconds)) = limits.rate_limit else {
         return Ok(None);
     };
-    let starts = match b {
-        Backend::Sqlite(s) => sqlite::recent_starts(s, queue, now - seconds, per)?,
-        Backend::Postgres(s) => pg::recent_starts(s, queue, now - seconds, per)?,
-    };
+    let starts = b.recent_starts(queue, now - seconds, per)?;
     Ok((starts.len() as i64 >= per).then(|| starts[0] + seconds))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::queue::window;
 
     #[test]
     fn allowance_is_bounded_by_room_global_slots_and_the_rate_window() {
@@ -206,5 +99,103 @@ mod tests {
         assert_eq!(allowance(&rated, -1, 0, 0), 0);
         assert!(rated.counted() && capped.counted() && !free.counted());
         assert_eq!(window(&rated), 1.0);
+    }
+}
+
+/// The queue operations on a SQLite store.
+#[cfg(test)]
+mod on_sqlite {
+    use super::*;
+    use crate::queue;
+    use crate::store::sqlite::SqliteStore;
+    use crate::store::Store;
+    use crate::time::now;
+
+    fn new_run(name: &str) -> NewRun {
+        NewRun {
+            run_id: crate::ids::new_ulid(),
+            trace_id: crate::ids::new_ulid(),
+            kind: "flow".into(),
+            name: name.into(),
+            ..NewRun::default()
+        }
+    }
+
+    fn placed(queue: &str, priority: i64, dedup: Option<&str>) -> Placement {
+        Placement {
+            queue: queue.into(),
+            priority,
+            dedup_id: dedup.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn the_queued_row_returned_is_the_row_stored() {
+        let dir = std::env::temp_dir().join(format!("composeai-queue-{}", crate::ids::new_ulid()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = SqliteStore::open(dir.join("runs.db").to_str().unwrap()).unwrap();
+        let new = NewRun {
+            fingerprint: Some("fp".into()),
+            args_json: Some("{\"args\":[1]}".into()),
+            budget_json: Some("{\"max_usd\":1.0}".into()),
+            ..new_run("f")
+        };
+        let row = queue::enqueue(&store, &new, &placed("q", 0, None)).unwrap();
+        let stored = store.get_run(&new.run_id).unwrap().unwrap();
+        // Every field, as `get_run` reads it back.
+        assert_eq!(format!("{row:?}"), format!("{stored:?}"));
+        assert_eq!(row.status, "queued");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn claims_follow_priority_then_fifo_and_respect_concurrency_and_dedup() {
+        let dir = std::env::temp_dir().join(format!("composeai-queue-{}", crate::ids::new_ulid()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = SqliteStore::open(dir.join("runs.db").to_str().unwrap()).unwrap();
+        let b: Backend = &store;
+        let ids: Vec<String> = [3, 1, 1, 0]
+            .iter()
+            .map(|p| {
+                queue::enqueue(b, &new_run("f"), &placed("q", *p, None))
+                    .unwrap()
+                    .run_id
+            })
+            .collect();
+        let held = queue::enqueue(b, &new_run("f"), &placed("q", 9, Some("d"))).unwrap();
+        let err = queue::enqueue(b, &new_run("f"), &placed("q", 0, Some("d"))).unwrap_err();
+        assert!(err.to_string().contains(&held.run_id), "{err}");
+        let capped = Limits {
+            concurrency: Some(2),
+            priority: true,
+            ..Limits::default()
+        };
+        let flows = ["f".to_string()];
+        let by = queue::Claimer {
+            owner: "me",
+            lease_until: now() + 60.0,
+            flows: &flows,
+        };
+        let elsewhere = queue::Claimer {
+            flows: &["g".to_string()],
+            ..by
+        };
+        assert!(queue::claim(b, "q", &capped, 10, &elsewhere)
+            .unwrap()
+            .is_empty());
+        let first = queue::claim(b, "q", &capped, 10, &by).unwrap();
+        let got: Vec<&str> = first.iter().map(|c| c.run_id.as_str()).collect();
+        assert_eq!(got, [ids[3].as_str(), ids[1].as_str()]);
+        assert!(queue::claim(b, "q", &capped, 10, &by).unwrap().is_empty());
+        let stats = queue::stats(b, now()).unwrap();
+        assert_eq!((stats[0].queued, stats[0].running), (3, 2));
+        let fifo = Limits::default();
+        let rest = queue::claim(b, "q", &fifo, 10, &by).unwrap();
+        let got: Vec<&str> = rest.iter().map(|c| c.run_id.as_str()).collect();
+        assert_eq!(
+            got,
+            [ids[0].as_str(), ids[2].as_str(), held.run_id.as_str()]
+        );
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -5,250 +5,31 @@
 //! through `durable::store::DurableStore` and the graph tables through
 //! `graph::store::GraphTx`, so no caller depends on one backend.
 
-pub mod batched;
-pub mod chat;
-mod checkpointer;
-mod migrate;
-mod multirow;
+pub mod answer;
+pub mod durable;
+pub mod graph;
 pub mod postgres;
-mod postgres_batch;
-mod postgres_ext;
-pub mod postgres_query;
 pub mod query;
-pub mod replayed;
+pub mod queue;
+pub mod rows;
+pub mod slot;
+pub mod spans;
 pub mod sqlite;
-pub mod statements;
-pub mod step_spans;
+pub mod takeover;
 pub mod url;
-pub mod wal_vfs;
-pub mod write_tx;
 
 use crate::error::CoreResult;
-use crate::graph::store::GraphWork;
+use graph::GraphWork;
 
-/// What a resumed attempt starts from, read when its lease was taken.
-pub struct Claim {
-    pub row: RunRow,
-    pub journal: crate::journal::Journal,
-    /// Where the attempt's spans begin (see `Store::span_mark`), when the
-    /// claim read it.
-    pub span_mark: Option<i64>,
-}
-
-/// A `runs` row.
-#[derive(Debug, Clone, Default)]
-pub struct RunRow {
-    pub rid: i64,
-    pub run_id: String,
-    pub kind: String,
-    pub name: String,
-    pub status: String,
-    pub created_at: f64,
-    pub updated_at: f64,
-    pub trace_id: Option<String>,
-    pub fingerprint: Option<String>,
-    pub args_json: Option<String>,
-    pub output_json: Option<String>,
-    pub error_json: Option<String>,
-    pub budget_json: Option<String>,
-}
-
-impl RunRow {
-    /// The row of `new` as just inserted at `t` under `rid`, in `status`.
-    pub fn inserted(new: &NewRun, rid: i64, status: &str, t: f64) -> RunRow {
-        RunRow {
-            rid,
-            run_id: new.run_id.clone(),
-            kind: new.kind.clone(),
-            name: new.name.clone(),
-            status: status.into(),
-            created_at: t,
-            updated_at: t,
-            trace_id: Some(new.trace_id.clone()),
-            fingerprint: new.fingerprint.clone(),
-            args_json: new.args_json.clone(),
-            output_json: None,
-            error_json: None,
-            budget_json: new.budget_json.clone(),
-        }
-    }
-}
-
-/// What a caller supplies to create a run.
-#[derive(Debug, Clone, Default)]
-pub struct NewRun {
-    pub run_id: String,
-    pub trace_id: String,
-    pub kind: String,
-    pub name: String,
-    pub fingerprint: Option<String>,
-    pub args_json: Option<String>,
-    pub budget_json: Option<String>,
-}
-
-/// Token usage and cost of an `llm` span.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct UsageRow {
-    pub input_tokens: i64,
-    pub output_tokens: i64,
-    pub cache_read_tokens: i64,
-    pub cache_creation_tokens: i64,
-    pub reasoning_tokens: i64,
-    pub cost_usd: Option<f64>,
-    pub cost_complete: bool,
-}
-
-/// A finished span, as persisted.
-#[derive(Debug, Clone, Default)]
-pub struct SpanRow {
-    pub span_id: String,
-    pub parent_span_id: Option<String>,
-    pub kind: String,
-    pub name: String,
-    pub started_at: f64,
-    pub ended_at: Option<f64>,
-    pub status: String,
-    pub replayed: bool,
-    /// `attributes["step_key"]`, kept in its own column (it is on most rows).
-    pub step_key: Option<String>,
-    /// The other attributes, encoded; `None` when there are none.
-    pub attributes_json: Option<String>,
-    pub usage: Option<UsageRow>,
-    pub error_json: Option<String>,
-    pub input_json: Option<String>,
-    pub output_json: Option<String>,
-}
-
-/// A span with the run and trace it belongs to.
-#[derive(Debug, Clone)]
-pub struct SpanRecord {
-    pub trace_id: String,
-    pub rid: Option<i64>,
-    pub span: SpanRow,
-    /// The span's output equals the journal value under its step key, so
-    /// only the reference is stored.
-    pub output_in_journal: bool,
-}
-
-impl SpanRecord {
-    /// `span` of run `rid` in trace `trace_id`; its output is stored by
-    /// reference when it is the step's journaled value.
-    pub fn of_step(trace_id: &str, rid: i64, span: SpanRow, journal_value: Option<&str>) -> Self {
-        let output_in_journal = match (&span.output_json, journal_value) {
-            (Some(out), Some(v)) => span.step_key.is_some() && out == v,
-            _ => false,
-        };
-        SpanRecord {
-            trace_id: trace_id.to_string(),
-            rid: Some(rid),
-            span,
-            output_in_journal,
-        }
-    }
-}
-
-/// A pending human interrupt.
-#[derive(Debug, Clone, PartialEq)]
-pub struct InterruptRow {
-    pub interrupt_id: String,
-    pub kind: String,
-    pub question: Option<String>,
-    pub payload_json: Option<String>,
-}
-
-/// An agent loop's snapshot for `(run, scope_key)`: conversation, turn and
-/// the results of a partly finished tool batch.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct AgentStateRow {
-    pub scope_key: String,
-    pub messages_json: String,
-    pub partial_results_json: Option<String>,
-    pub turn: i64,
-}
-
-/// Spend of a run's earlier attempts: `(tokens, usd)` in all, and under
-/// each journaled agent step (BUDGET-7).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct PriorSpend {
-    pub total: (i64, f64),
-    pub by_step: std::collections::HashMap<String, (i64, f64)>,
-}
-
-/// How a run attempt ends.
-#[derive(Debug, Clone, Default)]
-pub struct Settlement {
-    pub status: String,
-    pub output_json: Option<String>,
-    pub error_json: Option<String>,
-    pub pending: Vec<InterruptRow>,
-    /// Agent snapshots written with the settlement (a pause mid-batch).
-    pub agent_states: Vec<AgentStateRow>,
-    /// What a parked run waits for (a timer or a signal).
-    pub wait: Option<crate::durable::WaitRow>,
-    /// Leave queued spans to the background writer (a graph run: its
-    /// spans batch with other runs').
-    pub defer_spans: bool,
-}
-
-/// Where a run row created through the store's write queue
-/// (`Store::create_run_queued`) gets its rid: set inside the transaction
-/// that inserts it, for the writes that follow in the same transaction, and
-/// kept once that transaction commits (or the error that lost it).
-#[derive(Default)]
-pub struct RowSlot {
-    in_tx: std::sync::atomic::AtomicI64,
-    /// The committed rid (0: not yet), read without a lock on every
-    /// journal write.
-    rid: std::sync::atomic::AtomicI64,
-    error: parking_lot::Mutex<Option<crate::error::CoreError>>,
-}
-
-impl RowSlot {
-    /// The slot of a row inserted before it was handed out.
-    pub fn stored(rid: i64) -> std::sync::Arc<RowSlot> {
-        let slot = RowSlot::default();
-        slot.in_tx.store(rid, std::sync::atomic::Ordering::Release);
-        slot.rid.store(rid, std::sync::atomic::Ordering::Release);
-        std::sync::Arc::new(slot)
-    }
-
-    /// The committed rid, the error that lost the insert, or `None` while
-    /// the insert is still queued.
-    pub fn committed(&self) -> Option<CoreResult<i64>> {
-        match self.rid.load(std::sync::atomic::Ordering::Acquire) {
-            0 => self.error.lock().clone().map(Err),
-            rid => Some(Ok(rid)),
-        }
-    }
-
-    /// The rid inside the store's transaction that inserted the row (or any
-    /// later one); 0 before the insert and after a failed one.
-    pub fn in_tx(&self) -> i64 {
-        self.in_tx.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    /// Called by the store's writer, which holds its connection.
-    pub(crate) fn inserted(&self, rid: i64) {
-        self.in_tx.store(rid, std::sync::atomic::Ordering::Release);
-    }
-
-    pub(crate) fn resolve(&self, outcome: CoreResult<i64>) {
-        match outcome {
-            Ok(rid) => self.rid.store(rid, std::sync::atomic::Ordering::Release),
-            Err(e) => {
-                self.in_tx.store(0, std::sync::atomic::Ordering::Release);
-                *self.error.lock() = Some(e);
-            }
-        }
-    }
-}
-
-/// Decides whether a lease held by `owner` until `until` is still live.
-pub type LeaseCheck<'a> = &'a dyn Fn(&str, f64) -> bool;
+pub use rows::{
+    AgentStateRow, ChatRow, Claim, InterruptRow, NewRun, PriorSpend, RowSlot, RunRow, Settlement,
+    SpanRecord, SpanRow, UsageRow,
+};
+pub use takeover::LeaseCheck;
 
 /// The store: runs and their attempts here, the durable primitives'
 /// tables through `DurableStore`.
-pub trait Store: Send + Sync + crate::durable::store::DurableStore {
+pub trait Store: Send + Sync + durable::DurableStore {
     fn path(&self) -> &str;
 
     /// Creates a run row leased to `owner`, in one commit.
@@ -325,7 +106,7 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
         owner: &str,
         lease_until: f64,
         live: LeaseCheck<'_>,
-        takeover: crate::lease::Takeover,
+        takeover: crate::store::takeover::Takeover,
     ) -> CoreResult<(RunRow, Vec<(String, String)>)>;
 
     /// `acquire` with the journal in the attempt's form, after journaling
@@ -338,7 +119,7 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
         owner: &str,
         lease_until: f64,
         live: LeaseCheck<'_>,
-        takeover: crate::lease::Takeover,
+        takeover: crate::store::takeover::Takeover,
         answers: &[(String, String)],
     ) -> CoreResult<Claim> {
         let (row, entries) = self.acquire(run_id, owner, lease_until, live, takeover)?;
@@ -400,7 +181,7 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
     fn queue_span(&self, span: SpanRecord);
 
     /// Queues the span of a replayed step of a run whose row is stored.
-    fn queue_replayed(&self, span: replayed::ReplayedSpan) {
+    fn queue_replayed(&self, span: spans::ReplayedSpan) {
         self.queue_span(span.into_record());
     }
 
@@ -413,7 +194,7 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
         key: &str,
         value: &str,
         span: Option<SpanRecord>,
-    ) -> std::sync::Arc<sqlite::Slot>;
+    ) -> std::sync::Arc<slot::Slot>;
 
     /// Whether `commit_batched` is available (batch durability).
     fn supports_batch(&self) -> bool {
@@ -432,7 +213,7 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
         _key: &str,
         _value: &str,
         _span: Option<SpanRecord>,
-        _slot: &std::sync::Arc<sqlite::Slot>,
+        _slot: &std::sync::Arc<slot::Slot>,
     ) -> CoreResult<()> {
         Err(crate::error::CoreError::Config(format!(
             "composeai store '{}': durability 'batch' is not supported by this store yet -- \
@@ -450,7 +231,7 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
         value: &str,
         span: Option<SpanRow>,
         trace: &std::sync::Arc<str>,
-        slot: &std::sync::Arc<sqlite::Slot>,
+        slot: &std::sync::Arc<slot::Slot>,
     ) -> CoreResult<()> {
         let record = span.map(|s| SpanRecord::of_step(trace, rid, s, Some(value)));
         self.commit_batched(rid, key, value, record, slot)
@@ -462,9 +243,9 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
         rid: i64,
         key: &str,
         value: &str,
-        span: Option<batched::SpanView<'_>>,
+        span: Option<spans::SpanView<'_>>,
         trace: &std::sync::Arc<str>,
-        slot: &std::sync::Arc<sqlite::Slot>,
+        slot: &std::sync::Arc<slot::Slot>,
     ) -> CoreResult<()> {
         let span = span.map(|s| s.to_row(value));
         self.commit_batched_step(rid, key, value, span, trace, slot)
@@ -494,7 +275,7 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
 
     /// The `ok` task-step spans of `rid` written after `mark`, after
     /// writing everything queued.
-    fn step_spans(&self, _rid: i64, _mark: i64) -> CoreResult<Vec<step_spans::StepSpanRow>> {
+    fn step_spans(&self, _rid: i64, _mark: i64) -> CoreResult<Vec<spans::StepSpanRow>> {
         Ok(Vec::new())
     }
 
@@ -541,9 +322,9 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
     fn journal(&self, rid: i64) -> CoreResult<Vec<(String, String)>>;
 
     /// Upserts a chat row (CHAT-4); `updated_at` is set to now.
-    fn save_chat(&self, chat: &chat::ChatRow) -> CoreResult<()>;
+    fn save_chat(&self, chat: &ChatRow) -> CoreResult<()>;
 
-    fn load_chat(&self, chat_id: &str) -> CoreResult<Option<chat::ChatRow>>;
+    fn load_chat(&self, chat_id: &str) -> CoreResult<Option<ChatRow>>;
 
     /// The run's stored cancel request (EXT-10): `Some(reason)` when one
     /// is stored.
@@ -572,6 +353,6 @@ pub trait Store: Send + Sync + crate::durable::store::DurableStore {
     /// (STORE-22): a store that sends wake-up hints starts listening here
     /// and polls less often.
     fn wait_slice(&self) -> std::time::Duration {
-        crate::durable::POLL
+        crate::store::durable::POLL
     }
 }

@@ -571,11 +571,29 @@ def _load_sdk() -> _Sdk:
 
 
 def _sdk_error(sdk: _Sdk, exc: BaseException, model_id: str) -> ProviderError:
-    if isinstance(exc, sdk.module.APIError):
+    module = sdk.module
+    if isinstance(exc, module.APIStatusError):
+        message = _status_message(exc)
+    elif isinstance(exc, module.APIConnectionError) and not isinstance(exc, module.APITimeoutError):
+        # SDK 2.16+ wraps a dropped connection that older releases let through unwrapped:
+        # one wording for both, naming the transport failure.
+        message = f"Anthropic request failed: {type(exc).__name__}: {exc}"
+    elif isinstance(exc, module.APIError):
         message = str(exc)
     else:
         message = f"Anthropic request failed: {type(exc).__name__}: {exc}"
     return ProviderError(message, provider=PROVIDER, model=model_id)
+
+
+def _status_message(exc: Any) -> str:
+    """`Error code: <status> - <detail>` whatever the SDK release words its status errors as
+    (2.16+ says `<status> <message> (request_id: …)`)."""
+    text = str(exc)
+    if text.startswith("Error code:"):
+        return text
+    status = exc.status_code
+    detail = text.removeprefix(f"{status} ")
+    return f"Error code: {status} - {detail}"
 
 
 # ---------------------------------------------------------------------------

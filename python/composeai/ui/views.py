@@ -14,8 +14,7 @@ import time
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from .. import _core
-from .. import cli as _cli
+from .. import _core, _show
 from ..errors import ComposeError
 
 PAGE_SIZES = (10, 25, 50, 100, 200)
@@ -64,7 +63,7 @@ def _options(values: tuple, chosen: str | None, blank: str | None) -> str:
 
 def _duration(row: dict, now: float) -> str:
     end = now if row["status"] in ("running", "queued") else row["updated_at"]
-    return _cli._duration(max(0.0, (end or now) - row["created_at"]))
+    return _show._duration(max(0.0, (end or now) - row["created_at"]))
 
 
 def _parse_before(value: str | None) -> tuple[float, str] | None:
@@ -82,12 +81,12 @@ def runs_page(params: dict[str, str], csrf: str) -> str:
     pages, so only one page of runs is read however many are stored."""
     status = params.get("status") or None
     kind = params.get("kind") or None
-    if status is not None and status not in _cli._STATUSES:
+    if status is not None and status not in _show._STATUSES:
         raise ComposeError(f"unknown status {status!r}")
-    if kind is not None and kind not in _cli._KINDS:
+    if kind is not None and kind not in _show._KINDS:
         raise ComposeError(f"unknown kind {kind!r}")
     since_text = params.get("since") or ""
-    since = _cli._parse_since(since_text) if since_text else None
+    since = _show._parse_since(since_text) if since_text else None
     query = params.get("q") or ""
     try:
         limit = int(params.get("limit") or 50)
@@ -96,7 +95,7 @@ def runs_page(params: dict[str, str], csrf: str) -> str:
     limit = min(max(limit, 1), 500)
     before = _parse_before(params.get("before"))
     note = ""
-    db = _cli._db_path()
+    db = _show._db_path()
     if query:
         outcome, value = _core.search_runs(db, query, status, kind, since, limit + 1, before)
         if outcome == "bad_query":
@@ -108,13 +107,13 @@ def runs_page(params: dict[str, str], csrf: str) -> str:
         rows = _core.query_runs(db, status, kind, since, limit + 1, before) or []
     more = len(rows) > limit
     rows = rows[:limit]
-    parked = _cli._parked(rows) if rows else {}
+    parked = _show._parked(rows) if rows else {}
     now = time.time()
     filters = (
         "<form class='filters' method='get' action='/'>"
-        f"<label>status <select name='status'>{_options(_cli._STATUSES, status, 'any')}"
+        f"<label>status <select name='status'>{_options(_show._STATUSES, status, 'any')}"
         "</select></label>"
-        f"<label>kind <select name='kind'>{_options(_cli._KINDS, kind, 'any')}</select></label>"
+        f"<label>kind <select name='kind'>{_options(_show._KINDS, kind, 'any')}</select></label>"
         f"<label>since <input name='since' size='10' placeholder='7d, 12h, 2026-01-31' "
         f"value='{esc(since_text)}'></label>"
         f"<label>search <input name='q' size='18' placeholder='full text' value='{esc(query)}'>"
@@ -139,9 +138,9 @@ def runs_page(params: dict[str, str], csrf: str) -> str:
                 f"<td>{esc(r['kind'])}</td><td>{esc(r['name'])}</td>"
                 f"<td><span class='status {esc(r['status'])}'>{esc(r['status'])}</span>"
                 f"{f' <small>{esc(waiting)}</small>' if waiting else ''}</td>"
-                f"<td>{esc(_cli._age(r['created_at'], now))}</td>"
+                f"<td>{esc(_show._age(r['created_at'], now))}</td>"
                 f"<td>{esc(_duration(r, now))}</td>"
-                f"<td class='num'>{esc(_cli._cost(r['cost_usd'], r['cost_complete']))}</td>"
+                f"<td class='num'>{esc(_show._cost(r['cost_usd'], r['cost_complete']))}</td>"
                 f"<td class='num'>{esc(r['tokens'])}</td></tr>"
             )
         body.append("</tbody></table>")
@@ -167,7 +166,7 @@ def _usage_text(usage: tuple | None) -> str:
         parts.append(f"cache_read={cache_r} cache_write={cache_c}")
     if reasoning:
         parts.append(f"reasoning={reasoning}")
-    parts.append(f"cost={_cli._cost(cost, complete)}")
+    parts.append(f"cost={_show._cost(cost, complete)}")
     return " ".join(parts)
 
 
@@ -197,7 +196,7 @@ def _span_html(spans: list[tuple]) -> str:
         if status == "error":
             marks.append("<span class='mark error'>error</span>")
         dur = "running" if end is None else f"{(end - start) * 1000:.0f}ms"
-        glyph = _cli._GLYPHS.get(kind, "•")
+        glyph = _show._GLYPHS.get(kind, "•")
         parts = [
             (
                 f"<details class='span' data-span-id='{esc(span_id)}'><summary>{esc(glyph)} "
@@ -260,10 +259,10 @@ def _answer_forms(run_id: str, pending: list, csrf: str) -> str:
 
 
 def run_page(run_id: str, csrf: str, *, message: str = "", error: str = "") -> tuple[int, str]:
-    db = _cli._db_path()
+    db = _show._db_path()
     outcome, view = _core.trace_view(db, run_id, "tree", False)
     if outcome == "ambiguous":
-        raise ComposeError(_cli._ambiguous(run_id, view).args[0])
+        raise ComposeError(_show._ambiguous(run_id, view).args[0])
     if outcome != "found":
         return 404, layout(
             "Not found", f"<h1>Not found</h1><p>no run found with id '{esc(run_id)}'</p>", csrf=csrf
@@ -288,7 +287,7 @@ def run_page(run_id: str, csrf: str, *, message: str = "", error: str = "") -> t
         ),
         f"<tr><th>kind</th><td>{esc(row['kind'])}</td></tr>",
         f"<tr><th>name</th><td>{esc(row['name'])}</td></tr>",
-        f"<tr><th>created</th><td>{esc(_cli._age(row['created_at'], now))}</td></tr>",
+        f"<tr><th>created</th><td>{esc(_show._age(row['created_at'], now))}</td></tr>",
         f"<tr><th>duration</th><td>{esc(_duration(row, now))}</td></tr>",
         f"<tr><th>trace</th><td><code>{esc(row['trace_id'])}</code></td></tr>",
         "</table>",
@@ -311,7 +310,7 @@ def run_page(run_id: str, csrf: str, *, message: str = "", error: str = "") -> t
 
 def run_state(run_id: str) -> dict | None:
     """What the run page's poller compares to see that the run moved on."""
-    db = _cli._db_path()
+    db = _show._db_path()
     outcome, row = _core.resolve_run(db, run_id)
     if outcome != "found":
         return None
@@ -332,8 +331,8 @@ def costs_page(params: dict[str, str], csrf: str) -> str:
     if by not in ("model", "name", "day"):
         raise ComposeError(f"unknown grouping {by!r}")
     since_text = params.get("since") or ""
-    since = _cli._parse_since(since_text) if since_text else None
-    found = _core.llm_costs(_cli._db_path(), by, since)  # type: ignore[arg-type]
+    since = _show._parse_since(since_text) if since_text else None
+    found = _core.llm_costs(_show._db_path(), by, since)  # type: ignore[arg-type]
     tabs = " ".join(
         f"<a class='{'on' if b == by else ''}' href='/costs?{esc(urlencode({'by': b}))}'>{b}</a>"
         for b in ("model", "name", "day")
@@ -357,7 +356,7 @@ def costs_page(params: dict[str, str], csrf: str) -> str:
         amount = (cost or 0) if priced else tokens
         w = max(1, int(width * amount / top))
         y = i * bar_h + 4
-        label = _cli._bucket_cost(cost, incomplete) if priced else f"{tokens} tok"
+        label = _show._bucket_cost(cost, incomplete) if priced else f"{tokens} tok"
         svg.append(
             f"<text x='0' y='{y + 15}' class='label'>{esc(str(key)[:28])}</text>"
             f"<rect x='200' y='{y}' width='{w}' height='{bar_h - 6}' class='bar'></rect>"
@@ -373,14 +372,14 @@ def costs_page(params: dict[str, str], csrf: str) -> str:
     for key, calls, tokens, cost, incomplete in [*buckets, total]:
         body.append(
             f"<tr><td>{esc(key)}</td><td class='num'>{calls}</td><td class='num'>{tokens}</td>"
-            f"<td class='num'>{esc(_cli._bucket_cost(cost, incomplete))}</td></tr>"
+            f"<td class='num'>{esc(_show._bucket_cost(cost, incomplete))}</td></tr>"
         )
     body.append("</tbody></table>")
     return layout("Costs", "".join(body), csrf=csrf)
 
 
 def threads_page(csrf: str) -> str:
-    store = _cli._graph_store()
+    store = _show._graph_store()
     rows = json.loads(_core.thread_list(store, None)) if store is not None else []
     now = time.time()
     body = ["<h1>Graph threads</h1>"]
@@ -397,7 +396,7 @@ def threads_page(csrf: str) -> str:
                 f"<tr><td><a href='{esc(href)}'>{esc(r['thread_id'])}</a></td>"
                 f"<td>{esc(r['graph'])}</td><td>{esc(r['status'])}</td>"
                 f"<td>v{esc(r['version'])}</td>"
-                f"<td>{esc(_cli._age(r['updated_at_ms'] / 1000, now))}</td>"
+                f"<td>{esc(_show._age(r['updated_at_ms'] / 1000, now))}</td>"
                 f"<td><code>{esc(r['head'] or '-')}</code></td></tr>"
             )
         body.append("</tbody></table>")
@@ -405,7 +404,7 @@ def threads_page(csrf: str) -> str:
 
 
 def thread_page(thread_id: str, csrf: str) -> tuple[int, str]:
-    store = _cli._graph_store()
+    store = _show._graph_store()
     try:
         rows = json.loads(_core.thread_history_any(store, thread_id, 200)) if store else None
     except ComposeError:
@@ -428,7 +427,7 @@ def thread_page(thread_id: str, csrf: str) -> tuple[int, str]:
         body.append(
             f"<tr><td><code>{esc(r['id'])}</code></td><td>{esc(r['source'])}</td>"
             f"<td>{esc(r['status'])}</td><td>v{esc(r['version'])}</td><td>{esc(r['step'])}</td>"
-            f"<td>{esc(_cli._age(r['created_at_ms'] / 1000, now))}</td><td>{run_cell}</td></tr>"
+            f"<td>{esc(_show._age(r['created_at_ms'] / 1000, now))}</td><td>{run_cell}</td></tr>"
         )
     body.append("</tbody></table>")
     return 200, layout(f"Thread {thread_id}", "".join(body), csrf=csrf)
@@ -437,7 +436,7 @@ def thread_page(thread_id: str, csrf: str) -> tuple[int, str]:
 def queues_page(csrf: str) -> str:
     from .. import _engine
 
-    kind, target = _cli._store_target()
+    kind, target = _show._store_target()
     import os
 
     missing = kind == "sqlite" and not os.path.exists(target)
@@ -453,7 +452,7 @@ def queues_page(csrf: str) -> str:
             "<th>oldest queued</th></tr></thead><tbody>"
         )
         for name, queued, running, done, oldest in rows:
-            age = "-" if oldest is None else _cli._duration(now - oldest)
+            age = "-" if oldest is None else _show._duration(now - oldest)
             body.append(
                 f"<tr><td>{esc(name)}</td><td class='num'>{queued}</td>"
                 f"<td class='num'>{running}</td><td class='num'>{done}</td>"

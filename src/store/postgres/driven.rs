@@ -11,85 +11,19 @@
 //! `pool_size`; beyond that a step goes through the shared pool), connected
 //! like the pool's (TLS included), and carry the same fenced statements.
 
-use super::{
-    owner, span_insert_once_sql, span_insert_sql, step_once_sql, step_sql, tls, PgInner, SpanParams,
-};
 use crate::error::{CoreError, CoreResult};
+use crate::store::postgres::inner::PgInner;
+use crate::store::postgres::sql::{
+    cannot_connect, describe, owner, span_insert_once_sql, span_insert_sql, step_once_sql,
+    step_sql, SpanParams,
+};
+use crate::store::postgres::state::{drive, Driven, Driver, OwnRuntime};
+use crate::store::postgres::tls;
 use crate::store::url::SslMode;
 use crate::store::SpanRecord;
 use futures_util::future::join_all;
-use parking_lot::Mutex;
-use std::future::Future;
-use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::Poll;
+use std::sync::atomic::Ordering;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, Statement};
-
-type Driver = Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send>>;
-
-/// A connection with its own runtime, and the statements prepared on it.
-struct Driven {
-    client: Client,
-    /// The connection's I/O; `None` once it ended (the client is then closed).
-    conn: Option<Driver>,
-    /// The step statement without and with its span row (`step_sql`).
-    steps: [Option<Statement>; 2],
-    spans: Option<Statement>,
-    /// Last, so the connection's socket is gone before its runtime.
-    rt: OwnRuntime,
-}
-
-/// A connection's runtime. Dropped without blocking: the last handle on the
-/// store may go on the shared runtime (its background span flush).
-struct OwnRuntime(Option<tokio::runtime::Runtime>);
-
-impl std::ops::Deref for OwnRuntime {
-    type Target = tokio::runtime::Runtime;
-    fn deref(&self) -> &tokio::runtime::Runtime {
-        self.0
-            .as_ref()
-            .expect("a connection's runtime lives as long as it")
-    }
-}
-
-impl Drop for OwnRuntime {
-    fn drop(&mut self) {
-        if let Some(rt) = self.0.take() {
-            rt.shutdown_background();
-        }
-    }
-}
-
-/// The idle driven connections, and how many are open.
-#[derive(Default)]
-pub(super) struct DrivenPool {
-    idle: Mutex<Vec<Driven>>,
-    open: AtomicUsize,
-}
-
-/// Runs `fut` on the calling thread, driving the connection's I/O with it.
-fn drive<T>(
-    rt: &tokio::runtime::Runtime,
-    conn: &mut Option<Driver>,
-    fut: impl Future<Output = T>,
-) -> T {
-    let mut fut = pin!(fut);
-    rt.block_on(std::future::poll_fn(|cx| {
-        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
-            return Poll::Ready(v);
-        }
-        if let Some(c) = conn {
-            if c.as_mut().poll(cx).is_ready() {
-                // Dropping the ended connection fails its pending requests,
-                // so `fut` finishes with the driver's error when polled again.
-                *conn = None;
-                cx.waker().wake_by_ref();
-            }
-        }
-        Poll::Pending
-    }))
-}
 
 impl Driven {
     fn connect(inner: &PgInner) -> CoreResult<Driven> {
@@ -113,8 +47,7 @@ impl Driven {
                 }
             }
         });
-        let (client, conn) =
-            connected.map_err(|e| super::cannot_connect(&inner.url, super::describe(&e)))?;
+        let (client, conn) = connected.map_err(|e| cannot_connect(&inner.url, describe(&e)))?;
         Ok(Driven {
             client,
             conn: Some(conn),
@@ -191,7 +124,7 @@ impl Driven {
         let row = row?;
         for r in written {
             if let Err(e) = r {
-                crate::store::sqlite::record_span_write_error(inner.err()(e).to_string());
+                crate::store::slot::record_span_write_error(inner.err()(e).to_string());
                 break;
             }
         }
@@ -206,7 +139,7 @@ impl Driven {
                 .ok()
                 .flatten()
                 .map_or_else(|| format!("#{rid}"), |r| r.get(0));
-            return Err(Failure::Moved(crate::lease::moved(&run_id)));
+            return Err(Failure::Moved(crate::store::takeover::moved(&run_id)));
         }
         let stored: Option<String> = row.get(1);
         Ok(stored.filter(|s| s != value))

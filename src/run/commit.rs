@@ -1,0 +1,279 @@
+//! An attempt's journal: step keys, replay lookups, and the writes that
+//! make a step's value durable (in place, deferred, batched, or as a
+//! future an async driver awaits).
+
+use super::{Attempt, Commit, TxWork};
+use crate::error::{CoreError, CoreResult};
+use crate::journal::{Fence, StepKey};
+use crate::store::SpanRow;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+impl Attempt {
+    /// Allocates the next key for `name` in `scope` and returns it with the
+    /// journaled value, if any.
+    pub fn reserve(
+        &self,
+        scope: &str,
+        name: &str,
+        fence: Option<&Fence>,
+    ) -> CoreResult<(String, Option<Arc<str>>)> {
+        self.check(fence)?;
+        self.check_cancel(false)?;
+        let mut j = self.journal.lock();
+        let key = j.next_key(scope, name);
+        let hit = j.get(&key);
+        Ok((key, hit))
+    }
+
+    /// `reserve` with the key as its parts: a replayed step (the value
+    /// found) allocates no key.
+    pub fn reserve_step(
+        &self,
+        scope: &str,
+        name: &str,
+        fence: Option<&Fence>,
+    ) -> CoreResult<(StepKey, Option<Arc<str>>)> {
+        self.check(fence)?;
+        self.check_cancel(false)?;
+        Ok(self.journal.lock().next_step(scope, name))
+    }
+
+    pub(crate) fn journal_get(&self, key: &str) -> Option<Arc<str>> {
+        self.journal.lock().get(key)
+    }
+
+    pub(crate) fn journal_record(&self, key: &str, value: Arc<str>) -> Arc<str> {
+        self.journal.lock().record(key, value)
+    }
+
+    /// The module defining the run's flow, stored with a parked wait.
+    pub fn set_module(&self, module: Option<String>) {
+        self.durable.set_module(module);
+    }
+
+    /// Allocates a key without looking it up (scopes of `map`, `aggregate`).
+    pub fn next_key(&self, scope: &str, name: &str, fence: Option<&Fence>) -> CoreResult<String> {
+        self.check(fence)?;
+        Ok(self.journal.lock().next_key(scope, name))
+    }
+
+    pub fn lookup(&self, key: &str, fence: Option<&Fence>) -> CoreResult<Option<Arc<str>>> {
+        self.check(fence)?;
+        Ok(self.journal.lock().get(key))
+    }
+
+    /// Switches this attempt to batch durability (refused by a store
+    /// without it).
+    pub fn set_batch(&self) -> CoreResult<()> {
+        if !self.store.supports_batch() {
+            return Err(CoreError::Config(format!(
+                "composeai store '{}': durability 'batch' is not supported by this store yet -- \
+                 use durability 'step' (the default)",
+                self.store.path()
+            )));
+        }
+        self.batch.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Whether a commit under `fence` is batched: only the unfenced steps
+    /// of the flow body itself; a fenced write (a stage's thread, which may
+    /// be abandoned) commits synchronously.
+    pub fn batches(&self, fence: Option<&Fence>) -> bool {
+        fence.is_none() && self.batch.load(Ordering::Relaxed)
+    }
+
+    /// The first failure of a batched write, which ends the attempt.
+    pub(super) fn batch_failure(&self) -> CoreResult<()> {
+        // Checked per step: the outcome is copied only once it failed.
+        if !self.batch_slot.failed() {
+            return Ok(());
+        }
+        match self.batch_slot.outcome() {
+            Some(Err(e)) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Before a synchronous write under batch durability on a server-backed
+    /// store: the batched steps commit first (the journal never holds a
+    /// later write without the earlier steps), and a lost one fails the
+    /// write. A local store orders them in its writer queue already.
+    pub(crate) fn sync_point(&self) -> CoreResult<()> {
+        if self.batch.load(Ordering::Relaxed) && self.store.remote() {
+            self.store.flush()?;
+            self.batch_failure()?;
+        }
+        Ok(())
+    }
+
+    /// Journals `value` under `key` with its span, durably, and returns the
+    /// stored value (an earlier write wins). Under batch durability an
+    /// unfenced step is queued instead and durable within the store's batch
+    /// latency, in order with every other write.
+    pub fn commit(
+        &self,
+        key: &str,
+        value: &str,
+        span: Option<SpanRow>,
+        fence: Option<&Fence>,
+    ) -> CoreResult<Arc<str>> {
+        self.check(fence)?;
+        if let Some(existing) = self.journal.lock().get(key) {
+            if let Some(s) = span {
+                self.queue_span(s);
+            }
+            return Ok(existing);
+        }
+        if self.batches(fence) {
+            self.batch_failure()?;
+            let rid = self.rid()?;
+            let stored = self.journal.lock().record(key, Arc::from(value));
+            self.store
+                .commit_batched_step(rid, key, value, span, &self.trace, &self.batch_slot)?;
+            return Ok(stored);
+        }
+        self.sync_point()?;
+        let rid = self.rid()?;
+        let record = span.map(|s| self.record(rid, s, Some(value)));
+        let winner = self.store.commit_step(rid, key, value, record)?;
+        let stored: Arc<str> = Arc::from(winner.as_deref().unwrap_or(value));
+        Ok(self.journal.lock().record(key, stored))
+    }
+
+    /// `commit` of an unfenced step under batch durability (`batches(None)`),
+    /// its span borrowed from the caller.
+    pub fn commit_batched_view(
+        &self,
+        key: &str,
+        value: &str,
+        span: crate::store::spans::SpanView<'_>,
+    ) -> CoreResult<Arc<str>> {
+        self.check(None)?;
+        if let Some(existing) = self.journal.lock().get(key) {
+            self.queue_span(span.to_row(value));
+            return Ok(existing);
+        }
+        self.batch_failure()?;
+        let rid = self.rid()?;
+        let stored = self.journal.lock().record(key, Arc::from(value));
+        self.store.commit_batched_view(
+            rid,
+            key,
+            value,
+            Some(span),
+            &self.trace,
+            &self.batch_slot,
+        )?;
+        Ok(stored)
+    }
+
+    /// `commit` for an async driver: the stored value at once (a journal
+    /// hit), or the store's commit as a future to await off the event loop,
+    /// whose outcome `end_commit` records.
+    pub fn begin_commit(
+        &self,
+        key: &str,
+        value: &str,
+        span: Option<SpanRow>,
+        fence: Option<&Fence>,
+    ) -> CoreResult<Commit> {
+        self.check(fence)?;
+        if let Some(existing) = self.journal.lock().get(key) {
+            if let Some(s) = span {
+                self.queue_span(s);
+            }
+            return Ok(Commit::Stored(existing));
+        }
+        if self.batches(fence) {
+            // Queued without I/O: nothing to await.
+            return self.commit(key, value, span, fence).map(Commit::Stored);
+        }
+        self.sync_point()?;
+        let rid = self.rid()?;
+        let record = span.map(|s| self.record(rid, s, Some(value)));
+        Ok(Commit::Pending(self.store.commit_step_future(
+            rid,
+            key.to_string(),
+            value.to_string(),
+            record,
+        )))
+    }
+
+    /// Records the outcome of a `begin_commit` future; returns the stored
+    /// value.
+    pub fn end_commit(&self, key: &str, value: &str, winner: Option<String>) -> Arc<str> {
+        let stored: Arc<str> = Arc::from(winner.as_deref().unwrap_or(value));
+        self.journal.lock().record(key, stored)
+    }
+
+    /// Journals `entries` (first write wins) and runs `work`, in one
+    /// durable transaction: a graph step's node updates and its checkpoint
+    /// (EXT-30). Queued spans are left to a later commit.
+    pub fn commit_with(
+        &self,
+        entries: &[(String, String)],
+        work: &mut TxWork<'_>,
+    ) -> CoreResult<()> {
+        self.check(None)?;
+        self.sync_point()?;
+        self.store.commit_with(self.rid()?, entries, work)?;
+        let mut j = self.journal.lock();
+        for (k, v) in entries {
+            j.record(k, Arc::from(v.as_str()));
+        }
+        Ok(())
+    }
+
+    /// Journals `value` under `key` like `commit`, but lets a background
+    /// commit make it durable: for steps whose value the flow body only sees
+    /// after `sync` (the items of a `map`). Returns the stored value.
+    pub fn commit_deferred(
+        &self,
+        key: &str,
+        value: &str,
+        span: Option<SpanRow>,
+        fence: Option<&Fence>,
+    ) -> CoreResult<Arc<str>> {
+        self.check(fence)?;
+        let stored = {
+            let mut j = self.journal.lock();
+            if let Some(existing) = j.get(key) {
+                drop(j);
+                if let Some(s) = span {
+                    self.queue_span(s);
+                }
+                return Ok(existing);
+            }
+            j.record(key, Arc::from(value))
+        };
+        self.sync_point()?;
+        let rid = self.rid()?;
+        let record = span.map(|s| self.record(rid, s, Some(value)));
+        let slot = self.store.commit_deferred(rid, key, value, record);
+        self.deferred.lock().push(slot);
+        Ok(stored)
+    }
+
+    /// Waits until every deferred journal write of this attempt is durable.
+    pub fn sync(&self) -> CoreResult<()> {
+        let slots = std::mem::take(&mut *self.deferred.lock());
+        if slots.is_empty() {
+            return Ok(());
+        }
+        self.store.flush()?;
+        for slot in slots {
+            match slot.outcome() {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e),
+                None => {
+                    return Err(CoreError::Store(
+                        "a deferred journal write was not applied".into(),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+}

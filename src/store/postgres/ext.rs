@@ -1,0 +1,805 @@
+//! The durable primitives' and the graph tables on PostgreSQL (STORE-2):
+//! schema version 2, `DurableStore` and `GraphTx`, and the store hooks
+//! that run graph work inside a run's transactions.
+//!
+//! Every write an attempt makes is fenced on it still owning the run, in
+//! the same statement (the `FENCE` CTE) or the same transaction (a
+//! `FOR SHARE` read of the run row first), as the journal is (STORE-11).
+
+use crate::clock;
+use crate::error::{CoreError, CoreResult};
+use crate::runtime::block_on;
+use crate::store::durable::{CancelOutcome, DueRun, DurableStore, WaitRow, EPSILON};
+use crate::store::graph::{GraphTx, GraphWork, Row, Thread};
+use crate::store::postgres::inner::{insert_run_err, PgInner, PgStore};
+use crate::store::postgres::sql::{
+    exec, insert_run_params, moved, owner, rows, Params, FENCE, INSERT_RUN, TERMINAL,
+};
+use crate::store::{LeaseCheck, NewRun, RunRow, Settlement};
+use crate::time::now;
+use deadpool_postgres::GenericClient;
+use serde_json::{json, Value};
+use tokio_postgres::types::ToSql;
+
+/// Locks the run row against a takeover for the rest of the transaction;
+/// refuses when another attempt owns the run.
+async fn fence_tx<C: GenericClient>(store: &PgInner, c: &C, rid: i64) -> CoreResult<()> {
+    let found = rows(
+        c,
+        "SELECT run_id FROM runs WHERE rid = $1 AND lease_owner = $2 \
+         FOR SHARE",
+        &[&rid, &owner()],
+    )
+    .await
+    .map_err(store.err())?;
+    if found.is_empty() {
+        return Err(moved(c, rid).await);
+    }
+    Ok(())
+}
+
+impl DurableStore for PgStore {
+    fn commit_wait(
+        &self,
+        rid: i64,
+        key: &str,
+        value: &str,
+        timer: Option<(&str, Option<f64>)>,
+    ) -> CoreResult<Option<String>> {
+        let (tkey, wake) = match timer {
+            Some((k, w)) => (Some(k.to_string()), w),
+            None => (None, None),
+        };
+        let t = now();
+        let found = block_on(async {
+            let c = self.client().await?;
+            rows(
+                &c,
+                &format!(
+                    "WITH {FENCE}, \
+                     j AS (INSERT INTO journal(rid, step_key, value_json) SELECT rid, $3, $4 \
+                           FROM f ON CONFLICT DO NOTHING RETURNING 1), \
+                     t AS (INSERT INTO timers(rid, step_key, wake_at, created_at) \
+                           SELECT rid, $5, $6, $7 FROM f WHERE $5::TEXT IS NOT NULL \
+                           ON CONFLICT DO NOTHING RETURNING 1) \
+                     SELECT (SELECT run_id FROM f), \
+                            (SELECT value_json FROM journal WHERE rid = $1 AND step_key = $3)"
+                ),
+                &[&rid, &owner(), &key, &value, &tkey, &wake, &t],
+            )
+            .await
+            .map_err(self.err())
+        })?;
+        let row = &found[0];
+        if row.get::<_, Option<String>>(0).is_none() {
+            return Err(self.moved_blocking(rid));
+        }
+        Ok(row.get::<_, Option<String>>(1).filter(|s| s != value))
+    }
+
+    fn insert_timer(&self, rid: i64, key: &str, wake_at: Option<f64>) -> CoreResult<()> {
+        let t = now();
+        let found = block_on(async {
+            let c = self.client().await?;
+            rows(
+                &c,
+                &format!(
+                    "WITH {FENCE}, \
+                     t AS (INSERT INTO timers(rid, step_key, wake_at, created_at) \
+                           SELECT rid, $3, $4, $5 FROM f ON CONFLICT DO NOTHING RETURNING 1) \
+                     SELECT (SELECT run_id FROM f)"
+                ),
+                &[&rid, &owner(), &key, &wake_at, &t],
+            )
+            .await
+            .map_err(self.err())
+        })?;
+        if found[0].get::<_, Option<String>>(0).is_none() {
+            return Err(self.moved_blocking(rid));
+        }
+        Ok(())
+    }
+
+    fn take_timer(&self, rid: i64, key: &str) -> CoreResult<Option<f64>> {
+        let found = block_on(async {
+            let c = self.client().await?;
+            rows(
+                &c,
+                &format!(
+                    "WITH {FENCE}, \
+                     d AS (DELETE FROM timers WHERE rid IN (SELECT rid FROM f) \
+                           AND step_key = $3 RETURNING created_at) \
+                     SELECT (SELECT run_id FROM f), (SELECT created_at FROM d)"
+                ),
+                &[&rid, &owner(), &key],
+            )
+            .await
+            .map_err(self.err())
+        })?;
+        let row = &found[0];
+        if row.get::<_, Option<String>>(0).is_none() {
+            return Err(self.moved_blocking(rid));
+        }
+        Ok(row.get(1))
+    }
+
+    fn signal_at(&self, rid: i64, name: &str, seq: i64) -> CoreResult<Option<String>> {
+        block_on(async {
+            let c = self.client().await?;
+            rows(
+                &c,
+                "SELECT value_json FROM signals WHERE rid = $1 AND name = $2 AND seq = $3",
+                &[&rid, &name, &seq],
+            )
+            .await
+            .map_err(self.err())
+            .map(|r| r.first().map(|r| r.get(0)))
+        })
+    }
+
+    fn signals_after(&self, rid: i64, name: &str, seq: i64) -> CoreResult<Vec<(i64, String)>> {
+        block_on(async {
+            let c = self.client().await?;
+            rows(
+                &c,
+                "SELECT seq, value_json FROM signals WHERE rid = $1 AND name = $2 AND seq > $3 \
+                 ORDER BY seq",
+                &[&rid, &name, &seq],
+            )
+            .await
+            .map_err(self.err())
+            .map(|r| r.iter().map(|r| (r.get(0), r.get(1))).collect())
+        })
+    }
+
+    fn last_signal_id(&self, rid: i64) -> CoreResult<i64> {
+        block_on(async {
+            let c = self.client().await?;
+            rows(
+                &c,
+                "SELECT COALESCE(MAX(sid), 0) FROM signals WHERE rid = $1",
+                &[&rid],
+            )
+            .await
+            .map_err(self.err())
+            .map(|r| r[0].get(0))
+        })
+    }
+
+    fn send_signal(&self, run_id: &str, name: &str, value_json: &str) -> CoreResult<i64> {
+        let seq = block_on(async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(self.err())?;
+            // The row lock orders concurrent senders of one run.
+            let (rid, status) = find_run(self, &tx, run_id).await?;
+            if TERMINAL.contains(&status.as_str()) {
+                return Err(CoreError::Config(format!(
+                    "run '{run_id}' is {status} -- signals are accepted only by a run that has \
+                     not finished"
+                )));
+            }
+            let seq: i64 = rows(
+                &tx,
+                "INSERT INTO signals(rid, name, seq, value_json, created_at) \
+                 SELECT $1, $2, COALESCE(MAX(seq), 0) + 1, $3, $4 FROM signals \
+                 WHERE rid = $1 AND name = $2 RETURNING seq",
+                &[&rid, &name, &value_json, &now()],
+            )
+            .await
+            .map_err(self.err())?[0]
+                .get(0);
+            tx.commit().await.map_err(self.err())?;
+            Ok(seq)
+        })?;
+        clock::poke();
+        Ok(seq)
+    }
+
+    fn request_cancel(
+        &self,
+        run_id: &str,
+        reason: Option<&str>,
+        live: LeaseCheck<'_>,
+    ) -> CoreResult<CancelOutcome> {
+        let outcome = block_on(async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(self.err())?;
+            let (rid, status) = find_run(self, &tx, run_id).await?;
+            let outcome = match status.as_str() {
+                "cancelled" => CancelOutcome::AlreadyCancelled,
+                "completed" | "failed" => {
+                    return Err(CoreError::Config(format!(
+                        "run '{run_id}' is {status} -- only a run that has not finished can be \
+                         cancelled"
+                    )))
+                }
+                _ => {
+                    let row = &rows(
+                        &tx,
+                        "SELECT lease_owner, lease_until FROM runs WHERE rid = $1",
+                        &[&rid],
+                    )
+                    .await
+                    .map_err(self.err())?[0];
+                    let holder: Option<String> = row.get(0);
+                    let until: Option<f64> = row.get(1);
+                    let t = now();
+                    if holder.is_some_and(|h| live(&h, until.unwrap_or(0.0))) {
+                        exec(
+                            &tx,
+                            "INSERT INTO cancel_requests(rid, reason, created_at) \
+                             VALUES($1, $2, $3) ON CONFLICT (rid) DO UPDATE SET \
+                             reason = EXCLUDED.reason, created_at = EXCLUDED.created_at",
+                            &[&rid, &reason, &t],
+                        )
+                        .await
+                        .map_err(self.err())?;
+                        CancelOutcome::Requested
+                    } else {
+                        let error = json!({
+                            "type": "CancelledError",
+                            "message": reason.unwrap_or("cancelled"),
+                        })
+                        .to_string();
+                        exec(
+                            &tx,
+                            "UPDATE runs SET status = 'cancelled', error_json = $1, \
+                             updated_at = $2, lease_owner = NULL, lease_until = NULL \
+                             WHERE rid = $3",
+                            &[&error, &t, &rid],
+                        )
+                        .await
+                        .map_err(self.err())?;
+                        for sql in [
+                            "DELETE FROM pending_interrupts WHERE rid = $1",
+                            "DELETE FROM waits WHERE rid = $1",
+                            "DELETE FROM timers WHERE rid = $1",
+                            "DELETE FROM cancel_requests WHERE rid = $1",
+                        ] {
+                            exec(&tx, sql, &[&rid]).await.map_err(self.err())?;
+                        }
+                        CancelOutcome::Cancelled
+                    }
+                }
+            };
+            tx.commit().await.map_err(self.err())?;
+            Ok(outcome)
+        })?;
+        clock::poke();
+        Ok(outcome)
+    }
+
+    fn due_runs(&self, now: f64, limit: usize, live: LeaseCheck<'_>) -> CoreResult<Vec<DueRun>> {
+        let now = now + EPSILON;
+        let cap = limit as i64;
+        let timer_params: [&(dyn ToSql + Sync); 2] = [&now, &cap];
+        let signal_params: [&(dyn ToSql + Sync); 1] = [&cap];
+        let (timers, signals, leased) = block_on(async {
+            let c = self.client().await?;
+            let timers = rows(
+                &c,
+                "SELECT r.run_id, r.kind, r.name, w.module FROM waits w \
+                 JOIN runs r ON r.rid = w.rid WHERE w.wake_at IS NOT NULL AND w.wake_at <= $1 \
+                 AND r.status = 'paused' ORDER BY w.wake_at LIMIT $2",
+                &timer_params,
+            );
+            let signals = rows(
+                &c,
+                "SELECT r.run_id, r.kind, r.name, w.module FROM waits w \
+                 JOIN runs r ON r.rid = w.rid \
+                 WHERE (w.signal_name IS NOT NULL OR w.after_sid IS NOT NULL) \
+                   AND r.status = 'paused' AND (EXISTS(SELECT 1 FROM signals s \
+                     WHERE s.rid = w.rid AND s.name = w.signal_name AND s.seq >= w.signal_seq) \
+                   OR EXISTS(SELECT 1 FROM signals s WHERE s.rid = w.rid AND s.sid > w.after_sid)) \
+                 ORDER BY w.rid LIMIT $1",
+                &signal_params,
+            );
+            let leased = rows(
+                &c,
+                "SELECT run_id, kind, name, lease_owner, lease_until FROM runs \
+                 WHERE lease_owner IS NOT NULL AND status IN ('running', 'paused') \
+                 UNION ALL SELECT run_id, kind, name, lease_owner, lease_until FROM runs \
+                 WHERE status = 'running' AND lease_owner IS NULL",
+                &[],
+            );
+            let (t, s, l) = futures_util::join!(timers, signals, leased);
+            let e = self.err();
+            Ok::<_, CoreError>((t.map_err(&e)?, s.map_err(&e)?, l.map_err(&e)?))
+        })?;
+        let mut out: Vec<DueRun> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (reason, found) in [("timer", timers), ("signal", signals)] {
+            for r in found {
+                let run_id: String = r.get(0);
+                if out.len() < limit && seen.insert(run_id.clone()) {
+                    out.push(DueRun {
+                        run_id,
+                        kind: r.get(1),
+                        name: r.get(2),
+                        reason,
+                        module: r.get(3),
+                    });
+                }
+            }
+        }
+        for r in leased {
+            if out.len() >= limit {
+                break;
+            }
+            let holder: Option<String> = r.get(3);
+            let until: Option<f64> = r.get(4);
+            if holder.is_some_and(|h| live(&h, until.unwrap_or(0.0))) {
+                continue;
+            }
+            let run_id: String = r.get(0);
+            if seen.insert(run_id.clone()) {
+                out.push(DueRun {
+                    run_id,
+                    kind: r.get(1),
+                    name: r.get(2),
+                    reason: "recovered",
+                    module: None,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn next_wake(&self, after: f64) -> CoreResult<Option<f64>> {
+        block_on(async {
+            let c = self.client().await?;
+            rows(
+                &c,
+                "SELECT MIN(wake_at) FROM waits WHERE wake_at > $1",
+                &[&(after + EPSILON)],
+            )
+            .await
+            .map_err(self.err())
+            .map(|r| r[0].get(0))
+        })
+    }
+
+    fn parked_wait(&self, run_id: &str) -> CoreResult<Option<WaitRow>> {
+        block_on(async {
+            let c = self.client().await?;
+            rows(
+                &c,
+                "SELECT w.step_key, w.wake_at, w.signal_name, w.signal_seq, w.after_sid, \
+                 w.module FROM waits w JOIN runs r ON r.rid = w.rid \
+                 WHERE r.run_id = $1 AND r.status = 'paused'",
+                &[&run_id],
+            )
+            .await
+            .map_err(self.err())
+            .map(|r| {
+                r.first().map(|r| WaitRow {
+                    step_key: r.get(0),
+                    wake_at: r.get(1),
+                    signal_name: r.get(2),
+                    signal_seq: r.get(3),
+                    after_sid: r.get(4),
+                    module: r.get(5),
+                })
+            })
+        })
+    }
+
+    fn change_marker(&self) -> CoreResult<i64> {
+        // Any commit on the server moves the WAL insert position.
+        block_on(async {
+            let c = self.client().await?;
+            rows(
+                &c,
+                "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::BIGINT",
+                &[],
+            )
+            .await
+            .map_err(self.err())
+            .map(|r| r[0].get(0))
+        })
+    }
+
+    fn release_leases(&self, owner: &str) -> CoreResult<usize> {
+        block_on(async {
+            let c = self.client().await?;
+            exec(
+                &c,
+                "UPDATE runs SET status = 'running', lease_owner = NULL, lease_until = NULL \
+                 WHERE lease_owner = $1",
+                &[&owner],
+            )
+            .await
+            .map_err(self.err())
+            .map(|n| n as usize)
+        })
+    }
+}
+
+/// The run's `(rid, status)`, its row locked for the transaction.
+async fn find_run<C: GenericClient>(
+    store: &PgInner,
+    c: &C,
+    run_id: &str,
+) -> CoreResult<(i64, String)> {
+    rows(
+        c,
+        "SELECT rid, status FROM runs WHERE run_id = $1 FOR UPDATE",
+        &[&run_id],
+    )
+    .await
+    .map_err(store.err())?
+    .first()
+    .map(|r| (r.get(0), r.get(1)))
+    .ok_or_else(|| CoreError::Config(format!("no run found with run_id '{run_id}'")))
+}
+
+// ---------------------------------------------------------------------------
+// Graph tables
+
+/// The graph tables on one client or transaction of the store.
+struct PgGraph<'a, C: GenericClient> {
+    c: &'a C,
+    store: &'a PgInner,
+}
+
+const ROW_COLUMNS: &str = "checkpoint_id, thread_id, rid, parent_id, version, source, status, \
+     run_id, step, created_at_ms, delta_json, snapshot_json, meta_json";
+
+const THREAD_COLUMNS: &str = "t.thread_id, t.graph, t.fingerprint, \
+     (SELECT c.checkpoint_id FROM graph_checkpoints c WHERE c.thread_id = t.thread_id \
+      ORDER BY c.version DESC LIMIT 1), \
+     coalesce((SELECT c.version FROM graph_checkpoints c WHERE c.thread_id = t.thread_id \
+      ORDER BY c.version DESC LIMIT 1), 0), \
+     t.status, t.run_id, t.owner, t.created_at_ms, t.updated_at_ms";
+
+fn read_row(r: &tokio_postgres::Row) -> Row {
+    Row {
+        checkpoint_id: r.get(0),
+        thread_id: r.get(1),
+        rid: r.get(2),
+        parent_id: r.get(3),
+        version: r.get(4),
+        source: r.get(5),
+        status: r.get(6),
+        run_id: r.get(7),
+        step: r.get(8),
+        created_at_ms: r.get(9),
+        delta_json: r.get(10),
+        snapshot_json: r.get(11),
+        meta_json: r.get(12),
+    }
+}
+
+fn read_thread(r: &tokio_postgres::Row) -> Thread {
+    Thread {
+        thread_id: r.get(0),
+        graph: r.get(1),
+        fingerprint: r.get(2),
+        head: r.get(3),
+        version: r.get(4),
+        status: r.get(5),
+        run_id: r.get(6),
+        owner: r.get(7),
+        created_at_ms: r.get(8),
+        updated_at_ms: r.get(9),
+        chain: None,
+    }
+}
+
+fn now_ms() -> i64 {
+    crate::store::graph::now_ms()
+}
+
+impl<C: GenericClient> PgGraph<'_, C> {
+    fn query(&self, sql: &str, p: &Params<'_>) -> CoreResult<Vec<tokio_postgres::Row>> {
+        block_on(rows(self.c, sql, p)).map_err(self.store.err())
+    }
+
+    fn run(&self, sql: &str, p: &Params<'_>) -> CoreResult<u64> {
+        block_on(exec(self.c, sql, p)).map_err(self.store.err())
+    }
+}
+
+impl<C: GenericClient> GraphTx for PgGraph<'_, C> {
+    fn insert(&self, r: &Row) -> CoreResult<()> {
+        self.run(
+            &format!(
+                "INSERT INTO graph_checkpoints({ROW_COLUMNS}) \
+                 VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+            ),
+            &[
+                &r.checkpoint_id,
+                &r.thread_id,
+                &r.rid,
+                &r.parent_id,
+                &r.version,
+                &r.source,
+                &r.status,
+                &r.run_id,
+                &r.step,
+                &r.created_at_ms,
+                &r.delta_json,
+                &r.snapshot_json,
+                &r.meta_json,
+            ],
+        )
+        .map(|_| ())
+    }
+
+    fn get(&self, checkpoint_id: &str) -> CoreResult<Option<Row>> {
+        Ok(self
+            .query(
+                &format!("SELECT {ROW_COLUMNS} FROM graph_checkpoints WHERE checkpoint_id = $1"),
+                &[&checkpoint_id],
+            )?
+            .first()
+            .map(read_row))
+    }
+
+    fn run_head(&self, rid: i64) -> CoreResult<Option<Row>> {
+        Ok(self
+            .query(
+                &format!(
+                    "SELECT {ROW_COLUMNS} FROM graph_checkpoints WHERE rid = $1 \
+                     AND thread_id IS NULL ORDER BY version DESC LIMIT 1"
+                ),
+                &[&rid],
+            )?
+            .first()
+            .map(read_row))
+    }
+
+    fn thread(&self, thread_id: &str) -> CoreResult<Option<Thread>> {
+        Ok(self
+            .query(
+                &format!("SELECT {THREAD_COLUMNS} FROM graph_threads t WHERE t.thread_id = $1"),
+                &[&thread_id],
+            )?
+            .first()
+            .map(read_thread))
+    }
+
+    fn threads(&self, graph: Option<&str>) -> CoreResult<Vec<Thread>> {
+        Ok(self
+            .query(
+                &format!(
+                    "SELECT {THREAD_COLUMNS} FROM graph_threads t \
+                     WHERE $1::TEXT IS NULL OR t.graph = $1 \
+                     ORDER BY t.updated_at_ms DESC, t.thread_id"
+                ),
+                &[&graph],
+            )?
+            .iter()
+            .map(read_thread)
+            .collect())
+    }
+
+    fn upsert_thread(&self, t: &Thread) -> CoreResult<()> {
+        self.run(
+            "INSERT INTO graph_threads(thread_id, graph, fingerprint, head, version, status, \
+             run_id, owner, created_at_ms, updated_at_ms) \
+             VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+             ON CONFLICT(thread_id) DO UPDATE SET head = $4, version = $5, status = $6, \
+             run_id = $7, owner = $8, updated_at_ms = $10",
+            &[
+                &t.thread_id,
+                &t.graph,
+                &t.fingerprint,
+                &t.head,
+                &t.version,
+                &t.status,
+                &t.run_id,
+                &t.owner,
+                &t.created_at_ms,
+                &t.updated_at_ms,
+            ],
+        )
+        .map(|_| ())
+    }
+
+    fn set_head(&self, thread_id: &str, head: &str, version: i64, status: &str) -> CoreResult<()> {
+        let release = status != "running";
+        self.run(
+            "UPDATE graph_threads SET head = $2, version = $3, status = $4, updated_at_ms = $5, \
+             owner = CASE WHEN $6 THEN NULL ELSE owner END WHERE thread_id = $1",
+            &[&thread_id, &head, &version, &status, &now_ms(), &release],
+        )
+        .map(|_| ())
+    }
+
+    fn set_status(&self, thread_id: &str, status: &str) -> CoreResult<()> {
+        self.run(
+            "UPDATE graph_threads SET status = $2, owner = NULL, updated_at_ms = $3 \
+             WHERE thread_id = $1",
+            &[&thread_id, &status, &now_ms()],
+        )
+        .map(|_| ())
+    }
+
+    fn audit(
+        &self,
+        thread_id: &str,
+        actor: Option<&str>,
+        action: &str,
+        checkpoint_id: Option<&str>,
+    ) -> CoreResult<()> {
+        self.run(
+            "INSERT INTO graph_audit(thread_id, actor, action, checkpoint_id, at_ms) \
+             VALUES($1, $2, $3, $4, $5)",
+            &[&thread_id, &actor, &action, &checkpoint_id, &now_ms()],
+        )
+        .map(|_| ())
+    }
+
+    fn audit_entries(&self, thread_id: &str, limit: i64) -> CoreResult<Vec<Value>> {
+        Ok(self
+            .query(
+                "SELECT thread_id, actor, action, checkpoint_id, at_ms FROM graph_audit \
+                 WHERE thread_id = $1 ORDER BY aid DESC LIMIT $2",
+                &[&thread_id, &limit],
+            )?
+            .iter()
+            .map(|r| {
+                json!({
+                    "thread_id": r.get::<_, String>(0),
+                    "actor": r.get::<_, Option<String>>(1),
+                    "action": r.get::<_, String>(2),
+                    "checkpoint_id": r.get::<_, Option<String>>(3),
+                    "at_ms": r.get::<_, i64>(4),
+                })
+            })
+            .collect())
+    }
+
+    fn history(&self, thread_id: &str, limit: i64) -> CoreResult<Vec<Row>> {
+        Ok(self
+            .query(
+                &format!(
+                    "SELECT {ROW_COLUMNS} FROM graph_checkpoints WHERE thread_id = $1 \
+                     ORDER BY version DESC LIMIT $2"
+                ),
+                &[&thread_id, &limit],
+            )?
+            .iter()
+            .map(read_row)
+            .collect())
+    }
+
+    fn delete_thread(&self, thread_id: &str) -> CoreResult<bool> {
+        self.run(
+            "DELETE FROM graph_checkpoints WHERE thread_id = $1",
+            &[&thread_id],
+        )?;
+        Ok(self.run(
+            "DELETE FROM graph_threads WHERE thread_id = $1",
+            &[&thread_id],
+        )? > 0)
+    }
+
+    fn prune(&self, before_ms: i64) -> CoreResult<Vec<String>> {
+        let ids: Vec<String> = self
+            .query(
+                "SELECT thread_id FROM graph_threads WHERE updated_at_ms < $1 \
+                 AND status != 'running' ORDER BY thread_id",
+                &[&before_ms],
+            )?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        for id in &ids {
+            self.delete_thread(id)?;
+        }
+        Ok(ids)
+    }
+
+    fn delete_pending(&self, rid: i64) -> CoreResult<()> {
+        self.run("DELETE FROM pending_interrupts WHERE rid = $1", &[&rid])
+            .map(|_| ())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The store hooks that carry graph work
+
+impl PgStore {
+    pub(super) fn create_run_in(
+        &self,
+        new: &NewRun,
+        owner: &str,
+        lease_until: f64,
+        work: &mut GraphWork<'_>,
+        drain: bool,
+    ) -> CoreResult<RunRow> {
+        let spans = if drain { self.take_spans() } else { Vec::new() };
+        let mut c = block_on(self.client())?;
+        let tx = block_on(c.transaction()).map_err(self.err())?;
+        let t = now();
+        let row = block_on(async {
+            self.write_spans(&tx, &spans).await?;
+            rows(
+                &tx,
+                INSERT_RUN,
+                &insert_run_params(new, &t, &owner, &lease_until),
+            )
+            .await
+            .map_err(insert_run_err(self, new))
+        })?;
+        work(&PgGraph {
+            c: &tx,
+            store: self,
+        })?;
+        block_on(tx.commit()).map_err(self.err())?;
+        Ok(RunRow::inserted(new, row[0].get(0), "running", t))
+    }
+
+    /// A settlement with `work` in its transaction.
+    pub(super) fn settle_in(
+        &self,
+        rid: i64,
+        owner: &str,
+        s: &Settlement,
+        work: &mut GraphWork<'_>,
+    ) -> CoreResult<()> {
+        // As on SQLite: the spans are stored when the run returns (OBS-5).
+        let spans = self.take_spans();
+        let mut c = block_on(self.client())?;
+        let tx = block_on(c.transaction()).map_err(self.err())?;
+        block_on(self.settle_tx(&tx, rid, owner, s, &spans))?;
+        work(&PgGraph {
+            c: &tx,
+            store: self,
+        })?;
+        block_on(tx.commit()).map_err(self.err())
+    }
+
+    pub(super) fn commit_in(
+        &self,
+        rid: i64,
+        entries: &[(String, String)],
+        work: &mut GraphWork<'_>,
+    ) -> CoreResult<()> {
+        let mut c = block_on(self.client())?;
+        let tx = block_on(c.transaction()).map_err(self.err())?;
+        block_on(async {
+            fence_tx(self, &tx, rid).await?;
+            let st = tx
+                .prepare_cached(
+                    "INSERT INTO journal(rid, step_key, value_json) VALUES($1, $2, $3) \
+                     ON CONFLICT DO NOTHING",
+                )
+                .await
+                .map_err(self.err())?;
+            let inserts = entries.iter().map(|(k, v)| {
+                let st = st.clone();
+                let tx = &tx;
+                async move { tx.execute(&st, &[&rid, k, v]).await }
+            });
+            for r in futures_util::future::join_all(inserts).await {
+                r.map_err(self.err())?;
+            }
+            Ok::<_, CoreError>(())
+        })?;
+        work(&PgGraph {
+            c: &tx,
+            store: self,
+        })?;
+        block_on(tx.commit()).map_err(self.err())
+    }
+
+    pub(super) fn transact_in(&self, work: &mut GraphWork<'_>) -> CoreResult<()> {
+        let spans = self.take_spans();
+        let mut c = block_on(self.client())?;
+        let tx = block_on(c.transaction()).map_err(self.err())?;
+        block_on(self.write_spans(&tx, &spans))?;
+        work(&PgGraph {
+            c: &tx,
+            store: self,
+        })?;
+        block_on(tx.commit()).map_err(self.err())
+    }
+
+    pub(super) fn read_in(&self, work: &mut GraphWork<'_>) -> CoreResult<()> {
+        let c = block_on(self.client())?;
+        work(&PgGraph { c: &c, store: self })
+    }
+}
