@@ -231,6 +231,96 @@ def test_agent_gated_tool_by_shorthand_with_resume_issue26(capsys):
     assert "already answered" in capsys.readouterr().err
 
 
+def test_answered_agent_is_continued_by_the_worker_pass_issue26(capsys):
+    """EXT-2/AGENT-54: answering a standalone agent's gated tool call without `--resume`
+    only journals the answer; the run is due, and the worker's pass (`wake_due`) continues
+    it through `resume()`: the tool runs once, with the journaled approval."""
+    sent: list[str] = []
+
+    @compose.tool(requires_approval=True)
+    def notify(to: str) -> str:
+        """Notify someone."""
+        sent.append(to)
+        return f"notified {to}"
+
+    call = {"tool_calls": [{"name": "notify", "arguments": {"to": "ann"}, "id": "c1"}]}
+
+    @compose.agent(model=FakeModel([call, "Done."]), tools=[notify])
+    def notifier(request: str) -> str:
+        """You notify people."""
+        return request
+
+    run = notifier.run("notify ann")
+    assert (run.status, run.pending.id) == ("paused", "tool:notify:c1")
+    capsys.readouterr()
+    assert main(["answer", run.id, "notify", "--yes"]) == 0
+    assert "the run is due" in capsys.readouterr().out
+    assert _engine.get_store().get_run(run.id)["status"] == "paused"
+    assert sent == []
+    assert main(["runs"]) == 0
+    assert "answered, due" in capsys.readouterr().out
+
+    [done] = compose.wake_due()
+    assert (done.id, done.status) == (run.id, "completed")
+    assert sent == ["ann"]
+    assert compose.wake_due() == []
+
+
+AGENT_MODULE = '''from composeai import agent, tool
+from composeai.testing import FakeModel
+
+CALL = {"tool_calls": [{"name": "page", "arguments": {"who": "ops"}, "id": "c1"}]}
+
+
+@tool(requires_approval=True)
+def page(who: str) -> str:
+    """Page someone."""
+    return f"paged {who}"
+
+
+def reply(request):
+    # The first request holds only the user's message.
+    return CALL if len(request.messages) == 1 else "Paged."
+
+
+@agent(model=FakeModel([reply, reply]), tools=[page])
+def pager(request: str) -> str:
+    """You page people."""
+    return request
+'''
+
+
+def test_worker_skips_an_unregistered_agent_then_continues_it_issue26(tmp_path, monkeypatch):
+    """EXT-2: a due agent run whose agent is not imported in the worker is skipped with a
+    warning (never failed); `compose worker --once --import MODULE` then completes it."""
+    (tmp_path / "answer_agents.py").write_text(AGENT_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import answer_agents
+
+    run = answer_agents.pager.run("page ops")
+    assert run.status == "paused"
+    assert _answer.answer(run.id, "page", True).due
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    worker = [sys.executable, "-m", "composeai.cli", "worker", "--once"]
+    bare = subprocess.run(worker, env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert f"run {run.id}: agent 'pager' is not registered in this process" in bare.stderr
+    assert _engine.get_store().get_run(run.id)["status"] == "paused"
+
+    out = subprocess.run(
+        [*worker, "--import", "answer_agents"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert f"finished {run.id} agent=pager outcome=completed" in out.stdout
+    row = _engine.get_store().get_run(run.id)
+    assert (row["status"], json.loads(row["output_json"])) == ("completed", "Paged.")
+    sys.modules.pop("answer_agents", None)
+
+
 def test_graph_run_is_answered_through_resume_issue26(capsys):
     """A graph node's suspend is answered by `node:<name>`; a graph applies answers as it
     continues, so without `--resume` the CLI says so and stores nothing."""

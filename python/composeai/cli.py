@@ -312,7 +312,7 @@ def _cmd_answer(args: argparse.Namespace) -> int:
         print(f"run {done.run_id} continued here: {done.status}")
     elif done.due:
         print(
-            "the run is due: a running `compose worker` (with --import for its flow) continues it"
+            "the run is due: a running `compose worker` (with --import for its flow or agent) continues it"
         )
     else:
         print(

@@ -4,11 +4,12 @@
 //!
 //! In one transaction, per answer: the journal row `__interrupt__:<id>` is
 //! inserted first-write-wins (as `resume(answers=...)` does, FLOW-43) and
-//! the interrupt's pending row deleted. When that leaves a parked run with
-//! nothing pending and no lease, the run gets a `waits` row due now, so
-//! `due_runs` lists it and a `compose worker` continues it (on PostgreSQL
-//! the row's insert trigger also sends the worker's wake-up hint). Taking
-//! the lease on the run deletes that row again, like any other wait.
+//! the interrupt's pending row deleted. When that leaves a parked flow or
+//! standalone agent run with nothing pending and no lease, the run gets a
+//! `waits` row due now, so `due_runs` lists it and a `compose worker`
+//! continues it (on PostgreSQL the row's insert trigger also sends the
+//! worker's wake-up hint). Taking the lease on the run deletes that row
+//! again, like any other wait.
 
 /// `(interrupt_id, stored, value_json)`: whether this answer was stored,
 /// and the value the journal holds for the interrupt now.
@@ -26,10 +27,13 @@ pub struct AnsweredRun {
 }
 
 impl AnsweredRun {
-    /// Whether the answered run is due for a worker: a parked flow that
-    /// waits for nothing else (`left` pending interrupts) and that no
-    /// attempt is executing.
+    /// Whether the answered run is due for a worker: a parked flow or
+    /// standalone agent that waits for nothing else (`left` pending
+    /// interrupts) and that no attempt is executing.
     pub fn wakes(&self, left: i64) -> bool {
-        self.kind == "flow" && self.status == "paused" && !self.leased && left == 0
+        matches!(self.kind.as_str(), "flow" | "agent")
+            && self.status == "paused"
+            && !self.leased
+            && left == 0
     }
 }
