@@ -4,9 +4,10 @@ the web UI's Approve / Deny / JSON answer form share this module.
 An answer is journaled under `__interrupt__:<id>` first-write-wins, and its
 pending row deleted, exactly as `resume(answers=...)` records it (FLOW-43),
 but without executing the run: the core does it in one transaction
-(`answer_interrupts`) and, when that leaves a parked flow run waiting for
-nothing, makes the run due so a `compose worker` continues it. With
-`resume=True` the run continues in this process through `resume()` instead.
+(`answer_interrupts`) and, when that leaves a parked flow or standalone
+agent run waiting for nothing, makes the run due so a `compose worker`
+continues it. With `resume=True` the run continues in this process through
+`resume()` instead.
 
 A graph run takes its answers as node resume values inside an attempt, so
 it is always answered through `resume()`.
