@@ -51,9 +51,13 @@ GROUPS: list[tuple[str, tuple[str, ...]]] = [
     ),
     # The engine: frames, steps, replay, pauses, waits, streams.
     ("engine", ("_stages", "_engine", "_drive", "_waits", "_streams", "runs")),
+    # What the command line and the web UI show of the store.
+    ("show", ("_show",)),
     # Features, each importing only the engine and the features before it.
     ("models", ("models.",)),
     ("lifecycle", ("_lifecycle",)),
+    # Answers journaled from outside a run, continued through `resume`.
+    ("answers", ("_answer",)),
     ("flows", ("flow",)),
     ("hitl", ("hitl",)),
     ("tools", ("tools",)),
@@ -68,7 +72,7 @@ GROUPS: list[tuple[str, tuple[str, ...]]] = [
     ("graph", ("graph.",)),
     ("mcp", ("mcp",)),
     # Entry points.
-    ("entry", ("testing", "worker", "cli", "")),
+    ("entry", ("testing", "worker", "ui.", "cli", "")),
 ]
 
 

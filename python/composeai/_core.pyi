@@ -9,6 +9,7 @@ __all__ = [
     "Fence",
     "Store",
     "Wait",
+    "answer_interrupts",
     "begin_await",
     "begin_receive",
     "begin_sleep",
@@ -40,6 +41,7 @@ __all__ = [
     "send_signal",
     "set_module",
     "sqlite_library",
+    "span_view",
     "take_span_write_error",
     "trace_status",
     "trace_view",
@@ -383,6 +385,7 @@ def query_runs(
     kind: str | None = None,
     since: float | None = None,
     limit: int = 10,
+    before: tuple[float, str] | None = None,
 ) -> list[_RunRow] | None: ...
 def resolve_run(
     db_path: str, run_id: str | None = None
@@ -404,7 +407,13 @@ def search_runs(
     kind: str | None = None,
     since: float | None = None,
     limit: int = 10,
+    before: tuple[float, str] | None = None,
 ) -> tuple[Literal["no_store", "ok", "unavailable", "bad_query"], Any]: ...
+
+# `compose answer` (src/py/answer.rs): `(interrupt_id, stored, value_json)` per answer.
+def answer_interrupts(
+    store: Store, run_id: str, answers: list[tuple[str, str]]
+) -> tuple[list[tuple[str, bool, str]], bool] | None: ...
 
 # `(key, calls, tokens, cost_usd, incomplete)`.
 _CostTuple: TypeAlias = tuple[str, int, int, float | None, bool]
@@ -419,6 +428,9 @@ def export_view(
     db_path: str, run_id: str
 ) -> tuple[Literal["no_store", "not_found", "ambiguous", "found"], Any]: ...
 def otel_view(
+    db_path: str, run_id: str
+) -> tuple[Literal["no_store", "not_found", "ambiguous", "found"], Any]: ...
+def span_view(
     db_path: str, run_id: str
 ) -> tuple[Literal["no_store", "not_found", "ambiguous", "found"], Any]: ...
 

@@ -305,7 +305,13 @@ def continue_due(run_id: str) -> Run[Any]:
     """
     store = _engine.get_store()
     row = store.get_run(run_id)
-    if row is None or row["kind"] != "flow" or row["status"] not in _CONTINUABLE:
+    if row is None or row["status"] not in _CONTINUABLE:
+        raise NotDue(run_id)
+    if row["kind"] == "agent":
+        # A standalone agent answered from outside (`compose answer`): its
+        # owner takes the lease and reads the journaled answers (AGENT-54).
+        return _resume_agent_run(row, None, None, None, None, None, False)  # type: ignore[no-any-return]
+    if row["kind"] != "flow":
         raise NotDue(run_id)
     flow_obj, resolved, done = _drive.run_plan(
         _prepare_resume(store, run_id, None, False, (None, None, None))

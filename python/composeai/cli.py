@@ -1,8 +1,9 @@
 """The `compose` command line: inspect the local run store (OBS-30 … OBS-37).
 
 Kept light on purpose: besides the standard library it needs only the
-compiled core and `composeai.errors` (plus `composeai._codec` for `--import`,
-and the message types for `export`), so `compose runs` starts fast. The core
+compiled core, `composeai.errors` and `composeai._show` (the helpers it
+shares with the web UI), plus `composeai._codec` for `--import` and the
+message types for `export`, so `compose runs` starts fast. The core
 does the database work (`query_runs`, `search_runs`, `trace_view`,
 `diff_view`, `llm_costs`, `export_view`); this module parses arguments and
 formats what needs Python semantics (`repr`, `format`, `json.dumps`).
@@ -20,7 +21,6 @@ import hashlib
 import importlib
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -32,55 +32,25 @@ if TYPE_CHECKING:
     from .messages import Usage
 
 from . import _core
+from ._show import (
+    _GLYPHS,
+    _KINDS,
+    _STATUSES,
+    _age,
+    _ambiguous,
+    _bucket_cost,
+    _cost,
+    _db_path,
+    _duration,
+    _graph_store,
+    _parked,
+    _parse_since,
+    _state_dir,
+    _store_target,
+)
 from .errors import ComposeError
 
 __all__ = ["main"]
-
-# 0.11.0's choices omitted `cancelled`, so cancelled rows could not be
-# selected (a defect the spec asks us to fix).
-_STATUSES = ("completed", "failed", "paused", "running", "cancelled", "queued")
-_KINDS = ("agent", "flow", "pipe", "aggregate", "graph")
-
-_SINCE_RELATIVE = re.compile(r"([0-9]+)([dh])")
-_SINCE_DATE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})")
-
-
-def _state_dir() -> Path:
-    return Path(os.environ.get("COMPOSE_DIR") or "./.compose")
-
-
-def _store_target() -> tuple[str, str]:
-    """`(kind, target)` of the configured store (STORE-1, STORE-2)."""
-    from . import _engine
-
-    return _core.store_target(_engine.store_spec(), str(_state_dir() / "runs.db"))
-
-
-def _db_path() -> str:
-    """The configured store for the query commands: a SQLite file path or a
-    PostgreSQL URL (STORE-2: every command reads either). The URL keeps its
-    password for connecting; the core shows it redacted."""
-    from . import _engine
-
-    kind, target = _store_target()
-    return _engine.store_spec() if kind == "postgresql" else target
-
-
-def _parse_since(value: str) -> float:
-    """`<N>d`, `<N>h` (before now) or `YYYY-MM-DD` (local midnight) as Unix seconds."""
-    m = _SINCE_RELATIVE.fullmatch(value)
-    if m:
-        seconds = 86400 if m.group(2) == "d" else 3600
-        return time.time() - int(m.group(1)) * seconds
-    m = _SINCE_DATE.fullmatch(value)
-    if m:
-        from datetime import datetime
-
-        try:
-            return datetime(int(m.group(1)), int(m.group(2)), int(m.group(3))).timestamp()
-        except (ValueError, OverflowError, OSError):
-            pass
-    raise ComposeError(f"invalid --since value '{value}': expected '<N>d', '<N>h', or 'YYYY-MM-DD'")
 
 
 def _parse_limit(value: str, parser: argparse.ArgumentParser) -> int:
@@ -111,23 +81,6 @@ def _import_modules(modules: list[str]) -> None:
             raise
         except BaseException as e:  # noqa: BLE001 -- any failure is reported (OBS-37)
             raise ComposeError(f"--import {name}: {e}") from None
-
-
-def _age(created_at: float, now: float) -> str:
-    s = max(0, int(now - created_at))
-    if s < 60:
-        return f"{s}s ago"
-    if s < 3600:
-        return f"{s // 60}m ago"
-    if s < 86400:
-        return f"{s // 3600}h ago"
-    return f"{s // 86400}d ago"
-
-
-def _cost(cost_usd: float | None, complete: bool) -> str:
-    if cost_usd is None:
-        return "-"
-    return f"{'' if complete else '≥'}${cost_usd:.4f}"
 
 
 _FTS_MISSING = (
@@ -171,28 +124,8 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parked(rows: list[dict]) -> dict[str, str]:
-    """The pending column of runs parked on a timer or a signal (EXT-2);
-    other rows keep the 0.11.0 line."""
-    ids = [r["run_id"] for r in rows if r["status"] == "paused"]
-    if not ids:
-        return {}
-    out = {}
-    for run_id, (_key, wake_at, signal_name) in _core.parked_waits(_db_path(), ids).items():
-        wake = "" if wake_at is None else f" until {_core.clock_iso(wake_at)}"
-        out[run_id] = f"  signal {signal_name}{wake}" if signal_name else f"  timer {wake.strip()}"
-    return out
-
-
 def _not_found(run_id: str) -> ComposeError:
     return ComposeError(f"no run found with id '{run_id}'")
-
-
-def _ambiguous(prefix: str, ids: list[str]) -> ComposeError:
-    return ComposeError(
-        f"run id prefix '{prefix}' is ambiguous -- it matches {len(ids)} runs: "
-        f"{', '.join(ids)} -- use a longer prefix or the full id"
-    )
 
 
 def _color() -> bool:
@@ -267,7 +200,10 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     if outcome == "ambiguous":
         raise _ambiguous(args.run_id, value)
     print(value["text"])
-    if value["status"] == "paused":
+    if value["status"] == "paused" and not value["pending"]:
+        # Answered (`compose answer`), not continued yet.
+        print(f"\n⏸  run {value['run_id']} is answered and due: `compose worker` continues it")
+    elif value["status"] == "paused":
         print(_paused_banner(value["run_id"], value["pending"]))
     return 0
 
@@ -324,17 +260,6 @@ def _cmd_queues(args: argparse.Namespace) -> int:
     return 0
 
 
-def _duration(seconds: float) -> str:
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
 def _cmd_signal(args: argparse.Namespace) -> int:
     """EXT-3: `compose signal RUN_ID NAME [--json VALUE]`."""
     value = None
@@ -349,6 +274,59 @@ def _cmd_signal(args: argparse.Namespace) -> int:
     durable.signal(args.run_id, args.name, value)
     print(f"signal {args.name!r} sent to run {args.run_id}")
     return 0
+
+
+def _cmd_answer(args: argparse.Namespace) -> int:
+    """`compose answer RUN_ID INTERRUPT_ID [--json VALUE | --yes | --no] [--resume]`
+    and `compose answer RUN_ID --list` (issue 26)."""
+    from . import _answer
+
+    _import_modules(args.imports)
+    if args.list:
+        run = _answer.resolve(args.run_id)
+        if args.json_list:
+            print(json.dumps([p.as_dict() for p in _answer.pending(run["run_id"])], indent=2))
+            return 0
+        found = _answer.pending(run["run_id"])
+        if not found:
+            print(f"run {run['run_id']} ({run['status']}) has no pending interrupts")
+        for p in found:
+            print(f"{p.id}  kind={p.kind}  question={json.dumps(p.question)}")
+            print(f"    payload={json.dumps(p.payload)}")
+        return 0
+    if args.interrupt_id is None:
+        args.parser.error("INTERRUPT_ID is required (or --list)")
+    if args.value is None:
+        args.parser.error("give the answer: --json VALUE, --yes or --no")
+    value = args.value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise ComposeError(f"--json value is not valid JSON: {e}") from None
+    done = _answer.answer(args.run_id, args.interrupt_id, value, resume=args.resume)
+    print(
+        f"answered interrupt {done.interrupt_id!r} of run {done.run_id}: {json.dumps(done.value)}"
+    )
+    if done.outcome is not None:
+        print(f"run {done.run_id} continued here: {done.status}")
+    elif done.due:
+        print(
+            "the run is due: a running `compose worker` (with --import for its flow or agent) continues it"
+        )
+    else:
+        print(
+            f"continue it with: compose answer {done.run_id} --resume, or resume({done.run_id!r})"
+        )
+    return 0
+
+
+def _cmd_ui(args: argparse.Namespace) -> int:
+    """`compose ui`: the local web app over the store (issue 26)."""
+    _import_modules(args.imports)
+    from .ui.server import serve
+
+    return serve(args.host, args.port, allow_remote=args.allow_remote)
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
@@ -394,18 +372,6 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
 
 # -- diff (OBS-33) --------------------------------------------------------------
-
-_GLYPHS = {
-    "flow": "▶",
-    "task": "•",
-    "agent": "◆",
-    "llm": "▸",
-    "tool": "⚙",
-    "pause": "⏸",
-    "pipe": "→",
-    "aggregate": "⇉",
-    "graph": "◇",
-}
 
 
 class _Span:
@@ -599,12 +565,6 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 # -- costs (OBS-34) -------------------------------------------------------------
 
 
-def _bucket_cost(cost: float | None, incomplete: bool) -> str:
-    if cost is None:
-        return "-"
-    return f"{'≥' if incomplete else ''}${cost:.4f}"
-
-
 def _cmd_costs(args: argparse.Namespace) -> int:
     since = _parse_since(args.since) if args.since is not None else None
     found = _core.llm_costs(_db_path(), args.by, since)
@@ -757,14 +717,6 @@ def _usage(t: tuple | None) -> Usage:
 
 
 # -- threads (EXT-33) ----------------------------------------------------------
-
-
-def _graph_store():
-    """The store when the state directory has one (threads need no migration to list)."""
-    kind, path = _store_target()
-    if kind == "sqlite" and not os.path.exists(path):
-        return None
-    return _core.Store(_db_path())
 
 
 def _cmd_threads(args: argparse.Namespace) -> int:
@@ -927,6 +879,34 @@ def _build_parser() -> argparse.ArgumentParser:
     sig.add_argument("--json", metavar="VALUE", help="the signal's value, as JSON")
     add_import(sig)
     sig.set_defaults(func=_cmd_signal, parser=sig)
+
+    ans = sub.add_parser("answer", help="answer a pending interrupt of a run")
+    ans.add_argument("run_id", metavar="RUN_ID", help="run id or unique prefix")
+    ans.add_argument("interrupt_id", nargs="?", metavar="INTERRUPT_ID")
+    given = ans.add_mutually_exclusive_group()
+    given.add_argument("--json", dest="value", metavar="VALUE", help="the answer, as JSON")
+    given.add_argument("--yes", dest="value", action="store_const", const=True, help="answer true")
+    given.add_argument("--no", dest="value", action="store_const", const=False, help="answer false")
+    given.add_argument("--list", action="store_true", help="list the run's pending interrupts")
+    ans.add_argument(
+        "--resume", action="store_true", help="continue the run in this process (needs --import)"
+    )
+    ans.add_argument(
+        "--json-list", action="store_true", help="with --list: print the interrupts as JSON"
+    )
+    add_import(ans)
+    ans.set_defaults(func=_cmd_answer, parser=ans)
+
+    ui = sub.add_parser("ui", help="serve the local web UI over the store")
+    ui.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
+    ui.add_argument("--port", type=int, default=8765, help="port (8765)")
+    ui.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a non-loopback --host; every request must carry COMPOSE_UI_TOKEN",
+    )
+    add_import(ui)
+    ui.set_defaults(func=_cmd_ui, parser=ui)
 
     cancel = sub.add_parser("cancel", help="cancel a run")
     cancel.add_argument("run_id", metavar="RUN_ID")

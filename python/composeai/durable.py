@@ -10,6 +10,7 @@ converts values.
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from concurrent.futures import Future
@@ -214,6 +215,31 @@ def missing_flow_message(run_id: str, name: str, module: str | None) -> str:
     )
 
 
+def _agent_for(name: str):
+    # No `@agent` exists until that module is loaded; looked up without
+    # importing it.
+    runs = sys.modules.get("composeai._agent_runs")
+    return None if runs is None else runs._AGENTS.get(name)
+
+
+# The kinds of due runs a worker continues: flows, and standalone agents made
+# due by an answer journaled from outside (`compose answer`).
+CONTINUED_KINDS = ("flow", "agent")
+
+
+def missing_owner_message(run_id: str, kind: str, name: str, module: str | None) -> str | None:
+    """The warning for a due run whose flow or agent is not registered in
+    this process (it is skipped, never failed: EXT-2), else `None`."""
+    if kind == "agent":
+        if _agent_for(name) is not None:
+            return None
+        return (
+            f"run {run_id}: agent {name!r} is not registered in this process -- import the "
+            "module that defines it (compose worker --import MODULE); the run is skipped"
+        )
+    return None if _flow_for(name) is not None else missing_flow_message(run_id, name, module)
+
+
 def continue_run(run_id: str) -> Run:
     """Continues one due run through the ordinary resume path, parking on
     its next wait; `NotDue` when another process settled it first."""
@@ -228,13 +254,14 @@ def wake_due(now: datetime | None = None) -> list[Run]:
     about, and the others still continue."""
     at = None if now is None else _timestamp(now)
     done: list[Run] = []
-    for run_id, kind, name, _reason, module in _core.due_runs(_engine.get_store(), at):
-        if kind != "flow":
+    for run_id, kind, name, reason, module in _core.due_runs(_engine.get_store(), at):
+        if not _continued(kind, reason):
             continue
-        if _flow_for(name) is None:
+        missing = missing_owner_message(run_id, kind, name, module)
+        if missing is not None:
             if run_id not in _warned_missing:
                 _warned_missing.add(run_id)
-                warnings.warn(missing_flow_message(run_id, name, module), RuntimeWarning, 2)
+                warnings.warn(missing, RuntimeWarning, 2)
             continue
         try:
             done.append(continue_run(run_id))
@@ -245,6 +272,13 @@ def wake_due(now: datetime | None = None) -> list[Run]:
                 f"run {run_id} ({name}) failed: {type(exc).__name__}: {exc}", RuntimeWarning, 2
             )
     return done
+
+
+def _continued(kind: str, reason: str) -> bool:
+    """Whether a due run is continued here: flows for any reason; an agent
+    only when its wait came due, not for crash recovery, which stays with
+    an explicit `resume()` (AGENT-54)."""
+    return kind == "flow" or (kind in CONTINUED_KINDS and reason != "recovered")
 
 
 def _timestamp(value: datetime) -> float:

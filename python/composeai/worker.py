@@ -72,9 +72,9 @@ class Worker:
 
     # -- one run ------------------------------------------------------------
 
-    def _execute(self, run_id: str, name: str, reason: str) -> None:
+    def _execute(self, run_id: str, kind: str, name: str, reason: str) -> None:
         start = time.perf_counter()
-        self.log(f"started  {run_id} flow={name} reason={reason}")
+        self.log(f"started  {run_id} {kind}={name} reason={reason}")
         try:
             run = _durable.continue_run(run_id)
             # Log text: the status, or what became of the run instead.
@@ -100,7 +100,7 @@ class Worker:
         except BaseException as exc:  # noqa: BLE001 -- a stopping worker's abandoned run
             outcome = f"interrupted ({type(exc).__name__})"
         ms = (time.perf_counter() - start) * 1000
-        self.log(f"finished {run_id} flow={name} outcome={outcome} duration={ms:.0f}ms")
+        self.log(f"finished {run_id} {kind}={name} outcome={outcome} duration={ms:.0f}ms")
         with self._lock:
             self._inflight.pop(run_id, None)
             self._claimed.pop(run_id, None)
@@ -112,19 +112,17 @@ class Worker:
             with self._lock:
                 if run_id in self._inflight or run_id in self._skipped:
                     continue
-            if kind != "flow":
+            if not _durable._continued(kind, reason):
                 continue
-            if _durable._flow_for(name) is None:
+            missing = _durable.missing_owner_message(run_id, kind, name, module)
+            if missing is not None:
                 self._skipped.add(run_id)
-                print(
-                    "compose worker: warning: "
-                    + _durable.missing_flow_message(run_id, name, module),
-                    file=sys.stderr,
-                    flush=True,
-                )
+                print("compose worker: warning: " + missing, file=sys.stderr, flush=True)
                 continue
             with self._lock:
-                self._inflight[run_id] = self._pool.submit(self._execute, run_id, name, reason)
+                self._inflight[run_id] = self._pool.submit(
+                    self._execute, run_id, kind, name, reason
+                )
             started += 1
         return started
 

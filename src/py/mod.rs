@@ -1,6 +1,7 @@
 //! The `composeai._core` extension module: every exported class and
 //! function is listed here.
 
+mod answer;
 mod attempt;
 mod budget;
 mod codec;
@@ -79,6 +80,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(query::diff_view, m)?)?;
     m.add_function(wrap_pyfunction!(query::export_view, m)?)?;
     m.add_function(wrap_pyfunction!(query::otel_view, m)?)?;
+    m.add_function(wrap_pyfunction!(query::span_view, m)?)?;
+    answer::register(m)?;
     durable::register(m)?;
     step::register(m)?;
     queue::register(m)?;

@@ -116,7 +116,7 @@ fn summary_dict<'py>(py: Python<'py>, s: &RunSummary) -> PyResult<Bound<'py, PyD
 /// `compose runs` rows: every `runs` column plus `tokens`, `cost_usd` and
 /// `cost_complete`, newest first; `None` when there is no store.
 #[pyfunction]
-#[pyo3(signature = (db_path, status=None, kind=None, since=None, limit=10))]
+#[pyo3(signature = (db_path, status=None, kind=None, since=None, limit=10, before=None))]
 pub fn query_runs<'py>(
     py: Python<'py>,
     db_path: &str,
@@ -124,11 +124,13 @@ pub fn query_runs<'py>(
     kind: Option<String>,
     since: Option<f64>,
     limit: i64,
+    before: Option<(f64, String)>,
 ) -> PyResult<Option<Vec<Bound<'py, PyDict>>>> {
     let filter = RunFilter {
         status,
         kind,
         since,
+        before,
         limit,
     };
     let rows = py
@@ -290,7 +292,8 @@ type Searched = (&'static str, Result<Vec<RunSummary>, String>);
 /// `("unavailable", rows)` (FTS5 missing: `rows` are unfiltered by the
 /// query) or `("bad_query", sqlite_message)`.
 #[pyfunction]
-#[pyo3(signature = (db_path, query, status=None, kind=None, since=None, limit=10))]
+#[pyo3(signature = (db_path, query, status=None, kind=None, since=None, limit=10, before=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn search_runs(
     py: Python<'_>,
     db_path: &str,
@@ -299,11 +302,13 @@ pub fn search_runs(
     kind: Option<String>,
     since: Option<f64>,
     limit: i64,
+    before: Option<(f64, String)>,
 ) -> PyResult<(String, PyObject)> {
     let filter = RunFilter {
         status,
         kind,
         since,
+        before,
         limit,
     };
     let found = py
@@ -578,6 +583,57 @@ pub fn otel_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(Strin
                     .into_any()
                     .unbind())
             })
+        },
+    )
+}
+
+type ViewSpan = (
+    String,
+    Option<String>,
+    String,
+    String,
+    f64,
+    Option<f64>,
+    String,
+    bool,
+    (Option<String>, Option<String>),
+    Option<UsageTuple>,
+    (Option<String>, Option<String>, Option<String>),
+);
+
+/// The data side of the web UI's run page: resolves `run_id` and returns
+/// `(outcome, value)` like `resolve_run`; for `"found"` the value is
+/// `{"run_id", "trace_id", "spans"}` with every span of the run's trace,
+/// ordered by `started_at` then span id, as `(span_id, parent_span_id,
+/// kind, name, started_at, ended_at, status, replayed, (error_type,
+/// error_message), usage | None, (attributes_json, input_json,
+/// output_json))`.
+#[pyfunction]
+pub fn span_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(String, PyObject)> {
+    run_spans(
+        py,
+        db_path,
+        run_id,
+        |src, run| match run.trace_id.as_deref() {
+            Some(t) => src.trace(run.rid, t, true),
+            None => Ok(Vec::new()),
+        },
+        |s| -> ViewSpan {
+            let usage = usage_tuple(&s);
+            let span = s.span;
+            (
+                span.span_id,
+                span.parent_span_id,
+                span.kind,
+                span.name,
+                span.started_at,
+                span.ended_at,
+                span.status,
+                span.replayed,
+                (span.error_type, span.error_message),
+                usage,
+                (s.attributes_json, s.input_json, s.output_json),
+            )
         },
     )
 }

@@ -5,6 +5,7 @@
 //! through `durable::store::DurableStore` and the graph tables through
 //! `graph::store::GraphTx`, so no caller depends on one backend.
 
+pub mod answer;
 pub mod durable;
 pub mod graph;
 pub mod postgres;

@@ -47,6 +47,9 @@ pub struct RunFilter {
     pub kind: Option<String>,
     /// Keeps runs with `created_at >= since` (Unix seconds).
     pub since: Option<f64>,
+    /// Keeps runs listed after the run `(created_at, run_id)` in the
+    /// newest-first order: the next page of a listing.
+    pub before: Option<(f64, String)>,
     pub limit: i64,
 }
 

@@ -8,6 +8,7 @@
 //! one statement, hence one round trip; spans queued before it travel in the
 //! same pipelined batch.
 
+mod answer;
 mod batch;
 mod driven;
 mod ext;

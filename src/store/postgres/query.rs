@@ -83,11 +83,19 @@ impl PgStore {
             "SELECT {RUN_COLUMNS} FROM runs \
              WHERE ($1::TEXT IS NULL OR status = $1) AND ($2::TEXT IS NULL OR kind = $2) \
                AND ($3::FLOAT8 IS NULL OR created_at >= $3) {search} \
+               AND ($6::FLOAT8 IS NULL OR created_at < $6 OR (created_at = $6 \
+                 AND rid < (SELECT b.rid FROM runs b WHERE b.run_id = $7::TEXT))) \
              ORDER BY created_at DESC, rid DESC LIMIT $4"
         );
         let limit = f.limit.max(0);
+        let (before_at, before_id) = f.before.clone().unzip();
         let runs: Vec<RunRow> = self
-            .cli_rows(&sql, &[&f.status, &f.kind, &f.since, &limit, &matching])?
+            .cli_rows(
+                &sql,
+                &[
+                    &f.status, &f.kind, &f.since, &limit, &matching, &before_at, &before_id,
+                ],
+            )?
             .iter()
             .map(read_run)
             .collect();

@@ -7,6 +7,7 @@
 //! commit on their own thread with no hand-off, and concurrent callers share
 //! commits.
 
+pub mod answer;
 pub mod batched;
 pub mod chat;
 mod checkpointer;

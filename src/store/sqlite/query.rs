@@ -42,12 +42,23 @@ fn select_runs(
         "SELECT {RUN_COLUMNS} FROM runs \
          WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR kind = ?2) \
            AND (?3 IS NULL OR created_at >= ?3) {fts} \
+           AND (?6 IS NULL OR created_at < ?6 OR (created_at = ?6 \
+             AND rid < (SELECT b.rid FROM runs b WHERE b.run_id = ?7))) \
          ORDER BY created_at DESC, rid DESC LIMIT ?4"
     );
+    let (before_at, before_id) = f.before.clone().unzip();
     let runs: Vec<RunRow> = conn
         .prepare_cached(&sql)?
         .query_map(
-            params![f.status, f.kind, f.since, f.limit.max(0), matching],
+            params![
+                f.status,
+                f.kind,
+                f.since,
+                f.limit.max(0),
+                matching,
+                before_at,
+                before_id
+            ],
             read_run_row,
         )?
         .collect::<rusqlite::Result<_>>()?;

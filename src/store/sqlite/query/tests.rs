@@ -159,6 +159,7 @@ fn lists_runs_newest_first_with_usage_and_filters() {
                 status: status.map(Into::into),
                 kind: kind.map(Into::into),
                 since,
+                before: None,
                 limit,
             },
         )

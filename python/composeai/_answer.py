@@ -1,0 +1,188 @@
+"""Answering a pending interrupt from outside the run: `compose answer` and
+the web UI's Approve / Deny / JSON answer form share this module.
+
+An answer is journaled under `__interrupt__:<id>` first-write-wins, and its
+pending row deleted, exactly as `resume(answers=...)` records it (FLOW-43),
+but without executing the run: the core does it in one transaction
+(`answer_interrupts`) and, when that leaves a parked flow or standalone
+agent run waiting for nothing, makes the run due so a `compose worker`
+continues it. With `resume=True` the run continues in this process through
+`resume()` instead.
+
+A graph run takes its answers as node resume values inside an attempt, so
+it is always answered through `resume()`.
+
+Nothing here decodes a stored value into objects: pending payloads and
+stored answers are read as plain JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import _codec, _core, _engine, _lifecycle
+from ._show import _db_path
+from .errors import ComposeError, SerializationError
+
+__all__ = ["AlreadyAnswered", "Answered", "Pending", "answer", "pending", "resolve"]
+
+
+class AlreadyAnswered(ComposeError):
+    """A second answer to an interrupt: refused, the first one stands."""
+
+    def __init__(self, run_id: str, interrupt_id: str, stored: Any) -> None:
+        super().__init__(
+            f"interrupt '{interrupt_id}' of run '{run_id}' was already answered (first write "
+            f"wins): the stored answer is {json.dumps(stored)} -- nothing was changed"
+        )
+        self.run_id = run_id
+        self.interrupt_id = interrupt_id
+        self.stored = stored
+
+
+class Pending:
+    """One pending interrupt of a run, its payload as plain JSON."""
+
+    __slots__ = ("id", "kind", "payload", "question")
+
+    def __init__(self, row: tuple) -> None:
+        self.id, self.kind, self.question, payload_json = row
+        self.payload = _plain(payload_json)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "question": self.question,
+            "payload": self.payload,
+        }
+
+
+class Answered:
+    """What `answer` did: the run, the full interrupt id, the value stored,
+    whether the run is now due for a worker, and the run's outcome when it
+    continued in this process (`resume=True`)."""
+
+    __slots__ = ("due", "interrupt_id", "kind", "outcome", "run_id", "value")
+
+    def __init__(
+        self, run_id: str, kind: str, interrupt_id: str, value: Any, due: bool, outcome: Any
+    ) -> None:
+        self.run_id = run_id
+        self.kind = kind
+        self.interrupt_id = interrupt_id
+        self.value = value
+        self.due = due
+        self.outcome = outcome
+
+    @property
+    def status(self) -> str | None:
+        """The run's status after it continued here, if it did."""
+        if self.outcome is None:
+            return None
+        suspended = getattr(self.outcome, "suspended", None)
+        if suspended is not None:
+            return "paused" if suspended else "completed"
+        return self.outcome.status
+
+
+def _plain(value_json: str | None) -> Any:
+    """A stored value as plain JSON (type tags left as they are)."""
+    if value_json is None:
+        return None
+    try:
+        return json.loads(value_json)
+    except ValueError:
+        return value_json
+
+
+def resolve(run_id: str) -> dict:
+    """The run row for a full id or unique prefix (OBS-30), or a
+    `ComposeError` naming it."""
+    outcome, value = _core.resolve_run(_db_path(), run_id)
+    if outcome == "ambiguous":
+        raise ComposeError(
+            f"run id prefix '{run_id}' is ambiguous -- it matches {len(value)} runs: "
+            f"{', '.join(value)} -- use a longer prefix or the full id"
+        )
+    if outcome != "found":
+        raise ComposeError(f"no run found with id '{run_id}'")
+    return value
+
+
+def pending(run_id: str) -> list[Pending]:
+    """The run's pending interrupts, ordered by id."""
+    return [Pending(row) for row in _engine.get_store().pending(run_id)]
+
+
+def _answered_key(journal: list[tuple[str, str]], key: str) -> tuple[str, Any] | None:
+    """An earlier answer to `key` (or its tool shorthand) in the journal."""
+    exact = f"__interrupt__:{key}"
+    shorthand = f"__interrupt__:tool:{key}:"
+    found = [(k, v) for k, v in journal if k == exact or k.startswith(shorthand)]
+    if len(found) != 1:
+        return None
+    return found[0][0][len("__interrupt__:") :], _plain(found[0][1])
+
+
+def _full_id(run_id: str, key: str, ids: list[str]) -> str | None:
+    """FLOW-43's lookup, restricted to pending interrupts: the id itself, or
+    the one `tool:<key>:...` id; `None` when none is pending."""
+    if key in ids:
+        return key
+    matches = sorted(i for i in ids if i.startswith(f"tool:{key}:"))
+    if len(matches) > 1:
+        raise ComposeError(
+            f"answer key {key!r} is ambiguous -- it matches multiple pending interrupts "
+            f"{matches!r}; use the full interrupt id to disambiguate"
+        )
+    return matches[0] if matches else None
+
+
+def answer(run_id: str, interrupt_id: str, value: Any, *, resume: bool = False) -> Answered:
+    """Answers pending interrupt `interrupt_id` (or its tool shorthand) of run
+    `run_id` (or a unique prefix) with `value`.
+
+    Refused, with nothing stored: an unknown run, an interrupt that is not
+    pending (`AlreadyAnswered` when it was answered before), a value the
+    codec cannot encode. With `resume`, the run continues here through
+    `resume()` (its flow, agent or graph must be importable in this process).
+    """
+    row = resolve(run_id)
+    run_id = row["run_id"]
+    store = _engine.get_store()
+    waiting = pending(run_id)
+    full = _full_id(run_id, interrupt_id, [p.id for p in waiting])
+    if full is None:
+        earlier = _answered_key(store.journal(run_id), interrupt_id)
+        if earlier is not None:
+            raise AlreadyAnswered(run_id, *earlier)
+        shown = ", ".join(repr(p.id) for p in waiting) or "none"
+        raise ComposeError(
+            f"run '{run_id}' has no pending interrupt '{interrupt_id}' -- pending: {shown}"
+        )
+    try:
+        encoded = _codec.dumps(value)
+    except SerializationError as exc:
+        raise SerializationError(f"answer '{full}': {exc}") from None
+    if row["kind"] == "graph":
+        # Graph answers are node resume values, applied inside an attempt.
+        if not resume:
+            raise ComposeError(
+                f"run '{run_id}' is a graph run: its answers are applied as it continues -- "
+                "answer it with --resume (and --import the module that compiles the graph)"
+            )
+        graph_outcome = _lifecycle.resume(run_id, answers={full: value})
+        return Answered(run_id, row["kind"], full, value, False, graph_outcome)
+    found = _core.answer_interrupts(store, run_id, [(full, encoded)])
+    if found is None:
+        raise ComposeError(f"no run found with id '{run_id}'")
+    (answered_id, stored, now_json), *_ = found[0]
+    if not stored:
+        # Another answer won the race since the pending row was read.
+        raise AlreadyAnswered(run_id, answered_id, _plain(now_json))
+    outcome: Any = None
+    if resume:
+        outcome = _lifecycle.resume(run_id)
+    return Answered(run_id, row["kind"], full, value, found[1] and not resume, outcome)

@@ -1,0 +1,345 @@
+"""`compose answer RUN_ID INTERRUPT_ID [--json VALUE | --yes | --no] [--resume]` and
+`compose answer RUN_ID --list` (issue 26), on both stores: the answer is journaled
+first-write-wins exactly like `resume(answers=...)` (FLOW-43), the parked run becomes due
+for `compose worker` (EXT-2), and a refused answer stores nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import composeai as compose
+from composeai import _answer, _engine, approve, ask_human, flow, task
+from composeai.cli import main
+from composeai.errors import ComposeError, SerializationError
+from composeai.testing import FakeModel
+
+pytestmark = pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"], indirect=True)
+
+EFFECTS: list[str] = []
+
+
+def _define():
+    EFFECTS.clear()
+
+    @task
+    def draft(topic: str) -> str:
+        EFFECTS.append(topic)
+        return f"draft about {topic}"
+
+    @flow
+    def publish(topic: str) -> str:
+        text = draft(topic)
+        if approve("publish", payload={"draft": text}):
+            return "published: " + text
+        return "rejected"
+
+    @flow
+    def interview() -> str:
+        return "name=" + str(ask_human("name", "What is your name?"))
+
+    return publish, interview
+
+
+def _journal_answer(run_id: str, interrupt_id: str):
+    for key, value in _engine.get_store().journal(run_id):
+        if key == f"__interrupt__:{interrupt_id}":
+            return json.loads(value)
+    return None
+
+
+def test_answer_journals_and_the_worker_continues_the_run_issue26(capsys):
+    """FLOW-43/EXT-2: `compose answer --yes` journals the answer without running the
+    flow; the run is listed as due and `wake_due` (the worker's pass) completes it."""
+    publish, _ = _define()
+    run = publish.run("cats")
+    assert run.status == "paused"
+    capsys.readouterr()
+
+    assert main(["answer", run.id, "publish", "--yes"]) == 0
+    out = capsys.readouterr().out
+    assert f"answered interrupt 'publish' of run {run.id}: true" in out
+    assert "compose worker" in out
+    assert _journal_answer(run.id, "publish") is True
+    assert _engine.get_store().pending(run.id) == []
+    # Not executed here: the row is still paused, and no task ran again.
+    assert _engine.get_store().get_run(run.id)["status"] == "paused"
+    assert EFFECTS == ["cats"]
+
+    assert main(["runs"]) == 0
+    assert "answered, due" in capsys.readouterr().out
+    assert main(["trace", run.id]) == 0
+    assert "is answered and due: `compose worker` continues it" in capsys.readouterr().out
+
+    done = compose.wake_due()
+    assert [(r.id, r.status, r.output) for r in done] == [
+        (run.id, "completed", "published: draft about cats")
+    ]
+    assert EFFECTS == ["cats"]  # the task was replayed, not re-run
+    assert compose.wake_due() == []
+
+
+def test_second_answer_is_refused_first_write_wins_issue26(capsys):
+    """FLOW-43: a later different answer is ignored; the CLI says so and exits 1."""
+    publish, _ = _define()
+    run = publish.run("dogs")
+    assert main(["answer", run.id, "publish", "--no"]) == 0
+    capsys.readouterr()
+    assert main(["answer", run.id, "publish", "--yes"]) == 1
+    err = capsys.readouterr().err
+    assert "already answered (first write wins)" in err
+    assert "the stored answer is false" in err
+    assert _journal_answer(run.id, "publish") is False
+    [done] = compose.wake_due()
+    assert (done.status, done.output) == ("completed", "rejected")
+    # Also refused once the run completed.
+    assert main(["answer", run.id, "publish", "--yes"]) == 1
+    assert "already answered" in capsys.readouterr().err
+
+
+def test_json_answer_and_list_issue26(capsys):
+    """`--list` shows the pending interrupts; `--json` answers an ask_human question."""
+    _, interview = _define()
+    run = interview.run()
+    assert run.status == "paused"
+    capsys.readouterr()
+    assert main(["answer", run.id, "--list"]) == 0
+    out = capsys.readouterr().out
+    assert 'name  kind=question  question="What is your name?"' in out
+    assert main(["answer", run.id, "--list", "--json-list"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed == [
+        {"id": "name", "kind": "question", "question": "What is your name?", "payload": None}
+    ]
+    assert main(["answer", run.id[:20], "name", "--json", '{"first": "Ada"}']) == 0
+    [done] = compose.wake_due()
+    assert done.output == "name={'first': 'Ada'}"
+
+
+def test_resume_flag_continues_in_this_process_issue26(capsys):
+    """`--resume` continues the run here through `resume()`."""
+    publish, _ = _define()
+    run = publish.run("owls")
+    assert main(["answer", run.id, "publish", "--yes", "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert f"run {run.id} continued here: completed" in out
+    row = _engine.get_store().get_run(run.id)
+    assert row["status"] == "completed"
+    assert json.loads(row["output_json"]) == "published: draft about owls"
+    assert compose.wake_due() == []
+
+
+def _nothing_stored(run_id: str) -> None:
+    assert [p[0] for p in _engine.get_store().pending(run_id)] == ["publish"]
+    assert _journal_answer(run_id, "publish") is None
+    assert compose.wake_due() == []
+
+
+def test_refusals_name_the_problem_and_store_nothing_issue26(capsys):
+    """Unknown run, unknown interrupt, invalid JSON, unencodable value: a clear error
+    naming it, exit 1, nothing stored."""
+    publish, _ = _define()
+    run = publish.run("bats")
+    capsys.readouterr()
+    assert main(["answer", "01NOSUCHRUN0000000000000000", "publish", "--yes"]) == 1
+    assert "no run found with id '01NOSUCHRUN0000000000000000'" in capsys.readouterr().err
+    assert main(["answer", run.id, "publsh", "--yes"]) == 1
+    assert (
+        f"run '{run.id}' has no pending interrupt 'publsh' -- pending: 'publish'"
+        in capsys.readouterr().err
+    )
+    assert main(["answer", run.id, "publish", "--json", "{nope"]) == 1
+    assert "--json value is not valid JSON" in capsys.readouterr().err
+    with pytest.raises(SerializationError, match="answer 'publish'"):
+        _answer.answer(run.id, "publish", object())
+    with pytest.raises(SystemExit):
+        main(["answer", run.id, "publish"])
+    _nothing_stored(run.id)
+
+
+def test_answer_through_a_worker_in_another_process_issue26(tmp_path, monkeypatch):
+    """EXT-2: the answered run is continued by `compose worker --once` in another process."""
+    (tmp_path / "answer_flows.py").write_text(
+        "from composeai import approve, flow\n\n\n"
+        "@flow\n"
+        "def gate(x: int) -> int:\n"
+        "    return x * 2 if approve('go') else -1\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import answer_flows
+
+    run = answer_flows.gate.run(21)
+    assert run.status == "paused"
+    done = _answer.answer(run.id, "go", True)
+    assert done.due
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    out = subprocess.run(
+        [sys.executable, "-m", "composeai.cli", "worker", "--once", "--import", "answer_flows"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert "outcome=completed" in out.stdout
+    row = _engine.get_store().get_run(run.id)
+    assert (row["status"], json.loads(row["output_json"])) == ("completed", 42)
+    sys.modules.pop("answer_flows", None)
+
+
+def test_a_tool_shorthand_and_ambiguity_follow_resume_issue26():
+    """FLOW-43's tool shorthand: a key resolves to the one pending `tool:<key>:` id."""
+    assert _answer._full_id("r", "send", ["tool:send:c1"]) == "tool:send:c1"
+    assert _answer._full_id("r", "publish", ["publish"]) == "publish"
+    assert _answer._full_id("r", "other", ["publish"]) is None
+    with pytest.raises(ComposeError, match="ambiguous"):
+        _answer._full_id("r", "send", ["tool:send:c1", "tool:send:c2"])
+
+
+def test_agent_gated_tool_by_shorthand_with_resume_issue26(capsys):
+    """A standalone agent's approval-gated tool call is answered by the tool's name (the
+    shorthand `resume()` accepts); `--resume` continues the agent here and the tool runs."""
+    sent: list[str] = []
+
+    @compose.tool(requires_approval=True)
+    def send_email(to: str) -> str:
+        """Send an email."""
+        sent.append(to)
+        return f"sent to {to}"
+
+    call = {"tool_calls": [{"name": "send_email", "arguments": {"to": "bob"}, "id": "c1"}]}
+
+    @compose.agent(model=FakeModel([call, "Email sent."]), tools=[send_email])
+    def mailer(request: str) -> str:
+        """You send emails."""
+        return request
+
+    run = mailer.run("email bob")
+    assert (run.status, run.pending.id) == ("paused", "tool:send_email:c1")
+    capsys.readouterr()
+    assert main(["answer", run.id, "send_email", "--yes", "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert f"answered interrupt 'tool:send_email:c1' of run {run.id}: true" in out
+    assert f"run {run.id} continued here: completed" in out
+    assert sent == ["bob"]
+    assert main(["answer", run.id, "send_email", "--no"]) == 1
+    assert "already answered" in capsys.readouterr().err
+
+
+def test_answered_agent_is_continued_by_the_worker_pass_issue26(capsys):
+    """EXT-2/AGENT-54: answering a standalone agent's gated tool call without `--resume`
+    only journals the answer; the run is due, and the worker's pass (`wake_due`) continues
+    it through `resume()`: the tool runs once, with the journaled approval."""
+    sent: list[str] = []
+
+    @compose.tool(requires_approval=True)
+    def notify(to: str) -> str:
+        """Notify someone."""
+        sent.append(to)
+        return f"notified {to}"
+
+    call = {"tool_calls": [{"name": "notify", "arguments": {"to": "ann"}, "id": "c1"}]}
+
+    @compose.agent(model=FakeModel([call, "Done."]), tools=[notify])
+    def notifier(request: str) -> str:
+        """You notify people."""
+        return request
+
+    run = notifier.run("notify ann")
+    assert (run.status, run.pending.id) == ("paused", "tool:notify:c1")
+    capsys.readouterr()
+    assert main(["answer", run.id, "notify", "--yes"]) == 0
+    assert "the run is due" in capsys.readouterr().out
+    assert _engine.get_store().get_run(run.id)["status"] == "paused"
+    assert sent == []
+    assert main(["runs"]) == 0
+    assert "answered, due" in capsys.readouterr().out
+
+    [done] = compose.wake_due()
+    assert (done.id, done.status) == (run.id, "completed")
+    assert sent == ["ann"]
+    assert compose.wake_due() == []
+
+
+AGENT_MODULE = '''from composeai import agent, tool
+from composeai.testing import FakeModel
+
+CALL = {"tool_calls": [{"name": "page", "arguments": {"who": "ops"}, "id": "c1"}]}
+
+
+@tool(requires_approval=True)
+def page(who: str) -> str:
+    """Page someone."""
+    return f"paged {who}"
+
+
+def reply(request):
+    # The first request holds only the user's message.
+    return CALL if len(request.messages) == 1 else "Paged."
+
+
+@agent(model=FakeModel([reply, reply]), tools=[page])
+def pager(request: str) -> str:
+    """You page people."""
+    return request
+'''
+
+
+def test_worker_skips_an_unregistered_agent_then_continues_it_issue26(tmp_path, monkeypatch):
+    """EXT-2: a due agent run whose agent is not imported in the worker is skipped with a
+    warning (never failed); `compose worker --once --import MODULE` then completes it."""
+    (tmp_path / "answer_agents.py").write_text(AGENT_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import answer_agents
+
+    run = answer_agents.pager.run("page ops")
+    assert run.status == "paused"
+    assert _answer.answer(run.id, "page", True).due
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    worker = [sys.executable, "-m", "composeai.cli", "worker", "--once"]
+    bare = subprocess.run(worker, env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert f"run {run.id}: agent 'pager' is not registered in this process" in bare.stderr
+    assert _engine.get_store().get_run(run.id)["status"] == "paused"
+
+    out = subprocess.run(
+        [*worker, "--import", "answer_agents"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert f"finished {run.id} agent=pager outcome=completed" in out.stdout
+    row = _engine.get_store().get_run(run.id)
+    assert (row["status"], json.loads(row["output_json"])) == ("completed", "Paged.")
+    sys.modules.pop("answer_agents", None)
+
+
+def test_graph_run_is_answered_through_resume_issue26(capsys):
+    """A graph node's suspend is answered by `node:<name>`; a graph applies answers as it
+    continues, so without `--resume` the CLI says so and stores nothing."""
+    from composeai.graph import END, Graph, suspend
+
+    def review(state, ctx):
+        if ctx.resume is None:
+            return suspend({"question": "Send?"})
+        return {"approved": ctx.resume == "yes"}
+
+    wf = Graph()
+    wf.add_node("review", review)
+    wf.start("review").edge("review", END)
+    paused = wf.compile().run({"text": "hi"})
+    assert paused.suspended
+    capsys.readouterr()
+    assert main(["answer", paused.run_id, "node:review", "--json", '"yes"']) == 1
+    assert "is a graph run" in capsys.readouterr().err
+    assert [p[0] for p in _engine.get_store().pending(paused.run_id)] == ["node:review"]
+    assert main(["answer", paused.run_id, "node:review", "--json", '"yes"', "--resume"]) == 0
+    assert f"run {paused.run_id} continued here: completed" in capsys.readouterr().out
+    assert _engine.get_store().get_run(paused.run_id)["status"] == "completed"
