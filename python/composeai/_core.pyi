@@ -40,8 +40,8 @@ __all__ = [
     "search_runs",
     "send_signal",
     "set_module",
-    "sqlite_library",
     "span_view",
+    "sqlite_library",
     "take_span_write_error",
     "trace_status",
     "trace_view",
@@ -361,6 +361,7 @@ def take_span_write_error() -> str | None: ...
 
 # The span tap (src/py/span_tap.rs): called with one 16-tuple per finished span.
 def set_span_tap(callback: Callable[[tuple[Any, ...]], None] | None) -> None: ...
+
 # `(origin, file, version)` of the SQLite the engine calls; origin "sqlite3 module" (the one
 # Python's `sqlite3` loaded) or "library" (loaded by name).
 def sqlite_library() -> tuple[str, str, str]: ...

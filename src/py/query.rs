@@ -618,10 +618,10 @@ pub fn span_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(Strin
             Some(t) => src.trace(run.rid, t, true),
             None => Ok(Vec::new()),
         },
-        |s| -> ViewSpan {
+        |_, s| -> PyResult<ViewSpan> {
             let usage = usage_tuple(&s);
             let span = s.span;
-            (
+            Ok((
                 span.span_id,
                 span.parent_span_id,
                 span.kind,
@@ -633,7 +633,7 @@ pub fn span_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(Strin
                 (span.error_type, span.error_message),
                 usage,
                 (s.attributes_json, s.input_json, s.output_json),
-            )
+            ))
         },
     )
 }
