@@ -3,7 +3,7 @@
 Seeds a throwaway SQLite store with a few runs (completed, failed, and one paused on an
 approval), serves the UI on a free loopback port, and photographs the runs page and the
 paused run's page in headless Chromium (Debian's `chromium` + `chromium-driver`, through
-Selenium).
+Selenium). The trace's pause glyph needs a font that has it (Debian's `fonts-symbola`).
 
     python docs/screenshots.py [--out DIR]
 """
