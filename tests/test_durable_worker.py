@@ -152,7 +152,12 @@ def test_ext2_a_worker_continues_runs_parked_elsewhere_survives_failures_and_ski
 def test_ext2_worker_once_continues_what_is_due_and_exits(box):
     first = park(box, "dflows.napper.run('x', 0.3, wait=False)")
     second = park(box, "dflows.napper.run('y', 0.3, wait=False)")
+    parked = time.monotonic()
     future = park(box, "dflows.napper.run('z', 3600, wait=False)")
+    # `--once` continues what is due when it looks: both 0.3 s timers (journaled
+    # before their park returned) must have passed by then, however fast the
+    # processes start.
+    time.sleep(max(0.0, parked + 0.35 - time.monotonic()))
     result = _proc.finish(worker(box, "--once", "--import", "dflows"))
     assert result.returncode == 0, result.describe()
     assert [status(box, r) for r in (first, second, future)] == ["completed", "completed", "paused"]
