@@ -514,3 +514,27 @@ def test_worker_skips_an_uncompiled_graph_then_continues_it_issue26(tmp_path, mo
     assert _engine.get_store().get_run(paused.run_id)["status"] == "completed"
     assert (tmp_path / "seen.txt").read_text() == "ok"
     sys.modules.pop("answer_graphs", None)
+
+
+def test_thread_bound_graph_run_is_answered_only_with_resume_issue26(capsys):
+    """Issue 26: a graph run kept in a thread is refused without `--resume`, naming it
+    and storing nothing; with `--resume` it continues through `compose.resume`."""
+    from composeai.graph import END, Graph, suspend
+
+    def review(state, ctx):
+        if ctx.resume is None:
+            return suspend({"question": "Send?"})
+        return {"verdict": ctx.resume}
+
+    wf = Graph(name="thread_review")
+    wf.add_node("review", review)
+    wf.start("review").edge("review", END)
+    paused = wf.compile().thread("t-answer").run({})
+    assert paused.suspended
+    capsys.readouterr()
+    assert main(["answer", paused.run_id, "node:review", "--json", '"yes"']) == 1
+    assert "is a graph run kept in a thread: answer it with --resume" in capsys.readouterr().err
+    assert [p[0] for p in _engine.get_store().pending(paused.run_id)] == ["node:review"]
+    assert _graph_answers(paused.run_id) == {}
+    assert main(["answer", paused.run_id, "node:review", "--json", '"yes"', "--resume"]) == 0
+    assert f"run {paused.run_id} continued here: completed" in capsys.readouterr().out
