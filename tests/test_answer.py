@@ -322,8 +322,8 @@ def test_worker_skips_an_unregistered_agent_then_continues_it_issue26(tmp_path, 
 
 
 def test_graph_run_is_answered_through_resume_issue26(capsys):
-    """A graph node's suspend is answered by `node:<name>`; a graph applies answers as it
-    continues, so without `--resume` the CLI says so and stores nothing."""
+    """A graph node's suspend is answered by `node:<name>`; with `--resume` the run
+    continues in this process."""
     from composeai.graph import END, Graph, suspend
 
     def review(state, ctx):
@@ -337,9 +337,204 @@ def test_graph_run_is_answered_through_resume_issue26(capsys):
     paused = wf.compile().run({"text": "hi"})
     assert paused.suspended
     capsys.readouterr()
-    assert main(["answer", paused.run_id, "node:review", "--json", '"yes"']) == 1
-    assert "is a graph run" in capsys.readouterr().err
-    assert [p[0] for p in _engine.get_store().pending(paused.run_id)] == ["node:review"]
     assert main(["answer", paused.run_id, "node:review", "--json", '"yes"', "--resume"]) == 0
     assert f"run {paused.run_id} continued here: completed" in capsys.readouterr().out
     assert _engine.get_store().get_run(paused.run_id)["status"] == "completed"
+
+
+def _graph_answers(run_id: str) -> dict:
+    prefix = "__interrupt__:node:"
+    return {
+        k: json.loads(v) for k, v in _engine.get_store().journal(run_id) if k.startswith(prefix)
+    }
+
+
+def test_graph_answer_without_resume_is_continued_by_the_worker_issue26(capsys):
+    """Issue 26/EXT-2: `compose answer` journals a graph node's answer without running
+    anything; the worker's pass (`wake_due`) completes the run, the node seeing the answer
+    as `ctx.resume`; a second answer to that suspension is refused and stores nothing."""
+    from composeai.graph import END, Graph, suspend
+
+    seen: list = []
+
+    def review(state, ctx):
+        seen.append(ctx.resume)
+        if ctx.resume is None:
+            return suspend({"question": "Send?"})
+        return {"approved": ctx.resume == "yes"}
+
+    wf = Graph()
+    wf.add_node("review", review)
+    wf.start("review").edge("review", END)
+    paused = wf.compile().run({"text": "hi"})
+    assert paused.suspended
+    capsys.readouterr()
+
+    assert main(["answer", paused.run_id, "node:review", "--json", '"yes"']) == 0
+    assert "compose worker" in capsys.readouterr().out
+    store = _engine.get_store()
+    assert store.get_run(paused.run_id)["status"] == "paused"
+    assert store.pending(paused.run_id) == []
+    assert seen == [None]
+
+    assert main(["answer", paused.run_id, "node:review", "--json", '"no"']) == 1
+    assert "already answered" in capsys.readouterr().err
+    assert list(_graph_answers(paused.run_id).values()) == ["yes"]
+
+    done = compose.wake_due()
+    assert [(r.id, r.status, r.output["approved"]) for r in done] == [
+        (paused.run_id, "completed", True)
+    ]
+    assert seen == [None, "yes"]
+    assert store.get_run(paused.run_id)["status"] == "completed"
+    assert compose.wake_due() == []
+
+
+def test_graph_node_suspending_twice_is_answered_twice_issue26():
+    """Issue 26: a node's interrupt id repeats each time it suspends; each answer given
+    from outside reaches only the suspension it was given for."""
+    from composeai.graph import END, Graph, suspend
+
+    def review(state, ctx):
+        if ctx.resume is None:
+            return suspend({"round": len(state.get("answers", []))})
+        return {"answers": [*state.get("answers", []), ctx.resume]}
+
+    wf = Graph()
+    wf.add_node("review", review)
+    wf.start("review").route(
+        "review",
+        lambda s: "again" if len(s["answers"]) < 2 else "done",
+        {"again": "review", "done": END},
+    )
+    run_id = wf.compile().run({}).run_id
+    store = _engine.get_store()
+
+    first = _answer.answer(run_id, "node:review", "one")
+    assert first.due
+    [again] = compose.wake_due()
+    assert (again.id, again.status) == (run_id, "paused")
+    assert [p[0] for p in store.pending(run_id)] == ["node:review"]
+
+    # The new suspension is a fresh interrupt: answerable, and not answered by "one".
+    second = _answer.answer(run_id, "node:review", "two")
+    assert second.due
+    with pytest.raises(_answer.AlreadyAnswered):
+        _answer.answer(run_id, "node:review", "three")
+    [done] = compose.wake_due()
+    assert (done.status, done.output["answers"]) == ("completed", ["one", "two"])
+    assert sorted(_graph_answers(run_id).values()) == ["one", "two"]
+
+
+def test_graph_with_two_suspended_nodes_is_due_once_both_are_answered_issue26():
+    """Issue 26: a graph paused on two parallel nodes takes their answers together; one
+    answer is stored and the run stays paused, the second makes it due."""
+    from composeai.graph import END, Graph, suspend
+
+    def asker(key):
+        def node(state, ctx):
+            if ctx.resume is None:
+                return suspend({"ask": key})
+            return {key: ctx.resume}
+
+        return node
+
+    wf = Graph()
+    wf.add_node("begin", lambda state: {})
+    wf.add_node("a", asker("a"))
+    wf.add_node("b", asker("b"))
+    wf.add_node("after", lambda state: {})
+    wf.start("begin").edge("begin", "a").edge("begin", "b").join(["a", "b"], "after")
+    wf.edge("after", END)
+    run_id = wf.compile().run({}).run_id
+    store = _engine.get_store()
+    assert sorted(p[0] for p in store.pending(run_id)) == ["node:a", "node:b"]
+
+    assert not _answer.answer(run_id, "node:a", 1).due
+    assert compose.wake_due() == []
+    assert store.get_run(run_id)["status"] == "paused"
+    assert [p[0] for p in store.pending(run_id)] == ["node:b"]
+
+    assert _answer.answer(run_id, "node:b", 2).due
+    [done] = compose.wake_due()
+    assert (done.status, done.output["a"], done.output["b"]) == ("completed", 1, 2)
+
+
+GRAPH_MODULE = """
+import os
+
+from composeai.graph import END, Graph, suspend
+
+
+def review(state, ctx):
+    if ctx.resume is None:
+        return suspend({"question": "Send?"})
+    # What the node saw, for the test in the parent process.
+    with open(os.environ["ANSWER_SEEN"], "a") as seen:
+        seen.write(ctx.resume)
+    return {"sent": ctx.resume}
+
+
+wf = Graph(name="answer_review")
+wf.add_node("review", review)
+wf.start("review").edge("review", END)
+review_graph = wf.compile()
+"""
+
+
+def test_worker_skips_an_uncompiled_graph_then_continues_it_issue26(tmp_path, monkeypatch):
+    """EXT-2: a graph run made due by `compose answer` is skipped with a warning naming
+    `--import` by a worker that has not compiled the graph (never failed);
+    `compose worker --once --import MODULE` then completes it."""
+    (tmp_path / "answer_graphs.py").write_text(GRAPH_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import answer_graphs
+
+    paused = answer_graphs.review_graph.run({})
+    assert paused.suspended
+    assert _answer.answer(paused.run_id, "node:review", "ok").due
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    env["ANSWER_SEEN"] = str(tmp_path / "seen.txt")
+    worker = [sys.executable, "-m", "composeai.cli", "worker", "--once"]
+    bare = subprocess.run(worker, env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert f"run {paused.run_id}: graph 'answer_review' is not compiled" in bare.stderr
+    assert "--import" in bare.stderr
+    assert _engine.get_store().get_run(paused.run_id)["status"] == "paused"
+
+    out = subprocess.run(
+        [*worker, "--import", "answer_graphs"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert f"finished {paused.run_id} graph=answer_review outcome=completed" in out.stdout
+    assert _engine.get_store().get_run(paused.run_id)["status"] == "completed"
+    assert (tmp_path / "seen.txt").read_text() == "ok"
+    sys.modules.pop("answer_graphs", None)
+
+
+def test_thread_bound_graph_run_is_answered_only_with_resume_issue26(capsys):
+    """Issue 26: a graph run kept in a thread is refused without `--resume`, naming it
+    and storing nothing; with `--resume` it continues through `compose.resume`."""
+    from composeai.graph import END, Graph, suspend
+
+    def review(state, ctx):
+        if ctx.resume is None:
+            return suspend({"question": "Send?"})
+        return {"verdict": ctx.resume}
+
+    wf = Graph(name="thread_review")
+    wf.add_node("review", review)
+    wf.start("review").edge("review", END)
+    paused = wf.compile().thread("t-answer").run({})
+    assert paused.suspended
+    capsys.readouterr()
+    assert main(["answer", paused.run_id, "node:review", "--json", '"yes"']) == 1
+    assert "is a graph run kept in a thread: answer it with --resume" in capsys.readouterr().err
+    assert [p[0] for p in _engine.get_store().pending(paused.run_id)] == ["node:review"]
+    assert _graph_answers(paused.run_id) == {}
+    assert main(["answer", paused.run_id, "node:review", "--json", '"yes"', "--resume"]) == 0
+    assert f"run {paused.run_id} continued here: completed" in capsys.readouterr().out

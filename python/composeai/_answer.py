@@ -9,8 +9,12 @@ agent run waiting for nothing, makes the run due so a `compose worker`
 continues it. With `resume=True` the run continues in this process through
 `resume()` instead.
 
-A graph run takes its answers as node resume values inside an attempt, so
-it is always answered through `resume()`.
+A graph node's interrupt id (`node:<name>`) repeats each time the node
+suspends, so a graph answer is journaled under the id and the checkpoint
+the run is paused at: it answers that suspension only. The run is due once
+every node it is paused on is answered; the worker then hands the answers
+to the graph's ordinary resume. A thread-bound graph run is answered only
+through `resume()`.
 
 Nothing here decodes a stored value into objects: pending payloads and
 stored answers are read as plain JSON.
@@ -152,12 +156,22 @@ def answer(run_id: str, interrupt_id: str, value: Any, *, resume: bool = False) 
     row = resolve(run_id)
     run_id = row["run_id"]
     store = _engine.get_store()
+    head = None
+    if row["kind"] == "graph" and not resume:
+        head = _graph_head(store, row)
     waiting = pending(run_id)
     full = _full_id(run_id, interrupt_id, [p.id for p in waiting])
     if full is None:
-        earlier = _answered_key(store.journal(run_id), interrupt_id)
-        if earlier is not None:
-            raise AlreadyAnswered(run_id, *earlier)
+        if head is not None:
+            earlier = _answered_key(
+                store.journal(run_id), _lifecycle.graph_answer_key(interrupt_id, head)
+            )
+            if earlier is not None:
+                raise AlreadyAnswered(run_id, interrupt_id, earlier[1])
+        else:
+            earlier = _answered_key(store.journal(run_id), interrupt_id)
+            if earlier is not None:
+                raise AlreadyAnswered(run_id, *earlier)
         shown = ", ".join(repr(p.id) for p in waiting) or "none"
         raise ComposeError(
             f"run '{run_id}' has no pending interrupt '{interrupt_id}' -- pending: {shown}"
@@ -166,16 +180,14 @@ def answer(run_id: str, interrupt_id: str, value: Any, *, resume: bool = False) 
         encoded = _codec.dumps(value)
     except SerializationError as exc:
         raise SerializationError(f"answer '{full}': {exc}") from None
-    if row["kind"] == "graph":
-        # Graph answers are node resume values, applied inside an attempt.
-        if not resume:
-            raise ComposeError(
-                f"run '{run_id}' is a graph run: its answers are applied as it continues -- "
-                "answer it with --resume (and --import the module that compiles the graph)"
-            )
-        graph_outcome = _lifecycle.resume(run_id, answers={full: value})
+    if row["kind"] == "graph" and resume:
+        # Answers given earlier from outside for this suspension go with it.
+        answers = _lifecycle.journaled_graph_answers(store, run_id)
+        answers[full] = value
+        graph_outcome = _lifecycle.resume(run_id, answers=answers)
         return Answered(run_id, row["kind"], full, value, False, graph_outcome)
-    found = _core.answer_interrupts(store, run_id, [(full, encoded)])
+    key = full if head is None else _lifecycle.graph_answer_key(full, head)
+    found = _core.answer_interrupts(store, run_id, [(full, key, encoded)])
     if found is None:
         raise ComposeError(f"no run found with id '{run_id}'")
     (answered_id, stored, now_json), *_ = found[0]
@@ -186,3 +198,15 @@ def answer(run_id: str, interrupt_id: str, value: Any, *, resume: bool = False) 
     if resume:
         outcome = _lifecycle.resume(run_id)
     return Answered(run_id, row["kind"], full, value, found[1] and not resume, outcome)
+
+
+def _graph_head(store: Any, row: dict) -> str:
+    """The checkpoint a graph run is paused at, which its answers from
+    outside are keyed by; a thread-bound run is refused."""
+    head = _core.graph_run_head(store, row["run_id"])
+    if head is None:
+        raise ComposeError(
+            f"run '{row['run_id']}' is a graph run kept in a thread: answer it with --resume "
+            "(and --import the module that compiles the graph)"
+        )
+    return head

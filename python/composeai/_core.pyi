@@ -411,9 +411,10 @@ def search_runs(
     before: tuple[float, str] | None = None,
 ) -> tuple[Literal["no_store", "ok", "unavailable", "bad_query"], Any]: ...
 
-# `compose answer` (src/py/answer.rs): `(interrupt_id, stored, value_json)` per answer.
+# `compose answer` (src/py/answer.rs): answers `(interrupt_id, journal_key, value_json)`;
+# `(interrupt_id, stored, value_json)` per answer.
 def answer_interrupts(
-    store: Store, run_id: str, answers: list[tuple[str, str]]
+    store: Store, run_id: str, answers: list[tuple[str, str, str]]
 ) -> tuple[list[tuple[str, bool, str]], bool] | None: ...
 
 # `(key, calls, tokens, cost_usd, incomplete)`.

@@ -31,14 +31,16 @@ _FLOWS: dict[str, Any] = {}
 
 class GraphRuns:
     """What `composeai.graph` registers for graph runs: how one resumes,
-    sync and async, and how a run kept in a graph's own storage is found."""
+    sync and async, how a run kept in a graph's own storage is found, and
+    whether a graph of a name is compiled in this process."""
 
-    __slots__ = ("aresume", "find_run", "resume")
+    __slots__ = ("aresume", "compiled", "find_run", "resume")
 
-    def __init__(self, resume: Any, aresume: Any, find_run: Any) -> None:
+    def __init__(self, resume: Any, aresume: Any, find_run: Any, compiled: Any) -> None:
         self.resume = resume
         self.aresume = aresume
         self.find_run = find_run
+        self.compiled = compiled
 
 
 # What the features above register when imported: "agent" (the function
@@ -70,6 +72,28 @@ def agent_not_registered(name: str) -> str:
         f"agent {name!r} is not registered in this process -- import the module that "
         "defines it (so its @agent decoration runs) before calling resume()"
     )
+
+
+def graph_answer_key(interrupt_id: str, head: str) -> str:
+    """The journal key (after `__interrupt__:`) of an answer to graph
+    interrupt `node:<name>` given from outside a run: the id repeats each
+    time the node suspends, so the key names the checkpoint `head` the run
+    is paused at, and an answer reaches only the suspension it was given for."""
+    return f"{interrupt_id}@{head}"
+
+
+def journaled_graph_answers(store: Any, run_id: str) -> dict[str, Any]:
+    """The answers journaled from outside for the suspension graph run
+    `run_id` is paused at, by interrupt id (`node:<name>`)."""
+    head = _core.graph_run_head(store, run_id)
+    if head is None:
+        return {}
+    prefix, suffix = "__interrupt__:node:", f"@{head}"
+    return {
+        key[len("__interrupt__:") : -len(suffix)]: _codec.loads(value)
+        for key, value in store.journal(run_id)
+        if key.startswith(prefix) and key.endswith(suffix)
+    }
 
 
 def graph_not_compiled(name: str) -> str:
@@ -311,6 +335,13 @@ def continue_due(run_id: str) -> Run[Any]:
         # A standalone agent answered from outside (`compose answer`): its
         # owner takes the lease and reads the journaled answers (AGENT-54).
         return _resume_agent_run(row, None, None, None, None, None, False)  # type: ignore[no-any-return]
+    if row["kind"] == "graph":
+        # Answered from outside: the answers journaled for the suspension it
+        # is paused on become the node resume values of an ordinary resume.
+        answers = journaled_graph_answers(store, run_id)
+        if row["status"] != "paused" or not answers:
+            raise NotDue(run_id)
+        return _graph_owner(row).resume(row, answers, None)  # type: ignore[no-any-return]
     if row["kind"] != "flow":
         raise NotDue(run_id)
     flow_obj, resolved, done = _drive.run_plan(

@@ -312,8 +312,11 @@ def _cmd_answer(args: argparse.Namespace) -> int:
         print(f"run {done.run_id} continued here: {done.status}")
     elif done.due:
         print(
-            "the run is due: a running `compose worker` (with --import for its flow or agent) continues it"
+            "the run is due: a running `compose worker` (with --import for its flow, agent or "
+            "graph) continues it"
         )
+    elif left := _answer.pending(done.run_id):
+        print(f"the run still waits on: {', '.join(p.id for p in left)}")
     else:
         print(
             f"continue it with: compose answer {done.run_id} --resume, or resume({done.run_id!r})"

@@ -22,6 +22,7 @@ from . import _codec, _core, _engine, _threads
 from ._engine import FRAME, Frame
 from ._lifecycle import (
     _FLOWS,
+    OWNERS,
     NotDue,
     RunHandle,
     _check_name,
@@ -222,14 +223,23 @@ def _agent_for(name: str):
     return None if runs is None else runs._AGENTS.get(name)
 
 
-# The kinds of due runs a worker continues: flows, and standalone agents made
-# due by an answer journaled from outside (`compose answer`).
-CONTINUED_KINDS = ("flow", "agent")
+# The kinds of due runs a worker continues: flows, and standalone agents and
+# graphs made due by an answer journaled from outside (`compose answer`).
+CONTINUED_KINDS = ("flow", "agent", "graph")
 
 
 def missing_owner_message(run_id: str, kind: str, name: str, module: str | None) -> str | None:
-    """The warning for a due run whose flow or agent is not registered in
-    this process (it is skipped, never failed: EXT-2), else `None`."""
+    """The warning for a due run whose flow, agent or graph is not
+    registered in this process (it is skipped, never failed: EXT-2), else
+    `None`."""
+    if kind == "graph":
+        graphs = OWNERS.get("graph")
+        if graphs is not None and graphs.compiled(name):
+            return None
+        return (
+            f"run {run_id}: graph {name!r} is not compiled in this process -- import the "
+            "module that compiles it (compose worker --import MODULE); the run is skipped"
+        )
     if kind == "agent":
         if _agent_for(name) is not None:
             return None

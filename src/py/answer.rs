@@ -7,9 +7,9 @@ use crate::clock;
 use crate::store::answer::Answered;
 use pyo3::prelude::*;
 
-/// Journals `answers` (`(interrupt id, value JSON)`, ids already resolved)
-/// for run `run_id` in one transaction, first write wins, and deletes their
-/// pending rows. Returns `None` when there is no such run, else
+/// Journals `answers` (`(interrupt id, journal key, value JSON)`, ids
+/// already resolved) for run `run_id` in one transaction, first write wins,
+/// under `__interrupt__:<journal key>`, and deletes their pending rows. Returns `None` when there is no such run, else
 /// `([(id, stored, value_json)], due)`: `due` when the run is now due for
 /// a worker.
 #[pyfunction]
@@ -17,7 +17,7 @@ pub fn answer_interrupts(
     py: Python<'_>,
     store: &PyStore,
     run_id: &str,
-    answers: Vec<(String, String)>,
+    answers: Vec<(String, String, String)>,
 ) -> PyResult<Option<Answered>> {
     let found = py
         .allow_threads(|| match (&store.sqlite, &store.pg) {

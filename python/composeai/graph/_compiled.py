@@ -390,7 +390,9 @@ def find_run(run_id: str):
 
 
 # `compose.resume()` of a graph run, and of a run in a graph's own storage.
-OWNERS["graph"] = GraphRuns(resume_graph_run, aresume_graph_run, find_run)
+OWNERS["graph"] = GraphRuns(
+    resume_graph_run, aresume_graph_run, find_run, lambda name: name in _GRAPHS
+)
 REGISTRIES.append(_GRAPHS)
 
 

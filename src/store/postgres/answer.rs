@@ -7,13 +7,13 @@ use crate::store::answer::{Answered, AnsweredRun};
 use crate::store::postgres::inner::PgStore;
 
 impl PgStore {
-    /// Journals `answers` (`(interrupt id, value JSON)`) for run `run_id`
+    /// Journals `answers` (`(interrupt id, journal key, value JSON)`) for run `run_id`
     /// in one transaction, first write wins, and deletes their pending
     /// rows; `None` when there is no such run.
     pub fn answer_interrupts(
         &self,
         run_id: &str,
-        answers: &[(String, String)],
+        answers: &[(String, String, String)],
     ) -> CoreResult<Option<Answered>> {
         block_on(async {
             let mut c = self.client().await?;
@@ -38,8 +38,8 @@ impl PgStore {
                 leased: r.get(3),
             };
             let mut out = Vec::with_capacity(answers.len());
-            for (id, value) in answers {
-                let key = format!("__interrupt__:{id}");
+            for (id, key, value) in answers {
+                let key = format!("__interrupt__:{key}");
                 let stored = tx
                     .execute(
                         "INSERT INTO journal(rid, step_key, value_json) VALUES($1, $2, $3) \

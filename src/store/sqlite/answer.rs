@@ -7,13 +7,13 @@ use crate::store::sqlite::store::SqliteStore;
 use crate::store::Store;
 use rusqlite::{params, OptionalExtension, TransactionBehavior};
 
-/// Journals `answers` (`(interrupt id, value JSON)`) for run `run_id` in
+/// Journals `answers` (`(interrupt id, journal key, value JSON)`) for run `run_id` in
 /// one transaction, first write wins, and deletes their pending rows;
 /// `None` when there is no such run.
 pub fn answer_interrupts(
     store: &SqliteStore,
     run_id: &str,
-    answers: &[(String, String)],
+    answers: &[(String, String, String)],
 ) -> CoreResult<Option<Answered>> {
     let path = store.path().to_string();
     store.with_conn(|c| {
@@ -39,8 +39,8 @@ pub fn answer_interrupts(
             return Ok(None);
         };
         let mut out = Vec::with_capacity(answers.len());
-        for (id, value) in answers {
-            let key = format!("__interrupt__:{id}");
+        for (id, key, value) in answers {
+            let key = format!("__interrupt__:{key}");
             let stored = tx
                 .execute(
                     "INSERT OR IGNORE INTO journal(rid, step_key, value_json) VALUES(?1, ?2, ?3)",
