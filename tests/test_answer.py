@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import composeai as compose
-from composeai import _answer, _engine, approve, ask_human, flow, task
+from composeai import _answer, _core, _engine, approve, ask_human, flow, task
 from composeai.cli import main
 from composeai.errors import ComposeError, SerializationError
 from composeai.testing import FakeModel
@@ -631,3 +631,101 @@ def test_thread_bound_graph_run_with_resume_flag_continues_here_issue26(capsys):
     assert f"run {paused.run_id} continued here: completed" in capsys.readouterr().out
     assert thread.state() == {"verdict": "yes"}
 
+
+def _twice_review_graph(gate=None):
+    """A graph whose node asks twice; `gate(answer)` runs when the node is resumed."""
+    from composeai.graph import END, Graph, suspend
+
+    def review(state, ctx):
+        if ctx.resume is None:
+            return suspend({"round": len(state.get("answers", []))})
+        if gate is not None:
+            gate(ctx.resume)
+        return {"answers": [*state.get("answers", []), ctx.resume]}
+
+    wf = Graph()
+    wf.add_node("review", review)
+    wf.start("review").route(
+        "review",
+        lambda s: "again" if len(s["answers"]) < 2 else "done",
+        {"again": "review", "done": END},
+    )
+    return wf.compile()
+
+
+def test_graph_answer_racing_a_resume_is_refused_not_keyed_to_a_gone_suspension_issue26(
+    monkeypatch,
+):
+    """Issue 26: the checkpoint a graph answer is keyed by is read in the transaction that
+    journals it. A resume that moves the run on between what the answer was given for (the
+    pending interrupts it read) and the answer itself makes the answer refused, naming the
+    run and the interrupt, with nothing stored: it is neither keyed to the gone suspension
+    (which would strand the run) nor handed to the node's next question, which may ask
+    something else."""
+    run_id = _twice_review_graph().run({}).run_id
+    store = _engine.get_store()
+    seen = _answer.graph_head(run_id)
+    listed = _answer.pending
+
+    def listing_then_a_resume_elsewhere(rid):
+        rows = listed(rid)
+        assert compose.resume(run_id, answers={"node:review": "one"}).status == "paused"
+        return rows
+
+    monkeypatch.setattr(_answer, "pending", listing_then_a_resume_elsewhere)
+    with pytest.raises(_answer.Superseded) as refused:
+        _answer.answer(run_id, "node:review", "two")
+    monkeypatch.setattr(_answer, "pending", listed)
+    head = _answer.graph_head(run_id)
+    assert head != seen
+    assert (refused.value.run_id, refused.value.interrupt_id) == (run_id, "node:review")
+    assert (refused.value.seen, refused.value.head) == (seen, head)
+    message = str(refused.value)
+    assert f"interrupt 'node:review' of run '{run_id}'" in message
+    assert f"paused at checkpoint {head} now" in message and "nothing was stored" in message
+    assert _graph_answers(run_id) == {}
+    assert [p[0] for p in store.pending(run_id)] == ["node:review"]
+    assert compose.wake_due() == []
+
+    # Given for the suspension a caller saw (`at`), the same holds without any race.
+    with pytest.raises(_answer.Superseded):
+        _answer.answer(run_id, "node:review", "two", at=seen)
+    assert _graph_answers(run_id) == {}
+
+    assert _answer.answer(run_id, "node:review", "two", at=head).due
+    [done] = compose.wake_due()
+    assert (done.status, done.output["answers"]) == ("completed", ["one", "two"])
+
+
+def test_graph_answer_while_a_resume_holds_the_run_is_refused_issue26():
+    """Issue 26: while an attempt is continuing a graph run (it holds the run's lease, the
+    node resumed but no new checkpoint yet), an answer reaching the store transaction is
+    refused and stores nothing: the suspension it was given for is being answered already."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+
+    def gate(answer):
+        if answer == "one":
+            entered.set()
+            assert release.wait(60)
+
+    run_id = _twice_review_graph(gate).run({}).run_id
+    store = _engine.get_store()
+    seen = _answer.graph_head(run_id)
+    outcome: list = []
+    resumer = threading.Thread(
+        target=lambda: outcome.append(compose.resume(run_id, answers={"node:review": "one"}))
+    )
+    resumer.start()
+    try:
+        assert entered.wait(60)
+        found = _core.answer_interrupts(store, run_id, [("node:review", '"two"')], seen)
+        assert found == ("superseded", None)
+        assert _graph_answers(run_id) == {}
+    finally:
+        release.set()
+        resumer.join(60)
+    assert outcome[0].status == "paused"
+    assert [p[0] for p in store.pending(run_id)] == ["node:review"]
+    assert _answer.graph_head(run_id) != seen
