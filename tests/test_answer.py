@@ -683,14 +683,16 @@ def test_graph_answer_racing_a_resume_is_refused_not_keyed_to_a_gone_suspension_
     message = str(refused.value)
     assert f"interrupt 'node:review' of run '{run_id}'" in message
     assert f"paused at checkpoint {head} now" in message and "nothing was stored" in message
-    assert _graph_answers(run_id) == {}
+    # Only the resume's own answer, journaled for the suspension it answered.
+    resumed = {f"__interrupt__:node:review@{seen}": "one"}
+    assert _graph_answers(run_id) == resumed
     assert [p[0] for p in store.pending(run_id)] == ["node:review"]
     assert compose.wake_due() == []
 
     # Given for the suspension a caller saw (`at`), the same holds without any race.
     with pytest.raises(_answer.Superseded):
         _answer.answer(run_id, "node:review", "two", at=seen)
-    assert _graph_answers(run_id) == {}
+    assert _graph_answers(run_id) == resumed
 
     assert _answer.answer(run_id, "node:review", "two", at=head).due
     [done] = compose.wake_due()
@@ -722,10 +724,231 @@ def test_graph_answer_while_a_resume_holds_the_run_is_refused_issue26():
         assert entered.wait(60)
         found = _core.answer_interrupts(store, run_id, [("node:review", '"two"')], seen)
         assert found == ("superseded", None)
-        assert _graph_answers(run_id) == {}
+        # Only the resume's own answer, journaled for the suspension it answers.
+        assert _graph_answers(run_id) == {f"__interrupt__:node:review@{seen}": "one"}
     finally:
         release.set()
         resumer.join(60)
     assert outcome[0].status == "paused"
     assert [p[0] for p in store.pending(run_id)] == ["node:review"]
     assert _answer.graph_head(run_id) != seen
+
+
+# ---------------------------------------------------------------------------
+# A graph resume honours answers journaled from outside (FLOW-43 first write wins)
+
+
+def _asking_graph(seen: list, gate=None):
+    """A graph whose node asks once and records every `ctx.resume` it sees;
+    `gate(answer)` runs when the node is resumed."""
+    from composeai.graph import END, Graph, suspend
+
+    def review(state, ctx):
+        seen.append(ctx.resume)
+        if ctx.resume is None:
+            return suspend({"question": "Send?"})
+        if gate is not None:
+            gate(ctx.resume)
+        return {"verdict": ctx.resume}
+
+    wf = Graph(name="outside_review")
+    wf.add_node("review", review)
+    wf.start("review").edge("review", END)
+    return wf.compile()
+
+
+def _two_asker_graph():
+    from composeai.graph import END, Graph, suspend
+
+    def asker(key):
+        def node(state, ctx):
+            if ctx.resume is None:
+                return suspend({"ask": key})
+            return {key: ctx.resume}
+
+        return node
+
+    wf = Graph(name="outside_two")
+    wf.add_node("begin", lambda state: {})
+    wf.add_node("a", asker("a"))
+    wf.add_node("b", asker("b"))
+    wf.add_node("after", lambda state: {})
+    wf.start("begin").edge("begin", "a").edge("begin", "b").join(["a", "b"], "after")
+    wf.edge("after", END)
+    return wf.compile()
+
+
+def test_graph_outside_answer_wins_over_a_resume_with_another_value_flow43_issue26():
+    """FLOW-43/issue 26: a graph suspension answered from outside (`compose answer`) and
+    then resumed from Python with a different value goes on with the outside answer, first
+    write wins: `compose.resume()`, a thread's `resume()` and `CompiledGraph.resume()` of the
+    snapshot alike; the node sees the stored value as `ctx.resume` and it stays the only
+    answer journaled for that suspension."""
+    seen: list = []
+    graph = _asking_graph(seen)
+
+    run_id = graph.run({}).run_id
+    head = _answer.graph_head(run_id)
+    assert _answer.answer(run_id, "node:review", "yes").due
+    done = compose.resume(run_id, answers={"node:review": "no"})
+    assert (done.status, done.output["verdict"]) == ("completed", "yes")
+    assert seen == [None, "yes"]
+    assert _graph_answers(run_id) == {f"__interrupt__:node:review@{head}": "yes"}
+    assert compose.wake_due() == []
+
+    seen.clear()
+    thread = graph.thread("t-outside")
+    paused = thread.run({})
+    head = _answer.graph_head(paused.run_id)
+    assert _answer.answer(paused.run_id, "node:review", "yes").due
+    assert thread.resume({"review": "no"}).state == {"verdict": "yes"}
+    assert seen == [None, "yes"]
+    assert _graph_answers(paused.run_id) == {f"__interrupt__:node:review@{head}": "yes"}
+
+    seen.clear()
+    paused = graph.run({})
+    assert _answer.answer(paused.run_id, "node:review", "yes").due
+    assert graph.resume(paused.snapshot, {"review": "no"}).state == {"verdict": "yes"}
+    assert seen == [None, "yes"]
+    assert _engine.get_store().get_run(paused.run_id)["status"] == "completed"
+
+
+def test_graph_outside_answer_then_resume_without_answers_continues_with_it_issue26():
+    """Issue 26: a resume given no answers (or only some) takes the ones journaled from
+    outside for the suspension, as the worker would: `compose.resume(run_id)`, its async
+    twin, a thread run by `compose.resume()` or `thread.resume({})` (sync and async), a
+    snapshot resume, and a run paused on two nodes answered one from outside and one by
+    `resume(answers=...)`."""
+    import asyncio
+
+    seen: list = []
+    graph = _asking_graph(seen)
+    for cont in (
+        lambda run_id: compose.resume(run_id),
+        lambda run_id: asyncio.run(compose.aresume(run_id)),
+    ):
+        run_id = graph.run({}).run_id
+        _answer.answer(run_id, "node:review", "ok")
+        done = cont(run_id)
+        assert (done.status, done.output["verdict"]) == ("completed", "ok")
+
+    for n, cont in enumerate(
+        (
+            lambda thread, run_id: compose.resume(run_id),
+            lambda thread, run_id: thread.resume({}),
+            lambda thread, run_id: asyncio.run(thread.aresume({})),
+        )
+    ):
+        thread = graph.thread(f"t-bare-{n}")
+        run_id = thread.run({}).run_id
+        _answer.answer(run_id, "node:review", "ok")
+        cont(thread, run_id)
+        assert thread.state() == {"verdict": "ok"}
+        assert thread.interrupts() == []
+
+    paused = graph.run({})
+    _answer.answer(paused.run_id, "node:review", "ok")
+    assert graph.resume(paused.snapshot, {}).state == {"verdict": "ok"}
+    assert compose.wake_due() == []
+
+    two = _two_asker_graph()
+    run_id = two.run({}).run_id
+    assert not _answer.answer(run_id, "node:a", 1).due
+    done = compose.resume(run_id, answers={"node:b": 2, "node:a": 9})
+    assert (done.status, done.output["a"], done.output["b"]) == ("completed", 1, 2)
+
+    # With nothing answered from outside, resume() without answers still refuses a thread
+    # and leaves a thread-less run paused, as before.
+    from composeai.graph import GraphValidationError
+
+    thread = graph.thread("t-unanswered")
+    thread.run({})
+    with pytest.raises(GraphValidationError) as refused:
+        thread.resume({})
+    assert refused.value.code == "resume_invalid"
+    run_id = graph.run({}).run_id
+    assert compose.resume(run_id).status == "paused"
+
+
+def test_late_outside_answer_after_a_graph_resume_is_refused_as_already_answered_issue26(
+    capsys,
+):
+    """FLOW-43/issue 26: `resume(answers=...)` of a graph run journals its answer for the
+    suspension it resumes; a `compose answer` for that suspension arriving later (while the
+    resumed node runs, or once the run completed, given the checkpoint it saw) is refused as
+    already answered, naming the stored answer, and stores nothing."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+
+    def gate(answer):
+        entered.set()
+        assert release.wait(60)
+
+    seen: list = []
+    run_id = _asking_graph(seen, gate).run({}).run_id
+    head = _answer.graph_head(run_id)
+    outcome: list = []
+    resumer = threading.Thread(
+        target=lambda: outcome.append(compose.resume(run_id, answers={"node:review": "one"}))
+    )
+    resumer.start()
+    try:
+        assert entered.wait(60)
+        with pytest.raises(_answer.AlreadyAnswered) as refused:
+            _answer.answer(run_id, "node:review", "two")
+        assert refused.value.stored == "one"
+        capsys.readouterr()
+        assert main(["answer", run_id, "node:review", "--json", '"two"']) == 1
+        err = capsys.readouterr().err
+        assert "already answered (first write wins)" in err and 'stored answer is "one"' in err
+    finally:
+        release.set()
+        resumer.join(60)
+    assert (outcome[0].status, outcome[0].output["verdict"]) == ("completed", "one")
+    with pytest.raises(_answer.AlreadyAnswered):
+        _answer.answer(run_id, "node:review", "two", at=head)
+    assert _graph_answers(run_id) == {f"__interrupt__:node:review@{head}": "one"}
+    assert seen == [None, "one"]
+
+
+def test_outside_answer_committed_between_a_resumes_read_and_its_claim_wins_issue26(
+    monkeypatch,
+):
+    """Issue 26: an outside answer that commits after a graph resume read the run's pending
+    interrupts but before it claimed the run is the one the node gets: the resume takes
+    the journaled answers inside its claim. Deterministic: the answer is given at that exact
+    point of `compose.resume()` and of a thread's `resume()`."""
+    from composeai.graph import CompiledGraph, GraphThread
+
+    seen: list = []
+    graph = _asking_graph(seen)
+    run_id = graph.run({}).run_id
+    read_pending = CompiledGraph._answer_values
+
+    def read_then_answered_elsewhere(self, rid, answers):
+        values = yield from read_pending(self, rid, answers)
+        assert values == {"review": "no"}
+        assert _answer.answer(rid, "node:review", "yes").due
+        return values
+
+    monkeypatch.setattr(CompiledGraph, "_answer_values", read_then_answered_elsewhere)
+    done = compose.resume(run_id, answers={"node:review": "no"})
+    monkeypatch.setattr(CompiledGraph, "_answer_values", read_pending)
+    assert (done.status, done.output["verdict"]) == ("completed", "yes")
+    assert seen == [None, "yes"]
+    assert compose.wake_due() == []
+
+    seen.clear()
+    thread = graph.thread("t-race")
+    paused = thread.run({})
+    claim = GraphThread._claim
+
+    def answered_elsewhere_then_claim(self, store, mode, new_run_id):
+        assert _answer.answer(paused.run_id, "node:review", "yes").due
+        return (yield from claim(self, store, mode, new_run_id))
+
+    monkeypatch.setattr(GraphThread, "_claim", answered_elsewhere_then_claim)
+    assert thread.resume({"review": "no"}).state == {"verdict": "yes"}
+    assert seen == [None, "yes"]
+    assert compose.wake_due() == []

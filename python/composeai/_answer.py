@@ -16,7 +16,11 @@ in the transaction that journals it: it answers that suspension only, and
 is refused when the run moved on from the suspension the caller saw. The
 run is due once every node it is paused on is answered; the worker then
 hands the answers to the graph's ordinary resume (a thread's resume for a
-run kept in a thread, so its checkpoint history goes on there).
+run kept in a thread, so its checkpoint history goes on there). Any graph
+resume reads the answers journaled for the suspension it resumes inside its
+claim of the run, and they win over its own (first write wins); the answers
+it brings for the other nodes are journaled under the same keys, so a later
+answer to that suspension from here is refused as already answered.
 
 Nothing here decodes a stored value into objects: pending payloads and
 stored answers are read as plain JSON.
@@ -227,10 +231,9 @@ def answer(
     except SerializationError as exc:
         raise SerializationError(f"answer '{full}': {exc}") from None
     if graph and resume:
-        # Answers given earlier from outside for this suspension go with it.
-        answers = _lifecycle.journaled_graph_answers(store, run_id)
-        answers[full] = value
-        graph_outcome = _lifecycle.resume(run_id, answers=answers)
+        # The resume takes answers given earlier from outside for this
+        # suspension itself, inside its claim.
+        graph_outcome = _lifecycle.resume(run_id, answers={full: value})
         return Answered(run_id, row["kind"], full, value, False, graph_outcome)
     outcome, found = _core.answer_interrupts(
         store, run_id, [(full, encoded)], at if graph else None

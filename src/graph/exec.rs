@@ -11,8 +11,9 @@ use super::reduce::{self, Op, State};
 use super::spec::Graph;
 use crate::error::{CoreError, CoreResult};
 use crate::run::Attempt;
+use crate::store::answer::{graph_answer_key, suspension_head};
 use crate::store::graph::GraphTx;
-use crate::store::{InterruptRow, Settlement};
+use crate::store::{InterruptRow, Settlement, Store};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -149,6 +150,36 @@ pub fn check_answers(pending: &[Pending], names: &[String]) -> CoreResult<()> {
         ));
     }
     Ok(())
+}
+
+/// The nodes of graph run `run_id` answered from outside for the
+/// suspension it is paused at (`node:<name>` answers keyed by
+/// `suspension_head`), by name; empty for no such run or suspension. What a
+/// resume about to claim the run checks its own answers against: more may
+/// be added until the claim, none after it.
+pub fn answered_nodes(store: &dyn Store, run_id: &str) -> CoreResult<Vec<String>> {
+    let Some(run) = store.get_run(run_id)? else {
+        return Ok(Vec::new());
+    };
+    let mut head = None;
+    store.read(&mut |tx| {
+        head = suspension_head(tx, run_id, run.rid, run.args_json.as_deref())?;
+        Ok(())
+    })?;
+    let Some(head) = head else {
+        return Ok(Vec::new());
+    };
+    let suffix = format!("@{head}");
+    Ok(store
+        .journal(run.rid)?
+        .into_iter()
+        .filter_map(|(key, _)| {
+            let node = key
+                .strip_prefix("__interrupt__:node:")?
+                .strip_suffix(&suffix)?;
+            Some(node.to_string())
+        })
+        .collect())
 }
 
 impl GraphRun {
@@ -391,18 +422,66 @@ impl GraphRun {
         &self.progress.pending
     }
 
-    /// Durably records the answers for the suspended nodes (exactly those),
-    /// before any of them runs again.
+    /// The journal key of an answer given from outside the run (`compose
+    /// answer`, the web UI) to suspended node `node`: keyed by the
+    /// checkpoint the run is paused at, as `store::answer` writes it.
+    fn outside_key(&self, node: &str) -> Option<String> {
+        let head = self.head.as_deref()?;
+        Some(format!(
+            "__interrupt__:{}",
+            graph_answer_key(&format!("node:{node}"), head)
+        ))
+    }
+
+    /// The suspended nodes answered from outside the run for the suspension
+    /// it was opened at, read from the journal loaded with the claim: once
+    /// the run is claimed no outside answer can be added (`answer_in`
+    /// refuses a leased run), so this is every one there will be.
+    pub fn answered_outside(&self) -> CoreResult<Vec<String>> {
+        let mut out = Vec::new();
+        for p in &self.progress.pending {
+            if let Some(key) = self.outside_key(&p.node) {
+                if self.attempt.lookup(&key, None)?.is_some() {
+                    out.push(p.node.clone());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Durably records the answers for the suspended nodes, before any of
+    /// them runs again. First write wins, as for `resume(answers=...)` of a
+    /// flow (FLOW-43): a node answered from outside the run for this
+    /// suspension resumes with that answer, whatever `values` gives it; a
+    /// node answered only here is journaled under the outside key too, so
+    /// a later outside answer to this suspension is refused as already
+    /// answered. Together they must name exactly the suspended nodes.
     pub fn answer(&mut self, values: Vec<(String, String)>) -> CoreResult<()> {
-        let names: Vec<String> = values.iter().map(|(n, _)| n.clone()).collect();
+        let mut by_node: HashMap<String, String> = values.into_iter().collect();
+        let mut entries = Vec::new();
+        for p in &self.progress.pending {
+            let Some(key) = self.outside_key(&p.node) else {
+                continue;
+            };
+            match self.attempt.lookup(&key, None)? {
+                Some(earlier) => {
+                    by_node.insert(p.node.clone(), earlier.to_string());
+                }
+                None => {
+                    if let Some(v) = by_node.get(&p.node) {
+                        entries.push((key, v.clone()));
+                    }
+                }
+            }
+        }
+        let names: Vec<String> = by_node.keys().cloned().collect();
         check_answers(&self.progress.pending, &names)?;
-        let by_node: HashMap<String, String> = values.into_iter().collect();
-        let entries: Vec<(String, String)> = self
-            .progress
-            .pending
-            .iter()
-            .map(|p| (answer_key(p), by_node[&p.node].clone()))
-            .collect();
+        entries.extend(
+            self.progress
+                .pending
+                .iter()
+                .map(|p| (answer_key(p), by_node[&p.node].clone())),
+        );
         let rid = self.attempt.run.rid;
         let staged = std::mem::take(&mut self.unsaved);
         self.attempt.commit_with(&entries, &mut |tx| {

@@ -7,7 +7,7 @@ use super::store::PyStore;
 use crate::error::{CoreError, CoreResult};
 use crate::graph::checkpoint::Progress;
 use crate::graph::checkpoint::Thread;
-use crate::graph::exec::{GraphRun, Outcome};
+use crate::graph::exec::{answered_nodes, GraphRun, Outcome};
 use crate::graph::reduce::State;
 use crate::graph::spec::{self, Graph};
 use crate::graph::threads::{self, Claim};
@@ -271,7 +271,14 @@ impl PyGraphRun {
         Ok(execs.into_iter().map(exec_tuple).collect())
     }
 
-    /// Records `(node, value_json)` answers for exactly the suspended nodes.
+    /// The suspended nodes answered from outside the run for the
+    /// suspension it was opened at (they win over `answer`'s values).
+    fn answered_outside(&self) -> PyResult<Vec<String>> {
+        self.inner.lock().answered_outside().py_err()
+    }
+
+    /// Records `(node, value_json)` answers; with those given from outside
+    /// the run (which win) they name exactly the suspended nodes.
     fn answer(&self, py: Python<'_>, values: Vec<(String, String)>) -> PyResult<()> {
         py.allow_threads(|| self.inner.lock().answer(values))
             .py_err()
@@ -923,6 +930,35 @@ pub fn graph_arun_head(
         store,
         move |s| run_head(s, &run_id),
         |py, head| Ok(head.into_pyobject(py)?.into_any().unbind()),
+    )
+}
+
+/// The nodes of graph run `run_id` answered from outside (`compose
+/// answer`) for the suspension it is paused at, which a resume of it will
+/// take as their answers.
+#[pyfunction]
+pub fn graph_answered_nodes(
+    py: Python<'_>,
+    store: &PyStore,
+    run_id: &str,
+) -> PyResult<Vec<String>> {
+    on_store(py, store, |s| answered_nodes(s, run_id))
+}
+
+/// `graph_answered_nodes` for an async driver, resolving `future` with the list.
+#[pyfunction]
+pub fn graph_aanswered_nodes(
+    py: Python<'_>,
+    future: Bound<'_, PyAny>,
+    store: &PyStore,
+    run_id: String,
+) -> PyResult<()> {
+    on_store_off_loop(
+        py,
+        future,
+        store,
+        move |s| answered_nodes(s, &run_id),
+        |py, nodes| Ok(nodes.into_pyobject(py)?.into_any().unbind()),
     )
 }
 

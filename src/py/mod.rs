@@ -95,6 +95,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wrap_pyfunction!(graph::graph_check_resume, m)?,
         wrap_pyfunction!(graph::graph_run_head, m)?,
         wrap_pyfunction!(graph::graph_arun_head, m)?,
+        wrap_pyfunction!(graph::graph_answered_nodes, m)?,
+        wrap_pyfunction!(graph::graph_aanswered_nodes, m)?,
         wrap_pyfunction!(graph::thread_claim, m)?,
         wrap_pyfunction!(graph::thread_start, m)?,
         wrap_pyfunction!(graph::thread_astart, m)?,

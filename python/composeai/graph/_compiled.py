@@ -186,7 +186,11 @@ class CompiledGraph:
         budget: Any = None,
     ) -> GraphResult:
         """Continues a thread-less suspended run from its snapshot: each
-        suspended node runs again with `ctx.resume == values[node]` (EXT-29)."""
+        suspended node runs again with `ctx.resume == values[node]` (EXT-29).
+
+        A node already answered from outside the run for this suspension
+        (`compose answer`, the web UI) resumes with that answer, which wins
+        over `values` (first write wins) and may be left out of them."""
         _engine.check_sync_facade()
         return _now(self._begin_resume(snapshot, values, max_steps, deadline, budget)).drive()
 
@@ -226,7 +230,6 @@ class CompiledGraph:
             )
         progress_json = json.dumps(snapshot["progress"])
         encoded = _encode_values(values)
-        _core.graph_check_resume(progress_json, [n for n, _ in encoded])
         store = self._store()
         remote = _remote(store)
         run_id = snapshot.get("run_id")
@@ -237,6 +240,12 @@ class CompiledGraph:
         if same:
             head = yield _io(remote, _core.graph_run_head, _core.graph_arun_head, store, run_id)
             same = head == snapshot.get("checkpoint_id")
+
+        def check(names: list[str]):
+            _core.graph_check_resume(progress_json, names)
+            yield from ()
+
+        yield from _check_answers(check, [n for n, _ in encoded], store, run_id if same else None)
         if same:
             attempt = yield _io(remote, store.resume, store.aresume, run_id)
             gr = yield from self._open(attempt, None, None, False, max_steps, until)
@@ -270,7 +279,11 @@ class CompiledGraph:
     def _continue_run(self, row: dict, answers: Mapping[str, Any] | None, budget: Any):
         """Plan: `compose.resume(run_id, answers=...)` of one of this graph's runs:
         answers are keyed by node (`node:<name>` or the bare name) or by the
-        id a node's `approve()`/`ask_human()` paused on."""
+        id a node's `approve()`/`ask_human()` paused on. Nodes answered from
+        outside the run (`compose answer`) for the suspension it resumes
+        take those answers instead, read inside the claim (first write
+        wins), so with no `answers` a run answered from outside goes on
+        with them, as a worker would continue it."""
         if row["fingerprint"] != self.fingerprint:
             raise GraphError(
                 f"run {row['run_id']!r} was made by graph {self.name!r} with another structure",
@@ -279,21 +292,21 @@ class CompiledGraph:
             )
         args = _codec.loads(row["args_json"]) if row["args_json"] else {}
         values = yield from self._answer_values(row["run_id"], answers)
+        store = self._store()
         thread_id = args.get("thread")
         if thread_id is not None:
             thread = self.thread(thread_id)
-            if values:
+            if values or (yield from _answered_outside(store, row["run_id"])):
                 return (yield from thread._begin_continue("resume", values, 64, None, budget))
             return (yield from thread._begin_continue("retry", None, 64, None, budget))
         if row["status"] == "completed":
             raise ConfigError(f"graph run {row['run_id']!r} already completed")
-        store = self._store()
         attempt = yield _io(_remote(store), store.resume, store.aresume, row["run_id"])
         input_json = json.dumps(args.get("input", {}))
         gr = yield from self._open(attempt, None, input_json, False, 64, None)
         remote = attempt.remote
         try:
-            if values:
+            if values or gr.answered_outside():
                 yield _io(remote, gr.answer, gr.aanswer, _encode_values(values))
             if budget is not None:
                 budget_json = _engine.budget_json(budget)
@@ -324,6 +337,33 @@ class CompiledGraph:
                 node = key
             values[node] = value
         return values
+
+
+def _answered_outside(store: Any, run_id: str):
+    """Plan: the suspended nodes of graph run `run_id` answered from outside
+    (`compose answer`, the web UI) for the suspension it is paused at."""
+    return (
+        yield _io(
+            _remote(store), _core.graph_answered_nodes, _core.graph_aanswered_nodes, store, run_id
+        )
+    )
+
+
+def _check_answers(check: Callable[[list[str]], Any], names: list[str], store: Any, run_id: Any):
+    """Plan: `check(names)`, the plan refusing resume values that do not name
+    exactly the suspended nodes, before anything is claimed. When `names`
+    fall short, the nodes answered from outside run `run_id` (if given) for
+    its suspension count too: the run's answer takes theirs inside the claim
+    (`GraphRun.answer`), and until the claim more can only be added."""
+    try:
+        yield from check(names)
+    except GraphValidationError as exc:
+        if exc.code != "resume_invalid" or run_id is None:
+            raise
+        outside = yield from _answered_outside(store, run_id)
+        if not outside:
+            raise
+        yield from check(sorted({*names, *outside}))
 
 
 async def _off_loop(call: Callable[[], Any]) -> Any:
@@ -580,15 +620,19 @@ class GraphThread:
         info = yield from self._info_io(store)
         if mode == "resume":
             encoded = _encode_values(values)
-            names = [n for n, _ in encoded]
-            yield _io(
-                remote,
-                _core.thread_check_resume,
-                _core.thread_acheck_resume,
-                store,
-                self.thread_id,
-                names,
-            )
+
+            def check(names: list[str]):
+                yield _io(
+                    remote,
+                    _core.thread_check_resume,
+                    _core.thread_acheck_resume,
+                    store,
+                    self.thread_id,
+                    names,
+                )
+
+            run_id = info.get("run_id") if info else None
+            yield from _check_answers(check, [n for n, _ in encoded], store, run_id)
         row = None
         if info and info.get("run_id"):
             row = yield _io(remote, store.get_run, store.aget_run, info["run_id"])
@@ -629,7 +673,10 @@ class GraphThread:
         deadline: float | None = None,
         budget: Any = None,
     ) -> GraphResult:
-        """Answers the suspended nodes and continues the run (EXT-30)."""
+        """Answers the suspended nodes and continues the run (EXT-30). A node
+        already answered from outside the run for this suspension (`compose
+        answer`, the web UI) resumes with that answer, which wins over
+        `values` (first write wins) and may be left out of them."""
         _engine.check_sync_facade()
         return _now(self._begin_continue("resume", values, max_steps, deadline, budget)).drive()
 
