@@ -59,6 +59,9 @@ struct Hooks {
     call_body: PyObject,
     /// `build_span(step_frame)`: the `Span` of a lean step.
     build_span: PyObject,
+    /// `step_digest(args, kwargs)`: the hash of arguments `args_text`
+    /// cannot write (issue 27).
+    digest: PyObject,
 }
 
 static HOOKS: GILOnceCell<Hooks> = GILOnceCell::new();
@@ -109,6 +112,7 @@ pub fn register_task_path(py: Python<'_>, hooks: &Bound<'_, PyDict>) -> PyResult
         args_json: hook(hooks, "args_json")?,
         call_body: hook(hooks, "call_body")?,
         build_span: hook(hooks, "build_span")?,
+        digest: hook(hooks, "digest")?,
     };
     let _ = HOOKS.set(py, registered);
     Ok(())
@@ -296,7 +300,22 @@ fn task_call<'py>(
         Some(fence_obj.downcast::<PyFence>()?.get().inner.clone())
     };
     let attempt = &attempt;
-    let (step_key, hit) = attempt.reserve_step(scope, name, fence.as_ref()).py_err()?;
+    let text = args_text(args, kwargs)?;
+    let digest = match &text {
+        Some(t) => Some(crate::journal::digest(t)),
+        None => h
+            .digest
+            .bind(py)
+            .call1((args, kwargs_dict(py, kwargs)))?
+            .extract()?,
+    };
+    let call = crate::journal::Call {
+        kind: "task",
+        digest,
+    };
+    let reserved = attempt.reserve_step(scope, name, Some(call), fence.as_ref());
+    super::errors::warn_divergences(py, attempt)?;
+    let (step_key, hit) = reserved.py_err()?;
     if let Some(stored) = hit {
         // FLOW-16: replayed, the body not run; the span row is queued.
         let value = super::codec::decode(py, &stored)?;
@@ -370,7 +389,7 @@ fn task_call<'py>(
         },
     };
     let input_json = if capture {
-        Some(match args_text(args, kwargs)? {
+        Some(match text {
             Some(text) => text,
             None => h
                 .args_json

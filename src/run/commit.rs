@@ -4,26 +4,25 @@
 
 use super::{Attempt, Commit, TxWork};
 use crate::error::{CoreError, CoreResult};
-use crate::journal::{Fence, StepKey};
+use crate::journal::{Call, Fence, ForkSource, Journal, StepKey};
 use crate::store::SpanRow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 impl Attempt {
     /// Allocates the next key for `name` in `scope` and returns it with the
-    /// journaled value, if any.
+    /// journaled value, if any. With `call`, the step is a journaled call
+    /// of the body: it takes its scope's next position and its identity is
+    /// checked against the journal's (issue 27).
     pub fn reserve(
         &self,
         scope: &str,
         name: &str,
+        call: Option<Call<'_>>,
         fence: Option<&Fence>,
     ) -> CoreResult<(String, Option<Arc<str>>)> {
-        self.check(fence)?;
-        self.check_cancel(false)?;
-        let mut j = self.journal.lock();
-        let key = j.next_key(scope, name);
-        let hit = j.get(&key);
-        Ok((key, hit))
+        let (key, hit) = self.reserve_step(scope, name, call, fence)?;
+        Ok((key.to_string(), hit))
     }
 
     /// `reserve` with the key as its parts: a replayed step (the value
@@ -32,11 +31,61 @@ impl Attempt {
         &self,
         scope: &str,
         name: &str,
+        call: Option<Call<'_>>,
         fence: Option<&Fence>,
     ) -> CoreResult<(StepKey, Option<Arc<str>>)> {
         self.check(fence)?;
         self.check_cancel(false)?;
-        Ok(self.journal.lock().next_step(scope, name))
+        let (key, hit, diverged) = self
+            .journal
+            .lock()
+            .next_call(scope, name, call, self.checks());
+        if let Some(d) = diverged {
+            self.diverge(d)?;
+        }
+        if hit.is_some() {
+            return Ok((key, hit));
+        }
+        let borrowed = self.borrow(&key, fence)?;
+        if borrowed.is_none() && self.replay_only && call.is_some() {
+            return Err(CoreError::ReplayEnd(key.to_string()));
+        }
+        Ok((key, borrowed))
+    }
+
+    /// A fork's step before its `at` key: the source run's value, journaled
+    /// in the fork as its own (with this call's identity) and replayed.
+    fn borrow(&self, key: &StepKey, fence: Option<&Fence>) -> CoreResult<Option<Arc<str>>> {
+        let value = {
+            let mut source = self.source.lock();
+            let Some(s) = source.as_mut() else {
+                return Ok(None);
+            };
+            let text = key.to_string();
+            if text == s.at {
+                *source = None;
+                return Ok(None);
+            }
+            // A step enclosing `at` (a nested flow) executes, so `at` is reached.
+            if s.at.len() > text.len()
+                && s.at.starts_with(&text)
+                && s.at.as_bytes()[text.len()] == b'/'
+            {
+                return Ok(None);
+            }
+            match s.journal.get(&text) {
+                Some(v) => v,
+                None => return Ok(None),
+            }
+        };
+        self.commit_checked(&key.to_string(), &value, None, fence)
+            .map(Some)
+    }
+
+    /// Makes this attempt (a new run's first) a fork of `source` that
+    /// executes from `at` on.
+    pub fn set_source(&self, journal: Journal, at: String) {
+        *self.source.lock() = Some(ForkSource { journal, at });
     }
 
     pub(crate) fn journal_get(&self, key: &str) -> Option<Arc<str>> {
@@ -60,7 +109,18 @@ impl Attempt {
 
     pub fn lookup(&self, key: &str, fence: Option<&Fence>) -> CoreResult<Option<Arc<str>>> {
         self.check(fence)?;
-        Ok(self.journal.lock().get(key))
+        if let Some(hit) = self.journal.lock().get(key) {
+            return Ok(Some(hit));
+        }
+        // A fork keeps the answers its source was given before `at`.
+        let borrowed = match self.source.lock().as_ref() {
+            Some(s) => s.journal.get(key),
+            None => None,
+        };
+        match borrowed {
+            Some(v) => self.commit_checked(key, &v, None, fence).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Switches this attempt to batch durability (refused by a store
@@ -132,24 +192,39 @@ impl Attempt {
         span: Option<SpanRow>,
         fence: Option<&Fence>,
     ) -> CoreResult<Arc<str>> {
-        if let Some(existing) = self.journal.lock().get(key) {
-            if let Some(s) = span {
-                self.queue_tapped_span(s);
-            }
-            return Ok(existing);
+        if self.replay_only {
+            return Err(CoreError::ReplayEnd(key.to_string()));
         }
+        let ident = match self.unjournaled(key) {
+            Ok(ident) => ident,
+            Err(existing) => {
+                if let Some(s) = span {
+                    self.queue_tapped_span(s);
+                }
+                return Ok(existing);
+            }
+        };
         if self.batches(fence) {
             self.batch_failure()?;
             let rid = self.rid()?;
             let stored = self.journal.lock().record(key, Arc::from(value));
-            self.store
-                .commit_batched_step(rid, key, value, span, &self.trace, &self.batch_slot)?;
+            self.store.commit_batched_step(
+                rid,
+                key,
+                value,
+                ident.as_deref(),
+                span,
+                &self.trace,
+                &self.batch_slot,
+            )?;
             return Ok(stored);
         }
         self.sync_point()?;
         let rid = self.rid()?;
         let record = span.map(|s| self.record(rid, s, Some(value)));
-        let winner = self.store.commit_step(rid, key, value, record)?;
+        let winner = self
+            .store
+            .commit_step(rid, key, value, ident.as_deref(), record)?;
         let stored: Arc<str> = Arc::from(winner.as_deref().unwrap_or(value));
         Ok(self.journal.lock().record(key, stored))
     }
@@ -166,10 +241,13 @@ impl Attempt {
         if crate::span_tap::on() {
             self.tap(Some(&span.to_row(value)));
         }
-        if let Some(existing) = self.journal.lock().get(key) {
-            self.queue_tapped_span(span.to_row(value));
-            return Ok(existing);
-        }
+        let ident = match self.unjournaled(key) {
+            Ok(ident) => ident,
+            Err(existing) => {
+                self.queue_tapped_span(span.to_row(value));
+                return Ok(existing);
+            }
+        };
         self.batch_failure()?;
         let rid = self.rid()?;
         let stored = self.journal.lock().record(key, Arc::from(value));
@@ -177,6 +255,7 @@ impl Attempt {
             rid,
             key,
             value,
+            ident.as_deref(),
             Some(span),
             &self.trace,
             &self.batch_slot,
@@ -196,12 +275,18 @@ impl Attempt {
     ) -> CoreResult<Commit> {
         self.check(fence)?;
         self.tap(span.as_ref());
-        if let Some(existing) = self.journal.lock().get(key) {
-            if let Some(s) = span {
-                self.queue_tapped_span(s);
-            }
-            return Ok(Commit::Stored(existing));
+        if self.replay_only {
+            return Err(CoreError::ReplayEnd(key.to_string()));
         }
+        let ident = match self.unjournaled(key) {
+            Ok(ident) => ident,
+            Err(existing) => {
+                if let Some(s) = span {
+                    self.queue_tapped_span(s);
+                }
+                return Ok(Commit::Stored(existing));
+            }
+        };
         if self.batches(fence) {
             // Queued without I/O: nothing to await.
             return self
@@ -215,8 +300,19 @@ impl Attempt {
             rid,
             key.to_string(),
             value.to_string(),
+            ident,
             record,
         )))
+    }
+
+    /// The identity to journal `key` with (`Ok`), or the value it already
+    /// holds (`Err`: an earlier write won).
+    fn unjournaled(&self, key: &str) -> Result<Option<String>, Arc<str>> {
+        let j = self.journal.lock();
+        match j.get(key) {
+            Some(existing) => Err(existing),
+            None => Ok(j.pending_ident(key)),
+        }
     }
 
     /// Records the outcome of a `begin_commit` future; returns the stored
@@ -256,7 +352,10 @@ impl Attempt {
     ) -> CoreResult<Arc<str>> {
         self.check(fence)?;
         self.tap(span.as_ref());
-        let stored = {
+        if self.replay_only {
+            return Err(CoreError::ReplayEnd(key.to_string()));
+        }
+        let (stored, ident) = {
             let mut j = self.journal.lock();
             if let Some(existing) = j.get(key) {
                 drop(j);
@@ -265,12 +364,15 @@ impl Attempt {
                 }
                 return Ok(existing);
             }
-            j.record(key, Arc::from(value))
+            let ident = j.pending_ident(key);
+            (j.record(key, Arc::from(value)), ident)
         };
         self.sync_point()?;
         let rid = self.rid()?;
         let record = span.map(|s| self.record(rid, s, Some(value)));
-        let slot = self.store.commit_deferred(rid, key, value, record);
+        let slot = self
+            .store
+            .commit_deferred(rid, key, value, ident.as_deref(), record);
         self.deferred.lock().push(slot);
         Ok(stored)
     }
