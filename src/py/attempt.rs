@@ -172,6 +172,11 @@ impl PyAttempt {
     }
 
     #[getter]
+    fn replayed_steps(&self) -> u64 {
+        self.inner.replayed_steps()
+    }
+
+    #[getter]
     fn replay_only(&self) -> bool {
         self.inner.is_replay_only()
     }

@@ -44,6 +44,9 @@ impl Attempt {
             self.diverge(d)?;
         }
         if hit.is_some() {
+            if self.replay_only {
+                self.replayed_steps.fetch_add(1, Ordering::Relaxed);
+            }
             return Ok((key, hit));
         }
         let borrowed = self.borrow(&key, fence)?;

@@ -95,6 +95,8 @@ pub struct Attempt {
     /// A replay-only attempt (`composeai.testing.replay`): it reads the
     /// run's journal and writes nothing; a step the journal lacks ends it.
     replay_only: bool,
+    /// Steps a replay-only attempt replayed.
+    replayed_steps: std::sync::atomic::AtomicU64,
     /// A fork's source (issue 27): the journal steps are borrowed from
     /// until its `at` key is reserved.
     source: Mutex<Option<crate::journal::ForkSource>>,
@@ -279,6 +281,7 @@ impl Attempt {
             warnings: Mutex::new(Vec::new()),
             warned: AtomicBool::new(false),
             replay_only: false,
+            replayed_steps: Default::default(),
             source: Mutex::new(None),
         }
     }
@@ -316,6 +319,7 @@ impl Attempt {
             warnings: Mutex::new(Vec::new()),
             warned: AtomicBool::new(false),
             replay_only: true,
+            replayed_steps: Default::default(),
             source: Mutex::new(None),
         })
     }
@@ -333,6 +337,11 @@ impl Attempt {
     /// The divergence that ended this attempt's journal access, if any.
     pub fn divergence(&self) -> Option<CoreError> {
         self.diverged.lock().clone()
+    }
+
+    /// How many steps a replay-only attempt replayed.
+    pub fn replayed_steps(&self) -> u64 {
+        self.replayed_steps.load(Ordering::Relaxed)
     }
 
     /// Whether this attempt only replays (writes nothing).
