@@ -72,7 +72,7 @@ def _run_body(flow_obj: Any, run: RunState, args: tuple, kwargs: dict) -> Any:
     settlement goes through the attempt, which for a replay writes nothing)."""
     run.journal_failures = flow_obj.journal_failures
     root = flow_obj._root(run, args, kwargs)
-    call = lambda: flow_obj.fn(*args, **kwargs)  # noqa: E731
+    call = lambda: flow_obj.fn(*args, **kwargs)
     if flow_obj._is_async:
         from . import _runtime
 
@@ -96,12 +96,12 @@ def replay(run: str | Run, *, store: str | None = None) -> ReplayReport:
         outcome = _run_body(flow_obj, state, args, kwargs)
     except _ReplayEnd as end:
         stopped_at = end.key
-    except Exception as exc:  # noqa: BLE001 -- the body's own failure, reported
+    except Exception as exc:  # the body's own failure, reported
         if attempt.divergence() is not None:
             raise
         error = f"{type(exc).__name__}: {exc}"
     else:
-        status, _, pause = outcome
+        _, _, pause = outcome
         if isinstance(pause, _Pause):
             stopped_at = pause.interrupt_id
     return ReplayReport(

@@ -60,7 +60,13 @@ class NondeterminismError(ComposeError):
     once the code that made the journaled calls is back."""
 
     def __init__(
-        self, message: str = "", *, run_id: str = "", key: str = "", recorded: str = "", called: str = ""
+        self,
+        message: str = "",
+        *,
+        run_id: str = "",
+        key: str = "",
+        recorded: str = "",
+        called: str = "",
     ):
         super().__init__(message)
         self.run_id = run_id
@@ -69,7 +75,10 @@ class NondeterminismError(ComposeError):
         self.called = called
 
     def __reduce__(self):
-        return (_rebuild_nondeterminism, (str(self), self.run_id, self.key, self.recorded, self.called))
+        return (
+            _rebuild_nondeterminism,
+            (str(self), self.run_id, self.key, self.recorded, self.called),
+        )
 
 
 def _rebuild_nondeterminism(message, run_id, key, recorded, called):
