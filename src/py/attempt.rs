@@ -145,8 +145,10 @@ impl PyAttempt {
 
     /// Raises `NondeterminismError` when the body, now done, did not make
     /// every journaled call of the run's own scope.
-    fn check_complete(&self) -> PyResult<()> {
-        self.inner.check_complete().py_err()
+    fn check_complete(&self, py: Python<'_>) -> PyResult<()> {
+        let checked = self.inner.check_complete();
+        super::errors::warn_divergences(py, &self.inner)?;
+        checked.py_err()
     }
 
     /// Makes this attempt (a new run's first) a fork of run `source`,
@@ -160,8 +162,9 @@ impl PyAttempt {
             )))
             .py_err();
         };
-        self.inner.set_source(journal, at.to_string());
-        Ok(())
+        self.inner
+            .set_source(source, journal, at.to_string())
+            .py_err()
     }
 
     /// The `NondeterminismError` that ended this attempt's journal access.

@@ -5,6 +5,9 @@
 use super::{Attempt, Commit, TxWork};
 use crate::error::{CoreError, CoreResult};
 use crate::journal::{Call, Fence, ForkSource, Journal, StepKey};
+
+/// The journal key a fork keeps its origin under (issue 27).
+pub const FORK_KEY: &str = "__fork__";
 use crate::store::SpanRow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -47,6 +50,9 @@ impl Attempt {
             if self.replay_only {
                 self.replayed_steps.fetch_add(1, Ordering::Relaxed);
             }
+            if self.forking.load(Ordering::Relaxed) {
+                self.borrow(&key, fence)?;
+            }
             return Ok((key, hit));
         }
         let borrowed = self.borrow(&key, fence)?;
@@ -59,6 +65,9 @@ impl Attempt {
     /// A fork's step before its `at` key: the source run's value, journaled
     /// in the fork as its own (with this call's identity) and replayed.
     fn borrow(&self, key: &StepKey, fence: Option<&Fence>) -> CoreResult<Option<Arc<str>>> {
+        if !self.forking.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
         let value = {
             let mut source = self.source.lock();
             let Some(s) = source.as_mut() else {
@@ -66,7 +75,10 @@ impl Attempt {
             };
             let text = key.to_string();
             if text == s.at {
+                // Reached (executed now, or journaled by an earlier attempt):
+                // everything from here on is the fork's own.
                 *source = None;
+                self.forking.store(false, Ordering::Relaxed);
                 return Ok(None);
             }
             // A step enclosing `at` (a nested flow) executes, so `at` is reached.
@@ -85,10 +97,48 @@ impl Attempt {
             .map(Some)
     }
 
-    /// Makes this attempt (a new run's first) a fork of `source` that
-    /// executes from `at` on.
-    pub fn set_source(&self, journal: Journal, at: String) {
+    /// Makes this run a fork of run `from` (its journal `journal`) that
+    /// executes from `at` on. The fork's origin is journaled first (under
+    /// `FORK_KEY`), so an attempt that resumes the fork after a crash
+    /// borrows the steps not yet borrowed (`reattach_fork`).
+    pub fn set_source(&self, from: &str, journal: Journal, at: String) -> CoreResult<()> {
+        self.check(None)?;
+        let origin = serde_json::json!({"run_id": from, "at": at}).to_string();
+        self.commit_checked(FORK_KEY, &origin, None, None)?;
         *self.source.lock() = Some(ForkSource { journal, at });
+        self.forking.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// On a resumed attempt of a fork whose key `at` is not journaled yet:
+    /// its source again, to borrow from.
+    pub(super) fn reattach_fork(&self) -> CoreResult<()> {
+        let Some(origin) = self.journal_get(FORK_KEY) else {
+            return Ok(());
+        };
+        let origin: serde_json::Value = serde_json::from_str(&origin)
+            .map_err(|e| CoreError::Serialization(format!("journal key '{FORK_KEY}': {e}")))?;
+        let (Some(from), Some(at)) = (origin["run_id"].as_str(), origin["at"].as_str()) else {
+            return Err(CoreError::Serialization(format!(
+                "journal key '{FORK_KEY}' does not name the run forked and its key"
+            )));
+        };
+        if self.journal_get(at).is_some() {
+            return Ok(());
+        }
+        let Some((_, journal)) = self.store.read_journal(from)? else {
+            return Err(CoreError::Config(format!(
+                "run '{}' is a fork of run '{from}', which is gone: its steps before '{at}' \
+                 can no longer be borrowed",
+                self.run.run_id
+            )));
+        };
+        *self.source.lock() = Some(ForkSource {
+            journal,
+            at: at.to_string(),
+        });
+        self.forking.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     pub(crate) fn journal_get(&self, key: &str) -> Option<Arc<str>> {

@@ -100,6 +100,8 @@ pub struct Attempt {
     /// A fork's source (issue 27): the journal steps are borrowed from
     /// until its `at` key is reserved.
     source: Mutex<Option<crate::journal::ForkSource>>,
+    /// Whether `source` is set (read without its lock on every step).
+    forking: AtomicBool,
 }
 
 /// A divergence raises `NondeterminismError` and ends the attempt's
@@ -221,6 +223,7 @@ impl Attempt {
             Ok(claim) => {
                 let mut attempt = Attempt::new(store, claim.row, claim.journal, false, seconds);
                 attempt.claimed_span_mark = claim.span_mark;
+                attempt.reattach_fork()?;
                 Ok(attempt)
             }
             Err(e) => {
@@ -283,6 +286,7 @@ impl Attempt {
             replay_only: false,
             replayed_steps: Default::default(),
             source: Mutex::new(None),
+            forking: AtomicBool::new(false),
         }
     }
 
@@ -321,6 +325,7 @@ impl Attempt {
             replay_only: true,
             replayed_steps: Default::default(),
             source: Mutex::new(None),
+            forking: AtomicBool::new(false),
         })
     }
 
