@@ -83,43 +83,84 @@ struct ScopeCalls {
 /// reordered or removed call is seen even where keys still match), the
 /// length of that scope in the key, its kind, and a hash of its arguments
 /// (none where the step has no arguments or they cannot be encoded).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ident {
     pub pos: u32,
     pub scope_len: u32,
     pub digest: Option<u64>,
-    pub kind: Box<str>,
+    pub kind: Kind,
+}
+
+/// The kind of a journaled call: one of `KINDS`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kind(u8);
+
+/// Every kind of journaled call the engine makes. A call of another kind
+/// keeps no identity (it replays unchecked).
+const KINDS: [&str; 9] = [
+    "task",
+    "flow",
+    "agent",
+    "now",
+    "random",
+    "sleep",
+    "receive",
+    "receive_all",
+    "await_until",
+];
+
+impl Kind {
+    pub fn of(name: &str) -> Option<Kind> {
+        KINDS.iter().position(|k| *k == name).map(|i| Kind(i as u8))
+    }
+
+    pub fn name(self) -> &'static str {
+        KINDS[self.0 as usize]
+    }
 }
 
 impl Ident {
     /// The stored form, `<pos>:<scope length>:<digest hex or ->:<kind>`.
     pub fn encode(&self) -> String {
+        let kind = self.kind.name();
         match self.digest {
-            Some(d) => format!("{}:{}:{d:016x}:{}", self.pos, self.scope_len, self.kind),
-            None => format!("{}:{}:-:{}", self.pos, self.scope_len, self.kind),
+            Some(d) => format!("{}:{}:{d:016x}:{kind}", self.pos, self.scope_len),
+            None => format!("{}:{}:-:{kind}", self.pos, self.scope_len),
         }
     }
 
     /// The stored form read back; `None` for anything else (the step is
     /// then replayed unchecked, like a journal written before identities).
+    /// Read once per row of every resumed run: no allocation.
     pub fn parse(text: &str) -> Option<Ident> {
-        let mut parts = text.splitn(4, ':');
-        let pos: u32 = parts.next()?.parse().ok()?;
-        let scope_len: u32 = parts.next()?.parse().ok()?;
+        fn number(part: &[u8]) -> Option<u32> {
+            if part.is_empty() || part.len() > 9 {
+                return None;
+            }
+            part.iter().try_fold(0u32, |n, &b| {
+                b.is_ascii_digit().then(|| n * 10 + u32::from(b - b'0'))
+            })
+        }
+        let mut parts = text.as_bytes().splitn(4, |&b| b == b':');
+        let pos = number(parts.next()?)?;
+        let scope_len = number(parts.next()?)?;
         let digest = match parts.next()? {
-            "-" => None,
-            hex if hex.len() == 16 => Some(u64::from_str_radix(hex, 16).ok()?),
+            b"-" => None,
+            hex if hex.len() == 16 => Some(hex.iter().try_fold(0u64, |d, &b| {
+                let v = (b as char).to_digit(16)?;
+                Some(d << 4 | u64::from(v))
+            })?),
             _ => return None,
         };
-        let kind = parts.next()?;
-        if pos == 0 || kind.is_empty() {
+        let kind = Kind::of(std::str::from_utf8(parts.next()?).ok()?)?;
+        if pos == 0 {
             return None;
         }
         Some(Ident {
             pos,
             scope_len,
             digest,
-            kind: kind.into(),
+            kind,
         })
     }
 }
@@ -222,12 +263,23 @@ impl JournalLoader {
     pub fn finish(self) -> Journal {
         let JournalLoader { mut journal, keyed } = self;
         let limit = slot_limit(keyed.len() + journal.other.len());
+        let mut last_scope: Option<(Arc<str>, usize)> = None;
         for (series, n, value, ident) in keyed {
             let slot = n as usize - 1;
             if let Some(id) = &ident {
                 if (id.pos as usize) <= limit {
-                    let prefix = journal.series[series].prefix.clone();
-                    let scope = journal.scope_of(&prefix[..id.scope_len as usize]);
+                    // Rows of one scope come together: its index is looked up once.
+                    let prefix = &journal.series[series].prefix;
+                    let scope_text = &prefix[..id.scope_len as usize];
+                    let scope = match &last_scope {
+                        Some((text, at)) if **text == *scope_text => *at,
+                        _ => {
+                            let scope_text: Arc<str> = Arc::from(scope_text);
+                            let at = journal.scope_of(&scope_text);
+                            last_scope = Some((scope_text, at));
+                            at
+                        }
+                    };
                     let recorded = &mut journal.scopes[scope].recorded;
                     let at = id.pos as usize - 1;
                     if recorded.len() <= at {
@@ -414,14 +466,22 @@ impl Journal {
                 hit
             }
         };
-        let Some(call) = call else {
+        let Some((call, kind)) = call.and_then(|c| Some((c, Kind::of(c.kind)?))) else {
             return (key, hit, None);
         };
         let calls = &mut self.scopes[scope_at];
         calls.reserved += 1;
         let pos = calls.reserved;
         let diverged = if check {
-            self.diverges(scope_at, pos, series, &key, name, call, hit.is_some())
+            self.diverges(
+                scope_at,
+                pos,
+                series,
+                &key,
+                name,
+                (kind, call.digest),
+                hit.is_some(),
+            )
         } else {
             None
         };
@@ -430,7 +490,7 @@ impl Journal {
                 pos,
                 scope_len: scope.len() as u32,
                 digest: call.digest,
-                kind: call.kind.into(),
+                kind,
             };
             let idents = &mut self.series[series].idents;
             if slot < slot_limit(self.len) {
@@ -472,10 +532,10 @@ impl Journal {
         series: usize,
         key: &StepKey,
         name: &str,
-        call: Call<'_>,
+        (kind, digest): (Kind, Option<u64>),
         hit: bool,
     ) -> Option<Divergence> {
-        let called = || describe(call.kind, name, &key.to_string());
+        let called = || describe(kind.name(), name, &key.to_string());
         if let Some(Some((s2, n2))) = self.scopes[scope_at].recorded.get(pos as usize - 1) {
             if (*s2, *n2) != (series, key.n) {
                 let other = StepKey {
@@ -486,7 +546,7 @@ impl Journal {
                 let other_name = &other.prefix[name_start(id.scope_len)..];
                 return Some(Divergence {
                     key: other.to_string(),
-                    recorded: describe(&id.kind, other_name, &other.to_string()),
+                    recorded: describe(id.kind.name(), other_name, &other.to_string()),
                     called: called(),
                 });
             }
@@ -495,18 +555,18 @@ impl Journal {
             return None;
         }
         let id = self.ident_at(series, key.n)?;
-        let args_differ = matches!((id.digest, call.digest), (Some(a), Some(b)) if a != b);
-        if &*id.kind == call.kind && id.pos == pos && !args_differ {
+        let args_differ = matches!((id.digest, digest), (Some(a), Some(b)) if a != b);
+        if id.kind == kind && id.pos == pos && !args_differ {
             return None;
         }
-        let recorded = describe(&id.kind, name, &key.to_string());
-        let (recorded, called) = if &*id.kind != call.kind {
+        let recorded = describe(id.kind.name(), name, &key.to_string());
+        let (recorded, called) = if id.kind != kind {
             (recorded, called())
         } else if args_differ {
             let hash = |d: Option<u64>| format!("{:08x}", d.unwrap_or(0) >> 32);
             (
                 format!("{recorded} with arguments #{}", hash(id.digest)),
-                format!("{} with other arguments #{}", called(), hash(call.digest)),
+                format!("{} with other arguments #{}", called(), hash(digest)),
             )
         } else {
             (
@@ -540,7 +600,7 @@ impl Journal {
         let name = &key.prefix[name_start(id.scope_len)..];
         Some(Divergence {
             key: key.to_string(),
-            recorded: describe(&id.kind, name, &key.to_string()),
+            recorded: describe(id.kind.name(), name, &key.to_string()),
             called: "the end of the body (it returns without making this call)".into(),
         })
     }
@@ -786,7 +846,7 @@ mod tests {
             pos: 3,
             scope_len: 8,
             digest: Some(0xdead_beef),
-            kind: "task".into(),
+            kind: Kind::of("task").unwrap(),
         };
         assert_eq!(id.encode(), "3:8:00000000deadbeef:task");
         assert_eq!(Ident::parse(&id.encode()), Some(id));
@@ -794,10 +854,17 @@ mod tests {
             pos: 1,
             scope_len: 0,
             digest: None,
-            kind: "now".into(),
+            kind: Kind::of("now").unwrap(),
         };
         assert_eq!(Ident::parse(&none.encode()), Some(none));
-        for bad in ["", "0:0:-:task", "1:0:xyz:task", "1:0:-:", "a:0:-:task"] {
+        for bad in [
+            "",
+            "0:0:-:task",
+            "1:0:xyz:task",
+            "1:0:-:",
+            "a:0:-:task",
+            "1:0:-:nokind",
+        ] {
             assert_eq!(Ident::parse(bad), None, "{bad}");
         }
     }
