@@ -74,8 +74,13 @@ struct Counter {
 /// attempt has reserved.
 #[derive(Default)]
 struct ScopeCalls {
+    text: Arc<str>,
     reserved: u32,
     recorded: Vec<Option<(usize, u32)>>,
+    /// Whether a flow body makes this scope's calls (`owner_body`), once
+    /// known: only those must replay alike (FLOW-21); a task's or a tool's
+    /// body may call other steps differently on a new attempt.
+    checked: Option<bool>,
 }
 
 /// What identifies a journaled step besides its key (issue 27): its
@@ -331,6 +336,32 @@ pub fn format_key(scope: &str, name: &str, n: u32) -> String {
     key
 }
 
+/// The scope of the flow body whose calls land in `scope`: `scope` less
+/// its trailing `map` items and `aggregate` branches (FLOW-15), or None
+/// for a scope inside a tool call.
+fn owner_body(scope: &str) -> Option<&str> {
+    let mut s = scope;
+    loop {
+        if s.is_empty() {
+            return Some(s);
+        }
+        let (parent, last) = s.rsplit_once('/').unwrap_or(("", s));
+        if last.starts_with("tool:") {
+            return None;
+        }
+        if last.starts_with("map#") && last.ends_with(']') {
+            s = parent;
+            continue;
+        }
+        let (grandparent, branch_of) = parent.rsplit_once('/').unwrap_or(("", parent));
+        if split_key(branch_of).is_some_and(|(name, _)| name == "aggregate") {
+            s = grandparent;
+            continue;
+        }
+        return Some(s);
+    }
+}
+
 /// Where a series' name starts in its prefix, after a scope of `scope_len`.
 fn name_start(scope_len: u32) -> usize {
     if scope_len == 0 {
@@ -384,9 +415,12 @@ impl Journal {
         if let Some(&i) = self.scope_index.get(scope) {
             return i;
         }
-        self.scopes.push(ScopeCalls::default());
-        self.scope_index
-            .insert(Arc::from(scope), self.scopes.len() - 1);
+        let text: Arc<str> = Arc::from(scope);
+        self.scopes.push(ScopeCalls {
+            text: text.clone(),
+            ..ScopeCalls::default()
+        });
+        self.scope_index.insert(text, self.scopes.len() - 1);
         self.scopes.len() - 1
     }
 
@@ -472,7 +506,7 @@ impl Journal {
         let calls = &mut self.scopes[scope_at];
         calls.reserved += 1;
         let pos = calls.reserved;
-        let diverged = if check {
+        let diverged = if check && self.scope_checked(scope_at) {
             self.diverges(
                 scope_at,
                 pos,
@@ -581,27 +615,80 @@ impl Journal {
         })
     }
 
-    /// The first journaled call of `scope` this attempt has not reached,
-    /// once its body is done (a step the body no longer makes).
-    pub fn unreached(&self, scope: &str) -> Option<Divergence> {
-        let &at = self.scope_index.get(scope)?;
-        let calls = &self.scopes[at];
-        let (series, n) = calls
-            .recorded
-            .iter()
-            .skip(calls.reserved as usize)
-            .flatten()
-            .next()?;
-        let key = StepKey {
-            prefix: self.series[*series].prefix.clone(),
-            n: *n,
+    /// Whether a flow body makes the calls of scope `at` (cached).
+    fn scope_checked(&mut self, at: usize) -> bool {
+        if let Some(checked) = self.scopes[at].checked {
+            return checked;
+        }
+        let text = self.scopes[at].text.clone();
+        let checked = owner_body(&text).is_some_and(|owner| self.is_flow_body(owner));
+        self.scopes[at].checked = Some(checked);
+        checked
+    }
+
+    /// Whether `scope` is the run's own body or a nested flow's.
+    fn is_flow_body(&self, scope: &str) -> bool {
+        if scope.is_empty() {
+            return true;
+        }
+        let Some((prefix, n)) = split_key(scope) else {
+            return false;
         };
-        let id = self.ident_at(*series, *n)?;
+        let Some(&series) = self.by_prefix.get(prefix) else {
+            return false;
+        };
+        self.ident_at(series, n)
+            .is_some_and(|id| id.kind == Kind::of("flow").expect("a known kind"))
+    }
+
+    /// Once the run's body returned: the first journaled call a flow body
+    /// that ran in this attempt no longer made (a step of its own scope,
+    /// or of a `map` item or `aggregate` branch it no longer dispatches).
+    pub fn unreached(&mut self) -> Option<Divergence> {
+        let root = self.scope_index.get("").copied();
+        // The run's own scope first, then the others as loaded.
+        let order: Vec<usize> = root
+            .into_iter()
+            .chain((0..self.scopes.len()).filter(|&at| Some(at) != root))
+            .collect();
+        let mut found = None;
+        for at in order {
+            if self.scopes[at].recorded.is_empty() || !self.scope_checked(at) {
+                continue;
+            }
+            let text = self.scopes[at].text.clone();
+            let owner = owner_body(&text).unwrap_or_default();
+            let owner_ran = owner.is_empty()
+                || self
+                    .scope_index
+                    .get(owner)
+                    .is_some_and(|&o| self.scopes[o].reserved > 0);
+            if !owner_ran {
+                continue;
+            }
+            let calls = &self.scopes[at];
+            found = calls
+                .recorded
+                .iter()
+                .skip(calls.reserved as usize)
+                .flatten()
+                .next()
+                .copied();
+            if found.is_some() {
+                break;
+            }
+        }
+        let (series, n) = found?;
+        let key = StepKey {
+            prefix: self.series[series].prefix.clone(),
+            n,
+        };
+        let id = self.ident_at(series, n)?;
         let name = &key.prefix[name_start(id.scope_len)..];
         Some(Divergence {
             key: key.to_string(),
             recorded: describe(id.kind.name(), name, &key.to_string()),
-            called: "the end of the body (it returns without making this call)".into(),
+            called: "nothing: the body returned without making this call".into(),
         })
     }
 
@@ -878,7 +965,7 @@ mod tests {
             assert!(hit.is_some());
             assert_eq!(diverged, None);
         }
-        assert_eq!(j.unreached(""), None);
+        assert_eq!(j.unreached(), None);
     }
 
     #[test]
@@ -911,10 +998,62 @@ mod tests {
         let rows = journaled(&[("", "a", 1), ("", "b", 2), ("sub#1", "c", 3)]);
         let mut j = Journal::from_rows(&rows);
         j.next_call("", "a", task(1), true);
-        assert_eq!(j.unreached("").unwrap().key, "b#1");
+        assert_eq!(j.unreached().unwrap().key, "b#1");
         // A scope never entered (a replayed nested step's) is not checked.
         j.next_call("", "b", task(2), true);
-        assert_eq!(j.unreached(""), None);
+        assert_eq!(j.unreached(), None);
+    }
+
+    /// Rows journaled by calls `(scope, name, kind)` in order.
+    fn journaled_kinds(
+        calls: &[(&str, &str, &'static str)],
+    ) -> Vec<(String, String, Option<String>)> {
+        let mut j = Journal::default();
+        calls
+            .iter()
+            .map(|(scope, name, kind)| {
+                let call = Some(Call { kind, digest: None });
+                let key = j.next_call(scope, name, call, true).0.to_string();
+                let ident = j.pending_ident(&key);
+                j.record(&key, Arc::from("1"));
+                (key, "1".to_string(), ident)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn only_flow_bodies_must_call_alike() {
+        let rows = journaled_kinds(&[
+            ("", "t", "task"),
+            ("t#1", "x", "task"),
+            ("", "sub", "flow"),
+            ("sub#1", "y", "task"),
+        ]);
+        let mut j = Journal::from_rows(&rows);
+        let task = |kind| Some(Call { kind, digest: None });
+        // A task body (scope `t#1`) may call other steps on a new attempt.
+        j.next_call("", "t", task("task"), true);
+        assert_eq!(j.next_call("t#1", "other", task("task"), true).2, None);
+        // A nested flow's body (scope `sub#1`) may not.
+        j.next_call("", "sub", task("flow"), true);
+        let d = j.next_call("sub#1", "other", task("task"), true).2.unwrap();
+        assert_eq!(d.key, "sub#1/y#1");
+    }
+
+    #[test]
+    fn a_map_item_no_longer_dispatched_is_unreached() {
+        let rows = journaled(&[("map#1[0]", "f", 1), ("map#1[1]", "f", 2), ("", "g", 3)]);
+        let mut j = Journal::from_rows(&rows);
+        j.next_key("", "map");
+        j.next_call("map#1[0]", "f", task(1), true);
+        j.next_call("", "g", task(3), true);
+        assert_eq!(j.unreached().unwrap().key, "map#1[1]/f#1");
+        assert_eq!(
+            owner_body("map#1[0]/aggregate#2/b/sub#1/map#3[4]"),
+            Some("map#1[0]/aggregate#2/b/sub#1")
+        );
+        assert_eq!(owner_body("aggregate#1/a"), Some(""));
+        assert_eq!(owner_body("tool:call_7"), None);
     }
 
     #[test]
@@ -922,7 +1061,7 @@ mod tests {
         let mut j = Journal::new(vec![("a#1".into(), "1".into()), ("b#1".into(), "2".into())]);
         assert_eq!(j.next_call("", "b", task(5), true).2, None);
         assert_eq!(j.next_call("", "a", task(5), true).2, None);
-        assert_eq!(j.unreached(""), None);
+        assert_eq!(j.unreached(), None);
     }
 
     #[test]

@@ -417,7 +417,7 @@ impl Attempt {
         if !self.checks() || self.first || self.run.kind != "flow" {
             return Ok(());
         }
-        let unreached = self.journal.lock().unreached("");
+        let unreached = self.journal.lock().unreached();
         match unreached {
             Some(d) => self.diverge(d),
             None => Ok(()),
