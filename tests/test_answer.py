@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import composeai as compose
-from composeai import _answer, _engine, approve, ask_human, flow, task
+from composeai import _answer, _core, _engine, approve, ask_human, flow, task
 from composeai.cli import main
 from composeai.errors import ComposeError, SerializationError
 from composeai.testing import FakeModel
@@ -516,9 +516,103 @@ def test_worker_skips_an_uncompiled_graph_then_continues_it_issue26(tmp_path, mo
     sys.modules.pop("answer_graphs", None)
 
 
-def test_thread_bound_graph_run_is_answered_only_with_resume_issue26(capsys):
-    """Issue 26: a graph run kept in a thread is refused without `--resume`, naming it
-    and storing nothing; with `--resume` it continues through `compose.resume`."""
+THREAD_MODULE = """
+from composeai.graph import END, Graph, suspend
+
+
+def review(state, ctx):
+    if ctx.resume is None:
+        return suspend({"question": "Send " + state["text"] + "?"})
+    return {"verdict": ctx.resume}
+
+
+def send(state):
+    return {"sent": state["verdict"] == "yes"}
+
+
+wf = Graph(name="answer_thread_review")
+wf.add_node("review", review)
+wf.add_node("send", send)
+wf.start("review").edge("review", "send").edge("send", END)
+review_graph = wf.compile(audit=True)
+"""
+
+
+def _history_shape(thread) -> list:
+    """A thread's checkpoint history without ids and times."""
+    return [(e["version"], e["source"], e["status"], e["step"]) for e in thread.history(50)]
+
+
+def test_thread_bound_graph_run_answered_without_resume_is_continued_by_a_worker_issue26(
+    tmp_path, monkeypatch, capsys
+):
+    """Issue 26: a graph run kept in a thread is answered like any other graph run: the
+    answer is journaled first-write-wins (a second one is refused), the run becomes due, and
+    `compose worker --once` in another process continues it through the thread's ordinary
+    resume, so the thread's state and checkpoint history are what `thread.resume()` makes."""
+    (tmp_path / "answer_thread_graphs.py").write_text(THREAD_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import answer_thread_graphs
+
+    graph = answer_thread_graphs.review_graph
+    answered, resumed = graph.thread("t-answered"), graph.thread("t-resumed")
+    paused = answered.run({"text": "hi"})
+    assert paused.suspended and resumed.run({"text": "hi"}).suspended
+    head = answered.history(1)[0]["id"]
+    assert _answer.graph_head(paused.run_id) == head
+    capsys.readouterr()
+
+    assert main(["answer", paused.run_id, "node:review", "--json", '"yes"']) == 0
+    assert "the run is due: a running `compose worker`" in capsys.readouterr().out
+    store = _engine.get_store()
+    assert store.pending(paused.run_id) == []
+    assert _graph_answers(paused.run_id) == {f"__interrupt__:node:review@{head}": "yes"}
+    assert main(["answer", paused.run_id, "node:review", "--json", '"no"']) == 1
+    assert "already answered" in capsys.readouterr().err
+    assert _graph_answers(paused.run_id) == {f"__interrupt__:node:review@{head}": "yes"}
+    assert store.get_run(paused.run_id)["status"] == "paused"
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "composeai.cli",
+            "worker",
+            "--once",
+            "--import",
+            "answer_thread_graphs",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert f"finished {paused.run_id} graph=answer_thread_review outcome=completed" in out.stdout, (
+        out.stdout + out.stderr
+    )
+    assert store.get_run(paused.run_id)["status"] == "completed"
+
+    # The same answer given through the thread's resume in this process, for comparison.
+    assert not resumed.resume({"review": "yes"}).suspended
+    assert answered.state() == resumed.state() == {"text": "hi", "verdict": "yes", "sent": True}
+    assert _history_shape(answered) == _history_shape(resumed)
+    # The checkpoints after the answer go on from the suspension, in the thread, for the
+    # run that was answered.
+    history = answered.history(50)
+    after = history[: [e["id"] for e in history].index(head)]
+    assert after and after[-1]["parent_id"] == head
+    assert all(e["run_id"] == paused.run_id for e in history)
+    assert [e["action"] for e in answered.audit()] == [e["action"] for e in resumed.audit()]
+    assert answered.interrupts() == []
+    sys.modules.pop("answer_thread_graphs", None)
+
+
+def test_thread_bound_graph_run_with_resume_flag_continues_here_issue26(capsys):
+    """Issue 26: `--resume` continues a graph run kept in a thread in this process,
+    through the thread's resume."""
     from composeai.graph import END, Graph, suspend
 
     def review(state, ctx):
@@ -529,12 +623,109 @@ def test_thread_bound_graph_run_is_answered_only_with_resume_issue26(capsys):
     wf = Graph(name="thread_review")
     wf.add_node("review", review)
     wf.start("review").edge("review", END)
-    paused = wf.compile().thread("t-answer").run({})
+    thread = wf.compile().thread("t-answer")
+    paused = thread.run({})
     assert paused.suspended
     capsys.readouterr()
-    assert main(["answer", paused.run_id, "node:review", "--json", '"yes"']) == 1
-    assert "is a graph run kept in a thread: answer it with --resume" in capsys.readouterr().err
-    assert [p[0] for p in _engine.get_store().pending(paused.run_id)] == ["node:review"]
-    assert _graph_answers(paused.run_id) == {}
     assert main(["answer", paused.run_id, "node:review", "--json", '"yes"', "--resume"]) == 0
     assert f"run {paused.run_id} continued here: completed" in capsys.readouterr().out
+    assert thread.state() == {"verdict": "yes"}
+
+
+def _twice_review_graph(gate=None):
+    """A graph whose node asks twice; `gate(answer)` runs when the node is resumed."""
+    from composeai.graph import END, Graph, suspend
+
+    def review(state, ctx):
+        if ctx.resume is None:
+            return suspend({"round": len(state.get("answers", []))})
+        if gate is not None:
+            gate(ctx.resume)
+        return {"answers": [*state.get("answers", []), ctx.resume]}
+
+    wf = Graph()
+    wf.add_node("review", review)
+    wf.start("review").route(
+        "review",
+        lambda s: "again" if len(s["answers"]) < 2 else "done",
+        {"again": "review", "done": END},
+    )
+    return wf.compile()
+
+
+def test_graph_answer_racing_a_resume_is_refused_not_keyed_to_a_gone_suspension_issue26(
+    monkeypatch,
+):
+    """Issue 26: the checkpoint a graph answer is keyed by is read in the transaction that
+    journals it. A resume that moves the run on between what the answer was given for (the
+    pending interrupts it read) and the answer itself makes the answer refused, naming the
+    run and the interrupt, with nothing stored: it is neither keyed to the gone suspension
+    (which would strand the run) nor handed to the node's next question, which may ask
+    something else."""
+    run_id = _twice_review_graph().run({}).run_id
+    store = _engine.get_store()
+    seen = _answer.graph_head(run_id)
+    listed = _answer.pending
+
+    def listing_then_a_resume_elsewhere(rid):
+        rows = listed(rid)
+        assert compose.resume(run_id, answers={"node:review": "one"}).status == "paused"
+        return rows
+
+    monkeypatch.setattr(_answer, "pending", listing_then_a_resume_elsewhere)
+    with pytest.raises(_answer.Superseded) as refused:
+        _answer.answer(run_id, "node:review", "two")
+    monkeypatch.setattr(_answer, "pending", listed)
+    head = _answer.graph_head(run_id)
+    assert head != seen
+    assert (refused.value.run_id, refused.value.interrupt_id) == (run_id, "node:review")
+    assert (refused.value.seen, refused.value.head) == (seen, head)
+    message = str(refused.value)
+    assert f"interrupt 'node:review' of run '{run_id}'" in message
+    assert f"paused at checkpoint {head} now" in message and "nothing was stored" in message
+    assert _graph_answers(run_id) == {}
+    assert [p[0] for p in store.pending(run_id)] == ["node:review"]
+    assert compose.wake_due() == []
+
+    # Given for the suspension a caller saw (`at`), the same holds without any race.
+    with pytest.raises(_answer.Superseded):
+        _answer.answer(run_id, "node:review", "two", at=seen)
+    assert _graph_answers(run_id) == {}
+
+    assert _answer.answer(run_id, "node:review", "two", at=head).due
+    [done] = compose.wake_due()
+    assert (done.status, done.output["answers"]) == ("completed", ["one", "two"])
+
+
+def test_graph_answer_while_a_resume_holds_the_run_is_refused_issue26():
+    """Issue 26: while an attempt is continuing a graph run (it holds the run's lease, the
+    node resumed but no new checkpoint yet), an answer reaching the store transaction is
+    refused and stores nothing: the suspension it was given for is being answered already."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+
+    def gate(answer):
+        if answer == "one":
+            entered.set()
+            assert release.wait(60)
+
+    run_id = _twice_review_graph(gate).run({}).run_id
+    store = _engine.get_store()
+    seen = _answer.graph_head(run_id)
+    outcome: list = []
+    resumer = threading.Thread(
+        target=lambda: outcome.append(compose.resume(run_id, answers={"node:review": "one"}))
+    )
+    resumer.start()
+    try:
+        assert entered.wait(60)
+        found = _core.answer_interrupts(store, run_id, [("node:review", '"two"')], seen)
+        assert found == ("superseded", None)
+        assert _graph_answers(run_id) == {}
+    finally:
+        release.set()
+        resumer.join(60)
+    assert outcome[0].status == "paused"
+    assert [p[0] for p in store.pending(run_id)] == ["node:review"]
+    assert _answer.graph_head(run_id) != seen

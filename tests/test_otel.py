@@ -28,6 +28,9 @@ from composeai.agentfn import agent
 from composeai.graph import END, Graph
 from composeai.messages import Usage
 from composeai.models import registry
+from composeai.models.anthropic import AnthropicModel
+from composeai.models.compatible import OpenAICompatibleModel
+from composeai.models.openai import OpenAIModel
 from composeai.testing import FakeModel
 from composeai.tools import tool
 
@@ -227,6 +230,65 @@ def test_otel_agent_llm_and_tool_spans_carry_genai_attributes(exported, monkeypa
     assert json.loads(tool_span.attributes["gen_ai.tool.call.arguments"]) == {"q": "x"}
     assert json.loads(tool_span.attributes["gen_ai.tool.call.result"]) == "found x"
     assert tool_span.parent.span_id == agent_span.context.span_id
+
+
+def _scripted(adapter: type, reply: str, requests: list) -> type:
+    """`adapter` answering from a script instead of its provider's API: the agent is given
+    the adapter object itself, not a model string."""
+
+    def complete(self, request):
+        requests.append(request)
+        return FakeModel([reply], usage=Usage(input_tokens=5, output_tokens=2)).complete(request)
+
+    return type(f"Scripted{adapter.__name__}", (adapter,), {"complete": complete})
+
+
+@pytest.mark.parametrize(
+    ("adapter", "kwargs", "expected"),
+    [
+        (OpenAIModel, {"model_id": "gpt-5.4"}, "openai"),
+        # The OpenAI API at another server is still "openai" (the conventions' best
+        # knowledge of the client's API; the model name tells the system apart).
+        (OpenAIModel, {"model_id": "gpt-5.4", "base_url": "http://127.0.0.1:9/v1"}, "openai"),
+        (
+            OpenAICompatibleModel,
+            {"model_id": "local-llama", "base_url": "http://127.0.0.1:9/v1"},
+            "openai",
+        ),
+        (AnthropicModel, {"model_id": "claude-sonnet-4-5"}, "anthropic"),
+    ],
+    ids=["openai", "openai-base-url", "openai-compatible", "anthropic"],
+)
+def test_otel_llm_span_of_a_model_object_names_its_provider(exported, adapter, kwargs, expected):
+    """Issue 26: an agent given a model adapter object (not a `provider/model` string)
+    exports LLM spans with `gen_ai.provider.name` and `gen_ai.system` of that adapter,
+    while the request's own `provider` stays unset, so response-cache keys (TEST-40) are
+    what they were."""
+    requests: list = []
+    kwargs = dict(kwargs)
+    model = _scripted(adapter, "hi there", requests)(kwargs.pop("model_id"), **kwargs)
+
+    @agent(model=model)
+    def greeter(name: str) -> str:
+        return f"Greet {name}"
+
+    run = greeter.run("Ada")
+    assert run.output == "hi there"
+    (llm,) = [s for s in exported() if s.attributes["composeai.kind"] == "llm"]
+    assert llm.attributes["gen_ai.provider.name"] == expected
+    assert llm.attributes["gen_ai.system"] == expected
+    assert llm.attributes["gen_ai.request.model"] == model.model_id
+    assert llm.name == f"chat {model.model_id}"
+    assert [r.provider for r in requests] == [None]
+
+
+def test_cached_model_object_keeps_its_provider_name():
+    """Issue 26: the response cache (`@agent(cache=True)`) wraps a model object without
+    hiding its provider from the LLM spans."""
+    from composeai.models._cache import CachingModel
+
+    assert CachingModel(AnthropicModel("claude-sonnet-4-5")).provider_name == "anthropic"
+    assert not hasattr(CachingModel(FakeModel(["x"])), "provider_name")
 
 
 def test_otel_agent_inside_a_flow_links_under_the_flow(exported):

@@ -177,6 +177,68 @@ def test_json_answer_form_and_other_pages_issue26():
         assert request(host, "GET", "/queues")[0] == 200
 
 
+def _thread_review_graph():
+    from composeai.graph import END, Graph, suspend
+
+    def review(state, ctx):
+        if ctx.resume is None:
+            return suspend({"question": f"Send draft {len(state.get('verdicts', []))}?"})
+        return {"verdicts": [*state.get("verdicts", []), ctx.resume]}
+
+    wf = Graph(name="ui_thread_review")
+    wf.add_node("review", review)
+    wf.start("review").route(
+        "review",
+        lambda s: "again" if len(s["verdicts"]) < 2 else "done",
+        {"again": "review", "done": END},
+    )
+    return wf.compile()
+
+
+def test_approve_on_a_thread_bound_graph_run_and_a_stale_page_issue26():
+    """Issue 26: Approve on a graph run kept in a thread journals the answer and makes
+    the run due; the worker's pass continues it in its thread. A page showing a
+    suspension the run has since moved on from cannot answer the node's next question:
+    the post is refused visibly (409) and nothing is stored."""
+    import composeai as compose
+
+    thread = _thread_review_graph().thread("ui-thread")
+    paused = thread.run({})
+    assert paused.suspended
+    run_id = paused.run_id
+    post = {"Content-Type": "application/x-www-form-urlencoded"}
+    path = f"/run/{run_id}/answer"
+    with ui_server() as (_, host):
+        _, _, first_page = request(host, "GET", f"/run/{run_id}")
+        assert "Send draft 0?" in first_page and "Approve" in first_page
+        at = re.search(r"name='at' value='([^']+)'", first_page).group(1)
+        assert at == thread.history(1)[0]["id"]
+        form = {"csrf": _csrf(first_page), "interrupt_id": "node:review", "action": "approve"}
+        form["at"] = at
+        status, headers, _ = request(host, "POST", path, urlencode(form), post)
+        assert status == 303
+        assert headers["Location"] == f"/run/{run_id}?answered=node%3Areview"
+        [moved] = compose.wake_due()
+        assert (moved.id, moved.status) == (run_id, "paused")
+        assert thread.state() == {"verdicts": [True]}
+
+        # The first page again: its answer belongs to a suspension that is gone.
+        status, _, page = request(host, "POST", path, urlencode(dict(form, action="deny")), post)
+        assert status == 409
+        assert f"interrupt &#x27;node:review&#x27; of run &#x27;{run_id}&#x27;" in page
+        assert "moved on since" in page and "nothing was stored" in page
+        assert [p[0] for p in _engine.get_store().pending(run_id)] == ["node:review"]
+        assert compose.wake_due() == []
+
+        _, _, page = request(host, "GET", f"/run/{run_id}")
+        assert "Send draft 1?" in page
+        form["at"] = re.search(r"name='at' value='([^']+)'", page).group(1)
+        assert request(host, "POST", path, urlencode(form), post)[0] == 303
+    [done] = compose.wake_due()
+    assert (done.id, done.status) == (run_id, "completed")
+    assert thread.state() == {"verdicts": [True, True]}
+
+
 def test_token_host_and_loopback_rules_issue26(monkeypatch, capsys):
     """A non-loopback host needs --allow-remote and a token; with a token every request
     must carry it; a foreign Host header is refused (DNS rebinding)."""

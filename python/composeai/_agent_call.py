@@ -80,6 +80,17 @@ def _model_label(model: Any) -> tuple[str, str, str | None]:
     return label, label, None
 
 
+def _provider_name(model: Any, provider: str | None) -> str | None:
+    """The provider an `llm` span names (OpenTelemetry's `gen_ai.provider.name`): a
+    model string's prefix, else what a model instance reports as `provider_name`.
+    The request's own `provider` stays `None` for an instance, so the response
+    cache's keys (TEST-40) do not change with it."""
+    if provider is not None:
+        return provider
+    name = getattr(model, "provider_name", None)
+    return name if isinstance(name, str) and name else None
+
+
 def _has(obj: Any, name: str) -> bool:
     return getattr(obj, name, None) is not None
 
@@ -131,6 +142,7 @@ class _Call:
             resolve(None)  # type: ignore[arg-type]  # deliberately: raises the PROV-2 type error
         self.model = self._resolve(spec)
         self.label, self.model_id, self.provider = _model_label(spec)
+        self.provider_name = _provider_name(self.model, self.provider)
 
     def _resolve(self, spec: Any) -> Any:
         model = _registry.resolve(spec)
@@ -146,6 +158,7 @@ class _Call:
             return False
         self.model = self._resolve(fallback)
         self.label, self.model_id, self.provider = _model_label(fallback)
+        self.provider_name = _provider_name(self.model, self.provider)
         self.fallback_active = True
         self.frame.span.attributes["fallback_used"] = self.label
         return True

@@ -230,8 +230,8 @@ def _open_llm(call: _Call) -> tuple:
     agent = call.agent
     span = _engine.open_span(call.frame.span, call.frame.trace, "llm", call.label)
     span.attributes["model"] = call.model_id
-    if call.provider is not None:
-        span.attributes["provider"] = call.provider
+    if call.provider_name is not None:
+        span.attributes["provider"] = call.provider_name
     request = new_request(
         call.model_id,
         list(call.messages),

@@ -11,10 +11,12 @@ continues it. With `resume=True` the run continues in this process through
 
 A graph node's interrupt id (`node:<name>`) repeats each time the node
 suspends, so a graph answer is journaled under the id and the checkpoint
-the run is paused at: it answers that suspension only. The run is due once
-every node it is paused on is answered; the worker then hands the answers
-to the graph's ordinary resume. A thread-bound graph run is answered only
-through `resume()`.
+the run is paused at (its thread's head for a run kept in a thread), read
+in the transaction that journals it: it answers that suspension only, and
+is refused when the run moved on from the suspension the caller saw. The
+run is due once every node it is paused on is answered; the worker then
+hands the answers to the graph's ordinary resume (a thread's resume for a
+run kept in a thread, so its checkpoint history goes on there).
 
 Nothing here decodes a stored value into objects: pending payloads and
 stored answers are read as plain JSON.
@@ -29,7 +31,16 @@ from . import _codec, _core, _engine, _lifecycle
 from ._show import _db_path
 from .errors import ComposeError, SerializationError
 
-__all__ = ["AlreadyAnswered", "Answered", "Pending", "answer", "pending", "resolve"]
+__all__ = [
+    "AlreadyAnswered",
+    "Answered",
+    "Pending",
+    "Superseded",
+    "answer",
+    "graph_head",
+    "pending",
+    "resolve",
+]
 
 
 class AlreadyAnswered(ComposeError):
@@ -43,6 +54,28 @@ class AlreadyAnswered(ComposeError):
         self.run_id = run_id
         self.interrupt_id = interrupt_id
         self.stored = stored
+
+
+class Superseded(ComposeError):
+    """An answer to a graph suspension the run has moved on from: refused,
+    nothing stored (the node may ask something else now)."""
+
+    def __init__(self, run_id: str, interrupt_id: str, seen: str | None, head: str | None):
+        where = (
+            f"it is paused at checkpoint {head} now"
+            if head is not None
+            else "it is being continued right now"
+        )
+        asked = f" at checkpoint {seen}" if seen is not None else ""
+        super().__init__(
+            f"interrupt '{interrupt_id}' of run '{run_id}' was asked{asked}, but the run has moved "
+            f"on since ({where}) -- nothing was stored; look at what it waits on again "
+            f"(compose answer {run_id} --list)"
+        )
+        self.run_id = run_id
+        self.interrupt_id = interrupt_id
+        self.seen = seen
+        self.head = head
 
 
 class Pending:
@@ -144,34 +177,47 @@ def _full_id(run_id: str, key: str, ids: list[str]) -> str | None:
     return matches[0] if matches else None
 
 
-def answer(run_id: str, interrupt_id: str, value: Any, *, resume: bool = False) -> Answered:
+def graph_head(run_id: str) -> str | None:
+    """The checkpoint graph run `run_id` is suspended at: what its pending
+    interrupts were asked at, and what `answer(..., at=)` takes."""
+    return _core.graph_suspension_head(_engine.get_store(), run_id)
+
+
+def answer(
+    run_id: str,
+    interrupt_id: str,
+    value: Any,
+    *,
+    resume: bool = False,
+    at: str | None = None,
+) -> Answered:
     """Answers pending interrupt `interrupt_id` (or its tool shorthand) of run
     `run_id` (or a unique prefix) with `value`.
 
     Refused, with nothing stored: an unknown run, an interrupt that is not
     pending (`AlreadyAnswered` when it was answered before), a value the
-    codec cannot encode. With `resume`, the run continues here through
-    `resume()` (its flow, agent or graph must be importable in this process).
+    codec cannot encode, and for a graph run an interrupt whose suspension
+    the run has moved on from (`Superseded`): the one at checkpoint `at`
+    (what a page showing the interrupt saw, `graph_head`), else the one it
+    is paused at as this call begins. With `resume`, the run continues here
+    through `resume()` (its flow, agent or graph must be importable in this
+    process).
     """
     row = resolve(run_id)
     run_id = row["run_id"]
     store = _engine.get_store()
-    head = None
-    if row["kind"] == "graph" and not resume:
-        head = _graph_head(store, row)
+    graph = row["kind"] == "graph"
+    if graph and at is None:
+        # Read before the pending rows: an interrupt listed below then
+        # belongs to this suspension or a later one, which the core refuses.
+        at = _core.graph_suspension_head(store, run_id)
     waiting = pending(run_id)
     full = _full_id(run_id, interrupt_id, [p.id for p in waiting])
     if full is None:
-        if head is not None:
-            earlier = _answered_key(
-                store.journal(run_id), _lifecycle.graph_answer_key(interrupt_id, head)
-            )
-            if earlier is not None:
-                raise AlreadyAnswered(run_id, interrupt_id, earlier[1])
-        else:
-            earlier = _answered_key(store.journal(run_id), interrupt_id)
-            if earlier is not None:
-                raise AlreadyAnswered(run_id, *earlier)
+        key = _lifecycle.graph_answer_key(interrupt_id, at) if graph and at else interrupt_id
+        earlier = _answered_key(store.journal(run_id), key)
+        if earlier is not None:
+            raise AlreadyAnswered(run_id, interrupt_id if graph else earlier[0], earlier[1])
         shown = ", ".join(repr(p.id) for p in waiting) or "none"
         raise ComposeError(
             f"run '{run_id}' has no pending interrupt '{interrupt_id}' -- pending: {shown}"
@@ -180,33 +226,28 @@ def answer(run_id: str, interrupt_id: str, value: Any, *, resume: bool = False) 
         encoded = _codec.dumps(value)
     except SerializationError as exc:
         raise SerializationError(f"answer '{full}': {exc}") from None
-    if row["kind"] == "graph" and resume:
+    if graph and resume:
         # Answers given earlier from outside for this suspension go with it.
         answers = _lifecycle.journaled_graph_answers(store, run_id)
         answers[full] = value
         graph_outcome = _lifecycle.resume(run_id, answers=answers)
         return Answered(run_id, row["kind"], full, value, False, graph_outcome)
-    key = full if head is None else _lifecycle.graph_answer_key(full, head)
-    found = _core.answer_interrupts(store, run_id, [(full, key, encoded)])
-    if found is None:
+    outcome, found = _core.answer_interrupts(
+        store, run_id, [(full, encoded)], at if graph else None
+    )
+    if outcome == "no_run":
         raise ComposeError(f"no run found with id '{run_id}'")
+    if outcome == "superseded":
+        raise Superseded(run_id, full, at, found)
+    if outcome == "not_pending":
+        raise ComposeError(
+            f"interrupt '{full}' of run '{run_id}' is no longer pending -- nothing was stored"
+        )
     (answered_id, stored, now_json), *_ = found[0]
     if not stored:
         # Another answer won the race since the pending row was read.
         raise AlreadyAnswered(run_id, answered_id, _plain(now_json))
-    outcome: Any = None
+    done: Any = None
     if resume:
-        outcome = _lifecycle.resume(run_id)
-    return Answered(run_id, row["kind"], full, value, found[1] and not resume, outcome)
-
-
-def _graph_head(store: Any, row: dict) -> str:
-    """The checkpoint a graph run is paused at, which its answers from
-    outside are keyed by; a thread-bound run is refused."""
-    head = _core.graph_run_head(store, row["run_id"])
-    if head is None:
-        raise ComposeError(
-            f"run '{row['run_id']}' is a graph run kept in a thread: answer it with --resume "
-            "(and --import the module that compiles the graph)"
-        )
-    return head
+        done = _lifecycle.resume(run_id)
+    return Answered(run_id, row["kind"], full, value, found[1] and not resume, done)

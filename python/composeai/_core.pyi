@@ -434,11 +434,16 @@ def search_runs(
     before: tuple[float, str] | None = None,
 ) -> tuple[Literal["no_store", "ok", "unavailable", "bad_query"], Any]: ...
 
-# `compose answer` (src/py/answer.rs): answers `(interrupt_id, journal_key, value_json)`;
-# `(interrupt_id, stored, value_json)` per answer.
+# `compose answer` (src/py/answer.rs): answers `(interrupt_id, value_json)`; `at` the
+# checkpoint a graph interrupt was seen at. `("answered", ([(interrupt_id, stored,
+# value_json)], due))`, `("no_run", None)`, `("superseded", head | None)` or
+# `("not_pending", interrupt_id)`.
 def answer_interrupts(
-    store: Store, run_id: str, answers: list[tuple[str, str, str]]
-) -> tuple[list[tuple[str, bool, str]], bool] | None: ...
+    store: Store, run_id: str, answers: list[tuple[str, str]], at: str | None = None
+) -> tuple[str, Any]: ...
+
+# The checkpoint a graph run is suspended at (its thread's head for a run kept in a thread).
+def graph_suspension_head(store: Store, run_id: str) -> str | None: ...
 
 # `(key, calls, tokens, cost_usd, incomplete)`.
 _CostTuple: TypeAlias = tuple[str, int, int, float | None, bool]

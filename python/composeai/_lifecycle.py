@@ -76,16 +76,17 @@ def agent_not_registered(name: str) -> str:
 
 def graph_answer_key(interrupt_id: str, head: str) -> str:
     """The journal key (after `__interrupt__:`) of an answer to graph
-    interrupt `node:<name>` given from outside a run: the id repeats each
-    time the node suspends, so the key names the checkpoint `head` the run
-    is paused at, and an answer reaches only the suspension it was given for."""
+    interrupt `node:<name>` given from outside a run, as the core writes it:
+    the id repeats each time the node suspends, so the key names the
+    checkpoint `head` the run is paused at (its thread's head for a run kept
+    in a thread), and an answer reaches only the suspension it was given for."""
     return f"{interrupt_id}@{head}"
 
 
 def journaled_graph_answers(store: Any, run_id: str) -> dict[str, Any]:
     """The answers journaled from outside for the suspension graph run
     `run_id` is paused at, by interrupt id (`node:<name>`)."""
-    head = _core.graph_run_head(store, run_id)
+    head = _core.graph_suspension_head(store, run_id)
     if head is None:
         return {}
     prefix, suffix = "__interrupt__:node:", f"@{head}"

@@ -318,6 +318,17 @@ pub trait Store: Send + Sync + durable::DurableStore {
 
     fn get_run(&self, run_id: &str) -> CoreResult<Option<RunRow>>;
 
+    /// Journals answers to a run's pending interrupts from outside any
+    /// attempt (`compose answer`), in one transaction (`answer::answer_in`):
+    /// `answers` are `(interrupt id, value JSON)`, `at` the checkpoint a
+    /// graph interrupt was seen at.
+    fn answer_interrupts(
+        &self,
+        run_id: &str,
+        answers: &[(String, String)],
+        at: Option<&str>,
+    ) -> CoreResult<answer::AnswerOutcome>;
+
     /// Deletes a run and everything stored for it (journal, spans of its
     /// trace, pending interrupts, agent state), in one transaction.
     fn delete_run(&self, rid: i64) -> CoreResult<()>;

@@ -86,6 +86,9 @@ class CachingModel:
         model_id = getattr(inner, "model_id", None)
         if model_id:
             self.model_id = model_id
+        provider_name = getattr(inner, "provider_name", None)
+        if provider_name:
+            self.provider_name = provider_name
 
     @property
     def last_was_hit(self) -> bool:

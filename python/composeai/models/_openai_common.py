@@ -262,6 +262,11 @@ class OpenAIClientBase:
 
     _provider = "openai"
     _display = "OpenAI"
+    # What `llm` spans name as `gen_ai.provider.name`. OpenTelemetry's GenAI conventions
+    # name the client's API flavour, by the instrumentation's best knowledge: a server
+    # reached through the OpenAI API (another base_url, a compatible server) is still
+    # "openai", the request's model and server address telling the actual system apart.
+    provider_name = "openai"
     # Subclasses define the async twins; None when absent (PROV-4).
     acomplete: Callable[[ModelRequest], Awaitable[ModelResponse]] | None
     astream: Callable[[ModelRequest], AsyncIterator[RawStreamEvent]] | None

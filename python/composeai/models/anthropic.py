@@ -603,11 +603,15 @@ def _status_message(exc: Any) -> str:
 class AnthropicModel:
     """A ``Model`` over the Anthropic Messages API (PROV-10).
 
+    ``provider_name`` is what ``llm`` spans name as OpenTelemetry's ``gen_ai.provider.name``.
+
     ``client=`` injects a ready SDK client (sync only: ``acomplete``/``astream`` are then
     ``None``). Otherwise the clients are built at the first call, with ``api_key`` (else
     ``ANTHROPIC_API_KEY``), ``max_retries``, ``base_url`` and ``timeout`` passed only when not
     ``None`` so the SDK's own defaults and environment variables apply.
     """
+
+    provider_name = PROVIDER
 
     def __init__(
         self,

@@ -178,7 +178,9 @@ class Model(Protocol):
 
     Optional capabilities, discovered by attribute (``None`` counts as absent):
     ``stream(request) -> Iterator[RawStreamEvent]``, ``async acomplete(request)`` and
-    ``astream(request) -> AsyncIterator[RawStreamEvent]``.
+    ``astream(request) -> AsyncIterator[RawStreamEvent]``. Optional labels: ``model_id``
+    and ``provider_name`` (the ``llm`` span's provider, OpenTelemetry's
+    ``gen_ai.provider.name``, for a model given as an instance rather than a string).
     """
 
     def complete(self, request: ModelRequest) -> ModelResponse: ...

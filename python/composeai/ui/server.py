@@ -276,9 +276,10 @@ class Handler(BaseHTTPRequestHandler):
                     raise ComposeError(f"the answer is not valid JSON: {exc}") from None
             else:
                 raise ComposeError(f"unknown answer action {action!r}")
-            done = _answer.answer(run_id, interrupt_id, value)
+            done = _answer.answer(run_id, interrupt_id, value, at=form.get("at") or None)
         except ComposeError as exc:
-            status = 409 if isinstance(exc, _answer.AlreadyAnswered) else 400
+            refused = (_answer.AlreadyAnswered, _answer.Superseded)
+            status = 409 if isinstance(exc, refused) else 400
             try:
                 _, page = views.run_page(run_id, csrf, error=str(exc))
             except ComposeError:

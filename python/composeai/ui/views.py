@@ -223,13 +223,19 @@ def _span_html(spans: list[tuple]) -> str:
     return "".join(out)
 
 
-def _answer_forms(run_id: str, pending: list, csrf: str) -> str:
-    from .._answer import Pending
+def _answer_forms(run_id: str, kind: str, pending: list, csrf: str) -> str:
+    from .._answer import Pending, graph_head
 
     if not pending:
         return ""
     action = esc(run_href(run_id) + "/answer")
     hidden = f"<input type='hidden' name='csrf' value='{esc(csrf)}'>"
+    if kind == "graph":
+        # The suspension shown here: an answer posted after the run moved on
+        # from it is refused, not given to the node's next question.
+        head = graph_head(run_id)
+        if head is not None:
+            hidden += f"<input type='hidden' name='at' value='{esc(head)}'>"
     out = ["<section class='pending'><h2>Pending interrupts</h2>"]
     for row in pending:
         p = Pending(row)
@@ -291,7 +297,7 @@ def run_page(run_id: str, csrf: str, *, message: str = "", error: str = "") -> t
         f"<tr><th>duration</th><td>{esc(_duration(row, now))}</td></tr>",
         f"<tr><th>trace</th><td><code>{esc(row['trace_id'])}</code></td></tr>",
         "</table>",
-        _answer_forms(run_id, view["pending"], csrf),
+        _answer_forms(run_id, row["kind"], view["pending"], csrf),
     ]
     if row["output_json"] is not None:
         body.append(f"<h2>Output</h2><pre class='run-output'>{pretty(row['output_json'])}</pre>")

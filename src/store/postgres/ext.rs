@@ -437,9 +437,9 @@ async fn find_run<C: GenericClient>(
 // Graph tables
 
 /// The graph tables on one client or transaction of the store.
-struct PgGraph<'a, C: GenericClient> {
-    c: &'a C,
-    store: &'a PgInner,
+pub(super) struct PgGraph<'a, C: GenericClient> {
+    pub(super) c: &'a C,
+    pub(super) store: &'a PgInner,
 }
 
 const ROW_COLUMNS: &str = "checkpoint_id, thread_id, rid, parent_id, version, source, status, \
@@ -491,11 +491,11 @@ fn now_ms() -> i64 {
 }
 
 impl<C: GenericClient> PgGraph<'_, C> {
-    fn query(&self, sql: &str, p: &Params<'_>) -> CoreResult<Vec<tokio_postgres::Row>> {
+    pub(super) fn query(&self, sql: &str, p: &Params<'_>) -> CoreResult<Vec<tokio_postgres::Row>> {
         block_on(rows(self.c, sql, p)).map_err(self.store.err())
     }
 
-    fn run(&self, sql: &str, p: &Params<'_>) -> CoreResult<u64> {
+    pub(super) fn run(&self, sql: &str, p: &Params<'_>) -> CoreResult<u64> {
         block_on(exec(self.c, sql, p)).map_err(self.store.err())
     }
 }

@@ -381,6 +381,15 @@ impl Store for PgStore {
         })
     }
 
+    fn answer_interrupts(
+        &self,
+        run_id: &str,
+        answers: &[(String, String)],
+        at: Option<&str>,
+    ) -> CoreResult<crate::store::answer::AnswerOutcome> {
+        PgStore::answer_interrupts(self, run_id, answers, at)
+    }
+
     fn get_run(&self, run_id: &str) -> CoreResult<Option<RunRow>> {
         block_on(async {
             let c = self.client().await?;

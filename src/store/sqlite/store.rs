@@ -676,6 +676,17 @@ impl Store for SqliteStore {
         Ok(spend)
     }
 
+    fn answer_interrupts(
+        &self,
+        run_id: &str,
+        answers: &[(String, String)],
+        at: Option<&str>,
+    ) -> CoreResult<crate::store::answer::AnswerOutcome> {
+        self.with_conn(|c| {
+            crate::store::sqlite::answer::answer_interrupts(c, &self.path, run_id, answers, at)
+        })
+    }
+
     fn get_run(&self, run_id: &str) -> CoreResult<Option<RunRow>> {
         let mut w = self.lock_writer();
         if self.queue.lock().rows {
