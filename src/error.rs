@@ -22,6 +22,25 @@ pub enum CoreError {
     /// SQLite failed; the message names the database path.
     #[error("{0}")]
     Store(String),
+    /// A body's calls no longer match its run's journal (issue 27):
+    /// `composeai.errors.NondeterminismError`.
+    #[error(
+        "run '{run_id}' diverged from its journal at '{key}': recorded {recorded}; called \
+         {called} -- the body no longer makes the calls this run journaled; nothing new was \
+         journaled, and the run resumes once the code that made them is back (or fork it \
+         before '{key}' to continue with the new code)"
+    )]
+    Nondeterminism {
+        run_id: String,
+        key: String,
+        recorded: String,
+        called: String,
+    },
+    /// A replay-only attempt (`composeai.testing.replay`) reached a step its
+    /// journal does not hold: the journal ends at this key. An internal
+    /// `BaseException` in Python.
+    #[error("the journal ends at '{0}'")]
+    ReplayEnd(String),
     /// A graph workflow error (EXT-20 …): `composeai.graph`'s classes, by code.
     #[error("{message}")]
     Graph {

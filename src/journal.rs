@@ -53,16 +53,158 @@ fn split_key(key: &str) -> Option<(&str, u32)> {
     Some((prefix, digits.parse().ok()?))
 }
 
-/// The values of the keys `<prefix>#1`, `<prefix>#2`, …: slot `n - 1`.
+/// The values of the keys `<prefix>#1`, `<prefix>#2`, …: slot `n - 1`,
+/// and their identities (issue 27): as stored for a journaled value, as
+/// this attempt called it for a key reserved and not yet journaled.
 struct Series {
     prefix: Arc<str>,
     values: Vec<Option<Arc<str>>>,
+    idents: Vec<Option<Ident>>,
 }
 
-/// A (scope, name) counter and the series its keys belong to.
+/// A (scope, name) counter, the series its keys belong to, and its scope.
 struct Counter {
     n: u32,
     series: usize,
+    scope: usize,
+}
+
+/// The journaled calls of one scope by position: the steps stored with an
+/// identity (`(series, n)` at `pos - 1`), and how many positions this
+/// attempt has reserved.
+#[derive(Default)]
+struct ScopeCalls {
+    text: Arc<str>,
+    reserved: u32,
+    recorded: Vec<Option<(usize, u32)>>,
+    /// Whether a flow body makes this scope's calls (`owner_body`), once
+    /// known: only those must replay alike (FLOW-21); a task's or a tool's
+    /// body may call other steps differently on a new attempt.
+    checked: Option<bool>,
+}
+
+/// What identifies a journaled step besides its key (issue 27): its
+/// position among the journaled calls of its scope (call order, so a
+/// reordered or removed call is seen even where keys still match), the
+/// length of that scope in the key, its kind, and a hash of its arguments
+/// (none where the step has no arguments or they cannot be encoded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ident {
+    pub pos: u32,
+    pub scope_len: u32,
+    pub digest: Option<u64>,
+    pub kind: Kind,
+}
+
+/// The kind of a journaled call: one of `KINDS`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kind(u8);
+
+/// Every kind of journaled call the engine makes. A call of another kind
+/// keeps no identity (it replays unchecked).
+const KINDS: [&str; 9] = [
+    "task",
+    "flow",
+    "agent",
+    "now",
+    "random",
+    "sleep",
+    "receive",
+    "receive_all",
+    "await_until",
+];
+
+impl Kind {
+    pub fn of(name: &str) -> Option<Kind> {
+        KINDS.iter().position(|k| *k == name).map(|i| Kind(i as u8))
+    }
+
+    pub fn name(self) -> &'static str {
+        KINDS[self.0 as usize]
+    }
+}
+
+impl Ident {
+    /// The stored form, `<pos>:<scope length>:<digest hex or ->:<kind>`.
+    pub fn encode(&self) -> String {
+        let kind = self.kind.name();
+        match self.digest {
+            Some(d) => format!("{}:{}:{d:016x}:{kind}", self.pos, self.scope_len),
+            None => format!("{}:{}:-:{kind}", self.pos, self.scope_len),
+        }
+    }
+
+    /// The stored form read back; `None` for anything else (the step is
+    /// then replayed unchecked, like a journal written before identities).
+    /// Read once per row of every resumed run: no allocation.
+    pub fn parse(text: &str) -> Option<Ident> {
+        fn number(part: &[u8]) -> Option<u32> {
+            if part.is_empty() || part.len() > 9 {
+                return None;
+            }
+            part.iter().try_fold(0u32, |n, &b| {
+                b.is_ascii_digit().then(|| n * 10 + u32::from(b - b'0'))
+            })
+        }
+        let mut parts = text.as_bytes().splitn(4, |&b| b == b':');
+        let pos = number(parts.next()?)?;
+        let scope_len = number(parts.next()?)?;
+        let digest = match parts.next()? {
+            b"-" => None,
+            hex if hex.len() == 16 => Some(hex.iter().try_fold(0u64, |d, &b| {
+                let v = (b as char).to_digit(16)?;
+                Some(d << 4 | u64::from(v))
+            })?),
+            _ => return None,
+        };
+        let kind = Kind::of(std::str::from_utf8(parts.next()?).ok()?)?;
+        if pos == 0 {
+            return None;
+        }
+        Some(Ident {
+            pos,
+            scope_len,
+            digest,
+            kind,
+        })
+    }
+}
+
+/// The call a step's reservation is made for.
+#[derive(Clone, Copy, Debug)]
+pub struct Call<'a> {
+    pub kind: &'a str,
+    pub digest: Option<u64>,
+}
+
+/// The stable hash of a step's encoded arguments: SipHash-1-3 with fixed
+/// keys, the same in every process and release.
+pub fn digest(text: &str) -> u64 {
+    use std::hash::Hasher;
+    let mut h =
+        siphasher::sip::SipHasher13::new_with_keys(0x636f_6d70_6f73_6561, 0x6964_656e_7469_7479);
+    h.write(text.as_bytes());
+    h.finish()
+}
+
+/// A fork's source journal (issue 27): the journal of the run forked, and
+/// the key from which the fork executes.
+pub struct ForkSource {
+    pub journal: Journal,
+    pub at: String,
+}
+
+/// Where a body's calls stopped matching its journal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Divergence {
+    /// The journaled step at the point of divergence.
+    pub key: String,
+    pub recorded: String,
+    pub called: String,
+}
+
+fn describe(kind: &str, name: &str, key: &str) -> String {
+    format!("{kind} '{name}' at '{key}'")
 }
 
 /// Slots a series may have for a journal of `len` values: a key far past
@@ -82,6 +224,10 @@ pub struct Journal {
     /// Keys of another form, and keys past their series' slot limit.
     other: HashMap<String, Arc<str>>,
     counters: HashMap<String, Counter>,
+    /// Identities of keys held in `other`.
+    other_idents: HashMap<String, Ident>,
+    scopes: Vec<ScopeCalls>,
+    scope_index: HashMap<Arc<str>, usize>,
     /// Reused to look a counter up without allocating its key.
     scratch: String,
     len: usize,
@@ -91,17 +237,27 @@ pub struct Journal {
 #[derive(Default)]
 pub struct JournalLoader {
     journal: Journal,
-    /// `(series, n, value)` of counter keys, placed once the total is known.
-    keyed: Vec<(usize, u32, Arc<str>)>,
+    /// `(series, n, value, identity)` of counter keys, placed once the
+    /// total is known.
+    keyed: Vec<(usize, u32, Arc<str>, Option<Ident>)>,
 }
 
 impl JournalLoader {
     pub fn push(&mut self, key: &str, value: &str) {
+        self.push_step(key, value, None);
+    }
+
+    /// `push` of a row with its stored identity, if any.
+    pub fn push_step(&mut self, key: &str, value: &str, ident: Option<&str>) {
         let j = &mut self.journal;
         match split_key(key) {
             Some((prefix, n)) => {
                 let series = j.series_index(prefix);
-                self.keyed.push((series, n, Arc::from(value)));
+                let ident = ident.and_then(Ident::parse).filter(|id| {
+                    let len = id.scope_len as usize;
+                    len == 0 || (prefix.len() > len && prefix.as_bytes()[len] == b'/')
+                });
+                self.keyed.push((series, n, Arc::from(value), ident));
             }
             None => {
                 j.other.insert(key.to_owned(), Arc::from(value));
@@ -112,19 +268,51 @@ impl JournalLoader {
     pub fn finish(self) -> Journal {
         let JournalLoader { mut journal, keyed } = self;
         let limit = slot_limit(keyed.len() + journal.other.len());
-        for (series, n, value) in keyed {
+        let mut last_scope: Option<(Arc<str>, usize)> = None;
+        for (series, n, value, ident) in keyed {
             let slot = n as usize - 1;
+            if let Some(id) = &ident {
+                if (id.pos as usize) <= limit {
+                    // Rows of one scope come together: its index is looked up once.
+                    let prefix = &journal.series[series].prefix;
+                    let scope_text = &prefix[..id.scope_len as usize];
+                    let scope = match &last_scope {
+                        Some((text, at)) if **text == *scope_text => *at,
+                        _ => {
+                            let scope_text: Arc<str> = Arc::from(scope_text);
+                            let at = journal.scope_of(&scope_text);
+                            last_scope = Some((scope_text, at));
+                            at
+                        }
+                    };
+                    let recorded = &mut journal.scopes[scope].recorded;
+                    let at = id.pos as usize - 1;
+                    if recorded.len() <= at {
+                        recorded.resize(at + 1, None);
+                    }
+                    recorded[at] = Some((series, n));
+                }
+            }
             let s = &mut journal.series[series];
             if slot < limit {
                 if s.values.len() <= slot {
                     s.values.resize(slot + 1, None);
                 }
                 s.values[slot] = Some(value);
+                if let Some(id) = ident {
+                    if s.idents.len() <= slot {
+                        s.idents.resize(slot + 1, None);
+                    }
+                    s.idents[slot] = Some(id);
+                }
             } else {
                 let key = StepKey {
                     prefix: s.prefix.clone(),
                     n,
                 };
+                if let Some(id) = ident {
+                    journal.other_idents.insert(key.to_string(), id);
+                }
                 journal.other.insert(key.to_string(), value);
             }
         }
@@ -148,6 +336,41 @@ pub fn format_key(scope: &str, name: &str, n: u32) -> String {
     key
 }
 
+/// The scope of the flow body whose calls land in `scope`: `scope` less
+/// its trailing `map` items and `aggregate` branches (FLOW-15), or None
+/// for a scope inside a tool call.
+fn owner_body(scope: &str) -> Option<&str> {
+    let mut s = scope;
+    loop {
+        if s.is_empty() {
+            return Some(s);
+        }
+        let (parent, last) = s.rsplit_once('/').unwrap_or(("", s));
+        if last.starts_with("tool:") {
+            return None;
+        }
+        if last.starts_with("map#") && last.ends_with(']') {
+            s = parent;
+            continue;
+        }
+        let (grandparent, branch_of) = parent.rsplit_once('/').unwrap_or(("", parent));
+        if split_key(branch_of).is_some_and(|(name, _)| name == "aggregate") {
+            s = grandparent;
+            continue;
+        }
+        return Some(s);
+    }
+}
+
+/// Where a series' name starts in its prefix, after a scope of `scope_len`.
+fn name_start(scope_len: u32) -> usize {
+    if scope_len == 0 {
+        0
+    } else {
+        scope_len as usize + 1
+    }
+}
+
 fn push_prefix(out: &mut String, scope: &str, name: &str) {
     if !scope.is_empty() {
         out.push_str(scope);
@@ -165,6 +388,15 @@ impl Journal {
         loader.finish()
     }
 
+    /// A journal of stored rows `(key, value, identity)`.
+    pub fn from_rows(rows: &[(String, String, Option<String>)]) -> Journal {
+        let mut loader = JournalLoader::default();
+        for (k, v, ident) in rows {
+            loader.push_step(k, v, ident.as_deref());
+        }
+        loader.finish()
+    }
+
     fn series_index(&mut self, prefix: &str) -> usize {
         if let Some(&i) = self.by_prefix.get(prefix) {
             return i;
@@ -173,14 +405,28 @@ impl Journal {
         self.series.push(Series {
             prefix: prefix.clone(),
             values: Vec::new(),
+            idents: Vec::new(),
         });
         self.by_prefix.insert(prefix, self.series.len() - 1);
         self.series.len() - 1
     }
 
+    fn scope_of(&mut self, scope: &str) -> usize {
+        if let Some(&i) = self.scope_index.get(scope) {
+            return i;
+        }
+        let text: Arc<str> = Arc::from(scope);
+        self.scopes.push(ScopeCalls {
+            text: text.clone(),
+            ..ScopeCalls::default()
+        });
+        self.scope_index.insert(text, self.scopes.len() - 1);
+        self.scopes.len() - 1
+    }
+
     /// Advances the counter of `name` in `scope` (call order, never
-    /// completion order): its series and the new count.
-    fn advance(&mut self, scope: &str, name: &str) -> (usize, u32) {
+    /// completion order): its series, the new count and the scope.
+    fn advance(&mut self, scope: &str, name: &str) -> (usize, u32, usize) {
         let mut counter_key = std::mem::take(&mut self.scratch);
         counter_key.clear();
         counter_key.push_str(scope);
@@ -189,36 +435,60 @@ impl Journal {
         let next = match self.counters.get_mut(counter_key.as_str()) {
             Some(c) => {
                 c.n += 1;
-                (c.series, c.n)
+                (c.series, c.n, c.scope)
             }
             None => {
                 let mut prefix = String::with_capacity(scope.len() + name.len() + 1);
                 push_prefix(&mut prefix, scope, name);
                 let series = self.series_index(&prefix);
-                self.counters
-                    .insert(counter_key.clone(), Counter { n: 1, series });
-                (series, 1)
+                let scope_at = self.scope_of(scope);
+                self.counters.insert(
+                    counter_key.clone(),
+                    Counter {
+                        n: 1,
+                        series,
+                        scope: scope_at,
+                    },
+                );
+                (series, 1, scope_at)
             }
         };
         self.scratch = counter_key;
         next
     }
 
-    /// Allocates the next key for `name` in `scope`.
+    /// Allocates the next key for `name` in `scope` (a scope of `map` or
+    /// `aggregate`: not a journaled call, so it takes no position).
     pub fn next_key(&mut self, scope: &str, name: &str) -> String {
-        let (series, n) = self.advance(scope, name);
+        let (series, n, _) = self.advance(scope, name);
         format_key("", &self.series[series].prefix, n)
     }
 
     /// `next_key` as its parts, with the journaled value, if any.
     pub fn next_step(&mut self, scope: &str, name: &str) -> (StepKey, Option<Arc<str>>) {
-        let (series, n) = self.advance(scope, name);
+        let (key, hit, _) = self.next_call(scope, name, None, false);
+        (key, hit)
+    }
+
+    /// `next_step` of a journaled call: the call takes the next position of
+    /// its scope, and with `check` its identity is compared with the one
+    /// stored at that position and under that key (issue 27). A miss keeps
+    /// the call's identity for the commit that journals it.
+    pub fn next_call(
+        &mut self,
+        scope: &str,
+        name: &str,
+        call: Option<Call<'_>>,
+        check: bool,
+    ) -> (StepKey, Option<Arc<str>>, Option<Divergence>) {
+        let (series, n, scope_at) = self.advance(scope, name);
         let s = &self.series[series];
         let key = StepKey {
             prefix: s.prefix.clone(),
             n,
         };
-        let hit = match s.values.get(n as usize - 1) {
+        let slot = n as usize - 1;
+        let hit = match s.values.get(slot) {
             Some(Some(v)) => Some(v.clone()),
             _ if self.other.is_empty() => None,
             _ => {
@@ -230,7 +500,211 @@ impl Journal {
                 hit
             }
         };
-        (key, hit)
+        let Some((call, kind)) = call.and_then(|c| Some((c, Kind::of(c.kind)?))) else {
+            return (key, hit, None);
+        };
+        let calls = &mut self.scopes[scope_at];
+        calls.reserved += 1;
+        let pos = calls.reserved;
+        let diverged = if check && self.scope_checked(scope_at) {
+            self.diverges(
+                scope_at,
+                pos,
+                series,
+                &key,
+                name,
+                (kind, call.digest),
+                hit.is_some(),
+            )
+        } else {
+            None
+        };
+        if hit.is_none() {
+            let ident = Ident {
+                pos,
+                scope_len: scope.len() as u32,
+                digest: call.digest,
+                kind,
+            };
+            let idents = &mut self.series[series].idents;
+            if slot < slot_limit(self.len) {
+                if idents.len() <= slot {
+                    idents.resize(slot + 1, None);
+                }
+                idents[slot] = Some(ident);
+            } else {
+                self.other_idents.insert(key.to_string(), ident);
+            }
+        }
+        (key, hit, diverged)
+    }
+
+    /// The stored identity of key `n` of `series`.
+    fn ident_at(&self, series: usize, n: u32) -> Option<&Ident> {
+        let s = &self.series[series];
+        match s.idents.get(n as usize - 1) {
+            Some(Some(id)) => Some(id),
+            _ if self.other_idents.is_empty() => None,
+            _ => {
+                let key = StepKey {
+                    prefix: s.prefix.clone(),
+                    n,
+                };
+                self.other_idents.get(&key.to_string())
+            }
+        }
+    }
+
+    /// Whether the call at `pos` of a scope, under `key`, is not the one
+    /// its journal recorded there: another step at that position, or the
+    /// same key stored with another kind, position or arguments.
+    #[allow(clippy::too_many_arguments)]
+    fn diverges(
+        &self,
+        scope_at: usize,
+        pos: u32,
+        series: usize,
+        key: &StepKey,
+        name: &str,
+        (kind, digest): (Kind, Option<u64>),
+        hit: bool,
+    ) -> Option<Divergence> {
+        let called = || describe(kind.name(), name, &key.to_string());
+        if let Some(Some((s2, n2))) = self.scopes[scope_at].recorded.get(pos as usize - 1) {
+            if (*s2, *n2) != (series, key.n) {
+                let other = StepKey {
+                    prefix: self.series[*s2].prefix.clone(),
+                    n: *n2,
+                };
+                let id = self.ident_at(*s2, *n2)?;
+                let other_name = &other.prefix[name_start(id.scope_len)..];
+                return Some(Divergence {
+                    key: other.to_string(),
+                    recorded: describe(id.kind.name(), other_name, &other.to_string()),
+                    called: called(),
+                });
+            }
+        }
+        if !hit {
+            return None;
+        }
+        let id = self.ident_at(series, key.n)?;
+        let args_differ = matches!((id.digest, digest), (Some(a), Some(b)) if a != b);
+        if id.kind == kind && id.pos == pos && !args_differ {
+            return None;
+        }
+        let recorded = describe(id.kind.name(), name, &key.to_string());
+        let (recorded, called) = if id.kind != kind {
+            (recorded, called())
+        } else if args_differ {
+            let hash = |d: Option<u64>| format!("{:08x}", d.unwrap_or(0) >> 32);
+            (
+                format!("{recorded} with arguments #{}", hash(id.digest)),
+                format!("{} with other arguments #{}", called(), hash(digest)),
+            )
+        } else {
+            (
+                format!("{recorded} as journaled call {} of its scope", id.pos),
+                format!("{} as call {pos}", called()),
+            )
+        };
+        Some(Divergence {
+            key: key.to_string(),
+            recorded,
+            called,
+        })
+    }
+
+    /// Whether a flow body makes the calls of scope `at` (cached).
+    fn scope_checked(&mut self, at: usize) -> bool {
+        if let Some(checked) = self.scopes[at].checked {
+            return checked;
+        }
+        let text = self.scopes[at].text.clone();
+        let checked = owner_body(&text).is_some_and(|owner| self.is_flow_body(owner));
+        self.scopes[at].checked = Some(checked);
+        checked
+    }
+
+    /// Whether `scope` is the run's own body or a nested flow's.
+    fn is_flow_body(&self, scope: &str) -> bool {
+        if scope.is_empty() {
+            return true;
+        }
+        let Some((prefix, n)) = split_key(scope) else {
+            return false;
+        };
+        let Some(&series) = self.by_prefix.get(prefix) else {
+            return false;
+        };
+        self.ident_at(series, n)
+            .is_some_and(|id| id.kind == Kind::of("flow").expect("a known kind"))
+    }
+
+    /// Once the run's body returned: the first journaled call a flow body
+    /// that ran in this attempt no longer made (a step of its own scope,
+    /// or of a `map` item or `aggregate` branch it no longer dispatches).
+    pub fn unreached(&mut self) -> Option<Divergence> {
+        let root = self.scope_index.get("").copied();
+        // The run's own scope first, then the others as loaded.
+        let order: Vec<usize> = root
+            .into_iter()
+            .chain((0..self.scopes.len()).filter(|&at| Some(at) != root))
+            .collect();
+        let mut found = None;
+        for at in order {
+            if self.scopes[at].recorded.is_empty() || !self.scope_checked(at) {
+                continue;
+            }
+            let text = self.scopes[at].text.clone();
+            let owner = owner_body(&text).unwrap_or_default();
+            let owner_ran = owner.is_empty()
+                || self
+                    .scope_index
+                    .get(owner)
+                    .is_some_and(|&o| self.scopes[o].reserved > 0);
+            if !owner_ran {
+                continue;
+            }
+            let calls = &self.scopes[at];
+            found = calls
+                .recorded
+                .iter()
+                .skip(calls.reserved as usize)
+                .flatten()
+                .next()
+                .copied();
+            if found.is_some() {
+                break;
+            }
+        }
+        let (series, n) = found?;
+        let key = StepKey {
+            prefix: self.series[series].prefix.clone(),
+            n,
+        };
+        let id = self.ident_at(series, n)?;
+        let name = &key.prefix[name_start(id.scope_len)..];
+        Some(Divergence {
+            key: key.to_string(),
+            recorded: describe(id.kind.name(), name, &key.to_string()),
+            called: "nothing: the body returned without making this call".into(),
+        })
+    }
+
+    /// The identity to journal with `key`: this attempt's call, when it
+    /// reserved the key and it holds no value yet.
+    pub fn pending_ident(&self, key: &str) -> Option<String> {
+        let (prefix, n) = split_key(key)?;
+        let &s = self.by_prefix.get(prefix)?;
+        let series = &self.series[s];
+        if let Some(Some(_)) = series.values.get(n as usize - 1) {
+            return None;
+        }
+        match series.idents.get(n as usize - 1) {
+            Some(Some(id)) => Some(id.encode()),
+            _ => self.other_idents.get(key).map(Ident::encode),
+        }
     }
 
     pub fn get(&self, key: &str) -> Option<Arc<str>> {
@@ -427,6 +901,177 @@ mod tests {
         assert_eq!(hit.as_deref(), Some("2"));
         assert_eq!(StepKey::parse("a/b#02"), None);
         assert_eq!(StepKey::parse("a/b"), None);
+    }
+
+    fn task(digest: u64) -> Option<Call<'static>> {
+        Some(Call {
+            kind: "task",
+            digest: Some(digest),
+        })
+    }
+
+    /// The rows an attempt calling `calls` (scope, name, digest) in order
+    /// journals, identities included.
+    fn journaled(calls: &[(&str, &str, u64)]) -> Vec<(String, String, Option<String>)> {
+        let mut j = Journal::default();
+        calls
+            .iter()
+            .map(|(scope, name, d)| {
+                let (key, hit, diverged) = j.next_call(scope, name, task(*d), true);
+                assert_eq!((hit, diverged), (None, None));
+                let key = key.to_string();
+                let ident = j.pending_ident(&key);
+                j.record(&key, Arc::from("1"));
+                (key, "1".to_string(), ident)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn identities_round_trip_their_stored_form() {
+        let id = Ident {
+            pos: 3,
+            scope_len: 8,
+            digest: Some(0xdead_beef),
+            kind: Kind::of("task").unwrap(),
+        };
+        assert_eq!(id.encode(), "3:8:00000000deadbeef:task");
+        assert_eq!(Ident::parse(&id.encode()), Some(id));
+        let none = Ident {
+            pos: 1,
+            scope_len: 0,
+            digest: None,
+            kind: Kind::of("now").unwrap(),
+        };
+        assert_eq!(Ident::parse(&none.encode()), Some(none));
+        for bad in [
+            "",
+            "0:0:-:task",
+            "1:0:xyz:task",
+            "1:0:-:",
+            "a:0:-:task",
+            "1:0:-:nokind",
+        ] {
+            assert_eq!(Ident::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_same_calls_replay_without_divergence() {
+        let rows = journaled(&[("", "a", 1), ("map#1[0]", "b", 2), ("", "a", 3)]);
+        let mut j = Journal::from_rows(&rows);
+        for (scope, name, d) in [("", "a", 1), ("map#1[0]", "b", 2), ("", "a", 3)] {
+            let (_, hit, diverged) = j.next_call(scope, name, task(d), true);
+            assert!(hit.is_some());
+            assert_eq!(diverged, None);
+        }
+        assert_eq!(j.unreached(), None);
+    }
+
+    #[test]
+    fn a_call_out_of_place_diverges_at_the_journaled_key() {
+        let rows = journaled(&[("", "a", 1), ("", "b", 2)]);
+        // Reordered: b first.
+        let mut j = Journal::from_rows(&rows);
+        let (_, _, d) = j.next_call("", "b", task(2), true);
+        assert_eq!(d.unwrap().key, "a#1");
+        // Other arguments at the same key.
+        let mut j = Journal::from_rows(&rows);
+        assert_eq!(j.next_call("", "a", task(1), true).2, None);
+        let d = j.next_call("", "b", task(9), true).2.unwrap();
+        assert_eq!(d.key, "b#1");
+        assert!(d.recorded.contains("arguments"), "{d:?}");
+        // Another kind under the same key.
+        let mut j = Journal::from_rows(&rows);
+        let flow = Some(Call {
+            kind: "flow",
+            digest: Some(1),
+        });
+        assert_eq!(j.next_call("", "a", flow, true).2.unwrap().key, "a#1");
+        // Unchecked: the same calls go through.
+        let mut j = Journal::from_rows(&rows);
+        assert_eq!(j.next_call("", "b", task(2), false).2, None);
+    }
+
+    #[test]
+    fn a_body_that_stops_short_leaves_journaled_calls_unreached() {
+        let rows = journaled(&[("", "a", 1), ("", "b", 2), ("sub#1", "c", 3)]);
+        let mut j = Journal::from_rows(&rows);
+        j.next_call("", "a", task(1), true);
+        assert_eq!(j.unreached().unwrap().key, "b#1");
+        // A scope never entered (a replayed nested step's) is not checked.
+        j.next_call("", "b", task(2), true);
+        assert_eq!(j.unreached(), None);
+    }
+
+    /// Rows journaled by calls `(scope, name, kind)` in order.
+    fn journaled_kinds(
+        calls: &[(&str, &str, &'static str)],
+    ) -> Vec<(String, String, Option<String>)> {
+        let mut j = Journal::default();
+        calls
+            .iter()
+            .map(|(scope, name, kind)| {
+                let call = Some(Call { kind, digest: None });
+                let key = j.next_call(scope, name, call, true).0.to_string();
+                let ident = j.pending_ident(&key);
+                j.record(&key, Arc::from("1"));
+                (key, "1".to_string(), ident)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn only_flow_bodies_must_call_alike() {
+        let rows = journaled_kinds(&[
+            ("", "t", "task"),
+            ("t#1", "x", "task"),
+            ("", "sub", "flow"),
+            ("sub#1", "y", "task"),
+        ]);
+        let mut j = Journal::from_rows(&rows);
+        let task = |kind| Some(Call { kind, digest: None });
+        // A task body (scope `t#1`) may call other steps on a new attempt.
+        j.next_call("", "t", task("task"), true);
+        assert_eq!(j.next_call("t#1", "other", task("task"), true).2, None);
+        // A nested flow's body (scope `sub#1`) may not.
+        j.next_call("", "sub", task("flow"), true);
+        let d = j.next_call("sub#1", "other", task("task"), true).2.unwrap();
+        assert_eq!(d.key, "sub#1/y#1");
+    }
+
+    #[test]
+    fn a_map_item_no_longer_dispatched_is_unreached() {
+        let rows = journaled(&[("map#1[0]", "f", 1), ("map#1[1]", "f", 2), ("", "g", 3)]);
+        let mut j = Journal::from_rows(&rows);
+        j.next_key("", "map");
+        j.next_call("map#1[0]", "f", task(1), true);
+        j.next_call("", "g", task(3), true);
+        assert_eq!(j.unreached().unwrap().key, "map#1[1]/f#1");
+        assert_eq!(
+            owner_body("map#1[0]/aggregate#2/b/sub#1/map#3[4]"),
+            Some("map#1[0]/aggregate#2/b/sub#1")
+        );
+        assert_eq!(owner_body("aggregate#1/a"), Some(""));
+        assert_eq!(owner_body("tool:call_7"), None);
+    }
+
+    #[test]
+    fn journals_without_identities_replay_unchecked() {
+        let mut j = Journal::new(vec![("a#1".into(), "1".into()), ("b#1".into(), "2".into())]);
+        assert_eq!(j.next_call("", "b", task(5), true).2, None);
+        assert_eq!(j.next_call("", "a", task(5), true).2, None);
+        assert_eq!(j.unreached(), None);
+    }
+
+    #[test]
+    fn unkeyed_reservations_take_no_position() {
+        let rows = journaled(&[("", "a", 1), ("", "b", 2)]);
+        let mut j = Journal::from_rows(&rows);
+        j.next_key("", "map");
+        assert_eq!(j.next_call("", "a", task(1), true).2, None);
+        j.next_step("", "__retry__");
+        assert_eq!(j.next_call("", "b", task(2), true).2, None);
     }
 
     #[test]

@@ -64,6 +64,11 @@ mod tests {
         let seen: Arc<Mutex<Seen>> = Arc::default();
         let sink = seen.clone();
         set(Some(Arc::new(move |t: &Tapped<'_>| {
+            // Other tests' runs emit spans while the tap is set: only this
+            // test's trace counts.
+            if t.trace_id != "T-span-tap" {
+                return;
+            }
             sink.lock().push((
                 t.trace_id.to_string(),
                 t.run_id.map(str::to_string),
@@ -75,13 +80,17 @@ mod tests {
             span_id: "S1".into(),
             ..Default::default()
         };
-        emit("T", Some("R"), &span);
+        emit("T-span-tap", Some("R"), &span);
         set(None);
         assert!(!on());
-        emit("T", None, &span);
+        emit("T-span-tap", None, &span);
         assert_eq!(
             *seen.lock(),
-            vec![("T".to_string(), Some("R".to_string()), "S1".to_string())]
+            vec![(
+                "T-span-tap".to_string(),
+                Some("R".to_string()),
+                "S1".to_string()
+            )]
         );
     }
 }

@@ -59,6 +59,8 @@ GROUPS: list[tuple[str, tuple[str, ...]]] = [
     # Answers journaled from outside a run, continued through `resume`.
     ("answers", ("_answer",)),
     ("flows", ("flow",)),
+    # Replaying and forking stored flow runs (issue 27).
+    ("replay", ("_replay",)),
     ("hitl", ("hitl",)),
     ("tools", ("tools",)),
     ("composition", ("combinators",)),

@@ -338,6 +338,9 @@ def test_store_30_a_step_whose_idle_connection_the_server_ended_commits_once(
     idle timeout), the step is committed on a new one, exactly once."""
     monkeypatch.setenv("COMPOSE_STORE", pg_url)
     schema = pg_url.split("schema=")[1].split("&")[0]
+    # Only this test's connections: an earlier test's store may still hold
+    # an idle connection that last committed a step.
+    started = psql(pg_cluster, "SELECT now()")
 
     @compose.task
     def one() -> int:
@@ -348,7 +351,8 @@ def test_store_30_a_step_whose_idle_connection_the_server_ended_commits_once(
         ended = psql(
             pg_cluster,
             "SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity "
-            "WHERE state = 'idle' AND query LIKE 'WITH f AS (SELECT rid, run_id FROM runs%'",
+            "WHERE state = 'idle' AND query LIKE 'WITH f AS (SELECT rid, run_id FROM runs%' "
+            f"AND backend_start >= '{started}'",
         )
         assert ended == "1", ended
         return 2

@@ -115,6 +115,10 @@ _LAZY.update(
     }
 )
 _LAZY["RetryPolicy"] = ("._retry", "RetryPolicy")
+# Replay safety (issue 27): attributes, like the durable primitives.
+_LAZY["NondeterminismError"] = (".errors", "NondeterminismError")
+_LAZY["NondeterminismWarning"] = (".errors", "NondeterminismWarning")
+_LAZY["fork"] = ("._replay", "fork")
 _LAZY["Queue"] = (".queues", "Queue")
 # Store selection (STORE-1) is an attribute too.
 _LAZY["configure"] = ("._engine", "configure")

@@ -387,7 +387,14 @@ def _enc_seq(v: Any, rec: Any) -> list:
 def _set_items(v: Any) -> list:
     try:
         return sorted(v)
-    except Exception:  # noqa: BLE001 -- unorderable elements: keep iteration order
+    except Exception:  # noqa: BLE001 -- unorderable elements: order by their encoding
+        pass
+    # Iteration order depends on the process's hash seed: ordering by the
+    # encoded elements keeps a set's text (and the hash of a step's
+    # arguments, issue 27) the same in every process.
+    try:
+        return sorted(v, key=dumps)
+    except Exception:  # noqa: BLE001 -- an unencodable element fails the encoding later
         return list(v)
 
 

@@ -175,8 +175,28 @@ class Attempt:
     @property
     def output_json(self) -> str | None: ...
     def root_fence(self) -> Fence: ...
-    def reserve(self, scope: str, name: str, fence: Fence | None = None) -> tuple[str, str | None]:
-        """Allocates the next key for `name` in `scope`; returns `(key, value_json or None)`."""
+    def reserve(
+        self,
+        scope: str,
+        name: str,
+        fence: Fence | None = None,
+        kind: str | None = None,
+        digest: int | None = None,
+    ) -> tuple[str, str | None]:
+        """Allocates the next key for `name` in `scope`; returns `(key, value_json or None)`.
+        With `kind`, a journaled call of the body checked against its identity (issue 27)."""
+    def set_divergence(self, mode: str) -> None:
+        """How a divergence from the journal is met: "raise" or "warn"."""
+    def check_complete(self) -> None:
+        """Raises `NondeterminismError` when the finished body skipped journaled calls."""
+    def divergence(self) -> BaseException | None:
+        """The `NondeterminismError` that ended this attempt's journal access, if any."""
+    def fork_from(self, source: str, at: str) -> None:
+        """Makes this (first) attempt a fork of run `source`, executing from `at` on."""
+    @property
+    def replay_only(self) -> bool: ...
+    @property
+    def replayed_steps(self) -> int: ...
     def next_key(self, scope: str, name: str, fence: Fence | None = None) -> str: ...
     def lookup(self, key: str, fence: Fence | None = None) -> str | None: ...
     def commit(
@@ -300,6 +320,8 @@ class Store:
     def aresume(self, future: Any, run_id: str, recover: bool = False) -> None:
         """`resume` off the event loop: resolves `future` with the attempt."""
     def get_run(self, run_id: str) -> _RunRow | None: ...
+    def replay_attempt(self, run_id: str) -> Attempt:
+        """A replay-only attempt (`composeai.testing.replay`): no lease, nothing written."""
     def aget_run(self, future: Any, run_id: str) -> None:
         """`get_run` off the event loop: resolves `future` with the row."""
     def pending(self, run_id: str) -> list[_PendingTuple]: ...
@@ -357,6 +379,7 @@ class BudgetMeter:
 
 def ulid() -> str: ...
 def sha256_hex(text: str) -> str: ...
+def step_digest(text: str) -> int: ...
 def take_span_write_error() -> str | None: ...
 
 # The span tap (src/py/span_tap.rs): called with one 16-tuple per finished span.

@@ -181,12 +181,23 @@ def drive_sync(run: RunState, body: Callable[[], Any], root: Span) -> Any:
         output = body()
         if run.started:
             join_started(run)
+        run.attempt.check_complete()
     except BaseException as exc:  # noqa: BLE001 -- settled, re-raised unless a pause/cancel
-        return settle_interrupted(run, root, exc)
+        return settle_interrupted(run, root, _diverged(run, exc))
     finally:
         ASYNC_DRIVER.reset(driver)
         FRAME.reset(token)
     return settle_completed(run, root, output)
+
+
+def _diverged(run: RunState, exc: BaseException) -> BaseException:
+    """The run's `NondeterminismError` once its body diverged from the
+    journal, whatever the body (a map item, a tool) made of it."""
+    divergence = run.attempt.divergence()
+    if divergence is None or divergence is exc or isinstance(exc, type(divergence)):
+        return exc
+    divergence.__context__ = exc
+    return divergence
 
 
 def join_started(run: RunState) -> None:
@@ -327,8 +338,9 @@ async def drive_async(run: RunState, body: Callable[[], Any], root: Span) -> Any
         output = await body()
         if run.started:
             await ajoin_handles(run.started)
+        run.attempt.check_complete()
     except BaseException as exc:  # noqa: BLE001 -- settled, re-raised unless a pause/cancel
-        return await asettle_interrupted(run, root, exc)
+        return await asettle_interrupted(run, root, _diverged(run, exc))
     finally:
         ASYNC_DRIVER.reset(driver)
         FRAME.reset(token)

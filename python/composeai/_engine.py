@@ -833,17 +833,23 @@ class StepStart:
 
 
 def begin_step(
-    frame: Frame, kind: str, name: str, span_input: Any = None, keep: bool = True
+    frame: Frame,
+    kind: str,
+    name: str,
+    span_input: Any = None,
+    keep: bool = True,
+    digest: int | None = None,
 ) -> StepStart:
     """Reserves the step's key. A hit is replayed here: the span is recorded
     as replayed and nothing else runs (FLOW-16). Without `keep`, the span
     is persisted but not added to the in-memory trace (see
-    `keep_step_spans_in_store`)."""
+    `keep_step_spans_in_store`). `digest`: the hash of the call's arguments
+    its identity keeps (`step_digest`)."""
     assert frame.run is not None  # journaled steps run inside a durable run
     if _streams_loaded():
         _check_cancel()
     hit = frame.run.attempt.replay(
-        frame.scope, name, kind, frame.span.span_id, _capture(), frame.fence
+        frame.scope, name, kind, frame.span.span_id, _capture(), frame.fence, digest
     )
     if type(hit) is tuple:
         return StepStart(frame, hit[6], None, replayed_hit(frame, hit, keep), None)
@@ -981,7 +987,15 @@ def journaled_step(
     run = frame.run
     assert run is not None  # journaled steps run inside a durable run
     keep = kind != "task" or run.span_mark is None
-    hit = run.attempt.replay(frame.scope, name, kind, span_id_of(frame), _capture(), frame.fence)
+    hit = run.attempt.replay(
+        frame.scope,
+        name,
+        kind,
+        span_id_of(frame),
+        _capture(),
+        frame.fence,
+        step_digest(args, kwargs),
+    )
     if type(hit) is tuple:
         return _replayed(frame, run, hit, keep)
     return _executed_step(frame, kind, name, hit, execute, args, kwargs, keep)
@@ -1109,13 +1123,28 @@ def _args_input(args: tuple, kwargs: dict) -> dict:
     return {"args": list(args), "kwargs": kwargs}
 
 
+def step_digest(args: tuple, kwargs: dict) -> int | None:
+    """The hash a step's identity keeps of its arguments (issue 27): of the
+    text the step's input is written as (keyword arguments in name order),
+    or None when they cannot be encoded (the call is then compared by kind,
+    name and position only)."""
+    text = _args_text(args, kwargs)
+    if text is None:
+        try:
+            ordered = {k: kwargs[k] for k in sorted(kwargs)}
+            text = _codec.dumps({"args": list(args), "kwargs": ordered})
+        except Exception:  # noqa: BLE001 -- any unencodable argument
+            return None
+    return _core.step_digest(text)
+
+
 async def ajournaled_step(
     frame: Frame, kind: str, name: str, execute: Callable[..., Any], args: tuple, kwargs: dict
 ) -> Any:
     """The async twin of `journaled_step`: `execute` returns an awaitable."""
     assert frame.run is not None  # journaled steps run inside a durable run
     keep = kind != "task" or frame.run.span_mark is None
-    step = begin_step(frame, kind, name, None, keep)
+    step = begin_step(frame, kind, name, None, keep, step_digest(args, kwargs))
     if step.inner is None:
         return replayed_value(frame, step)
     assert step.span is not None  # a miss's: only a hit has none
@@ -1194,7 +1223,7 @@ def journaled_value(name: str, draw: Callable[[], Any]) -> Any:
     if frame is None or frame.run is None:
         return draw()
     attempt = frame.run.attempt
-    key, hit = attempt.reserve(frame.scope, name, frame.fence)
+    key, hit = attempt.reserve(frame.scope, name, frame.fence, name)
     if hit is not None:
         return _codec.loads(hit)
     value = draw()
@@ -1324,5 +1353,6 @@ _core.register_task_path(
         "args_json": args_json,
         "call_body": call_body,
         "build_span": build_span,
+        "digest": step_digest,
     }
 )

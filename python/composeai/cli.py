@@ -324,6 +324,63 @@ def _cmd_answer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_replay(args: argparse.Namespace) -> int:
+    """`compose replay RUN_ID... [--since X] [--import M]`: re-runs stored
+    flow runs' bodies against their journals, executing nothing, and says
+    which diverge (issue 27). Exit 1 when any diverged or was skipped."""
+    from . import _answer, _replay
+    from .errors import NondeterminismError
+
+    _import_modules(args.imports)
+    if args.run_ids:
+        run_ids = [_answer.resolve(r)["run_id"] for r in args.run_ids]
+    elif args.since is not None:
+        since = _parse_since(args.since)
+        rows = _core.query_runs(_db_path(), None, "flow", since, 2**62) or []
+        run_ids = [r["run_id"] for r in reversed(rows)]
+    else:
+        args.parser.error("give RUN_ID... or --since X")
+    counts = {"ok": 0, "diverged": 0, "skipped": 0}
+    for run_id in run_ids:
+        try:
+            report = _replay.replay(run_id)
+        except NondeterminismError as e:
+            counts["diverged"] += 1
+            print(f"diverged  {run_id}  at '{e.key}': recorded {e.recorded}; called {e.called}")
+            continue
+        except ComposeError as e:
+            counts["skipped"] += 1
+            print(f"skipped   {run_id}  {e}")
+            continue
+        counts["ok"] += 1
+        if report.stopped_at is not None:
+            end = f", stopped at '{report.stopped_at}'"
+        elif report.error is not None:
+            end = f", the body raised {report.error}"
+        else:
+            end = ""
+        print(f"ok        {run_id}  {report.flow}: {report.steps} steps replayed{end}")
+    print(
+        f"replayed {len(run_ids)} runs: {counts['ok']} ok, {counts['diverged']} diverged, "
+        f"{counts['skipped']} skipped"
+    )
+    return 1 if counts["diverged"] or counts["skipped"] else 0
+
+
+def _cmd_fork(args: argparse.Namespace) -> int:
+    """`compose fork RUN_ID --at KEY [--import M]`: a new run reusing the
+    journal of RUN_ID up to KEY, executed here (issue 27)."""
+    from . import _answer, _replay
+
+    _import_modules(args.imports)
+    run_id = _answer.resolve(args.run_id)["run_id"]
+    run = _replay.fork(run_id, at=args.at)
+    print(f"forked run {run_id} at '{args.at}' as run {run.id}: {run.status}")
+    if run.pending is not None:
+        print(f"it waits on interrupt {run.pending.id!r}")
+    return 0 if run.status in ("completed", "paused") else 1
+
+
 def _cmd_ui(args: argparse.Namespace) -> int:
     """`compose ui`: the local web app over the store (issue 26)."""
     _import_modules(args.imports)
@@ -899,6 +956,20 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     add_import(ans)
     ans.set_defaults(func=_cmd_answer, parser=ans)
+
+    rep = sub.add_parser(
+        "replay", help="re-run stored flow runs against their journals; report divergence"
+    )
+    rep.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="run ids or unique prefixes")
+    rep.add_argument("--since", metavar="X", help="flow runs created since: <N>d, <N>h or a date")
+    add_import(rep)
+    rep.set_defaults(func=_cmd_replay, parser=rep)
+
+    frk = sub.add_parser("fork", help="a new run reusing a run's journal up to a step")
+    frk.add_argument("run_id", metavar="RUN_ID", help="run id or unique prefix")
+    frk.add_argument("--at", required=True, metavar="KEY", help="the journal key to execute from")
+    add_import(frk)
+    frk.set_defaults(func=_cmd_fork, parser=frk)
 
     ui = sub.add_parser("ui", help="serve the local web UI over the store")
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")

@@ -375,7 +375,7 @@ def start(stage: Any, *args: Any, **kwargs: Any) -> StepHandle:
     if frame is None:
         raise ConfigError("start() must be called inside a flow")
     kind, name, execute = _stage_of(stage, frame)
-    step = _engine.begin_step(frame, kind, name)
+    step = _engine.begin_step(frame, kind, name, digest=_engine.step_digest(args, kwargs))
     future: Future = Future()
     handle: StepHandle[Any] = StepHandle(step.key, future)
     run = _run_of(frame)

@@ -11,6 +11,8 @@ __all__ = [
     "MCPToolError",
     "MaxTurnsExceededError",
     "ModelRefusalError",
+    "NondeterminismError",
+    "NondeterminismWarning",
     "ProviderError",
     "ResumeMismatchError",
     "SerializationError",
@@ -49,6 +51,52 @@ class SerializationError(ComposeError):
 
 class ResumeMismatchError(ComposeError):
     """A flow's source changed since the run being resumed was created."""
+
+
+class NondeterminismError(ComposeError):
+    """A resumed (or replayed) body no longer makes the calls its run
+    journaled: at journal key `key` the run recorded `recorded` and the body
+    now makes `called` (issue 27). Nothing new is journaled; the run resumes
+    once the code that made the journaled calls is back."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        run_id: str = "",
+        key: str = "",
+        recorded: str = "",
+        called: str = "",
+    ):
+        super().__init__(message)
+        self.run_id = run_id
+        self.key = key
+        self.recorded = recorded
+        self.called = called
+
+    def __reduce__(self):
+        return (
+            _rebuild_nondeterminism,
+            (str(self), self.run_id, self.key, self.recorded, self.called),
+        )
+
+
+def _rebuild_nondeterminism(message, run_id, key, recorded, called):
+    return NondeterminismError(message, run_id=run_id, key=key, recorded=recorded, called=called)
+
+
+class NondeterminismWarning(UserWarning):
+    """What `@flow(on_divergence="warn")` emits instead of raising
+    `NondeterminismError` (once per attempt)."""
+
+
+class _ReplayEnd(BaseException):
+    """Ends a replay-only run (`composeai.testing.replay`) where its journal
+    ends: the step at `key` would execute next. Internal."""
+
+    def __init__(self, message: str, key: str):
+        super().__init__(message)
+        self.key = key
 
 
 class BudgetExceededError(ComposeError):

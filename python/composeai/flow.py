@@ -333,11 +333,14 @@ class Flow(Generic[P, R]):
         journal_failures: bool = False,
         retry: Any = None,
         durability: str | None = None,
+        on_divergence: str = "raise",
     ):
         _update_wrapper(self, fn)
         self.fn = fn
         self.name = name
         self.journal_failures = journal_failures
+        # Issue 27: how a resumed body that diverges from its journal is met.
+        self.on_divergence = on_divergence
         # None: `COMPOSE_DURABILITY`, read at each run.
         self.durability = durability
         # EXT-8: None (= RetryPolicy.NONE) or a policy with several attempts.
@@ -420,6 +423,8 @@ class Flow(Generic[P, R]):
 
     def _drive(self, run, args: tuple, kwargs: dict, meter=None):
         _core.set_module(run.attempt, self.fn.__module__)
+        if self.on_divergence != "raise":
+            run.attempt.set_divergence(self.on_divergence)
         run.journal_failures = self.journal_failures
         _engine.apply_durability(run, self.durability)
         root = self._root(run, args, kwargs)
@@ -459,6 +464,8 @@ class Flow(Generic[P, R]):
 
     async def _adrive(self, run, args: tuple, kwargs: dict, meter=None):
         _core.set_module(run.attempt, self.fn.__module__)
+        if self.on_divergence != "raise":
+            run.attempt.set_divergence(self.on_divergence)
         run.journal_failures = self.journal_failures
         _engine.apply_durability(run, self.durability)
         root = self._root(run, args, kwargs)
@@ -589,18 +596,33 @@ def flow(
     journal_failures: bool = False,
     retry: Any = None,
     durability: str | None = None,
+    on_divergence: str = "raise",
 ) -> _FlowDecorator: ...
 def flow(
-    fn=None, /, *, name=None, replace=False, journal_failures=False, retry=None, durability=None
+    fn=None,
+    /,
+    *,
+    name=None,
+    replace=False,
+    journal_failures=False,
+    retry=None,
+    durability=None,
+    on_divergence="raise",
 ):
     """Declares a durable flow, bare or with keyword options (FLOW-8).
     `journal_failures=True`: failed steps raise a journaled `TaskFailed`
     (EXT-7); `retry=RetryPolicy(...)`: the engine re-attempts a failed run
     after a durable backoff (EXT-8); `durability="batch"`: steps are
     group-committed in the background (default `"step"`, or
-    `COMPOSE_DURABILITY`)."""
+    `COMPOSE_DURABILITY`); `on_divergence="warn"`: a resumed body whose
+    calls no longer match its journal warns (`NondeterminismWarning`)
+    instead of raising `NondeterminismError` (issue 27)."""
     if durability is not None:
         _engine.check_durability(durability, "@flow(durability=...)")
+    if on_divergence not in ("raise", "warn"):
+        raise ConfigError(
+            f'@flow(on_divergence=...) must be "raise" or "warn", got {on_divergence!r}'
+        )
 
     def decorate(f: Callable[..., Any]) -> Flow:
         flow_name = name or f.__name__
@@ -615,6 +637,7 @@ def flow(
             journal_failures=bool(journal_failures),
             retry=policy,
             durability=durability,
+            on_divergence=on_divergence,
         )
         _register(
             _FLOWS,

@@ -33,11 +33,13 @@ __all__ = [
     "FakeModel",
     "RecordingModel",
     "ReplayModel",
+    "ReplayReport",  # noqa: F822 -- provided lazily by the module __getattr__
     "cassette",  # noqa: F822 -- provided lazily by the module __getattr__
     "compute_full_hash",
     "compute_message_hash",
     "fake_clock",
     "record_cassette",
+    "replay",  # noqa: F822 -- provided lazily by the module __getattr__
     "replay_cassette",
     "reset_registries",
 ]
@@ -430,6 +432,13 @@ def __getattr__(name: str) -> Any:
         fixture = _make_cassette_fixture() if importlib.util.find_spec("pytest") else None
         globals()["cassette"] = fixture
         return fixture
+    if name in ("replay", "ReplayReport"):
+        # The replayer (issue 27) loads the engine's flow machinery on first use.
+        from composeai import _replay
+
+        value = getattr(_replay, name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -147,7 +147,7 @@ impl Attempt {
         seconds: f64,
         fence: Option<&Fence>,
     ) -> CoreResult<WaitSpec> {
-        let (key, hit) = self.reserve(scope, "sleep", fence)?;
+        let (key, hit) = self.reserve(scope, "sleep", Some(wait_call("sleep")), fence)?;
         let journaled = hit.is_some();
         let wake_at = match hit {
             Some(v) => wake_time(&key, &v)?,
@@ -178,7 +178,12 @@ impl Attempt {
         default_json: String,
         fence: Option<&Fence>,
     ) -> CoreResult<WaitSpec> {
-        let (key, hit) = self.reserve(scope, &format!("receive:{name}"), fence)?;
+        let (key, hit) = self.reserve(
+            scope,
+            &format!("receive:{name}"),
+            Some(wait_call("receive")),
+            fence,
+        )?;
         let mut spec = WaitSpec {
             key: key.clone(),
             kind: Kind::Receive {
@@ -216,7 +221,12 @@ impl Attempt {
         fence: Option<&Fence>,
     ) -> CoreResult<String> {
         self.check_cancel(true)?;
-        let (key, hit) = self.reserve(scope, &format!("receive_all:{name}"), fence)?;
+        let (key, hit) = self.reserve(
+            scope,
+            &format!("receive_all:{name}"),
+            Some(wait_call("receive_all")),
+            fence,
+        )?;
         let text = match hit {
             Some(v) => v,
             None => {
@@ -246,7 +256,8 @@ impl Attempt {
         timeout: Option<f64>,
         fence: Option<&Fence>,
     ) -> CoreResult<WaitSpec> {
-        let (key, hit) = self.reserve(scope, "await_until", fence)?;
+        let (key, hit) =
+            self.reserve(scope, "await_until", Some(wait_call("await_until")), fence)?;
         let mut spec = WaitSpec {
             key: key.clone(),
             kind: Kind::Await { deadline: None },
@@ -470,6 +481,12 @@ impl Attempt {
             }
         }
     }
+}
+
+/// A durable wait as a journaled call of the body (issue 27): its kind,
+/// no arguments compared.
+fn wait_call(kind: &str) -> crate::journal::Call<'_> {
+    crate::journal::Call { kind, digest: None }
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use super::errors::to_py;
 use super::errors::IntoPy;
 use super::rows::{interrupt_tuple, PendingTuple};
 use super::spans::span_from_py;
+use crate::journal::Call;
 use crate::journal::Fence;
 use crate::run::{Attempt, Commit};
 use crate::store::{AgentStateRow, InterruptRow, Settlement};
@@ -116,20 +117,71 @@ impl PyAttempt {
     }
 
     /// Allocates the next key for `name` in `scope`; returns
-    /// `(key, value_json or None)`.
-    #[pyo3(signature = (scope, name, fence=None))]
+    /// `(key, value_json or None)`. With `kind`, the step is a journaled
+    /// call of the body, checked against its recorded identity (issue 27).
+    #[pyo3(signature = (scope, name, fence=None, kind=None, digest=None))]
     fn reserve<'py>(
         &self,
         py: Python<'py>,
         scope: &str,
         name: &str,
         fence: Option<&PyFence>,
+        kind: Option<&str>,
+        digest: Option<u64>,
     ) -> PyResult<(String, Option<Bound<'py, PyString>>)> {
-        let (key, hit) = self
+        let call = kind.map(|kind| Call { kind, digest });
+        let reserved = self
             .inner
-            .reserve(scope, name, fence.map(|f| &f.inner))
-            .py_err()?;
+            .reserve(scope, name, call, fence.map(|f| &f.inner));
+        super::errors::warn_divergences(py, &self.inner)?;
+        let (key, hit) = reserved.py_err()?;
         Ok((key, hit.map(|v| PyString::new(py, &v))))
+    }
+
+    /// How a divergence from the journal is met: "raise" or "warn".
+    fn set_divergence(&self, mode: &str) -> PyResult<()> {
+        self.inner.set_divergence(mode).py_err()
+    }
+
+    /// Raises `NondeterminismError` when the body, now done, did not make
+    /// every journaled call of the run's own scope.
+    fn check_complete(&self, py: Python<'_>) -> PyResult<()> {
+        let checked = self.inner.check_complete();
+        super::errors::warn_divergences(py, &self.inner)?;
+        checked.py_err()
+    }
+
+    /// Makes this attempt (a new run's first) a fork of run `source`,
+    /// executing from journal key `at` on (issue 27).
+    fn fork_from(&self, py: Python<'_>, source: &str, at: &str) -> PyResult<()> {
+        let store = self.inner.store().clone();
+        let read = py.allow_threads(|| store.read_journal(source)).py_err()?;
+        let Some((_, journal)) = read else {
+            return Err(crate::error::CoreError::Config(format!(
+                "no run found with run_id '{source}'"
+            )))
+            .py_err();
+        };
+        self.inner
+            .set_source(source, journal, at.to_string())
+            .py_err()
+    }
+
+    /// The `NondeterminismError` that ended this attempt's journal access.
+    fn divergence(&self, py: Python<'_>) -> Option<PyObject> {
+        self.inner
+            .divergence()
+            .map(|e| to_py(e).into_value(py).into_any())
+    }
+
+    #[getter]
+    fn replayed_steps(&self) -> u64 {
+        self.inner.replayed_steps()
+    }
+
+    #[getter]
+    fn replay_only(&self) -> bool {
+        self.inner.is_replay_only()
     }
 
     /// A step's start in one call. Allocates the key for `name` in `scope`;
@@ -137,7 +189,7 @@ impl PyAttempt {
     /// returns the record `(value, span_id, parent_span_id, kind, name, at,
     /// key, capture)`, the stored value decoded: the body is not run and
     /// nothing is read from the store (FLOW-16, FLOW-19).
-    #[pyo3(signature = (scope, name, kind, parent_span_id, capture, fence=None))]
+    #[pyo3(signature = (scope, name, kind, parent_span_id, capture, fence=None, digest=None))]
     #[allow(clippy::too_many_arguments)]
     fn replay<'py>(
         &self,
@@ -148,12 +200,18 @@ impl PyAttempt {
         parent_span_id: &Bound<'py, PyAny>,
         capture: bool,
         fence: Option<&PyFence>,
+        digest: Option<u64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let name_str = name.to_str()?;
-        let (key, hit) = self
+        let call = Call {
+            kind: kind.to_str()?,
+            digest,
+        };
+        let reserved = self
             .inner
-            .reserve(scope, name_str, fence.map(|f| &f.inner))
-            .py_err()?;
+            .reserve(scope, name_str, Some(call), fence.map(|f| &f.inner));
+        super::errors::warn_divergences(py, &self.inner)?;
+        let (key, hit) = reserved.py_err()?;
         let Some(stored) = hit else {
             return Ok(PyString::new(py, &key).into_any());
         };

@@ -59,12 +59,76 @@ pub fn to_py(e: CoreError) -> PyErr {
         CoreError::Revoked(m) => raise(&REVOKED_SIGNAL, "ComposeError", m),
         CoreError::Cancelled(m) => raise(&CANCELLED_SIGNAL, "ComposeError", m),
         CoreError::Store(m) => raise(&CONFIG_ERROR, "ConfigError", m),
+        CoreError::Nondeterminism { .. } => nondeterminism(e),
+        CoreError::ReplayEnd(ref key) => replay_end(key.clone(), e.to_string()),
         CoreError::Graph {
             code,
             message,
             details_json,
         } => graph_error(code, message, details_json),
     }
+}
+
+/// `composeai.errors.NondeterminismError` with the divergence's parts as
+/// attributes.
+fn nondeterminism(e: CoreError) -> PyErr {
+    let message = e.to_string();
+    let CoreError::Nondeterminism {
+        run_id,
+        key,
+        recorded,
+        called,
+    } = e
+    else {
+        return PyRuntimeError::new_err(message);
+    };
+    Python::with_gil(|py| {
+        let made = py
+            .import("composeai.errors")
+            .and_then(|m| m.getattr("NondeterminismError"))
+            .and_then(|cls| {
+                let kwargs = pyo3::types::PyDict::new(py);
+                kwargs.set_item("run_id", run_id)?;
+                kwargs.set_item("key", key)?;
+                kwargs.set_item("recorded", recorded)?;
+                kwargs.set_item("called", called)?;
+                cls.call((message,), Some(&kwargs))
+            });
+        match made {
+            Ok(exc) => PyErr::from_value(exc),
+            Err(e) => e,
+        }
+    })
+}
+
+/// Emits `composeai.errors.NondeterminismWarning` for each divergence an
+/// attempt under `on_divergence="warn"` met since the last call.
+pub fn warn_divergences(py: Python<'_>, attempt: &crate::run::Attempt) -> PyResult<()> {
+    if !attempt.has_warnings() {
+        return Ok(());
+    }
+    let category = py
+        .import("composeai.errors")?
+        .getattr("NondeterminismWarning")?;
+    for warning in attempt.take_warnings() {
+        let message = std::ffi::CString::new(warning.to_string().replace('\0', " "))?;
+        PyErr::warn(py, &category, &message, 1)?;
+    }
+    Ok(())
+}
+
+/// The internal signal that ends a replay-only run at `key`.
+fn replay_end(key: String, message: String) -> PyErr {
+    Python::with_gil(|py| {
+        let made = py
+            .import("composeai.errors")
+            .and_then(|m| m.getattr("_ReplayEnd"))
+            .and_then(|cls| cls.call1((message, key)));
+        match made {
+            Ok(exc) => PyErr::from_value(exc),
+            Err(e) => e,
+        }
+    })
 }
 
 /// A graph error becomes the `composeai.graph` class for its code.

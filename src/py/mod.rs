@@ -27,6 +27,12 @@ fn new_ulid() -> String {
     crate::ids::new_ulid()
 }
 
+/// The hash a step identity keeps of its encoded arguments (issue 27).
+#[pyfunction]
+fn step_digest(text: &str) -> u64 {
+    crate::journal::digest(text)
+}
+
 /// The SHA-256 of `text`'s UTF-8 bytes, as 64 lowercase hex digits: flow
 /// fingerprints (FLOW-9) and request hashes (TEST-22).
 #[pyfunction]
@@ -61,6 +67,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<budget::PyBudgetMeter>()?;
     m.add_function(wrap_pyfunction!(new_ulid, m)?)?;
     m.add_function(wrap_pyfunction!(sha256_hex, m)?)?;
+    m.add_function(wrap_pyfunction!(step_digest, m)?)?;
     m.add_function(wrap_pyfunction!(store::store_target, m)?)?;
     m.add_function(wrap_pyfunction!(store::migrate_store, m)?)?;
     m.add_function(wrap_pyfunction!(take_span_write_error, m)?)?;

@@ -59,6 +59,9 @@ struct Hooks {
     call_body: PyObject,
     /// `build_span(step_frame)`: the `Span` of a lean step.
     build_span: PyObject,
+    /// `step_digest(args, kwargs)`: the hash of arguments `args_text`
+    /// cannot write (issue 27).
+    digest: PyObject,
 }
 
 static HOOKS: GILOnceCell<Hooks> = GILOnceCell::new();
@@ -109,6 +112,7 @@ pub fn register_task_path(py: Python<'_>, hooks: &Bound<'_, PyDict>) -> PyResult
         args_json: hook(hooks, "args_json")?,
         call_body: hook(hooks, "call_body")?,
         build_span: hook(hooks, "build_span")?,
+        digest: hook(hooks, "digest")?,
     };
     let _ = HOOKS.set(py, registered);
     Ok(())
@@ -296,7 +300,21 @@ fn task_call<'py>(
         Some(fence_obj.downcast::<PyFence>()?.get().inner.clone())
     };
     let attempt = &attempt;
-    let (step_key, hit) = attempt.reserve_step(scope, name, fence.as_ref()).py_err()?;
+    let digest = match args_digest(args, kwargs)? {
+        Some(d) => Some(d),
+        None => h
+            .digest
+            .bind(py)
+            .call1((args, kwargs_dict(py, kwargs)))?
+            .extract()?,
+    };
+    let call = crate::journal::Call {
+        kind: "task",
+        digest,
+    };
+    let reserved = attempt.reserve_step(scope, name, Some(call), fence.as_ref());
+    super::errors::warn_divergences(py, attempt)?;
+    let (step_key, hit) = reserved.py_err()?;
     if let Some(stored) = hit {
         // FLOW-16: replayed, the body not run; the span row is queued.
         let value = super::codec::decode(py, &stored)?;
@@ -580,12 +598,39 @@ fn args_text(
     args: &Bound<'_, PyTuple>,
     kwargs: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Option<String>> {
-    if kwargs.is_some_and(|k| !k.is_empty()) {
-        return Ok(None);
-    }
-    use std::fmt::Write;
     // Room for a few short arguments: no regrowth in the common case.
     let mut out = String::with_capacity(48);
+    Ok(write_args_text(args, kwargs, &mut out)?.then_some(out))
+}
+
+/// The hash of `args_text` (issue 27), written into a buffer kept per
+/// thread: a replayed step allocates nothing for it.
+fn args_digest(
+    args: &Bound<'_, PyTuple>,
+    kwargs: Option<&Bound<'_, PyDict>>,
+) -> PyResult<Option<u64>> {
+    thread_local! {
+        static TEXT: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    }
+    TEXT.with(|text| {
+        let mut out = text.borrow_mut();
+        out.clear();
+        let written = write_args_text(args, kwargs, &mut out)?;
+        Ok(written.then(|| crate::journal::digest(&out)))
+    })
+}
+
+/// Writes `args_text` into `out`; false (`out` then holds a part) for an
+/// input it does not write.
+fn write_args_text(
+    args: &Bound<'_, PyTuple>,
+    kwargs: Option<&Bound<'_, PyDict>>,
+    out: &mut String,
+) -> PyResult<bool> {
+    if kwargs.is_some_and(|k| !k.is_empty()) {
+        return Ok(false);
+    }
+    use std::fmt::Write;
     out.push_str("{\"args\":[");
     for (i, a) in args.iter().enumerate() {
         if i > 0 {
@@ -600,22 +645,22 @@ fn args_text(
                 Ok(n) if -BIG_INT < n && n < BIG_INT => {
                     let _ = write!(out, "{n}");
                 }
-                _ => return Ok(None),
+                _ => return Ok(false),
             }
         } else if let Ok(s) = a.downcast_exact::<PyString>() {
             let Ok(text) = s.to_str() else {
-                return Ok(None);
+                return Ok(false);
             };
             if !text.is_ascii() {
-                return Ok(None);
+                return Ok(false);
             }
-            push_ascii_json(&mut out, text);
+            push_ascii_json(out, text);
         } else {
-            return Ok(None);
+            return Ok(false);
         }
     }
     out.push_str("],\"kwargs\":{}}");
-    Ok(Some(out))
+    Ok(true)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -265,6 +265,16 @@ impl PyStore {
         Ok(PyAttempt::new(attempt))
     }
 
+    /// A replay-only attempt at `run_id` (`composeai.testing.replay`): no
+    /// lease, and nothing written.
+    fn replay_attempt(&self, py: Python<'_>, run_id: String) -> PyResult<PyAttempt> {
+        let store: Arc<dyn Store> = self.inner.clone();
+        let attempt = py
+            .allow_threads(|| Attempt::replay_only(store, &run_id))
+            .py_err()?;
+        Ok(PyAttempt::new(attempt))
+    }
+
     /// The run row as a dict, or `None`.
     fn get_run<'py>(&self, py: Python<'py>, run_id: &str) -> PyResult<Option<Bound<'py, PyDict>>> {
         match py.allow_threads(|| self.inner.get_run(run_id)).py_err()? {

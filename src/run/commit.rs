@@ -4,26 +4,28 @@
 
 use super::{Attempt, Commit, TxWork};
 use crate::error::{CoreError, CoreResult};
-use crate::journal::{Fence, StepKey};
+use crate::journal::{Call, Fence, ForkSource, Journal, StepKey};
+
+/// The journal key a fork keeps its origin under (issue 27).
+pub const FORK_KEY: &str = "__fork__";
 use crate::store::SpanRow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 impl Attempt {
     /// Allocates the next key for `name` in `scope` and returns it with the
-    /// journaled value, if any.
+    /// journaled value, if any. With `call`, the step is a journaled call
+    /// of the body: it takes its scope's next position and its identity is
+    /// checked against the journal's (issue 27).
     pub fn reserve(
         &self,
         scope: &str,
         name: &str,
+        call: Option<Call<'_>>,
         fence: Option<&Fence>,
     ) -> CoreResult<(String, Option<Arc<str>>)> {
-        self.check(fence)?;
-        self.check_cancel(false)?;
-        let mut j = self.journal.lock();
-        let key = j.next_key(scope, name);
-        let hit = j.get(&key);
-        Ok((key, hit))
+        let (key, hit) = self.reserve_step(scope, name, call, fence)?;
+        Ok((key.to_string(), hit))
     }
 
     /// `reserve` with the key as its parts: a replayed step (the value
@@ -32,11 +34,111 @@ impl Attempt {
         &self,
         scope: &str,
         name: &str,
+        call: Option<Call<'_>>,
         fence: Option<&Fence>,
     ) -> CoreResult<(StepKey, Option<Arc<str>>)> {
         self.check(fence)?;
         self.check_cancel(false)?;
-        Ok(self.journal.lock().next_step(scope, name))
+        let (key, hit, diverged) = self
+            .journal
+            .lock()
+            .next_call(scope, name, call, self.checks());
+        if let Some(d) = diverged {
+            self.diverge(d)?;
+        }
+        if hit.is_some() {
+            if self.replay_only {
+                self.replayed_steps.fetch_add(1, Ordering::Relaxed);
+            }
+            if self.forking.load(Ordering::Relaxed) {
+                self.borrow(&key, fence)?;
+            }
+            return Ok((key, hit));
+        }
+        let borrowed = self.borrow(&key, fence)?;
+        if borrowed.is_none() && self.replay_only && call.is_some() {
+            return Err(CoreError::ReplayEnd(key.to_string()));
+        }
+        Ok((key, borrowed))
+    }
+
+    /// A fork's step before its `at` key: the source run's value, journaled
+    /// in the fork as its own (with this call's identity) and replayed.
+    fn borrow(&self, key: &StepKey, fence: Option<&Fence>) -> CoreResult<Option<Arc<str>>> {
+        if !self.forking.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let value = {
+            let mut source = self.source.lock();
+            let Some(s) = source.as_mut() else {
+                return Ok(None);
+            };
+            let text = key.to_string();
+            if text == s.at {
+                // Reached (executed now, or journaled by an earlier attempt):
+                // everything from here on is the fork's own.
+                *source = None;
+                self.forking.store(false, Ordering::Relaxed);
+                return Ok(None);
+            }
+            // A step enclosing `at` (a nested flow) executes, so `at` is reached.
+            if s.at.len() > text.len()
+                && s.at.starts_with(&text)
+                && s.at.as_bytes()[text.len()] == b'/'
+            {
+                return Ok(None);
+            }
+            match s.journal.get(&text) {
+                Some(v) => v,
+                None => return Ok(None),
+            }
+        };
+        self.commit_checked(&key.to_string(), &value, None, fence)
+            .map(Some)
+    }
+
+    /// Makes this run a fork of run `from` (its journal `journal`) that
+    /// executes from `at` on. The fork's origin is journaled first (under
+    /// `FORK_KEY`), so an attempt that resumes the fork after a crash
+    /// borrows the steps not yet borrowed (`reattach_fork`).
+    pub fn set_source(&self, from: &str, journal: Journal, at: String) -> CoreResult<()> {
+        self.check(None)?;
+        let origin = serde_json::json!({"run_id": from, "at": at}).to_string();
+        self.commit_checked(FORK_KEY, &origin, None, None)?;
+        *self.source.lock() = Some(ForkSource { journal, at });
+        self.forking.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// On a resumed attempt of a fork whose key `at` is not journaled yet:
+    /// its source again, to borrow from.
+    pub(super) fn reattach_fork(&self) -> CoreResult<()> {
+        let Some(origin) = self.journal_get(FORK_KEY) else {
+            return Ok(());
+        };
+        let origin: serde_json::Value = serde_json::from_str(&origin)
+            .map_err(|e| CoreError::Serialization(format!("journal key '{FORK_KEY}': {e}")))?;
+        let (Some(from), Some(at)) = (origin["run_id"].as_str(), origin["at"].as_str()) else {
+            return Err(CoreError::Serialization(format!(
+                "journal key '{FORK_KEY}' does not name the run forked and its key"
+            )));
+        };
+        if self.journal_get(at).is_some() {
+            return Ok(());
+        }
+        let Some((_, journal)) = self.store.read_journal(from)? else {
+            return Err(CoreError::Config(format!(
+                "run '{}' is a fork of run '{from}', which is gone: its steps before '{at}' \
+                 can no longer be borrowed",
+                self.run.run_id
+            )));
+        };
+        *self.source.lock() = Some(ForkSource {
+            journal,
+            at: at.to_string(),
+        });
+        self.forking.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     pub(crate) fn journal_get(&self, key: &str) -> Option<Arc<str>> {
@@ -60,7 +162,18 @@ impl Attempt {
 
     pub fn lookup(&self, key: &str, fence: Option<&Fence>) -> CoreResult<Option<Arc<str>>> {
         self.check(fence)?;
-        Ok(self.journal.lock().get(key))
+        if let Some(hit) = self.journal.lock().get(key) {
+            return Ok(Some(hit));
+        }
+        // A fork keeps the answers its source was given before `at`.
+        let borrowed = match self.source.lock().as_ref() {
+            Some(s) => s.journal.get(key),
+            None => None,
+        };
+        match borrowed {
+            Some(v) => self.commit_checked(key, &v, None, fence).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Switches this attempt to batch durability (refused by a store
@@ -132,24 +245,39 @@ impl Attempt {
         span: Option<SpanRow>,
         fence: Option<&Fence>,
     ) -> CoreResult<Arc<str>> {
-        if let Some(existing) = self.journal.lock().get(key) {
-            if let Some(s) = span {
-                self.queue_tapped_span(s);
-            }
-            return Ok(existing);
+        if self.replay_only {
+            return Err(CoreError::ReplayEnd(key.to_string()));
         }
+        let ident = match self.unjournaled(key) {
+            Ok(ident) => ident,
+            Err(existing) => {
+                if let Some(s) = span {
+                    self.queue_tapped_span(s);
+                }
+                return Ok(existing);
+            }
+        };
         if self.batches(fence) {
             self.batch_failure()?;
             let rid = self.rid()?;
             let stored = self.journal.lock().record(key, Arc::from(value));
-            self.store
-                .commit_batched_step(rid, key, value, span, &self.trace, &self.batch_slot)?;
+            self.store.commit_batched_step(
+                rid,
+                key,
+                value,
+                ident.as_deref(),
+                span,
+                &self.trace,
+                &self.batch_slot,
+            )?;
             return Ok(stored);
         }
         self.sync_point()?;
         let rid = self.rid()?;
         let record = span.map(|s| self.record(rid, s, Some(value)));
-        let winner = self.store.commit_step(rid, key, value, record)?;
+        let winner = self
+            .store
+            .commit_step(rid, key, value, ident.as_deref(), record)?;
         let stored: Arc<str> = Arc::from(winner.as_deref().unwrap_or(value));
         Ok(self.journal.lock().record(key, stored))
     }
@@ -166,10 +294,13 @@ impl Attempt {
         if crate::span_tap::on() {
             self.tap(Some(&span.to_row(value)));
         }
-        if let Some(existing) = self.journal.lock().get(key) {
-            self.queue_tapped_span(span.to_row(value));
-            return Ok(existing);
-        }
+        let ident = match self.unjournaled(key) {
+            Ok(ident) => ident,
+            Err(existing) => {
+                self.queue_tapped_span(span.to_row(value));
+                return Ok(existing);
+            }
+        };
         self.batch_failure()?;
         let rid = self.rid()?;
         let stored = self.journal.lock().record(key, Arc::from(value));
@@ -177,6 +308,7 @@ impl Attempt {
             rid,
             key,
             value,
+            ident.as_deref(),
             Some(span),
             &self.trace,
             &self.batch_slot,
@@ -196,12 +328,18 @@ impl Attempt {
     ) -> CoreResult<Commit> {
         self.check(fence)?;
         self.tap(span.as_ref());
-        if let Some(existing) = self.journal.lock().get(key) {
-            if let Some(s) = span {
-                self.queue_tapped_span(s);
-            }
-            return Ok(Commit::Stored(existing));
+        if self.replay_only {
+            return Err(CoreError::ReplayEnd(key.to_string()));
         }
+        let ident = match self.unjournaled(key) {
+            Ok(ident) => ident,
+            Err(existing) => {
+                if let Some(s) = span {
+                    self.queue_tapped_span(s);
+                }
+                return Ok(Commit::Stored(existing));
+            }
+        };
         if self.batches(fence) {
             // Queued without I/O: nothing to await.
             return self
@@ -215,8 +353,19 @@ impl Attempt {
             rid,
             key.to_string(),
             value.to_string(),
+            ident,
             record,
         )))
+    }
+
+    /// The identity to journal `key` with (`Ok`), or the value it already
+    /// holds (`Err`: an earlier write won).
+    fn unjournaled(&self, key: &str) -> Result<Option<String>, Arc<str>> {
+        let j = self.journal.lock();
+        match j.get(key) {
+            Some(existing) => Err(existing),
+            None => Ok(j.pending_ident(key)),
+        }
     }
 
     /// Records the outcome of a `begin_commit` future; returns the stored
@@ -256,7 +405,10 @@ impl Attempt {
     ) -> CoreResult<Arc<str>> {
         self.check(fence)?;
         self.tap(span.as_ref());
-        let stored = {
+        if self.replay_only {
+            return Err(CoreError::ReplayEnd(key.to_string()));
+        }
+        let (stored, ident) = {
             let mut j = self.journal.lock();
             if let Some(existing) = j.get(key) {
                 drop(j);
@@ -265,12 +417,15 @@ impl Attempt {
                 }
                 return Ok(existing);
             }
-            j.record(key, Arc::from(value))
+            let ident = j.pending_ident(key);
+            (j.record(key, Arc::from(value)), ident)
         };
         self.sync_point()?;
         let rid = self.rid()?;
         let record = span.map(|s| self.record(rid, s, Some(value)));
-        let slot = self.store.commit_deferred(rid, key, value, record);
+        let slot = self
+            .store
+            .commit_deferred(rid, key, value, ident.as_deref(), record);
         self.deferred.lock().push(slot);
         Ok(stored)
     }

@@ -15,7 +15,7 @@ use crate::store::{
 use crate::time::now;
 use parking_lot::Mutex;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 pub use waits::AttemptState;
 
@@ -84,7 +84,33 @@ pub struct Attempt {
     replay_names: Mutex<ReplayNames>,
     /// Where this attempt's spans begin in the store, when its claim read it.
     claimed_span_mark: Option<i64>,
+    /// How a divergence from the journal is met (issue 27): `CHECK_*`.
+    divergence: AtomicU8,
+    /// The divergence that ended this attempt's journal access, once raised.
+    diverged: Mutex<Option<CoreError>>,
+    poisoned: AtomicBool,
+    /// Divergences met under `CHECK_WARN`, not yet handed to Python.
+    warnings: Mutex<Vec<CoreError>>,
+    warned: AtomicBool,
+    /// A replay-only attempt (`composeai.testing.replay`): it reads the
+    /// run's journal and writes nothing; a step the journal lacks ends it.
+    replay_only: bool,
+    /// Steps a replay-only attempt replayed.
+    replayed_steps: std::sync::atomic::AtomicU64,
+    /// A fork's source (issue 27): the journal steps are borrowed from
+    /// until its `at` key is reserved.
+    source: Mutex<Option<crate::journal::ForkSource>>,
+    /// Whether `source` is set (read without its lock on every step).
+    forking: AtomicBool,
 }
+
+/// A divergence raises `NondeterminismError` and ends the attempt's
+/// journal access.
+pub const CHECK_RAISE: u8 = 0;
+/// A divergence is reported as a warning, once; the attempt goes on
+/// unchecked.
+pub const CHECK_WARN: u8 = 1;
+pub const CHECK_OFF: u8 = 2;
 
 impl Attempt {
     /// Creates a run and its first attempt.
@@ -197,6 +223,7 @@ impl Attempt {
             Ok(claim) => {
                 let mut attempt = Attempt::new(store, claim.row, claim.journal, false, seconds);
                 attempt.claimed_span_mark = claim.span_mark;
+                attempt.reattach_fork()?;
                 Ok(attempt)
             }
             Err(e) => {
@@ -251,6 +278,149 @@ impl Attempt {
             trace,
             replay_names: Mutex::new((None, None)),
             claimed_span_mark: None,
+            divergence: AtomicU8::new(CHECK_RAISE),
+            diverged: Mutex::new(None),
+            poisoned: AtomicBool::new(false),
+            warnings: Mutex::new(Vec::new()),
+            warned: AtomicBool::new(false),
+            replay_only: false,
+            replayed_steps: Default::default(),
+            source: Mutex::new(None),
+            forking: AtomicBool::new(false),
+        }
+    }
+
+    /// A replay-only attempt at `run_id` (`composeai.testing.replay`): the
+    /// run's row and journal as stored, no lease, and nothing it does is
+    /// written. Divergences always raise.
+    pub fn replay_only(store: Arc<dyn Store>, run_id: &str) -> CoreResult<Attempt> {
+        let (run, journal) = store
+            .read_journal(run_id)?
+            .ok_or_else(|| CoreError::Config(format!("no run found with run_id '{run_id}'")))?;
+        let trace = Arc::from(run.trace_id.as_deref().unwrap_or(""));
+        let row = RowSlot::stored(run.rid);
+        Ok(Attempt {
+            store,
+            run,
+            row,
+            journal: Mutex::new(journal),
+            closed: AtomicBool::new(false),
+            root_fence: Fence::root(),
+            deferred: Mutex::new(Vec::new()),
+            batch: AtomicBool::new(false),
+            batch_slot: Arc::new(Slot::default()),
+            first: false,
+            prior: Mutex::new(None),
+            saved_state: AtomicBool::new(false),
+            durable: AttemptState::default(),
+            lease: Mutex::new(None),
+            trace,
+            replay_names: Mutex::new((None, None)),
+            claimed_span_mark: None,
+            divergence: AtomicU8::new(CHECK_RAISE),
+            diverged: Mutex::new(None),
+            poisoned: AtomicBool::new(false),
+            warnings: Mutex::new(Vec::new()),
+            warned: AtomicBool::new(false),
+            replay_only: true,
+            replayed_steps: Default::default(),
+            source: Mutex::new(None),
+            forking: AtomicBool::new(false),
+        })
+    }
+
+    fn refuse_replay_only(&self) -> CoreResult<()> {
+        if self.replay_only {
+            return Err(CoreError::Config(format!(
+                "run '{}' is being replayed: nothing can be written through a replay",
+                self.run.run_id
+            )));
+        }
+        Ok(())
+    }
+
+    /// The divergence that ended this attempt's journal access, if any.
+    pub fn divergence(&self) -> Option<CoreError> {
+        self.diverged.lock().clone()
+    }
+
+    /// How many steps a replay-only attempt replayed.
+    pub fn replayed_steps(&self) -> u64 {
+        self.replayed_steps.load(Ordering::Relaxed)
+    }
+
+    /// Whether this attempt only replays (writes nothing).
+    pub fn is_replay_only(&self) -> bool {
+        self.replay_only
+    }
+
+    /// How a divergence is met: `"raise"` (the default) or `"warn"`.
+    pub fn set_divergence(&self, mode: &str) -> CoreResult<()> {
+        let mode = match mode {
+            "raise" => CHECK_RAISE,
+            "warn" => CHECK_WARN,
+            other => {
+                return Err(CoreError::Config(format!(
+                    "on_divergence must be \"raise\" or \"warn\", got {other:?}"
+                )))
+            }
+        };
+        if !self.replay_only {
+            self.divergence.store(mode, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Divergences met under `"warn"` since the last call.
+    pub fn take_warnings(&self) -> Vec<CoreError> {
+        if !self.warned.swap(false, Ordering::Relaxed) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.warnings.lock())
+    }
+
+    /// Whether there are warnings for `take_warnings`.
+    pub fn has_warnings(&self) -> bool {
+        self.warned.load(Ordering::Relaxed)
+    }
+
+    fn checks(&self) -> bool {
+        self.divergence.load(Ordering::Relaxed) != CHECK_OFF
+    }
+
+    /// Meets a divergence as the attempt's mode says.
+    fn diverge(&self, d: crate::journal::Divergence) -> CoreResult<()> {
+        let err = CoreError::Nondeterminism {
+            run_id: self.run.run_id.clone(),
+            key: d.key,
+            recorded: d.recorded,
+            called: d.called,
+        };
+        if self.divergence.load(Ordering::Relaxed) == CHECK_WARN {
+            self.divergence.store(CHECK_OFF, Ordering::Relaxed);
+            self.warnings.lock().push(err);
+            self.warned.store(true, Ordering::Relaxed);
+            return Ok(());
+        }
+        let mut diverged = self.diverged.lock();
+        let first = diverged.get_or_insert(err).clone();
+        self.poisoned.store(true, Ordering::SeqCst);
+        Err(first)
+    }
+
+    /// The body is done (it returned): a journaled call of the run's own
+    /// scope that it no longer made is a divergence too.
+    pub fn check_complete(&self) -> CoreResult<()> {
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(self.diverged.lock().clone().expect("set when poisoned"));
+        }
+        if !self.checks() || self.first || self.run.kind != "flow" {
+            return Ok(());
+        }
+        let unreached = self.journal.lock().unreached();
+        match unreached {
+            Some(d) => self.diverge(d),
+            None => Ok(()),
         }
     }
 
@@ -296,6 +466,10 @@ impl Attempt {
     }
 
     pub(crate) fn check(&self, fence: Option<&Fence>) -> CoreResult<()> {
+        if self.poisoned.load(Ordering::Relaxed) {
+            // Nothing more is journaled once the body diverged (issue 27).
+            return Err(self.diverged.lock().clone().expect("set when poisoned"));
+        }
         if self.closed.load(Ordering::SeqCst) {
             return Err(CoreError::Revoked(format!(
                 "the attempt of run '{}' has ended",
@@ -314,6 +488,9 @@ impl Attempt {
     /// Stores the agent loop's snapshot for `state.scope_key` durably.
     pub fn save_agent_state(&self, state: &AgentStateRow, fence: Option<&Fence>) -> CoreResult<()> {
         self.check(fence)?;
+        if self.replay_only {
+            return Err(CoreError::ReplayEnd(state.scope_key.clone()));
+        }
         // An agent turn is a durable boundary for cancel requests (EXT-10).
         self.check_cancel(false)?;
         self.saved_state.store(true, Ordering::SeqCst);
@@ -355,12 +532,14 @@ impl Attempt {
 
     pub fn set_budget(&self, budget_json: &str) -> CoreResult<()> {
         self.check(None)?;
+        self.refuse_replay_only()?;
         self.sync_point()?;
         self.store.set_budget(self.rid()?, budget_json)
     }
 
     pub fn record_answers(&self, answers: Vec<(String, String)>) -> CoreResult<()> {
         self.check(None)?;
+        self.refuse_replay_only()?;
         self.sync_point()?;
         self.store.record_answers(self.rid()?, &answers)?;
         let mut j = self.journal.lock();
@@ -377,7 +556,7 @@ impl Attempt {
     /// Ends the attempt by deleting the run and all it stored (a bare
     /// pipe/aggregate that paused: nothing could ever resume it).
     pub fn discard(&self) -> CoreResult<()> {
-        if self.closed.swap(true, Ordering::SeqCst) {
+        if self.closed.swap(true, Ordering::SeqCst) || self.replay_only {
             return Ok(());
         }
         self.root_fence.revoke();
@@ -404,6 +583,27 @@ impl Attempt {
     fn finish(&self, mut settlement: Settlement, work: Option<&mut TxWork<'_>>) -> CoreResult<()> {
         if self.closed.load(Ordering::SeqCst) {
             return Ok(());
+        }
+        if self.replay_only {
+            self.closed.store(true, Ordering::SeqCst);
+            return Ok(());
+        }
+        let diverged = self.diverged.lock().clone();
+        if let Some(err) = &diverged {
+            // A body that caught the divergence settles as failed by it
+            // all the same: its run stays resumable once the code is back.
+            if settlement.status != "failed" {
+                let failed = Settlement {
+                    status: "failed".into(),
+                    output_json: None,
+                    error_json: Some(error_json(err)),
+                    pending: Vec::new(),
+                    agent_states: Vec::new(),
+                    wait: None,
+                };
+                self.finish(failed, work)?;
+                return Err(err.clone());
+            }
         }
         // A lost batched step must not be settled over: the attempt fails
         // with the store's error and the run stays resumable.
@@ -435,6 +635,16 @@ impl Attempt {
             }
         }
     }
+}
+
+/// The stored error record of a core error, as Python's `error_json`
+/// writes one.
+fn error_json(err: &CoreError) -> String {
+    let kind = match err {
+        CoreError::Nondeterminism { .. } => "NondeterminismError",
+        _ => "ComposeError",
+    };
+    serde_json::json!({"type": kind, "message": err.to_string()}).to_string()
 }
 
 impl Drop for Attempt {

@@ -29,6 +29,9 @@ impl Attempt {
 
     /// Queues a finished span of this run (written with the next commit).
     pub fn queue_span(&self, span: SpanRow) {
+        if self.replay_only {
+            return;
+        }
         self.tap(Some(&span));
         self.queue_tapped_span(span);
     }
@@ -46,6 +49,9 @@ impl Attempt {
     /// Queues a span of this run under its rid or, while the row's insert
     /// is queued, to be written after the row.
     pub(super) fn queue_record(&self, mut record: SpanRecord) {
+        if self.replay_only {
+            return;
+        }
         match self.row.committed() {
             Some(Ok(rid)) => {
                 record.rid = Some(rid);
@@ -72,6 +78,9 @@ impl Attempt {
         step_key: String,
         with_output: bool,
     ) {
+        if self.replay_only {
+            return;
+        }
         if crate::span_tap::on() {
             self.tap_replayed(
                 &span_id,
@@ -128,6 +137,9 @@ impl Attempt {
         step_key: StepKey,
         with_output: bool,
     ) {
+        if self.replay_only {
+            return;
+        }
         if crate::span_tap::on() {
             self.tap_replayed(
                 &ulid::Ulid::from_bytes(span_id).to_string(),

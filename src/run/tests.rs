@@ -281,13 +281,13 @@ fn steps_replay_in_a_later_attempt() {
     let (_d, store) = temp_store();
     let a = Attempt::start(store.clone(), new_run("f")).unwrap();
     let run_id = a.run.run_id.clone();
-    let (k1, hit) = a.reserve("", "t", None).unwrap();
+    let (k1, hit) = a.reserve("", "t", None, None).unwrap();
     assert_eq!((k1.as_str(), hit), ("t#1", None));
     assert_eq!(
         &*a.commit(&k1, "10", Some(span(&k1, "10")), None).unwrap(),
         "10"
     );
-    let (k2, _) = a.reserve("", "t", None).unwrap();
+    let (k2, _) = a.reserve("", "t", None, None).unwrap();
     a.commit(&k2, "20", None, None).unwrap();
     a.settle(Settlement {
         status: "paused".into(),
@@ -298,9 +298,15 @@ fn steps_replay_in_a_later_attempt() {
     .unwrap();
 
     let b = Attempt::resume(store.clone(), &run_id).unwrap();
-    assert_eq!(b.reserve("", "t", None).unwrap().1.as_deref(), Some("10"));
-    assert_eq!(b.reserve("", "t", None).unwrap().1.as_deref(), Some("20"));
-    assert_eq!(b.reserve("", "t", None).unwrap().1, None);
+    assert_eq!(
+        b.reserve("", "t", None, None).unwrap().1.as_deref(),
+        Some("10")
+    );
+    assert_eq!(
+        b.reserve("", "t", None, None).unwrap().1.as_deref(),
+        Some("20")
+    );
+    assert_eq!(b.reserve("", "t", None, None).unwrap().1, None);
 }
 
 #[test]
@@ -418,10 +424,10 @@ fn settled_attempts_refuse_writes_and_revoked_fences_too() {
     let f = a.root_fence().child();
     f.revoke();
     assert!(matches!(
-        a.reserve("", "t", Some(&f)),
+        a.reserve("", "t", None, Some(&f)),
         Err(CoreError::Revoked(_))
     ));
-    assert!(a.reserve("", "t", None).is_ok());
+    assert!(a.reserve("", "t", None, None).is_ok());
     a.settle(Settlement {
         status: "completed".into(),
         output_json: Some("1".into()),

@@ -29,6 +29,9 @@ pub use takeover::LeaseCheck;
 
 /// The store: runs and their attempts here, the durable primitives'
 /// tables through `DurableStore`.
+/// A run's journal rows as stored: key, value and step identity.
+pub type JournalRows = Vec<(String, String, Option<String>)>;
+
 pub trait Store: Send + Sync + durable::DurableStore {
     fn path(&self) -> &str;
 
@@ -107,7 +110,7 @@ pub trait Store: Send + Sync + durable::DurableStore {
         lease_until: f64,
         live: LeaseCheck<'_>,
         takeover: crate::store::takeover::Takeover,
-    ) -> CoreResult<(RunRow, Vec<(String, String)>)>;
+    ) -> CoreResult<(RunRow, JournalRows)>;
 
     /// `acquire` with the journal in the attempt's form, after journaling
     /// `answers` (`(interrupt id, value)`, FLOW-43) and clearing their
@@ -123,7 +126,7 @@ pub trait Store: Send + Sync + durable::DurableStore {
         answers: &[(String, String)],
     ) -> CoreResult<Claim> {
         let (row, entries) = self.acquire(run_id, owner, lease_until, live, takeover)?;
-        let mut journal = crate::journal::Journal::new(entries);
+        let mut journal = crate::journal::Journal::from_rows(&entries);
         if !answers.is_empty() {
             self.record_answers(row.rid, answers)?;
             // First write wins, in memory as in the store.
@@ -153,6 +156,7 @@ pub trait Store: Send + Sync + durable::DurableStore {
         rid: i64,
         key: &str,
         value: &str,
+        ident: Option<&str>,
         span: Option<SpanRecord>,
     ) -> CoreResult<Option<String>>;
 
@@ -169,11 +173,16 @@ pub trait Store: Send + Sync + durable::DurableStore {
         rid: i64,
         key: String,
         value: String,
+        ident: Option<String>,
         span: Option<SpanRecord>,
     ) -> futures_util::future::BoxFuture<'static, CoreResult<Option<String>>> {
-        Box::pin(std::future::ready(
-            self.commit_step(rid, &key, &value, span),
-        ))
+        Box::pin(std::future::ready(self.commit_step(
+            rid,
+            &key,
+            &value,
+            ident.as_deref(),
+            span,
+        )))
     }
 
     /// Queues a span; it is written with the next commit or `flush`, or in
@@ -193,6 +202,7 @@ pub trait Store: Send + Sync + durable::DurableStore {
         rid: i64,
         key: &str,
         value: &str,
+        ident: Option<&str>,
         span: Option<SpanRecord>,
     ) -> std::sync::Arc<slot::Slot>;
 
@@ -212,6 +222,7 @@ pub trait Store: Send + Sync + durable::DurableStore {
         _rid: i64,
         _key: &str,
         _value: &str,
+        _ident: Option<&str>,
         _span: Option<SpanRecord>,
         _slot: &std::sync::Arc<slot::Slot>,
     ) -> CoreResult<()> {
@@ -224,31 +235,35 @@ pub trait Store: Send + Sync + durable::DurableStore {
 
     /// `commit_batched` of a step and its span as the attempt made it, in
     /// trace `trace` (a store may queue it in a compact form).
+    #[allow(clippy::too_many_arguments)]
     fn commit_batched_step(
         &self,
         rid: i64,
         key: &str,
         value: &str,
+        ident: Option<&str>,
         span: Option<SpanRow>,
         trace: &std::sync::Arc<str>,
         slot: &std::sync::Arc<slot::Slot>,
     ) -> CoreResult<()> {
         let record = span.map(|s| SpanRecord::of_step(trace, rid, s, Some(value)));
-        self.commit_batched(rid, key, value, record, slot)
+        self.commit_batched(rid, key, value, ident, record, slot)
     }
 
     /// `commit_batched_step` of a span borrowed from its maker.
+    #[allow(clippy::too_many_arguments)]
     fn commit_batched_view(
         &self,
         rid: i64,
         key: &str,
         value: &str,
+        ident: Option<&str>,
         span: Option<spans::SpanView<'_>>,
         trace: &std::sync::Arc<str>,
         slot: &std::sync::Arc<slot::Slot>,
     ) -> CoreResult<()> {
         let span = span.map(|s| s.to_row(value));
-        self.commit_batched_step(rid, key, value, span, trace, slot)
+        self.commit_batched_step(rid, key, value, ident, span, trace, slot)
     }
 
     /// Writes everything queued.
@@ -331,6 +346,11 @@ pub trait Store: Send + Sync + durable::DurableStore {
 
     /// The journal of a run, as stored.
     fn journal(&self, rid: i64) -> CoreResult<Vec<(String, String)>>;
+
+    /// A run's row and its journal in the attempt's form, step identities
+    /// included, read without a lease (a replay-only attempt, a fork's
+    /// source); `None` when there is no such run.
+    fn read_journal(&self, run_id: &str) -> CoreResult<Option<(RunRow, crate::journal::Journal)>>;
 
     /// Upserts a chat row (CHAT-4); `updated_at` is set to now.
     fn save_chat(&self, chat: &ChatRow) -> CoreResult<()>;

@@ -33,6 +33,7 @@ impl PgInner {
         rid: i64,
         key: &str,
         value: &str,
+        ident: Option<&str>,
         span: Option<SpanRecord>,
         slot: &Arc<Slot>,
     ) {
@@ -40,6 +41,7 @@ impl PgInner {
             rid,
             key: key.to_string(),
             value: value.to_string(),
+            ident: ident.map(str::to_string),
             slot: slot.clone(),
         });
         if let Some(s) = span {
@@ -78,7 +80,7 @@ impl PgInner {
             let tx = c.transaction().await.map_err(self.err())?;
             let owner = owner();
             let inserts = rows.iter().map(|w| {
-                let params: [&(dyn ToSql + Sync); 4] = [&w.rid, &owner, &w.key, &w.value];
+                let params: [&(dyn ToSql + Sync); 5] = [&w.rid, &owner, &w.key, &w.value, &w.ident];
                 let (tx, st) = (&tx, &st);
                 async move { tx.query_one(st, &params).await }
             });

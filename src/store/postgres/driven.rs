@@ -69,6 +69,7 @@ impl Driven {
         rid: i64,
         key: &str,
         value: &str,
+        ident: Option<&str>,
         span: &Option<SpanParams>,
         queued: &[SpanParams],
         retry: bool,
@@ -102,7 +103,7 @@ impl Driven {
             spans.as_ref()
         };
         let owner = owner();
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&rid, &owner, &key, &value];
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&rid, &owner, &key, &value, &ident];
         if let Some(s) = span {
             params.extend(s.params());
         }
@@ -171,6 +172,7 @@ impl PgInner {
         rid: i64,
         key: &str,
         value: &str,
+        ident: Option<&str>,
         span: Option<SpanRecord>,
     ) -> CoreResult<Option<String>> {
         let reused = self.driven.idle.lock().pop();
@@ -187,14 +189,16 @@ impl PgInner {
             }
             None => {
                 self.driven.open.fetch_sub(1, Ordering::SeqCst);
-                return crate::runtime::block_on(self.commit_step_async(rid, key, value, span));
+                return crate::runtime::block_on(
+                    self.commit_step_async(rid, key, value, ident, span),
+                );
             }
         };
         let queued = self.take_spans();
         let span = span.map(SpanParams::new);
         let mut retry = false;
         loop {
-            let out = d.commit(self, rid, key, value, &span, &queued, retry);
+            let out = d.commit(self, rid, key, value, ident, &span, &queued, retry);
             if !d.closed() {
                 self.driven.idle.lock().push(d);
                 return out.map_err(|f| self.failure(f));

@@ -340,6 +340,7 @@ impl PgInner {
         rid: i64,
         key: &str,
         value: &str,
+        ident: Option<&str>,
         span: Option<SpanRecord>,
     ) -> CoreResult<Option<String>> {
         let queued = self.take_spans();
@@ -350,7 +351,7 @@ impl PgInner {
             .prepare_cached(step_sql(span.is_some()))
             .await
             .map_err(self.err())?;
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&rid, &owner, &key, &value];
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&rid, &owner, &key, &value, &ident];
         if let Some(s) = &span {
             params.extend(s.params());
         }

@@ -13,7 +13,7 @@ pub(super) const LEASE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS run_recoveries
 
 /// Versions of the PostgreSQL schema (its own series; step `n` brings a
 /// schema at `n - 1` to `n`).
-pub const PG_SCHEMA_VERSION: i32 = 4;
+pub const PG_SCHEMA_VERSION: i32 = 5;
 
 pub(super) const PG_SCHEMA_V1: &str = r#"
 CREATE TABLE runs(
@@ -103,12 +103,17 @@ CREATE TABLE cancel_requests(
 
 /// `(version, DDL)` of each step, in order; a schema at version `v` gets
 /// every step above `v`.
-pub(super) const MIGRATIONS: [(i32, &str); 4] = [
+pub(super) const MIGRATIONS: [(i32, &str); 5] = [
     (1, PG_SCHEMA_V1),
     (2, PG_SCHEMA_V2),
     (3, PG_QUEUE_SCHEMA),
     (4, LEASE_SCHEMA),
+    (5, IDENT_SCHEMA),
 ];
+
+/// Schema version 5: each journal row's step identity (issue 27), NULL for
+/// rows written before it (they replay unchecked).
+pub const IDENT_SCHEMA: &str = "ALTER TABLE journal ADD COLUMN IF NOT EXISTS ident TEXT;";
 
 /// Schema version 2: timers, signals, parked waits (EXT-1 … EXT-12) and
 /// the graph tables (EXT-30 … EXT-33), as on SQLite.

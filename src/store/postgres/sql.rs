@@ -178,8 +178,9 @@ pub(super) fn span_placeholders(first: usize) -> String {
         .join(", ")
 }
 
-/// A journaled step: fenced (`FENCE`), first write wins, with the step's
-/// span row (`$5…`) in the same statement when `with_span`. Returns the run
+/// A journaled step: fenced (`FENCE`), first write wins, its identity at
+/// `$5` (issue 27), with the step's span row (`$6…`) in the same statement
+/// when `with_span`. Returns the run
 /// id (none: the run moved) and, only when an earlier write won, the stored
 /// value. Built once: a step is the hot path.
 pub(super) fn step_sql(with_span: bool) -> &'static str {
@@ -191,7 +192,7 @@ pub(super) fn step_sql(with_span: bool) -> &'static str {
 /// already stored: for a retry that may repeat a committed step.
 pub(super) fn step_once_sql(with_span: bool) -> &'static str {
     static SQL: std::sync::OnceLock<[String; 2]> = std::sync::OnceLock::new();
-    &SQL.get_or_init(|| step_sqls(&format!(" WHERE {}", span_absent(5))))[usize::from(with_span)]
+    &SQL.get_or_init(|| step_sqls(&format!(" WHERE {}", span_absent(6))))[usize::from(with_span)]
 }
 
 /// `[bare, with span]` step statements; `span_filter` guards the span row.
@@ -199,8 +200,8 @@ pub(super) fn step_sqls(span_filter: &str) -> [String; 2] {
     let sql = |span: &str| {
         format!(
             "WITH {FENCE}, \
-             j AS (INSERT INTO journal(rid, step_key, value_json) SELECT rid, $3, $4 FROM f \
-                   ON CONFLICT DO NOTHING RETURNING 1){span} \
+             j AS (INSERT INTO journal(rid, step_key, value_json, ident) \
+                   SELECT rid, $3, $4, $5 FROM f ON CONFLICT DO NOTHING RETURNING 1){span} \
              SELECT (SELECT run_id FROM f), CASE WHEN EXISTS (SELECT 1 FROM j) THEN NULL \
                     ELSE (SELECT value_json FROM journal WHERE rid = $1 AND step_key = $3) END"
         )
@@ -209,7 +210,7 @@ pub(super) fn step_sqls(span_filter: &str) -> [String; 2] {
         sql(""),
         sql(&format!(
             ", s AS (INSERT INTO spans({SPAN_COLUMNS}) SELECT {} FROM f{span_filter})",
-            span_placeholders(5)
+            span_placeholders(6)
         )),
     ]
 }

@@ -80,6 +80,7 @@ pub(super) struct Waiting {
     pub(super) rid: i64,
     pub(super) key: String,
     pub(super) value: String,
+    pub(super) ident: Option<String>,
     pub(super) slot: Arc<Slot>,
 }
 

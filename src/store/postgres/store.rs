@@ -158,7 +158,7 @@ impl Store for PgStore {
         lease_until: f64,
         live: LeaseCheck<'_>,
         takeover: Takeover,
-    ) -> CoreResult<(RunRow, Vec<(String, String)>)> {
+    ) -> CoreResult<(RunRow, crate::store::JournalRows)> {
         self.flush()?;
         block_on(async {
             let mut c = self.client().await?;
@@ -225,13 +225,13 @@ impl Store for PgStore {
             on_acquire(&tx, run.rid).await.map_err(self.err())?;
             let journal = tx
                 .query(
-                    "SELECT step_key, value_json FROM journal WHERE rid = $1",
+                    "SELECT step_key, value_json, ident FROM journal WHERE rid = $1",
                     &[&run.rid],
                 )
                 .await
                 .map_err(self.err())?
                 .iter()
-                .map(|r| (r.get(0), r.get(1)))
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
                 .collect();
             tx.commit().await.map_err(self.err())?;
             Ok((run, journal))
@@ -247,10 +247,15 @@ impl Store for PgStore {
         rid: i64,
         key: String,
         value: String,
+        ident: Option<String>,
         span: Option<SpanRecord>,
     ) -> futures_util::future::BoxFuture<'static, CoreResult<Option<String>>> {
         let inner = Arc::clone(&self.inner);
-        Box::pin(async move { inner.commit_step_async(rid, &key, &value, span).await })
+        Box::pin(async move {
+            inner
+                .commit_step_async(rid, &key, &value, ident.as_deref(), span)
+                .await
+        })
     }
 
     fn renew_leases(&self, owner: &str, until: f64, rids: &[i64]) -> CoreResult<Vec<i64>> {
@@ -277,9 +282,10 @@ impl Store for PgStore {
         rid: i64,
         key: &str,
         value: &str,
+        ident: Option<&str>,
         span: Option<SpanRecord>,
     ) -> CoreResult<Option<String>> {
-        self.commit_step_driven(rid, key, value, span)
+        self.commit_step_driven(rid, key, value, ident, span)
     }
 
     fn queue_span(&self, span: SpanRecord) {
@@ -292,10 +298,11 @@ impl Store for PgStore {
         rid: i64,
         key: &str,
         value: &str,
+        ident: Option<&str>,
         span: Option<SpanRecord>,
     ) -> Arc<Slot> {
         // Durable before returning: a later `flush` has nothing to wait for.
-        Slot::filled(self.commit_step(rid, key, value, span))
+        Slot::filled(self.commit_step(rid, key, value, ident, span))
     }
 
     fn flush(&self) -> CoreResult<()> {
@@ -320,10 +327,11 @@ impl Store for PgStore {
         rid: i64,
         key: &str,
         value: &str,
+        ident: Option<&str>,
         span: Option<SpanRecord>,
         slot: &Arc<Slot>,
     ) -> CoreResult<()> {
-        self.inner.queue_batched(rid, key, value, span, slot);
+        self.inner.queue_batched(rid, key, value, ident, span, slot);
         Ok(())
     }
 
@@ -527,6 +535,35 @@ impl Store for PgStore {
                 payload_json: r.get(3),
             })
             .collect())
+        })
+    }
+
+    fn read_journal(&self, run_id: &str) -> CoreResult<Option<(RunRow, crate::journal::Journal)>> {
+        block_on(async {
+            self.write_batch().await?;
+            let c = self.client().await?;
+            let Some(row) = c
+                .query_opt(
+                    &format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1"),
+                    &[&run_id],
+                )
+                .await
+                .map_err(self.err())?
+            else {
+                return Ok(None);
+            };
+            let run = read_run(&row);
+            let rows: crate::store::JournalRows = c
+                .query(
+                    "SELECT step_key, value_json, ident FROM journal WHERE rid = $1",
+                    &[&run.rid],
+                )
+                .await
+                .map_err(self.err())?
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect();
+            Ok(Some((run, crate::journal::Journal::from_rows(&rows))))
         })
     }
 

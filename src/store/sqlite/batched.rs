@@ -35,6 +35,7 @@ struct BatchedStep {
     slot: Arc<Slot>,
     key: Text,
     value: Text,
+    ident: Option<Text>,
     span: Option<StepSpan>,
 }
 
@@ -79,11 +80,13 @@ impl BatchedSteps {
         rid: i64,
         key: &str,
         value: &str,
+        ident: Option<&str>,
         span: Option<(&Arc<str>, SpanView<'_>)>,
         slot: &Arc<Slot>,
     ) {
         let key = self.put(key);
         let value = self.put(value);
+        let ident = ident.map(|i| self.put(i));
         let span = span.map(|(trace, s)| {
             let mut flags = 0;
             if s.replayed {
@@ -111,6 +114,7 @@ impl BatchedSteps {
             slot: slot.clone(),
             key,
             value,
+            ident,
             span,
         });
     }
@@ -144,10 +148,10 @@ impl BatchedSteps {
 
 /// The journal rows of one run (`?1`), keys already journaled left alone.
 static JOURNAL: MultiRow = MultiRow::new(
-    "INSERT OR IGNORE INTO journal(rid, step_key, value_json) VALUES",
-    "(?1,?#1,?#2)",
+    "INSERT OR IGNORE INTO journal(rid, step_key, value_json, ident) VALUES",
+    "(?1,?#1,?#2,?#3)",
     1,
-    2,
+    3,
 );
 
 /// Spans sharing tid, rid, parent, kind, status and flags (`?1` to `?6`);
@@ -184,6 +188,7 @@ pub(crate) fn insert_journal(
                     let b = JOURNAL.base(i);
                     p.set(b + 1, batch.get(s.key))?;
                     p.set(b + 2, batch.get(s.value))?;
+                    p.set(b + 3, s.ident.map(|t| batch.get(t)))?;
                 }
                 Ok(())
             })?;
@@ -351,8 +356,8 @@ mod tests {
             let conn = open_connection(dir.join(name).to_str().unwrap(), false).unwrap();
             // One key already journaled with another value, one with the same.
             conn.execute_batch(
-                "INSERT INTO journal VALUES(1, 'scope/step1#4', 'earlier');
-                 INSERT INTO journal VALUES(1, 'scope/step2#5', '{\"n\":5}');",
+                "INSERT INTO journal(rid, step_key, value_json) VALUES(1, 'scope/step1#4', 'earlier');
+                 INSERT INTO journal(rid, step_key, value_json) VALUES(1, 'scope/step2#5', '{\"n\":5}');",
             )
             .unwrap();
             let mut traces = HashMap::new();
@@ -364,7 +369,7 @@ mod tests {
                     let view = span
                         .as_ref()
                         .map(|(t, s)| (t, SpanView::of(s, value).unwrap()));
-                    batch.push(*rid, key, value, view, &slot);
+                    batch.push(*rid, key, value, None, view, &slot);
                 }
                 let all: Vec<usize> = (0..steps.len()).collect();
                 let with_span: Vec<usize> = all

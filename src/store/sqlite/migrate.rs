@@ -19,6 +19,11 @@ const LEASE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS run_recoveries(\
      CREATE TABLE IF NOT EXISTS lease_takeovers(rid INTEGER NOT NULL, owner TEXT NOT NULL, \
      PRIMARY KEY(rid, owner)) WITHOUT ROWID;";
 
+/// Schema step 11: each journal row's step identity (issue 27), NULL for
+/// rows written before it (they replay unchecked).
+const IDENT_VERSION: i64 = 11;
+const IDENT_SCHEMA: &str = "ALTER TABLE journal ADD COLUMN ident TEXT";
+
 /// The version 0.11.0 stamped on its stores.
 const LEGACY_VERSION: i64 = 1;
 
@@ -121,6 +126,19 @@ pub fn bring_up_to_date(conn: &Connection, path: &str, version: i64) -> CoreResu
     }
     if version < crate::store::sqlite::graph_schema::STEPS_VERSION {
         crate::store::sqlite::graph_schema::apply_steps(conn, path)?;
+    }
+    if version < IDENT_VERSION {
+        // Idempotent, as the steps before it: a store stamped older may have it.
+        let has_ident: bool = conn
+            .query_row(
+                "SELECT count(*) > 0 FROM pragma_table_info('journal') WHERE name = 'ident'",
+                [],
+                |r| r.get(0),
+            )
+            .at(path)?;
+        if !has_ident {
+            conn.execute_batch(IDENT_SCHEMA).at(path)?;
+        }
     }
     conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
         .at(path)?;

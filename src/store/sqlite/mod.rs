@@ -36,7 +36,8 @@ mod tests;
 
 pub use open::{migrate_file, open_connection};
 pub use rows::{
-    read_pending, read_run_row, JOURNAL_INSERT, PLAIN_SPAN_INSERT, QUEUED_RUN_INSERT, SPAN_INSERT,
+    read_pending, read_run_row, JOURNAL_INSERT, JOURNAL_STEP_INSERT, PLAIN_SPAN_INSERT,
+    QUEUED_RUN_INSERT, SPAN_INSERT,
 };
 pub use schema::{PAGE_SIZE, SCHEMA, SCHEMA_VERSION};
 pub use store::SqliteStore;

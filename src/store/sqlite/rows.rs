@@ -116,6 +116,10 @@ pub(crate) fn insert_journal(
 pub const JOURNAL_INSERT: &str =
     "INSERT OR IGNORE INTO journal(rid, step_key, value_json) VALUES(?1, ?2, ?3)";
 
+/// `JOURNAL_INSERT` of a step with its identity (issue 27).
+pub const JOURNAL_STEP_INSERT: &str =
+    "INSERT OR IGNORE INTO journal(rid, step_key, value_json, ident) VALUES(?1, ?2, ?3, ?4)";
+
 /// After the insert of a journal row (`inserted` rows): `None` if it was
 /// inserted or the key already held the same value, else the value it
 /// holds (the earlier write wins).
@@ -405,13 +409,29 @@ pub(crate) fn record_answers_in(
 /// The journal of `rid` read straight into an attempt's `Journal`: one
 /// allocation per value, none per key.
 pub(crate) fn load_journal(conn: &Connection, rid: i64) -> rusqlite::Result<Journal> {
-    let mut st = conn.prepare_cached("SELECT step_key, value_json FROM journal WHERE rid = ?1")?;
+    let mut st =
+        conn.prepare_cached("SELECT step_key, value_json, ident FROM journal WHERE rid = ?1")?;
     let mut rows = st.query([rid])?;
     let mut loader = JournalLoader::default();
     while let Some(r) = rows.next()? {
-        loader.push(r.get_ref(0)?.as_str()?, r.get_ref(1)?.as_str()?);
+        loader.push_step(
+            r.get_ref(0)?.as_str()?,
+            r.get_ref(1)?.as_str()?,
+            r.get_ref(2)?.as_str_or_null()?,
+        );
     }
     Ok(loader.finish())
+}
+
+/// The journal rows of `rid` with their identities.
+pub(crate) fn read_journal_rows(
+    conn: &Connection,
+    rid: i64,
+) -> rusqlite::Result<crate::store::JournalRows> {
+    let mut st =
+        conn.prepare_cached("SELECT step_key, value_json, ident FROM journal WHERE rid = ?1")?;
+    let rows = st.query_map([rid], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    rows.collect()
 }
 
 pub(crate) fn read_journal(conn: &Connection, rid: i64) -> rusqlite::Result<Vec<(String, String)>> {

@@ -195,8 +195,15 @@ impl Store for SqliteStore {
         lease_until: f64,
         live: LeaseCheck<'_>,
         takeover: crate::store::takeover::Takeover,
-    ) -> CoreResult<(RunRow, Vec<(String, String)>)> {
-        self.acquire_reading(run_id, owner, lease_until, live, takeover, read_journal)
+    ) -> CoreResult<(RunRow, crate::store::JournalRows)> {
+        self.acquire_reading(
+            run_id,
+            owner,
+            lease_until,
+            live,
+            takeover,
+            crate::store::sqlite::rows::read_journal_rows,
+        )
     }
 
     fn acquire_journal(
@@ -252,6 +259,7 @@ impl Store for SqliteStore {
         rid: i64,
         key: &str,
         value: &str,
+        ident: Option<&str>,
         span: Option<SpanRecord>,
     ) -> CoreResult<Option<String>> {
         let slot = Arc::new(Slot::default());
@@ -261,6 +269,7 @@ impl Store for SqliteStore {
                 rid,
                 key: key.to_string(),
                 value: value.to_string(),
+                ident: ident.map(str::to_string),
                 slot: slot.clone(),
             });
             if let Some(s) = span {
@@ -292,6 +301,7 @@ impl Store for SqliteStore {
         rid: i64,
         key: &str,
         value: &str,
+        ident: Option<&str>,
         span: Option<SpanRecord>,
     ) -> Arc<Slot> {
         let slot = Arc::new(Slot::default());
@@ -303,6 +313,7 @@ impl Store for SqliteStore {
                 rid,
                 key: key.to_string(),
                 value: value.to_string(),
+                ident: ident.map(str::to_string),
                 slot: slot.clone(),
             },
             true,
@@ -319,6 +330,7 @@ impl Store for SqliteStore {
         rid: i64,
         key: &str,
         value: &str,
+        ident: Option<&str>,
         span: Option<SpanRecord>,
         slot: &Arc<Slot>,
     ) -> CoreResult<()> {
@@ -327,6 +339,7 @@ impl Store for SqliteStore {
             rid,
             key: key.to_string(),
             value: value.to_string(),
+            ident: ident.map(str::to_string),
             slot: slot.clone(),
         });
         if let Some(s) = span {
@@ -340,6 +353,7 @@ impl Store for SqliteStore {
         rid: i64,
         key: &str,
         value: &str,
+        ident: Option<&str>,
         span: Option<SpanRow>,
         trace: &Arc<str>,
         slot: &Arc<Slot>,
@@ -349,12 +363,12 @@ impl Store for SqliteStore {
                 Some(view) => Some(view),
                 None => {
                     let record = span.map(|s| SpanRecord::of_step(trace, rid, s, Some(value)));
-                    return self.commit_batched(rid, key, value, record, slot);
+                    return self.commit_batched(rid, key, value, ident, record, slot);
                 }
             },
             None => None,
         };
-        self.commit_batched_view(rid, key, value, view, trace, slot)
+        self.commit_batched_view(rid, key, value, ident, view, trace, slot)
     }
 
     fn commit_batched_view(
@@ -362,6 +376,7 @@ impl Store for SqliteStore {
         rid: i64,
         key: &str,
         value: &str,
+        ident: Option<&str>,
         span: Option<SpanView<'_>>,
         trace: &Arc<str>,
         slot: &Arc<Slot>,
@@ -370,10 +385,10 @@ impl Store for SqliteStore {
         let q = &mut *guard;
         let span = span.map(|s| (trace, s));
         match q.ops.last_mut() {
-            Some(Op::Batched(batch)) => batch.push(rid, key, value, span, slot),
+            Some(Op::Batched(batch)) => batch.push(rid, key, value, ident, span, slot),
             _ => {
                 let mut batch = q.spare.pop().unwrap_or_default();
-                batch.push(rid, key, value, span, slot);
+                batch.push(rid, key, value, ident, span, slot);
                 q.ops.push(Op::Batched(batch));
             }
         }
@@ -711,6 +726,18 @@ impl Store for SqliteStore {
     fn read(&self, work: &mut GraphWork<'_>) -> CoreResult<()> {
         let w = self.lock_writer();
         work(&w.conn)
+    }
+
+    fn read_journal(&self, run_id: &str) -> CoreResult<Option<(RunRow, crate::journal::Journal)>> {
+        let mut w = self.lock_writer();
+        if self.queue.lock().rows {
+            self.drain(&mut w)?;
+        }
+        let Some(row) = Inner::run_row(&w.conn, run_id).at(&self.path)? else {
+            return Ok(None);
+        };
+        let journal = load_journal(&w.conn, row.rid).at(&self.path)?;
+        Ok(Some((row, journal)))
     }
 
     fn journal(&self, rid: i64) -> CoreResult<Vec<(String, String)>> {

@@ -126,7 +126,9 @@ mod migrate {
         // B, resumed, keeps its trace's row; a new run owns its trace.
         let commit = |rid: i64, trace: &str, key: &str, id: &str| {
             let record = SpanRecord::of_step(trace, rid, span(id, key), Some("1"));
-            store.commit_step(rid, key, "1", Some(record)).unwrap();
+            store
+                .commit_step(rid, key, "1", None, Some(record))
+                .unwrap();
         };
         let live = |_: &str, _: f64| false;
         store

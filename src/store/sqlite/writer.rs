@@ -9,7 +9,7 @@ use crate::store::sqlite::batched::BatchedSteps;
 use crate::store::sqlite::checkpointer::Checkpointer;
 use crate::store::sqlite::rows::{
     insert_run, insert_span_under, journal_winner, read_run_row, remember_trace, Leases, QueuedRun,
-    JOURNAL_INSERT,
+    JOURNAL_STEP_INSERT,
 };
 use crate::store::sqlite::statements::Statements;
 use crate::store::sqlite::write_tx::WriteTx;
@@ -71,6 +71,7 @@ pub(crate) enum Op {
         rid: i64,
         key: String,
         value: String,
+        ident: Option<String>,
         slot: Arc<Slot>,
     },
     /// A run row created without a commit of its own
@@ -363,6 +364,7 @@ pub(crate) fn write_ops_tx(
                 rid,
                 key,
                 value,
+                ident,
                 slot,
             } => {
                 if slot.failed() {
@@ -372,10 +374,11 @@ pub(crate) fn write_ops_tx(
                     results.push((slot.clone(), Err(crate::store::takeover::moved(&run_id))));
                     continue;
                 }
-                let inserted = statements.execute(tx, JOURNAL_INSERT, |p| {
+                let inserted = statements.execute(tx, JOURNAL_STEP_INSERT, |p| {
                     p.set(1, *rid)?;
                     p.set(2, key.as_str())?;
-                    p.set(3, value.as_str())
+                    p.set(3, value.as_str())?;
+                    p.set(4, ident.as_deref())
                 })?;
                 let winner = journal_winner(tx, inserted, *rid, key, value)?;
                 results.push((slot.clone(), Ok(winner)));

@@ -358,6 +358,7 @@ fn search_indexes_names_and_payloads_incrementally() {
             b.rid,
             "summarize#1",
             r#""giraffe facts""#,
+            None,
             Some(SpanRecord {
                 trace_id: "TB".into(),
                 rid: Some(b.rid),
@@ -661,6 +662,7 @@ fn payload_spans_read_journaled_outputs_and_llm_spans_of_a_run() {
             r.rid,
             "t#1",
             "[1,2]",
+            None,
             Some(SpanRecord {
                 trace_id: "TR".into(),
                 rid: Some(r.rid),
