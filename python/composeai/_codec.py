@@ -388,10 +388,13 @@ def _set_items(v: Any) -> list:
     try:
         return sorted(v)
     except Exception:  # noqa: BLE001 -- unorderable elements: order by their encoding
-        pass
-    # Iteration order depends on the process's hash seed: ordering by the
-    # encoded elements keeps a set's text (and the hash of a step's
-    # arguments, issue 27) the same in every process.
+        return _by_encoding(v)
+
+
+def _by_encoding(v: Any) -> list:
+    """A set's elements ordered by their encoded text: iteration order
+    depends on the process's hash seed, and a set's text (and the hash of a
+    step's arguments, issue 27) must be the same in every process."""
     try:
         return sorted(v, key=dumps)
     except Exception:  # noqa: BLE001 -- an unencodable element fails the encoding later
