@@ -30,8 +30,10 @@ class ReplayReport:
 
     `steps`: journaled steps replayed. `stopped_at`: None when the body ran
     to its end (`status` then tells how: completed, or failed with `error`);
-    else the interrupt id it paused at, or the key of the first step the
-    journal does not hold (where a crashed or failed run stopped)."""
+    else the interrupt id the run is paused at (an agent's gated tool call
+    included: the agent's step is not replayed into), or the key of the
+    first step the journal does not hold (where a crashed or failed run
+    stopped)."""
 
     run_id: str
     flow: str
@@ -86,7 +88,8 @@ def replay(run: str | Run, *, store: str | None = None) -> ReplayReport:
     `NondeterminismError` where the body's calls no longer match the
     journal (whatever the flow's `on_divergence` and fingerprint)."""
     run_id = run.id if isinstance(run, Run) else run
-    attempt = _store(store).replay_attempt(run_id)
+    source = _store(store)
+    attempt = source.replay_attempt(run_id)
     row = {"run_id": attempt.run_id, "kind": attempt.kind, "name": attempt.name}
     flow_obj = _flow_of(row, "replay()")
     args, kwargs = _arguments(attempt.args_json)
@@ -96,6 +99,12 @@ def replay(run: str | Run, *, store: str | None = None) -> ReplayReport:
         outcome = _run_body(flow_obj, state, args, kwargs)
     except _ReplayEnd as end:
         stopped_at = end.key
+        if attempt.status == "paused":
+            # Paused inside an agent step (an approval-gated tool call): the
+            # journal ends at the agent's step, and the run waits on its tool.
+            tools = sorted(p[0] for p in source.pending(attempt.run_id) if p[0].startswith("tool:"))
+            if tools:
+                stopped_at = tools[0]
     except Exception as exc:  # the body's own failure, reported
         if attempt.divergence() is not None:
             raise
