@@ -722,6 +722,122 @@ def test_issue27_divergence_inside_a_map_item_names_the_item_key(deploy):
     assert info.value.key == "map#1[1]/fetch#1"
 
 
+def test_issue27_fewer_map_items_is_a_divergence_at_the_missing_item(deploy):
+    """Issue 27 with FLOW-15: a `map` over fewer items no longer reaches the journaled
+    `map#1[2]/fetch#1`; the run raises when it would complete, naming that key."""
+    body = 'compose.map(fetch, [1, 2, 3])\ncompose.approve("go")\nreturn "done"'
+    deploy.load("pipeline_mod", flow_source(body))
+    run = deploy_run(deploy)
+    deploy.load("pipeline_mod", flow_source(body.replace("[1, 2, 3]", "[1, 2]")))
+    with pytest.raises(compose.NondeterminismError) as info:
+        compose.resume(run.id, answers={"go": True}, allow_code_change=True)
+    assert info.value.key == "map#1[2]/fetch#1"
+    assert deploy.run_row(run.id)["status"] == "failed"
+
+
+def test_issue27_a_different_kind_at_the_same_key_is_a_divergence(deploy):
+    """Issue 27: the identity includes the step's kind — a nested flow named `b` where the
+    journal recorded task `b` (both key `b#1`) diverges."""
+    run = paused_run(deploy, "a()\nb()")
+    source = flow_source(gated("a()\nb()")).replace("def b() -> str:", "def b_task() -> str:")
+    source = source.replace(
+        '@compose.flow(name="pipeline")',
+        '@compose.flow(name="b")\ndef b() -> str:\n    return "nested B"\n\n\n'
+        '@compose.flow(name="pipeline")',
+    )
+    deploy.load("pipeline_mod", source)
+    with pytest.raises(compose.NondeterminismError) as info:
+        compose.resume(run.id, answers={"go": True}, allow_code_change=True)
+    assert info.value.key == "b#1"
+    assert info.value.recorded != info.value.called
+    assert deploy.executions() == [("a",), ("b",)]
+
+
+def test_issue27_now_replaced_by_random_is_a_divergence(deploy):
+    """Issue 27 with FLOW-22/23: `random()` where the journal recorded `now()` diverges
+    at `now#1`."""
+    run = paused_run(deploy, "compose.now()\na()")
+    err = diverge(deploy, run, "compose.random()\na()")
+    assert err.key == "now#1"
+    assert "now" in err.recorded and "random" in err.called
+
+
+def test_issue27_changed_agent_arguments_are_a_divergence(deploy):
+    """Issue 27 with AGENT steps (FLOW-13): an agent called with other arguments diverges
+    at its key and no model is asked."""
+    source = """\
+import composeai as compose
+from composeai.testing import FakeModel
+
+MODEL = FakeModel(["summary one", "summary two"])
+
+
+@compose.agent(model=MODEL, name="summarizer")
+def summarizer(text: str) -> str:
+    return f"summarize {text}"
+
+
+@compose.flow(name="summing")
+def summing() -> str:
+    out = summarizer(TOPIC)
+    compose.approve("go")
+    return out
+"""
+    mod = deploy.load("summing_mod", source.replace("TOPIC", '"owls"'))
+    run = mod.summing.run()
+    assert len(mod.MODEL.requests) == 1
+    mod = deploy.load("summing_mod", source.replace("TOPIC", '"bats"'))
+    with pytest.raises(compose.NondeterminismError) as info:
+        compose.resume(run.id, answers={"go": True}, allow_code_change=True)
+    assert info.value.key == "summarizer#1"
+    assert mod.MODEL.requests == []
+
+
+def test_issue27_aresume_raises_on_an_async_divergence(deploy):
+    """Issue 27: an `async def` flow resumed with `aresume` raises the same error."""
+    body = """\
+import composeai as compose
+
+
+@compose.task
+async def a() -> str:
+    side_effect("a")
+    return "A"
+
+
+@compose.task
+async def b() -> str:
+    side_effect("b")
+    return "B"
+
+
+@compose.task
+async def b2() -> str:
+    side_effect("b2")
+    return "B2"
+
+
+@compose.flow(name="async_pipeline")
+async def async_pipeline() -> str:
+    await a.arun()
+    await SECOND.arun()
+    compose.approve("go")
+    return "done"
+"""
+    mod = deploy.load("async_pipeline_mod", body.replace("SECOND", "b"))
+    run = asyncio.run(mod.async_pipeline.arun())
+    assert run.status == "paused"
+    deploy.load("async_pipeline_mod", body.replace("SECOND", "b2"))
+
+    async def main():
+        return await compose.aresume(run.id, answers={"go": True}, allow_code_change=True)
+
+    with pytest.raises(compose.NondeterminismError) as info:
+        asyncio.run(main())
+    assert (info.value.run_id, info.value.key) == (run.id, "b#1")
+    assert deploy.executions() == [("a",), ("b",)]
+
+
 # -- across processes ---------------------------------------------------------------------
 
 
