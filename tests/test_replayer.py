@@ -276,7 +276,7 @@ def test_issue27_replay_reads_the_store_given_as_a_url(deploy, tmp_path, monkeyp
     run = mod.three.run(1)
     url = _engine.get_store().path
     if _engine.get_store().kind == "sqlite":
-        url = f"sqlite:///{url}"
+        url = f"sqlite://{url}"
     else:
         url = os.environ["COMPOSE_STORE"]
     monkeypatch.delenv("COMPOSE_STORE", raising=False)
@@ -286,6 +286,22 @@ def test_issue27_replay_reads_the_store_given_as_a_url(deploy, tmp_path, monkeyp
         replay(run.id)
     report = replay(run.id, store=url)
     assert (report.run_id, report.flow, report.steps) == (run.id, "three", 3)
+
+
+def test_issue27_replay_of_an_unknown_run_or_unregistered_flow_is_an_error(deploy):
+    """`testing.replay()` of a run id the store lacks, or of a run whose flow no imported
+    module registers (as FLOW-41 step 4 for resume), raises a `ConfigError`."""
+    from composeai.errors import ConfigError
+
+    mod = load(deploy)
+    run = mod.three.run(1)
+    with pytest.raises(ConfigError) as info:
+        replay("01NOTARUN0000000000000000")
+    assert "01NOTARUN0000000000000000" in str(info.value)
+    deploy.load("empty_mod", "")
+    with pytest.raises(ConfigError) as info:
+        replay(run.id)
+    assert "three" in str(info.value)
 
 
 # -- compose replay -----------------------------------------------------------------------
