@@ -361,15 +361,31 @@ def test_issue27_compose_replay_reports_ok_runs_and_exits_0(tmp_path):
     assert box.side_effects() == executed
 
 
+OTHER = """\
+import composeai as compose
+
+
+@compose.task
+def bump(n: int) -> int:
+    side_effect("bump", n)
+    return n + 100
+
+
+@compose.flow(name="other")
+def other(n: int) -> int:
+    return bump(n)
+"""
+
+
 def test_issue27_compose_replay_ok_diverged_and_skipped(tmp_path):
     """`compose replay`: `ok` for a clean run, `diverged` for one the changed module no
     longer matches, `skipped` for a run whose flow no module registers; the summary line
     counts each and the exit code is 1."""
     box = _proc.Sandbox(tmp_path)
     box.write_module("replay_mod", FLOWS)
-    box.write_module("other_mod", FLOWS.replace('name="three"', 'name="other_three"'))
+    box.write_module("other_mod", OTHER)
     ids = start_runs(box, "m.three.run(1)\nm.gated.run(2)\nm.three.run(3)")
-    other = box.run("import other_mod\nemit(id=other_mod.three.run(1).id)").ok()["id"]
+    other = box.run("import other_mod\nemit(id=other_mod.other.run(1).id)").ok()["id"]
     clean = cli(box, *ids, other, "--import", "replay_mod", "--import", "other_mod")
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert outcomes(clean.stdout) == dict.fromkeys([*ids, other], "ok")
