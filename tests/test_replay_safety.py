@@ -323,6 +323,63 @@ def test_issue27_on_divergence_warn_is_silent_for_an_unchanged_body(deploy):
     assert seen == [] and third.output == [10, "A", "C"]
 
 
+def test_issue27_on_divergence_warn_completes_a_body_that_skips_journaled_steps(deploy):
+    """`on_divergence="warn"`: a body that returns without reaching journaled `b#1` warns
+    once and completes, as before issue 27."""
+    run = paused_run(deploy, "a()\nb()")
+    deploy.load("pipeline_mod", flow_source(gated("a()"), options='on_divergence="warn"'))
+    done, seen = resume_recording(run.id, answers={"go": True}, allow_code_change=True)
+    assert (done.status, done.output) == ("completed", "done")
+    assert len(seen) == 1, [str(w.message) for w in seen]
+    assert deploy.executions() == [("a",), ("b",)]
+
+
+def test_issue27_on_divergence_warn_in_an_async_flow(deploy):
+    """`on_divergence="warn"` on an `async def` flow resumed with `aresume`: one warning,
+    the renamed step runs, the run completes."""
+    source = """\
+import composeai as compose
+
+
+@compose.task
+async def a() -> str:
+    side_effect("a")
+    return "A"
+
+
+@compose.task
+async def b() -> str:
+    side_effect("b")
+    return "B"
+
+
+@compose.task
+async def b2() -> str:
+    side_effect("b2")
+    return "B2"
+
+
+@compose.flow(name="async_warn", on_divergence="warn")
+async def async_warn() -> list:
+    out = [await a.arun(), await SECOND.arun()]
+    compose.approve("go")
+    return out
+"""
+    mod = deploy.load("async_warn_mod", source.replace("SECOND", "b"))
+    run = asyncio.run(mod.async_warn.arun())
+    deploy.load("async_warn_mod", source.replace("SECOND", "b2"))
+
+    async def main():
+        return await compose.aresume(run.id, answers={"go": True}, allow_code_change=True)
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        done = asyncio.run(main())
+    assert done.output == ["A", "B2"]
+    assert len([w for w in seen if issubclass(w.category, compose.NondeterminismWarning)]) == 1
+    assert deploy.executions() == [("a",), ("b",), ("b2",)]
+
+
 def test_issue27_default_is_raise(deploy):
     """Without `on_divergence` a divergence raises (the default is "raise") — and no
     warning is emitted."""
@@ -722,6 +779,47 @@ def test_issue27_divergence_inside_a_map_item_names_the_item_key(deploy):
     assert info.value.key == "map#1[1]/fetch#1"
 
 
+AGGREGATE = """\
+import composeai as compose
+
+
+@compose.task
+def upper(s: str) -> str:
+    side_effect("upper", s)
+    return s.upper()
+
+
+@compose.task
+def shout(s: str) -> str:
+    side_effect("shout", s)
+    return s + "!"
+
+
+def loud(s: str) -> str:
+    return shout(s + SUFFIX)
+
+
+@compose.flow(name="fanout")
+def fanout() -> dict:
+    out = compose.aggregate(u=upper, s=loud)("hey")
+    compose.approve("go")
+    return out
+"""
+
+
+def test_issue27_divergence_inside_an_aggregate_branch_names_the_branch_key(deploy):
+    """Issue 27 with FLOW-15: a changed call inside one `aggregate` branch is reported
+    under that branch's scope (`aggregate#1/s/shout#1`); the other branch replays."""
+    mod = deploy.load("fanout_mod", AGGREGATE.replace("SUFFIX", '""'))
+    run = mod.fanout.run()
+    assert "aggregate#1/s/shout#1" in deploy.journal(run.id)
+    deploy.load("fanout_mod", AGGREGATE.replace("SUFFIX", '"?"'))
+    with pytest.raises(compose.NondeterminismError) as info:
+        compose.resume(run.id, answers={"go": True}, allow_code_change=True)
+    assert info.value.key == "aggregate#1/s/shout#1"
+    assert sorted(deploy.executions()) == [("shout", "hey"), ("upper", "hey")]
+
+
 def test_issue27_fewer_map_items_is_a_divergence_at_the_missing_item(deploy):
     """Issue 27 with FLOW-15: a `map` over fewer items no longer reaches the journaled
     `map#1[2]/fetch#1`; the run raises when it would complete, naming that key."""
@@ -912,6 +1010,27 @@ def test_issue27_kill_9_mid_run_then_resume_in_another_process_never_diverges(tm
         counts[line[:-1]] = counts.get(line[:-1], 0) + 1
     assert counts.pop(("slow", "5")) == 2
     assert set(counts.values()) == {1}
+
+
+def test_issue27_kill_9_inside_a_map_then_resume_never_diverges(tmp_path):
+    """Issue 27 across processes with FLOW-15: a run SIGKILLed while one `map` item hangs
+    and another has been journaled resumes in another process without divergence; only the
+    unfinished item runs again."""
+    box = _proc.Sandbox(tmp_path)
+    box.write_module("crashy_mod", CRASHY)
+    child = box.spawn(START_CHILD, HANG_AT="101")
+    line = _proc.read_line(child)
+    assert line == "HANGING\n", _proc.finish(child, prefix=line).describe()
+    (run_id,) = box.run_ids()
+    _proc.wait_until(lambda: "map#1[0]/slow#1" in box.journal(run_id), what="item 0 journaled")
+    child.kill()
+    assert _proc.finish(child).killed
+    assert "map#1[1]/slow#1" not in box.journal(run_id)
+    result = box.run(RESUME_CHILD, RUN_ID=run_id).ok()
+    assert result["output"][2] == [10000, 10201]
+    lines = [ln[:-1] for ln in box.side_effects()]
+    assert lines.count(("slow", "100")) == 1 and lines.count(("slow", "101")) == 2
+    assert lines.count(("slow", "3")) == 1
 
 
 def test_issue27_kill_9_then_resume_with_changed_code_in_another_process_diverges(tmp_path):
