@@ -212,6 +212,35 @@ def test_issue27_fork_runs_the_current_code_from_at(deploy):
     assert forked.output["second"] == OUTPUT["second"]
 
 
+BOOK = (
+    DIGEST
+    + """
+
+@compose.flow(name="section")
+def section(topic: str) -> str:
+    return summarize(fetch(topic), 1)
+
+
+@compose.flow(name="book")
+def book(topic: str) -> str:
+    return publish(section(topic))
+"""
+)
+
+
+def test_issue27_fork_at_a_step_inside_a_nested_flow_executes_it(deploy):
+    """A fork at `section#1/summarize#1` (FLOW-15/FLOW-50 scope of a nested flow) keeps
+    `section#1/fetch#1` and executes `summarize` — and so the nested flow and `publish` —
+    again: `at` always executes."""
+    mod = deploy.load("digest_mod", BOOK)
+    run = mod.book.run("owls")
+    assert run.output == "SUMMARY 1 OF TEXT ABOUT OWLS"
+    forked = fork(run.id, at="section#1/summarize#1")
+    assert (forked.status, forked.output) == ("completed", run.output)
+    c = counts(deploy)
+    assert (c[("fetch", "owls")], c[("summarize", "1")], c[("publish",)]) == (1, 2, 2)
+
+
 def test_issue27_fork_of_an_unknown_run_is_a_config_error(deploy):
     """An unknown run id → `ConfigError`; nothing is created."""
     deploy.load("digest_mod", DIGEST)

@@ -219,6 +219,53 @@ def test_issue27_replay_covers_map_now_random_and_agents_without_calling_the_mod
     assert deploy.executions() == executed
 
 
+def test_issue27_replay_of_a_run_paused_on_a_gated_tool_asks_no_model(deploy):
+    """A run paused inside an agent on an approval-gated tool (FLOW-36) replays up to that
+    interrupt: `stopped_at` is `tool:send:c1`, the tool does not run, no model is asked."""
+    source = """\
+import composeai as compose
+from composeai.testing import FakeModel
+
+
+@compose.task
+def prepare(topic: str) -> str:
+    side_effect("prepare", topic)
+    return topic.title()
+
+
+@compose.tool(requires_approval=True)
+def send(to: str) -> str:
+    \"\"\"Send it.\"\"\"
+    side_effect("send", to)
+    return "sent"
+
+
+MODEL = FakeModel(
+    [{"tool_calls": [{"name": "send", "arguments": {"to": "ann"}, "id": "c1"}]}, "mailed"]
+)
+
+
+@compose.agent(model=MODEL, tools=[send], name="mailer")
+def mailer(topic: str) -> str:
+    return f"mail about {topic}"
+
+
+@compose.flow(name="mailing")
+def mailing(topic: str) -> str:
+    return mailer(prepare(topic))
+"""
+    mod = deploy.load("mailing_mod", source)
+    run = mod.mailing.run("owl")
+    assert run.pending.id == "tool:send:c1"
+    before = untouched(deploy, run.id)
+    asked = len(mod.MODEL.requests)
+    report = replay(run.id)
+    assert (report.flow, report.stopped_at) == ("mailing", "tool:send:c1")
+    assert len(mod.MODEL.requests) == asked
+    assert deploy.executions() == [("prepare", "owl")]
+    assert untouched(deploy, run.id) == before
+
+
 def test_issue27_replay_of_an_async_flow(deploy):
     """An `async def` flow replays through the sync `testing.replay()`."""
     mod = load(deploy)
@@ -420,6 +467,19 @@ def test_issue27_compose_replay_since_selects_recent_flow_runs(tmp_path):
     assert summary(result.stdout) == "replayed 2 runs: 2 ok, 0 diverged, 0 skipped"
     wide = cli(box, "--since", "30d", "--import", "replay_mod")
     assert outcomes(wide.stdout) == dict.fromkeys(flows, "ok")
+
+
+def test_issue27_compose_replay_since_with_no_runs_in_the_window(tmp_path):
+    """`compose replay --since 1d` over a store whose flow runs are all older replays
+    nothing: `replayed 0 runs: 0 ok, 0 diverged, 0 skipped`, exit 0."""
+    box = _proc.Sandbox(tmp_path)
+    box.write_module("replay_mod", FLOWS)
+    (run_id,) = start_runs(box, "m.three.run(1)")
+    raw_edit(box, f"UPDATE runs SET created_at = created_at - 3 * 86400 WHERE run_id = '{run_id}'")
+    result = cli(box, "--since", "1d", "--import", "replay_mod")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert outcomes(result.stdout) == {}
+    assert summary(result.stdout) == "replayed 0 runs: 0 ok, 0 diverged, 0 skipped"
 
 
 def raw_edit(box: _proc.Sandbox, sql: str) -> None:
