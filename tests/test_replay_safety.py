@@ -1077,6 +1077,75 @@ def test_issue27_paused_run_resumed_by_another_process_with_changed_code_diverge
     assert err["recorded"] != err["called"]
 
 
+HASHED = """\
+import dataclasses
+
+import composeai as compose
+
+
+@dataclasses.dataclass(frozen=True)
+class Tag:
+    name: str
+
+
+@compose.task
+def count(tags: frozenset[Tag]) -> int:
+    side_effect("count")
+    return len(tags)
+
+
+@compose.task
+def size(items: set) -> int:
+    side_effect("size")
+    return len(items)
+
+
+@compose.flow(name="tagging")
+def tagging() -> list:
+    names = ["ant", "bee", "cat", "dog", "eel", "fox", "gnu", "hen"]
+    out = CALL
+    compose.approve("go")
+    return out
+"""
+
+
+@pytest.mark.parametrize(
+    ("call", "output", "task"),
+    [
+        pytest.param("count(frozenset(Tag(n) for n in names))", 8, "count", id="dataclass-set"),
+        pytest.param('size({"ant", 1, "bee", 2, "cat"})', 5, "size", id="mixed-set"),
+        pytest.param("size(set(names))", 8, "size", id="string-set"),
+    ],
+)
+def test_issue27_set_arguments_replay_in_a_process_with_another_hash_seed(
+    tmp_path, call, output, task
+):
+    """Issue 27: an unchanged body never diverges across processes, even when a step's
+    arguments are sets whose iteration order depends on the string hash seed (a frozenset
+    of dataclasses, a set of mixed types): resumed under another `PYTHONHASHSEED`, the
+    journaled calls still match."""
+    box = _proc.Sandbox(tmp_path)
+    box.write_module("tagging_mod", HASHED.replace("CALL", call))
+    started = box.run(
+        "import tagging_mod\nrun = tagging_mod.tagging.run()\nemit(id=run.id, status=run.status)",
+        PYTHONHASHSEED="1",
+    ).ok()
+    assert started["status"] == "paused"
+    done = box.run(
+        """
+        import os
+        import tagging_mod
+        from composeai import resume
+        run = resume(os.environ["RUN_ID"], answers={"go": True})
+        emit(status=run.status, output=run.output)
+        """,
+        RUN_ID=started["id"],
+        PYTHONHASHSEED="2",
+    ).ok()
+    assert (done["status"], done["output"]) == ("completed", output)
+    assert [ln[0] for ln in box.side_effects()] == [task]
+
+
 def test_issue27_replay_speed_of_an_unchanged_body_is_not_quadratic(deploy):
     """Issue 27: comparing identities adds constant work per step — replaying 2,000
     journaled steps takes about twice as long as 1,000 (generous bound: under 5x)."""
