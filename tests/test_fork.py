@@ -241,6 +241,17 @@ def test_issue27_fork_at_a_step_inside_a_nested_flow_executes_it(deploy):
     assert (c[("fetch", "owls")], c[("summarize", "1")], c[("publish",)]) == (1, 2, 2)
 
 
+def test_issue27_a_forks_copied_steps_keep_their_identities(deploy):
+    """The steps a fork copies keep their recorded identities: resuming the fork under a
+    body that now calls `summarize(text, 11)` diverges at `summarize#1`."""
+    run = completed_run(deploy)
+    forked = fork(run.id, at="summarize#2")
+    deploy.load("digest_mod", DIGEST.replace("summarize(text, 1)", "summarize(text, 11)"))
+    with pytest.raises(compose.NondeterminismError) as info:
+        compose.resume(forked.id, answers={"second": True}, allow_code_change=True)
+    assert (info.value.run_id, info.value.key) == (forked.id, "summarize#1")
+
+
 def test_issue27_fork_of_an_unknown_run_is_a_config_error(deploy):
     """An unknown run id → `ConfigError`; nothing is created."""
     deploy.load("digest_mod", DIGEST)

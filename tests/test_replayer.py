@@ -204,6 +204,25 @@ def test_issue27_replay_of_a_crashed_run_stops_at_the_step_it_died_in(deploy):
     assert [e[:2] for e in deploy.box.side_effects()] == [("a", "7"), ("b", "8")]
 
 
+def test_issue27_replay_of_a_run_another_process_is_executing(deploy):
+    """Replay takes no lease and writes nothing, so it reads a run that another live
+    process is executing (hanging inside `b`) without waiting for or disturbing it."""
+    load(deploy)
+    child = deploy.box.spawn("import replay_mod\nreplay_mod.three.run(7)", HANG_AT="8")
+    try:
+        line = _proc.read_line(child)
+        assert line == "HANGING\n", _proc.finish(child, prefix=line).describe()
+        (run_id,) = deploy.run_ids()
+        before = untouched(deploy, run_id)
+        report = replay(run_id)
+        assert (report.steps, report.stopped_at) == (1, "b#1")
+        assert untouched(deploy, run_id) == before
+        assert child.poll() is None, "the executing process was disturbed"
+    finally:
+        child.kill()
+        _proc.finish(child)
+
+
 def test_issue27_replay_covers_map_now_random_and_agents_without_calling_the_model(deploy):
     """Replay of a run with `map` items (FLOW-15), `now()`/`random()` and an agent step
     returns the journaled values: no task runs and no model is asked — the redeployed agent's
@@ -213,10 +232,12 @@ def test_issue27_replay_covers_map_now_random_and_agents_without_calling_the_mod
     assert run.output["summary"] == "a summary"
     executed = deploy.executions()
     mod = load(deploy, FLOWS.replace('["a summary"] * 10', "[]"))
+    before = untouched(deploy, run.id)
     report = replay(run.id)
     assert report.stopped_at is None and report.steps == 6
     assert mod.MODEL.requests == []
     assert deploy.executions() == executed
+    assert untouched(deploy, run.id) == before
 
 
 def test_issue27_replay_of_a_run_paused_on_a_gated_tool_asks_no_model(deploy):
