@@ -1033,6 +1033,75 @@ def test_issue27_kill_9_inside_a_map_then_resume_never_diverges(tmp_path):
     assert lines.count(("slow", "3")) == 1
 
 
+FAN = """\
+import asyncio
+import os
+import time
+
+import composeai as compose
+
+
+@compose.task
+def piece(i: int) -> int:
+    side_effect("piece", i)
+    if i == int(os.environ.get("HANG_AT", "-1")):
+        print("HANGING", flush=True)
+        time.sleep(600)
+    return i * 3
+
+
+@compose.flow(name="fan")
+def fan() -> list:
+    first = piece(10)
+    handles = [compose.start(piece, i) for i in range(3)]
+    return [first, *compose.gather(*handles)]
+
+
+@compose.flow(name="afan")
+async def afan() -> list:
+    first = await piece.arun(10)
+    rest = await asyncio.gather(*(piece.arun(i) for i in range(3)))
+    return [first, *rest]
+"""
+
+
+@pytest.mark.parametrize(
+    "start",
+    [
+        pytest.param("fan_mod.fan.run()", id="start-gather"),
+        pytest.param("__import__('asyncio').run(fan_mod.afan.arun())", id="asyncio-gather"),
+    ],
+)
+def test_issue27_kill_9_with_later_siblings_journaled_resumes_without_divergence(tmp_path, start):
+    """Issue 27 with FLOW-14 (keys reserved in call order, journaled in completion order):
+    concurrent steps of one scope — `start`/`gather` (EXT-6) or `asyncio.gather` of `arun`
+    calls — where the later `piece#3`/`piece#4` were journaled and the earlier `piece#2` was
+    still running when the process was SIGKILLed resume in another process without
+    divergence; only `piece(0)` runs again."""
+    box = _proc.Sandbox(tmp_path)
+    box.write_module("fan_mod", FAN)
+    child = box.spawn(f"import fan_mod\n{start}", HANG_AT="0")
+    line = _proc.read_line(child)
+    assert line == "HANGING\n", _proc.finish(child, prefix=line).describe()
+    (run_id,) = box.run_ids()
+    _proc.wait_until(
+        lambda: {"piece#3", "piece#4"} <= set(box.journal(run_id)), what="the later siblings"
+    )
+    child.kill()
+    assert _proc.finish(child).killed
+    assert "piece#2" not in box.journal(run_id)
+    result = box.run(
+        "import os, fan_mod\nfrom composeai import resume\n"
+        "run = resume(os.environ['RUN_ID'])\nemit(status=run.status, output=run.output)",
+        RUN_ID=run_id,
+    ).ok()
+    assert (result["status"], result["output"]) == ("completed", [30, 0, 3, 6])
+    lines = [ln[:-1] for ln in box.side_effects()]
+    assert sorted(lines) == sorted(
+        [("piece", "10"), ("piece", "0"), ("piece", "0"), ("piece", "1"), ("piece", "2")]
+    )
+
+
 def test_issue27_kill_9_then_resume_with_changed_code_in_another_process_diverges(tmp_path):
     """Issue 27 across processes: a crashed run resumed by a process running a changed
     body raises `NondeterminismError` there (key `b#1`); nothing new is journaled; a process
