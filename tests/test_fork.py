@@ -252,6 +252,28 @@ def test_issue27_a_forks_copied_steps_keep_their_identities(deploy):
     assert (info.value.run_id, info.value.key) == (forked.id, "summarize#1")
 
 
+MAPPED = (
+    DIGEST
+    + """
+
+@compose.flow(name="digests")
+def digests(topics: list) -> list:
+    return compose.map(fetch, topics)
+"""
+)
+
+
+def test_issue27_fork_at_a_map_item_keeps_the_items_before_it(deploy):
+    """A fork at `map#1[1]/fetch#1` (FLOW-15 item scopes, reserved in input order) keeps
+    item 0 and executes items 1 and 2."""
+    mod = deploy.load("digest_mod", MAPPED)
+    run = mod.digests.run(["ant", "bee", "cat"])
+    forked = fork(run.id, at="map#1[1]/fetch#1")
+    assert forked.output == run.output == ["text about ant", "text about bee", "text about cat"]
+    c = counts(deploy)
+    assert (c[("fetch", "ant")], c[("fetch", "bee")], c[("fetch", "cat")]) == (1, 2, 2)
+
+
 def test_issue27_fork_of_an_unknown_run_is_a_config_error(deploy):
     """An unknown run id → `ConfigError`; nothing is created."""
     deploy.load("digest_mod", DIGEST)
@@ -332,6 +354,15 @@ def test_issue27_compose_fork_that_completes_prints_completed(tmp_path):
     (new,) = [i for i in box.run_ids() if i != old]
     assert [ln for ln in result.stdout.splitlines() if new in ln and "completed" in ln]
     assert box.run_row(new)["status"] == "completed"
+
+
+def test_issue27_compose_fork_of_an_unknown_run_fails(tmp_path):
+    """`compose fork` of a run id the store lacks exits 1 naming it."""
+    box = _proc.Sandbox(tmp_path)
+    cli_completed_run(box)
+    result = cli(box, "01NOTARUN0000000000000000", "--at", "fetch#1", "--import", "digest_mod")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "01NOTARUN0000000000000000" in result.stderr
 
 
 def test_issue27_compose_fork_at_an_unknown_key_fails_naming_it(tmp_path):

@@ -380,6 +380,20 @@ async def async_warn() -> list:
     assert deploy.executions() == [("a",), ("b",), ("b2",)]
 
 
+def test_issue27_on_divergence_warn_once_for_many_diverging_map_items(deploy):
+    """`on_divergence="warn"`: three `map` items diverging concurrently in one attempt
+    give one warning; each item returns its journaled value (FLOW-16)."""
+    body = 'values = compose.map(fetch, [1, 2, 3])\ncompose.approve("go")\nreturn values'
+    deploy.load("pipeline_mod", flow_source(body))
+    run = deploy_run(deploy)
+    changed = flow_source(body.replace("[1, 2, 3]", "[4, 5, 6]"), options='on_divergence="warn"')
+    deploy.load("pipeline_mod", changed)
+    done, seen = resume_recording(run.id, answers={"go": True}, allow_code_change=True)
+    assert done.output == [10, 20, 30]
+    assert len(seen) == 1, [str(w.message) for w in seen]
+    assert sorted(deploy.executions()) == [("fetch", "1"), ("fetch", "2"), ("fetch", "3")]
+
+
 def test_issue27_default_is_raise(deploy):
     """Without `on_divergence` a divergence raises (the default is "raise") — and no
     warning is emitted."""
