@@ -98,6 +98,16 @@ def completed_run(deploy):
     return run
 
 
+def steps(deploy, run_id: str) -> dict[str, str]:
+    """The run's journaled steps and answers, without bookkeeping rows the engine may keep
+    under other reserved `__` keys (the fork's origin, say)."""
+    return {
+        k: v
+        for k, v in deploy.journal(run_id).items()
+        if not k.startswith("__") or k.startswith("__interrupt__:")
+    }
+
+
 def counts(deploy) -> dict[tuple, int]:
     found: dict[tuple, int] = {}
     for line in deploy.executions():
@@ -115,7 +125,7 @@ def test_issue27_fork_copies_the_journal_before_at_and_executes_from_at(deploy):
     assert isinstance(forked, compose.Run)
     assert forked.id != run.id
     assert forked.status == "paused" and forked.pending.id == "second"
-    journal = deploy.journal(forked.id)
+    journal = steps(deploy, forked.id)
     assert set(journal) == {"fetch#1", "summarize#1", "__interrupt__:first", "summarize#2"}
     old = deploy.journal(run.id)
     for key in ("fetch#1", "summarize#1", "__interrupt__:first"):
@@ -160,7 +170,7 @@ def test_issue27_fork_before_a_gate_asks_it_again(deploy):
     run = completed_run(deploy)
     forked = fork(run.id, at="summarize#1")
     assert forked.status == "paused" and forked.pending.id == "first"
-    assert set(deploy.journal(forked.id)) == {"fetch#1", "summarize#1"}
+    assert set(steps(deploy, forked.id)) == {"fetch#1", "summarize#1"}
     assert counts(deploy)[("fetch", "owls")] == 1
     assert counts(deploy)[("summarize", "1")] == 2
 
@@ -182,7 +192,7 @@ def test_issue27_fork_at_the_first_step_reruns_everything(deploy):
     forked = fork(run.id, at="fetch#1")
     assert forked.pending.id == "first"
     assert counts(deploy)[("fetch", "owls")] == 2
-    assert set(deploy.journal(forked.id)) == {"fetch#1", "summarize#1"}
+    assert set(steps(deploy, forked.id)) == {"fetch#1", "summarize#1"}
 
 
 def test_issue27_fork_of_a_paused_run_leaves_it_paused(deploy):
