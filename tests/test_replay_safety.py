@@ -208,6 +208,22 @@ def test_issue27_values_replayed_after_the_fix_are_the_journaled_ones(deploy):
     assert deploy.executions() == [("fetch", "3"), ("a",)]
 
 
+def test_issue27_a_body_that_swallows_the_error_still_fails_and_journals_nothing(deploy):
+    """Issue 27: a body that catches the divergence (`except Exception`) and goes on to new
+    work does not escape it: the run still fails with `NondeterminismError`, the fallback
+    step is neither executed nor journaled."""
+    run = paused_run(deploy, "a()\nb()")
+    journal = deploy.journal(run.id)
+    swallow = "a()\ntry:\n    b2()\nexcept Exception:\n    c()"
+    deploy.load("pipeline_mod", flow_source(gated(swallow)))
+    with pytest.raises(compose.NondeterminismError) as info:
+        compose.resume(run.id, answers={"go": True}, allow_code_change=True)
+    assert info.value.key == "b#1"
+    assert without_answer(deploy.journal(run.id)) == journal
+    assert deploy.executions() == [("a",), ("b",)]
+    assert json.loads(deploy.run_row(run.id)["error_json"])["type"] == "NondeterminismError"
+
+
 def test_issue27_flow41_fingerprint_check_keeps_its_meaning(deploy):
     """FLOW-41 step 6 still refuses a changed source without allow_code_change (a
     `ResumeMismatchError`, nothing written); with it, divergence is still detected."""

@@ -503,6 +503,18 @@ def test_issue27_compose_replay_since_with_no_runs_in_the_window(tmp_path):
     assert summary(result.stdout) == "replayed 0 runs: 0 ok, 0 diverged, 0 skipped"
 
 
+@pytest.mark.sqlite_file
+def test_issue27_compose_replay_invalid_since_is_the_runs_error(tmp_path):
+    """`compose replay --since` takes the values `compose runs --since` does (OBS-31) and
+    refuses others the same way, exit 1."""
+    box = _proc.Sandbox(tmp_path)
+    result = cli(box, "--since", "2w")
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (
+        "compose: invalid --since value '2w': expected '<N>d', '<N>h', or 'YYYY-MM-DD'\n"
+    )
+
+
 def raw_edit(box: _proc.Sandbox, sql: str) -> None:
     if box.store:
         _proc.pg_exec(box.store, sql)
