@@ -1214,6 +1214,9 @@ def tagging() -> list:
         pytest.param("count(frozenset(Tag(n) for n in names))", 8, "count", id="dataclass-set"),
         pytest.param('size({"ant", 1, "bee", 2, "cat"})', 5, "size", id="mixed-set"),
         pytest.param("size(set(names))", 8, "size", id="string-set"),
+        pytest.param(
+            'size(items={"héllo": [1, 2.5, None], "b": {"x": "ü"}})', 2, "size", id="kwargs"
+        ),
     ],
 )
 def test_issue27_set_arguments_replay_in_a_process_with_another_hash_seed(
