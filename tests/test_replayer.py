@@ -281,10 +281,11 @@ def mailing(topic: str) -> str:
     before = untouched(deploy, run.id)
     asked = len(mod.MODEL.requests)
     report = replay(run.id)
-    assert (report.flow, report.stopped_at) == ("mailing", "tool:send:c1")
     assert len(mod.MODEL.requests) == asked
     assert deploy.executions() == [("prepare", "owl")]
     assert untouched(deploy, run.id) == before
+    assert (report.flow, report.steps) == ("mailing", 1)
+    assert report.stopped_at == "tool:send:c1"
 
 
 def test_issue27_replay_of_an_async_flow(deploy):
