@@ -98,6 +98,10 @@ SHAPES = [
     pytest.param("a()\nb()\nc()", "a()\nc()", "b#1", id="removed-step"),
     pytest.param("a()\nb()", "a()\nx()\nb()", "b#1", id="inserted-step"),
     pytest.param("a()\nb()", "a()", "b#1", id="returns-before-journaled-steps"),
+    pytest.param("fetch(1)\nfetch(2)", "fetch(2)\nfetch(1)", "fetch#1", id="swapped-arguments"),
+    pytest.param(
+        "fetch(1)\nfetch(2)\nfetch(3)", "fetch(1)\nfetch(3)", "fetch#2", id="removed-repeat-call"
+    ),
 ]
 
 
