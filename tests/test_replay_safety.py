@@ -451,6 +451,25 @@ def test_issue27_old_journal_without_identities_replays_as_before(deploy, after,
     assert deploy.executions() == executed + ran
 
 
+def test_issue27_rows_journaled_after_an_upgrade_are_checked(deploy):
+    """Issue 27: a run journaled partly before identities existed (`a#1`, ident NULL) and
+    partly after (`fetch#1`) still detects a change at the row that has one; replaying the
+    unchanged code over the mixed journal completes."""
+    body = 'a()\ncompose.approve("go")\nfetch(1)\ncompose.approve("go2")\nreturn "done"'
+    deploy.load("pipeline_mod", flow_source(body))
+    run = deploy_run(deploy)
+    raw_sql("UPDATE journal SET ident = NULL")
+    assert compose.resume(run.id, answers={"go": True}).pending.id == "go2"
+    deploy.load("pipeline_mod", flow_source(body.replace("fetch(1)", "fetch(2)")))
+    with pytest.raises(compose.NondeterminismError) as info:
+        compose.resume(run.id, answers={"go2": True}, allow_code_change=True)
+    assert info.value.key == "fetch#1"
+    deploy.load("pipeline_mod", flow_source(body))
+    done = compose.resume(run.id, answers={"go2": True})
+    assert done.output == "done"
+    assert deploy.executions() == [("a",), ("fetch", "1")]
+
+
 # -- unchanged bodies never raise ---------------------------------------------------------
 
 
