@@ -234,7 +234,11 @@ def answer(
         # The resume takes answers given earlier from outside for this
         # suspension itself, inside its claim.
         graph_outcome = _lifecycle.resume(run_id, answers={full: value})
-        return Answered(run_id, row["kind"], full, value, False, graph_outcome)
+        # An answer journaled from outside just before the claim wins (first
+        # write wins): say which value the node got.
+        stored = dict(store.journal(run_id)).get(f"__interrupt__:{full}@{at}")
+        used = _plain(stored) if stored is not None else value
+        return Answered(run_id, row["kind"], full, used, False, graph_outcome)
     outcome, found = _core.answer_interrupts(
         store, run_id, [(full, encoded)], at if graph else None
     )
