@@ -51,7 +51,9 @@ impl Attempt {
                 self.replayed_steps.fetch_add(1, Ordering::Relaxed);
             }
             if self.forking.load(Ordering::Relaxed) {
-                self.borrow(&key, fence)?;
+                // Journaled by an earlier attempt of the fork: nothing to
+                // borrow, but it may be the fork key.
+                self.borrow_source(&key.to_string());
             }
             return Ok((key, hit));
         }
@@ -68,33 +70,30 @@ impl Attempt {
         if !self.forking.load(Ordering::Relaxed) {
             return Ok(None);
         }
-        let value = {
-            let mut source = self.source.lock();
-            let Some(s) = source.as_mut() else {
-                return Ok(None);
-            };
-            let text = key.to_string();
-            if text == s.at {
-                // Reached (executed now, or journaled by an earlier attempt):
-                // everything from here on is the fork's own.
-                *source = None;
-                self.forking.store(false, Ordering::Relaxed);
-                return Ok(None);
-            }
-            // A step enclosing `at` (a nested flow) executes, so `at` is reached.
-            if s.at.len() > text.len()
-                && s.at.starts_with(&text)
-                && s.at.as_bytes()[text.len()] == b'/'
-            {
-                return Ok(None);
-            }
-            match s.journal.get(&text) {
-                Some(v) => v,
-                None => return Ok(None),
-            }
+        let text = key.to_string();
+        let Some(value) = self.borrow_source(&text) else {
+            return Ok(None);
         };
-        self.commit_checked(&key.to_string(), &value, None, fence)
-            .map(Some)
+        self.commit_checked(&text, &value, None, fence).map(Some)
+    }
+
+    /// The source's value for step `key` of a fork, when the fork borrows
+    /// it; reaching the fork key ends the borrowing.
+    fn borrow_source(&self, key: &str) -> Option<Arc<str>> {
+        let mut source = self.source.lock();
+        let s = source.as_mut()?;
+        if key == s.at {
+            // Reached (executed now, or journaled by an earlier attempt):
+            // everything from here on is the fork's own.
+            *source = None;
+            self.forking.store(false, Ordering::Relaxed);
+            return None;
+        }
+        // A step enclosing `at` (a nested flow) executes, so `at` is reached.
+        if s.at.len() > key.len() && s.at.starts_with(key) && s.at.as_bytes()[key.len()] == b'/' {
+            return None;
+        }
+        s.journal.get(key)
     }
 
     /// Makes this run a fork of run `from` (its journal `journal`) that

@@ -253,13 +253,26 @@ impl Attempt {
         seconds: f64,
     ) -> Attempt {
         let lease = crate::lease::register(store.clone(), row.clone(), seconds);
-        let durable = AttemptState::default();
-        let trace = Arc::from(run.trace_id.as_deref().unwrap_or(""));
+        let attempt = Attempt::assemble(store, run, row, journal, first, Some(lease), false);
         if first {
             // The run row was created just now, with no cancel request: the
             // first poll is due one interval later, as after any check.
-            durable.cancel_checked_now();
+            attempt.durable.cancel_checked_now();
         }
+        attempt
+    }
+
+    /// An attempt's fields, holding `lease` (none: a replay-only attempt).
+    fn assemble(
+        store: Arc<dyn Store>,
+        run: RunRow,
+        row: Arc<RowSlot>,
+        journal: Journal,
+        first: bool,
+        lease: Option<crate::lease::Lease>,
+        replay_only: bool,
+    ) -> Attempt {
+        let trace = Arc::from(run.trace_id.as_deref().unwrap_or(""));
         Attempt {
             store,
             run,
@@ -273,8 +286,8 @@ impl Attempt {
             first,
             prior: Mutex::new(None),
             saved_state: AtomicBool::new(false),
-            durable,
-            lease: Mutex::new(Some(lease)),
+            durable: AttemptState::default(),
+            lease: Mutex::new(lease),
             trace,
             replay_names: Mutex::new((None, None)),
             claimed_span_mark: None,
@@ -283,7 +296,7 @@ impl Attempt {
             poisoned: AtomicBool::new(false),
             warnings: Mutex::new(Vec::new()),
             warned: AtomicBool::new(false),
-            replay_only: false,
+            replay_only,
             replayed_steps: Default::default(),
             source: Mutex::new(None),
             forking: AtomicBool::new(false),
@@ -297,36 +310,10 @@ impl Attempt {
         let (run, journal) = store
             .read_journal(run_id)?
             .ok_or_else(|| CoreError::Config(format!("no run found with run_id '{run_id}'")))?;
-        let trace = Arc::from(run.trace_id.as_deref().unwrap_or(""));
         let row = RowSlot::stored(run.rid);
-        Ok(Attempt {
-            store,
-            run,
-            row,
-            journal: Mutex::new(journal),
-            closed: AtomicBool::new(false),
-            root_fence: Fence::root(),
-            deferred: Mutex::new(Vec::new()),
-            batch: AtomicBool::new(false),
-            batch_slot: Arc::new(Slot::default()),
-            first: false,
-            prior: Mutex::new(None),
-            saved_state: AtomicBool::new(false),
-            durable: AttemptState::default(),
-            lease: Mutex::new(None),
-            trace,
-            replay_names: Mutex::new((None, None)),
-            claimed_span_mark: None,
-            divergence: AtomicU8::new(CHECK_RAISE),
-            diverged: Mutex::new(None),
-            poisoned: AtomicBool::new(false),
-            warnings: Mutex::new(Vec::new()),
-            warned: AtomicBool::new(false),
-            replay_only: true,
-            replayed_steps: Default::default(),
-            source: Mutex::new(None),
-            forking: AtomicBool::new(false),
-        })
+        Ok(Attempt::assemble(
+            store, run, row, journal, false, None, true,
+        ))
     }
 
     fn refuse_replay_only(&self) -> CoreResult<()> {
@@ -337,6 +324,15 @@ impl Attempt {
             )));
         }
         Ok(())
+    }
+
+    /// The divergence that ended journal access, read without a lock
+    /// while there is none (every journal access asks).
+    fn poison(&self) -> Option<CoreError> {
+        if !self.poisoned.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.diverged.lock().clone()
     }
 
     /// The divergence that ended this attempt's journal access, if any.
@@ -411,8 +407,8 @@ impl Attempt {
     /// The body is done (it returned): a journaled call of the run's own
     /// scope that it no longer made is a divergence too.
     pub fn check_complete(&self) -> CoreResult<()> {
-        if self.poisoned.load(Ordering::SeqCst) {
-            return Err(self.diverged.lock().clone().expect("set when poisoned"));
+        if let Some(err) = self.poison() {
+            return Err(err);
         }
         if !self.checks() || self.first || self.run.kind != "flow" {
             return Ok(());
@@ -466,9 +462,9 @@ impl Attempt {
     }
 
     pub(crate) fn check(&self, fence: Option<&Fence>) -> CoreResult<()> {
-        if self.poisoned.load(Ordering::Relaxed) {
+        if let Some(err) = self.poison() {
             // Nothing more is journaled once the body diverged (issue 27).
-            return Err(self.diverged.lock().clone().expect("set when poisoned"));
+            return Err(err);
         }
         if self.closed.load(Ordering::SeqCst) {
             return Err(CoreError::Revoked(format!(
