@@ -199,12 +199,17 @@ def test_ext30_kill_9_inside_a_node_then_retry_in_a_fresh_process(box):
 
 
 LOOP = """\
+import time
+
 from composeai.graph import END, Graph
 
 
 def tick(state):
     n = state.get("n", 0) + 1
     side_effect("tick", n)
+    # Long enough that the driver's 10 ms polls see the run mid-way, so its
+    # kill lands inside the run however fast the machine commits.
+    time.sleep(0.005)
     return {"n": n, "log": [n]}
 
 
