@@ -1124,15 +1124,15 @@ def _args_input(args: tuple, kwargs: dict) -> dict:
 
 
 def step_digest(args: tuple, kwargs: dict) -> int | None:
-    """The hash a step's identity keeps of its arguments (issue 27): of the
-    text the step's input is written as (keyword arguments in name order),
-    or None when they cannot be encoded (the call is then compared by kind,
-    name and position only)."""
+    """The hash a step's identity keeps of its arguments (issue 27): of
+    their encoded text with every dict's keys (keyword arguments included)
+    in sorted order, so that arguments equal by `==` hash alike whatever
+    order a dict was built in (issue 31); None when they cannot be encoded
+    (the call is then compared by kind, name and position only)."""
     text = _args_text(args, kwargs)
     if text is None:
         try:
-            ordered = {k: kwargs[k] for k in sorted(kwargs)}
-            text = _codec.dumps({"args": list(args), "kwargs": ordered})
+            text = _codec.canonical_dumps({"args": list(args), "kwargs": kwargs})
         except Exception:  # noqa: BLE001 -- any unencodable argument
             return None
     return _core.step_digest(text)
