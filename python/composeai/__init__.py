@@ -122,6 +122,9 @@ _LAZY["fork"] = ("._replay", "fork")
 _LAZY["Queue"] = (".queues", "Queue")
 # Store selection (STORE-1) is an attribute too.
 _LAZY["configure"] = ("._engine", "configure")
+# Patching flow code under runs in flight (OPS-2): attributes too.
+_LAZY["patched"] = (".patching", "patched")
+_LAZY["deprecate_patch"] = (".patching", "deprecate_patch")
 
 
 def __getattr__(name: str) -> Any:
