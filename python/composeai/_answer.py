@@ -202,6 +202,17 @@ def graph_head(run_id: str) -> str | None:
     return _core.graph_suspension_head(_engine.get_store(), run_id)
 
 
+def _same_again(row: dict, stored: Any, value: Any) -> bool:
+    """Whether an answer with `resume` repeats the one stored for a run still
+    paused (a first try stored it but could not continue the run here): then
+    the run continues instead of the answer being refused."""
+    return (
+        row["kind"] != "graph"
+        and row["status"] == "paused"
+        and stored == _plain(_codec.dumps(value))
+    )
+
+
 def _continue(row: dict, interrupt_id: str) -> Any:
     """`resume()` of an answered run; a run this process cannot continue is
     reported as answered but not continued."""
@@ -246,15 +257,7 @@ def answer(
     if full is None:
         key = _lifecycle.graph_answer_key(interrupt_id, at) if graph and at else interrupt_id
         earlier = _answered_key(store.journal(run_id), key)
-        if (
-            earlier is not None
-            and resume
-            and not graph
-            and row["status"] == "paused"
-            and earlier[1] == _plain(_codec.dumps(value))
-        ):
-            # The same answer again with --resume (after a first try that
-            # stored it but could not continue here): continue the run.
+        if earlier is not None and resume and _same_again(row, earlier[1], value):
             outcome = _continue(row, earlier[0])
             return Answered(run_id, row["kind"], earlier[0], earlier[1], False, outcome)
         if earlier is not None:
@@ -288,6 +291,9 @@ def answer(
             f"interrupt '{full}' of run '{run_id}' is no longer pending -- nothing was stored"
         )
     (answered_id, stored, now_json), *_ = found[0]
+    if not stored and resume and _same_again(row, _plain(now_json), value):
+        outcome = _continue(row, answered_id)
+        return Answered(run_id, row["kind"], answered_id, _plain(now_json), False, outcome)
     if not stored:
         # Another answer won the race since the pending row was read.
         raise AlreadyAnswered(run_id, answered_id, _plain(now_json))

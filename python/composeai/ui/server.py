@@ -8,8 +8,10 @@ Safe by default:
   time;
 - on a loopback bind the `Host` header must name a loopback host, so a page
   on another site cannot reach the server through DNS rebinding;
-- an answer is a POST carrying this server's random CSRF token, from a
-  same-origin page (`Origin`, or `Referer` when there is no `Origin`);
+- an answer or action is a POST carrying this server's random CSRF token,
+  from a same-origin page (`Origin`, or `Referer` when there is no
+  `Origin`; behind a reverse proxy, `COMPOSE_UI_ORIGIN` names the public
+  origin its pages are served at);
 - every page is sent with a Content-Security-Policy that allows no inline
   script, on top of every stored value being escaped.
 """
@@ -68,9 +70,19 @@ def _host_name(host_header: str) -> str:
 class UIServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], *, token: str | None, loopback: bool) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        *,
+        token: str | None,
+        loopback: bool,
+        public_origin: tuple[str, str] | None = None,
+    ) -> None:
         self.token = token
         self.loopback = loopback
+        # `(scheme, host[:port])` a reverse proxy serves the UI at, whose
+        # pages may post (COMPOSE_UI_ORIGIN).
+        self.public_origin = public_origin
         # Per server: a page from an earlier server cannot post to this one.
         self.csrf = secrets.token_urlsafe(32)
         if ":" in address[0]:
@@ -174,14 +186,17 @@ class Handler(BaseHTTPRequestHandler):
 
     def _same_origin(self) -> bool:
         host = self.headers.get("Host", "")
+        allowed = {("http", host)}
+        if self.server.public_origin is not None:
+            allowed.add(self.server.public_origin)
         origin = self.headers.get("Origin")
         if origin is not None:
             parts = urlsplit(origin)
-            return parts.scheme == "http" and parts.netloc == host
+            return (parts.scheme, parts.netloc) in allowed
         referer = self.headers.get("Referer")
         if referer is not None:
             parts = urlsplit(referer)
-            return parts.scheme == "http" and parts.netloc == host
+            return (parts.scheme, parts.netloc) in allowed
         # A browser sends one of them with a form post; other clients must
         # still carry the CSRF token.
         return True
@@ -412,7 +427,22 @@ def make_server(host: str, port: int, *, allow_remote: bool = False) -> UIServer
             raise ComposeError(
                 "--allow-remote needs COMPOSE_UI_TOKEN set to a secret of at least 16 characters"
             )
-    return UIServer((host, port), token=token, loopback=loopback)
+    return UIServer((host, port), token=token, loopback=loopback, public_origin=_public_origin())
+
+
+def _public_origin() -> tuple[str, str] | None:
+    """`COMPOSE_UI_ORIGIN` (e.g. `https://compose.example.com`): the origin a
+    reverse proxy serves the UI at, so that its pages' forms are same-origin."""
+    value = os.environ.get("COMPOSE_UI_ORIGIN") or None
+    if value is None:
+        return None
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
+        raise ComposeError(
+            f"COMPOSE_UI_ORIGIN must be a scheme and host like 'https://compose.example.com', "
+            f"got {value!r}"
+        )
+    return parts.scheme, parts.netloc
 
 
 def serve(host: str, port: int, *, allow_remote: bool = False) -> int:
