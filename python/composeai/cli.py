@@ -125,7 +125,9 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _not_found(run_id: str) -> ComposeError:
-    return ComposeError(f"no run found with id '{run_id}'")
+    from . import _engine
+
+    return ComposeError(_engine.run_not_found(run_id, "id"))
 
 
 def _color() -> bool:
@@ -145,7 +147,14 @@ def _payload(payload_json: str | None) -> object:
         return payload_json
 
 
-def _parked_banner(run_id: str, pending: list[tuple]) -> str:
+def _resume_lines(module: str | None) -> list[str]:
+    """The hint's first lines: the import that registers the run's flow (its
+    module is recorded with the run), then resume's."""
+    first = [f"    import {module}"] if module else []
+    return [*first, "    from composeai import resume"]
+
+
+def _parked_banner(run_id: str, pending: list[tuple], module: str | None = None) -> str:
     """A run parked on a durable timer or signal (EXT-1/EXT-4)."""
     lines = ["", f"⏸  run {run_id} is parked on {len(pending)} durable wait(s):"]
     for interrupt_id, kind, _question, payload_json in pending:
@@ -160,7 +169,7 @@ def _parked_banner(run_id: str, pending: list[tuple]) -> str:
     lines += [
         "",
         "A running `compose worker` (with --import for its flow) continues it when due; or:",
-        "    from composeai import resume",
+        *_resume_lines(module),
         f"    resume({run_id!r})",
     ]
     if any(p[1] == "signal" for p in pending):
@@ -168,9 +177,9 @@ def _parked_banner(run_id: str, pending: list[tuple]) -> str:
     return "\n".join(lines)
 
 
-def _paused_banner(run_id: str, pending: list[tuple]) -> str:
+def _paused_banner(run_id: str, pending: list[tuple], module: str | None = None) -> str:
     if pending and all(p[1] in ("timer", "signal") for p in pending):
-        return _parked_banner(run_id, pending)
+        return _parked_banner(run_id, pending, module)
     lines = ["", f"⏸  run {run_id} is paused with {len(pending)} pending interrupt(s):"]
     answers: dict[str, object] = {}
     for interrupt_id, kind, question, payload_json in pending:
@@ -180,9 +189,15 @@ def _paused_banner(run_id: str, pending: list[tuple]) -> str:
     lines += [
         "",
         "To resume:",
-        "    from composeai import resume",
+        *_resume_lines(module),
         f"    resume({run_id!r}, answers={answers!r})",
     ]
+    if module and len(pending) == 1:
+        first = pending[0][0]
+        value = "--yes" if pending[0][1] == "approval" else "--json VALUE"
+        lines.append(
+            f"    # or: compose answer {run_id} {first} {value} --resume --import {module}"
+        )
     return "\n".join(lines)
 
 
@@ -204,7 +219,9 @@ def _cmd_trace(args: argparse.Namespace) -> int:
         # Answered (`compose answer`), not continued yet.
         print(f"\n⏸  run {value['run_id']} is answered and due: `compose worker` continues it")
     elif value["status"] == "paused":
-        print(_paused_banner(value["run_id"], value["pending"]))
+        found, row = _core.resolve_run(_db_path(), value["run_id"])
+        module = row.get("module") if found == "found" else None
+        print(_paused_banner(value["run_id"], value["pending"], module))
     return 0
 
 
