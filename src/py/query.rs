@@ -127,11 +127,12 @@ pub fn query_runs<'py>(
     before: Option<(f64, String)>,
 ) -> PyResult<Option<Vec<Bound<'py, PyDict>>>> {
     let filter = RunFilter {
-        status,
-        kind,
+        status: status.into_iter().collect(),
+        kind: kind.into_iter().collect(),
         since,
         before,
         limit,
+        ..RunFilter::default()
     };
     let rows = py
         .allow_threads(|| -> CoreResult<Option<Vec<RunSummary>>> {
@@ -305,11 +306,12 @@ pub fn search_runs(
     before: Option<(f64, String)>,
 ) -> PyResult<(String, PyObject)> {
     let filter = RunFilter {
-        status,
-        kind,
+        status: status.into_iter().collect(),
+        kind: kind.into_iter().collect(),
         since,
         before,
         limit,
+        ..RunFilter::default()
     };
     let found = py
         .allow_threads(|| -> CoreResult<Option<Searched>> {

@@ -140,6 +140,10 @@ pub fn bring_up_to_date(conn: &Connection, path: &str, version: i64) -> CoreResu
             conn.execute_batch(IDENT_SCHEMA).at(path)?;
         }
     }
+    if version < crate::store::sqlite::published::VERSION {
+        conn.execute_batch(crate::store::sqlite::published::SCHEMA)
+            .at(path)?;
+    }
     conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
         .at(path)?;
     conn_tx.commit()?;

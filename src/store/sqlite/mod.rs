@@ -18,6 +18,7 @@ pub mod graph_schema;
 mod migrate;
 mod multirow;
 mod open;
+pub mod published;
 pub mod query;
 pub mod queue;
 pub mod queue_schema;
