@@ -105,7 +105,8 @@ const PRUNE_SELECT: &str = "\
       AND r.kind != 'graph' AND r.lease_owner IS NULL \
       AND (?3 IS NULL OR r.name = ?3) AND (?4 IS NULL OR r.kind = ?4) \
       AND r.run_id NOT IN (SELECT json_extract(f.value_json, '$.run_id') FROM journal f \
-          WHERE f.step_key = '__fork__' AND NOT EXISTS (SELECT 1 FROM journal a \
+          WHERE f.step_key = '__fork__' \
+              AND json_extract(f.value_json, '$.run_id') IS NOT NULL AND NOT EXISTS (SELECT 1 FROM journal a \
               WHERE a.rid = f.rid AND a.step_key = json_extract(f.value_json, '$.at'))) \
     ORDER BY r.created_at LIMIT ?5";
 
