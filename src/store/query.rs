@@ -2,7 +2,7 @@
 //! `runs`, `show`, `trace` and search): spans in the form the trace renderer
 //! draws them.
 
-use crate::store::{RunRow, UsageRow};
+use crate::store::rows::{RunRow, UsageRow};
 use std::collections::HashMap;
 
 /// What rendering needs of one span.

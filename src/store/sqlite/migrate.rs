@@ -140,8 +140,8 @@ pub fn bring_up_to_date(conn: &Connection, path: &str, version: i64) -> CoreResu
             conn.execute_batch(IDENT_SCHEMA).at(path)?;
         }
     }
-    if version < crate::store::sqlite::published::VERSION {
-        conn.execute_batch(crate::store::sqlite::published::SCHEMA)
+    if version < crate::store::sqlite::published_schema::VERSION {
+        conn.execute_batch(crate::store::sqlite::published_schema::SCHEMA)
             .at(path)?;
     }
     conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))

@@ -19,6 +19,7 @@ mod migrate;
 mod multirow;
 mod open;
 pub mod published;
+pub mod published_schema;
 pub mod query;
 pub mod queue;
 pub mod queue_schema;

@@ -1,43 +1,14 @@
 //! Events, streams, the run listing and retention on SQLite (OPS-20 …
-//! OPS-23): schema step 12 and `PublishStore`.
+//! OPS-23): `PublishStore` (the tables: `published_schema`).
 
 use crate::error::{AtPath, CoreError, CoreResult};
 use crate::store::published::{ListedRun, PruneFilter, PublishStore, Published, StreamChunk};
 use crate::store::query::RunFilter;
 use crate::store::sqlite::query::{listed_runs, SearchError};
 use crate::store::sqlite::rows::{journal_winner, moved_away, JOURNAL_STEP_INSERT};
-use crate::store::sqlite::SqliteStore;
+use crate::store::sqlite::store::SqliteStore;
 use crate::time::now;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
-
-/// Schema step 12: the latest value of each event key of a run, the values
-/// of a run's streams by sequence number, the streams closed, and the fork
-/// rows of the journal (a prune looks them up to spare the runs they
-/// borrow from).
-pub const VERSION: i64 = 12;
-
-pub const SCHEMA: &str = r#"
-CREATE TABLE IF NOT EXISTS run_events(
-    rid INTEGER NOT NULL,
-    key TEXT NOT NULL,
-    value_json TEXT NOT NULL,
-    updated_at REAL NOT NULL,
-    PRIMARY KEY(rid, key)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS run_streams(
-    rid INTEGER NOT NULL,
-    key TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    value_json TEXT NOT NULL,
-    PRIMARY KEY(rid, key, seq)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS run_stream_ends(
-    rid INTEGER NOT NULL,
-    key TEXT NOT NULL,
-    PRIMARY KEY(rid, key)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS journal_forks ON journal(rid) WHERE step_key = '__fork__';
-"#;
 
 /// The error for a value written to a closed stream.
 fn closed(key: &str) -> CoreError {
