@@ -240,6 +240,11 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     if outcome == "ambiguous":
         raise _ambiguous(args.run_id, value)
     print(value["text"])
+    if value["events"]:
+        # OPS-21: the latest value of each event the run published.
+        print("\nevents:")
+        for key, value_json in value["events"]:
+            print(f"  {key} = {value_json}")
     if value["status"] == "paused" and not value["pending"]:
         # Answered (`compose answer`), not continued yet.
         print(f"\n⏸  run {value['run_id']} is answered and due: `compose worker` continues it")
