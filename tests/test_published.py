@@ -224,9 +224,9 @@ def _engine_journal(run_id: str) -> list:
     return _engine.get_store().journal(run_id)
 
 
-def test_ops22_stream_to_outside_a_durable_run_streams_nothing(store_kind):
-    """A plain agent call (no run) with `stream_to` still answers; nothing
-    is written anywhere."""
+def test_ops22_stream_to_on_a_standalone_agent_and_bad_stream_to(store_kind):
+    """A standalone agent call with `stream_to` answers as usual; an empty
+    stream name is refused when the agent is declared."""
 
     @compose.agent(model=FakeModel(["just text"]), stream_to="tokens")
     def plain(x: str) -> str:
