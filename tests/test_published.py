@@ -235,3 +235,13 @@ def test_ops22_stream_to_on_a_standalone_agent_and_bad_stream_to(store_kind):
     assert plain("hi") == "just text"
     with pytest.raises(ConfigError, match="stream_to"):
         compose.agent(stream_to="")
+
+
+def test_ops21_compose_trace_lists_the_events(store_kind, capsys):
+    from composeai import cli
+
+    run = publisher.run(1)
+    capsys.readouterr()
+    assert cli.main(["trace", run.id]) == 0
+    out = capsys.readouterr().out
+    assert '\nevents:\n  stage = "start"\n' in out
