@@ -169,3 +169,15 @@ def test_ops23_compose_runs_prune(store_kind, capsys):
         cli.main(["runs", "--prune", "--older-than", "1d", "--status", "paused"])
     assert cli.main(["runs", "--prune", "--older-than", "soon"]) == 1
     assert "invalid --older-than value 'soon'" in capsys.readouterr().err
+
+
+def test_ops23_worker_retention_prunes_when_it_starts(store_kind, capsys):
+    """`compose worker --retention AGE` prunes at start, then hourly."""
+    two.run(1)
+    asks.run(2)
+    assert cli.main(["worker", "--once", "--retention", "0m"]) == 0
+    assert "pruned   1 runs" in capsys.readouterr().out
+    assert [r.name for r in compose.list_runs()] == ["asks"]
+    with pytest.raises(SystemExit):
+        cli.main(["worker", "--once", "--retention", "soon"])
+    assert "invalid --retention value 'soon'" in capsys.readouterr().err
