@@ -89,7 +89,8 @@ def test_ops21_ops22_a_worker_publishes_and_other_processes_read_while_it_execut
     try:
         first = compose.get_event(run_id, "progress", timeout=_proc.TIMEOUT)
         assert first == {"step": 1}
-        assert box.run_row(run_id)["status"] == "running"
+        # Parked on its signal by the worker: its stream readers wait on.
+        assert box.run_row(run_id)["status"] in ("running", "paused")
         live: list = []
         reader = threading.Thread(
             target=lambda: live.extend(compose.read_stream(run_id, "numbers"))
@@ -127,7 +128,7 @@ def test_ops22_agent_tokens_reach_a_reader_before_the_run_ends(box, store_kind):
         got = ""
         while got != "alpha beta gamma delta epsilon":
             got += next(tokens)
-        assert box.run_row(run_id)["status"] == "running", "tokens arrive before the run ends"
+        assert box.run_row(run_id)["status"] != "completed", "tokens arrive before the run ends"
         compose.signal(run_id, "go", True)
         assert list(tokens) == [], "the stream ends when the run settles"
         assert box.run_row(run_id)["status"] == "completed"

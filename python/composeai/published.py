@@ -149,7 +149,8 @@ def read_stream(
 ) -> Iterator[Any]:
     """Every value of stream `key` of run `run_id` from the first, then each
     new one as it is committed; ends when the stream is closed or the run
-    settles (completes, fails, is cancelled or pauses), or when no value
+    settles (completes, fails, is cancelled, or pauses for an answer: a run
+    parked on a timer or a signal is waited through), or when no value
     arrived for `timeout` seconds (no limit when `None`)."""
     store, limit = _start_read(run_id, key, "read_stream", timeout)
     return _read(store, run_id, key, limit)

@@ -19,9 +19,16 @@ use pyo3::types::PyDict;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The statuses after which a run publishes nothing more until it is
-/// continued (`paused`) or ever (the others).
-const SETTLED: [&str; 4] = ["completed", "failed", "cancelled", "paused"];
+/// Whether a stream reader of `run` is done waiting: the run completed,
+/// failed or was cancelled, or paused for an answer. A run parked on a
+/// timer or a signal is continued by a worker without anyone's help, so
+/// its readers wait on.
+fn settled(store: &Source, run: &RunRow) -> CoreResult<bool> {
+    Ok(match run.status.as_str() {
+        "paused" => store.inner.parked_wait(&run.run_id)?.is_none(),
+        status => FINAL.contains(&status),
+    })
+}
 
 /// The statuses after which a run never publishes again.
 const FINAL: [&str; 3] = ["completed", "failed", "cancelled"];
@@ -243,7 +250,7 @@ fn read_chunk(
         if !chunk.values.is_empty() {
             return Ok((chunk.values, false));
         }
-        if chunk.closed || SETTLED.contains(&run.status.as_str()) {
+        if chunk.closed || settled(store, &run)? {
             return Ok((Vec::new(), true));
         }
         let left = limit_wait.saturating_sub(start.elapsed());
