@@ -102,6 +102,8 @@ class AgentFunction(Generic[P, R]):
         self.thinking_budget = options["thinking_budget"]
         self.fallback = options["fallback"]
         self.cache = options["cache"]
+        # The run stream each text delta is appended to, if any.
+        self.stream_to: str | None = options.get("stream_to")
         doc = fn.__doc__
         self.system = inspect.cleandoc(doc) if doc and doc.strip() else None
         self.input_type, self.output_type = _signature_types(fn)
@@ -364,6 +366,7 @@ def agent(
     name: str | None = None,
     replace: bool = False,
     retry: Any = None,
+    stream_to: str | None = None,
 ) -> _AgentDecorator: ...
 def agent(
     fn: Callable[..., Any] | None = None,
@@ -386,9 +389,14 @@ def agent(
     name: str | None = None,
     replace: bool = False,
     retry: Any = None,
+    stream_to: str | None = None,
 ):
     """Declares an LLM agent, bare or with keyword options (AGENT-1 … AGENT-4);
-    `retry=RetryPolicy(...)` governs provider-call retries (EXT-9)."""
+    `retry=RetryPolicy(...)` governs provider-call retries (EXT-9);
+    `stream_to="tokens"` appends each text delta of a call made in a durable
+    run to that stream of the run, in batches (`compose.read_stream`)."""
+    if stream_to is not None and (not isinstance(stream_to, str) or not stream_to):
+        raise ConfigError(f"@agent(stream_to=...) must be a non-empty str, got {stream_to!r}")
 
     def decorate(f: Callable[..., Any]) -> AgentFunction:
         agent_name = name or f.__name__
@@ -421,6 +429,7 @@ def agent(
             cache=cache,
             name=agent_name,
             retry=policy,
+            stream_to=stream_to,
         )
         _AGENTS[agent_name] = obj
         _codec.register_annotation_types(f)

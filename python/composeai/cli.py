@@ -89,7 +89,47 @@ _FTS_MISSING = (
 )
 
 
+def _cmd_prune(args: argparse.Namespace) -> int:
+    """OPS-23: `compose runs --prune --older-than X`."""
+    from datetime import datetime
+
+    from .retention import compact, delete_runs
+
+    if args.older_than is None:
+        args.parser.error("--prune needs --older-than (for example --older-than 30d)")
+    if args.status not in (None, "completed", "failed", "cancelled"):
+        args.parser.error(
+            f"--prune deletes settled runs only: --status must be completed, failed or cancelled, "
+            f"got '{args.status}'"
+        )
+    try:
+        cutoff = datetime.fromtimestamp(_parse_since(args.older_than))
+    except ComposeError:
+        raise ComposeError(
+            f"invalid --older-than value '{args.older_than}': expected '<N>d', '<N>h', "
+            "or 'YYYY-MM-DD'"
+        ) from None
+    status = args.status or ("completed", "failed", "cancelled")
+    count = delete_runs(
+        older_than=cutoff, status=status, name=args.name, kind=args.kind, dry_run=args.dry_run
+    )
+    noun = "run" if count == 1 else "runs"
+    print(f"would delete {count} {noun}" if args.dry_run else f"deleted {count} {noun}")
+    if args.vacuum and not args.dry_run:
+        sizes = compact()
+        if sizes is None:
+            print("vacuum: the server reclaims the space itself (autovacuum)")
+        else:
+            before, after = sizes
+            print(f"vacuum: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
+    return 0
+
+
 def _cmd_runs(args: argparse.Namespace) -> int:
+    if args.prune:
+        return _cmd_prune(args)
+    if args.older_than is not None or args.dry_run or args.vacuum:
+        args.parser.error("--older-than, --dry-run and --vacuum go with --prune")
     limit = _parse_limit(args.limit, args.parser)
     since = _parse_since(args.since) if args.since is not None else None
     _import_modules(args.imports)
@@ -215,6 +255,11 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     if outcome == "ambiguous":
         raise _ambiguous(args.run_id, value)
     print(value["text"])
+    if value["events"]:
+        # OPS-21: the latest value of each event the run published.
+        print("\nevents:")
+        for key, value_json in value["events"]:
+            print(f"  {key} = {value_json}")
     if value["status"] == "paused" and not value["pending"]:
         # Answered (`compose answer`), not continued yet.
         print(f"\n⏸  run {value['run_id']} is answered and due: `compose worker` continues it")
@@ -231,6 +276,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         args.parser.error(f"--concurrency must be a positive integer, got {args.concurrency}")
     if args.interval <= 0:
         args.parser.error(f"--interval must be a positive number, got {args.interval}")
+    retention = None
+    if args.retention is not None:
+        from .retention import parse_age
+
+        try:
+            retention = parse_age(args.retention, "--retention")
+        except ComposeError as e:
+            args.parser.error(str(e))
     _import_modules(args.imports)
     from .worker import run_worker
 
@@ -240,6 +293,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         interval=args.interval,
         concurrency=args.concurrency,
         queues=tuple(args.queues),
+        retention=retention,
     )
 
 
@@ -888,6 +942,15 @@ def _build_parser() -> argparse.ArgumentParser:
     runs.add_argument(
         "-q", "--query", metavar="Q", help="full-text search of span names and payloads (FTS5)"
     )
+    runs.add_argument(
+        "--prune", action="store_true", help="delete settled runs last updated before --older-than"
+    )
+    runs.add_argument("--older-than", metavar="X", help="with --prune: <N>d, <N>h or YYYY-MM-DD")
+    runs.add_argument("--name", metavar="N", help="with --prune: only runs of flow or agent N")
+    runs.add_argument("--dry-run", action="store_true", help="with --prune: only count")
+    runs.add_argument(
+        "--vacuum", action="store_true", help="with --prune: return freed space to the disk"
+    )
     add_import(runs)
     runs.set_defaults(func=_cmd_runs, parser=runs)
 
@@ -942,6 +1005,11 @@ def _build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME",
         help="also execute queued runs of queue NAME, declared by an --import (repeatable)",
+    )
+    worker.add_argument(
+        "--retention",
+        metavar="AGE",
+        help="prune settled runs last updated over AGE ago (30d, 12h), once an hour",
     )
     add_import(worker)
     worker.set_defaults(func=_cmd_worker, parser=worker)
