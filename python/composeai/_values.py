@@ -1,5 +1,5 @@
-"""Value types below the engine: `Run` and `Budget` (AGENT-55, BUDGET-1),
-re-exported by `composeai.runs`, and `TaskFailed` (EXT-7), re-exported by
+"""Value types below the engine: `Run` and `Budget`,
+re-exported by `composeai.runs`, and `TaskFailed`, re-exported by
 `composeai.durable`. Each reports its public module as `__module__`, so type
 tags, reprs and pickles name the module the spec names."""
 
@@ -114,7 +114,7 @@ class Run(Generic[R]):
 
 
 class Budget:
-    """A spending cap: USD, tokens, or both (BUDGET-1)."""
+    """A spending cap: USD, tokens, or both."""
 
     # A dataclass (BUDGET-1), written out; see `_dataclass`.
     usd: float | None = None
@@ -145,7 +145,7 @@ class Budget:
 
 
 class TaskFailed(ComposeError):
-    """EXT-7: a step of a `@flow(journal_failures=True)` failed after its
+    """A step of a `@flow(journal_failures=True)` failed after its
     retries; journaled, so a replay raises the same failure again."""
 
     def __init__(self, step_key: str, error_type: str, message: str) -> None:

@@ -1,4 +1,4 @@
-"""`@agent`: LLM loops as typed functions (AGENT-1 … AGENT-56).
+"""`@agent`: LLM loops as typed functions.
 
 The loop is written once, as a generator that yields its I/O (model calls,
 tool batches, user callbacks) to a driver; the sync driver performs them on
@@ -75,12 +75,12 @@ else:
 
 def prompt(text_or_messages: Any) -> Any:
     """Returns its argument unchanged; typed `Any` so a structured-output
-    agent's body can return its prompt (AGENT-8)."""
+    agent's body can return its prompt."""
     return text_or_messages
 
 
 class AgentFunction(Generic[P, R]):
-    """An LLM loop behind a typed function (AGENT-1)."""
+    """An LLM loop behind a typed function."""
 
     def __init__(self, fn: Callable[..., Any], **options: Any):
         functools.update_wrapper(self, fn)
@@ -387,8 +387,8 @@ def agent(
     replace: bool = False,
     retry: Any = None,
 ):
-    """Declares an LLM agent, bare or with keyword options (AGENT-1 … AGENT-4);
-    `retry=RetryPolicy(...)` governs provider-call retries (EXT-9)."""
+    """Declares an LLM agent, bare or with keyword options;
+    `retry=RetryPolicy(...)` governs provider-call retries."""
 
     def decorate(f: Callable[..., Any]) -> AgentFunction:
         agent_name = name or f.__name__
@@ -433,8 +433,7 @@ def agent(
 
 def run_conversation_step(agent: AgentFunction, messages: list) -> tuple[Any, list]:
     """Runs `agent` on `messages` (instead of its body's prompt) as a
-    journaled step of the current durable run: a graph's agent node
-    (EXT-22). Returns the output and the whole transcript."""
+    journaled step of the current durable run: a graph's agent node. Returns the output and the whole transcript."""
     frame = FRAME.get()
     assert frame is not None  # a graph's agent node runs as a step of its run
     opts = _overrides(None, None, None, None, None, None)

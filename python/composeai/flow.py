@@ -1,4 +1,4 @@
-"""`@task`, `@flow`, `now()`/`random()` and `resume()` (FLOW-1 … FLOW-61)."""
+"""`@task`, `@flow`, `now()`/`random()` and `resume()`."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def _args_payload(args: tuple, kwargs: dict) -> dict:
 
 
 class Task(_core.TaskCall, Generic[P, R]):
-    """A journaled unit of work (FLOW-1 … FLOW-7)."""
+    """A journaled unit of work."""
 
     def __init__(
         self,
@@ -225,7 +225,7 @@ class Task(_core.TaskCall, Generic[P, R]):
                 attempt += 1
 
     async def arun(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        """Async twin of calling the task, on the caller's loop (FLOW-7)."""
+        """Async twin of calling the task, on the caller's loop."""
         frame = FRAME.get()
         if frame is not None and frame.run is not None:
             return await _engine.ajournaled_step(
@@ -279,8 +279,8 @@ def task(
     retry: Any = None,
 ) -> _TaskDecorator: ...
 def task(fn=None, /, *, retries=0, timeout=None, name=None, replace=False, retry=None):
-    """Declares a journaled task, bare or with keyword options (FLOW-1);
-    `retry=RetryPolicy(...)` instead of `retries=` (EXT-9)."""
+    """Declares a journaled task, bare or with keyword options;
+    `retry=RetryPolicy(...)` instead of `retries=`."""
 
     def decorate(f: Callable[..., Any]) -> Task:
         task_name = name or f.__name__
@@ -311,7 +311,7 @@ def task(fn=None, /, *, retries=0, timeout=None, name=None, replace=False, retry
 
 
 def _fingerprint(fn: Callable) -> str:
-    """SHA-256 of the dedented source (FLOW-9), hashed in the core."""
+    """SHA-256 of the dedented source, hashed in the core."""
     import inspect
     import textwrap
 
@@ -323,7 +323,7 @@ def _fingerprint(fn: Callable) -> str:
 
 
 class Flow(Generic[P, R]):
-    """A durable run (FLOW-8 … FLOW-12)."""
+    """A durable run."""
 
     def __init__(
         self,
@@ -454,7 +454,7 @@ class Flow(Generic[P, R]):
         return self._after(run, _drive.make_run_result(run, outcome))
 
     def _after(self, run, result):
-        """A blocking driver carries on after a retry backoff (EXT-8)."""
+        """A blocking driver carries on after a retry backoff."""
         if self.retry is not None and not run.park:
             from ._waits import is_retry_park
 
@@ -507,7 +507,7 @@ class Flow(Generic[P, R]):
 
     def run(self, *args: Any, budget: Any = None, wait: bool = True, **kwargs: Any) -> Run[R]:
         """Starts a new top-level durable run, even inside another flow.
-        `wait=False`: durable waits park the run instead of blocking (EXT-1)."""
+        `wait=False`: durable waits park the run instead of blocking."""
         _engine.check_sync_facade()
         run, meter = self._start(args, kwargs, budget, wait)
         return self._drive(run, args, kwargs, meter)
@@ -522,9 +522,9 @@ class Flow(Generic[P, R]):
         dedup_id: str | None = None,
         **kwargs: Any,
     ):
-        """EXT-11: creates the run durably, executes it on a background thread
+        """Creates the run durably, executes it on a background thread
         of this process and returns its `RunHandle` at once. With `queue`
-        (STORE-20) the run is created `queued` and a worker executes it."""
+        the run is created `queued` and a worker executes it."""
         _engine.check_sync_facade()
         if queue is not None:
             return start_queued(self, args, kwargs, budget, queue, priority, dedup_id)
@@ -535,7 +535,7 @@ class Flow(Generic[P, R]):
         return start_in_background(self, args, kwargs, budget, wait)
 
     def stream(self, *args: Any, budget: Any = None, **kwargs: Any) -> RunStream[R]:
-        """Runs `.run()` on a background thread with a fresh event bus (FLOW-10)."""
+        """Runs `.run()` on a background thread with a fresh event bus."""
         from ._streams import RunStream
 
         return RunStream.start(lambda: self.run(*args, budget=budget, **kwargs), cancellable=True)
@@ -543,7 +543,7 @@ class Flow(Generic[P, R]):
     async def arun(
         self, *args: Any, budget: Any = None, wait: bool = True, **kwargs: Any
     ) -> Run[R]:
-        """Async twin of `run`; nested (one step) when a flow is active (FLOW-50)."""
+        """Async twin of `run`; nested (one step) when a flow is active."""
         frame = FRAME.get()
         if frame is not None and frame.run is not None:
             if budget is not None:
@@ -609,14 +609,13 @@ def flow(
     durability=None,
     on_divergence="raise",
 ):
-    """Declares a durable flow, bare or with keyword options (FLOW-8).
-    `journal_failures=True`: failed steps raise a journaled `TaskFailed`
-    (EXT-7); `retry=RetryPolicy(...)`: the engine re-attempts a failed run
-    after a durable backoff (EXT-8); `durability="batch"`: steps are
+    """Declares a durable flow, bare or with keyword options.
+    `journal_failures=True`: failed steps raise a journaled `TaskFailed`; `retry=RetryPolicy(...)`: the engine re-attempts a failed run
+    after a durable backoff; `durability="batch"`: steps are
     group-committed in the background (default `"step"`, or
     `COMPOSE_DURABILITY`); `on_divergence="warn"`: a resumed body whose
     calls no longer match its journal warns (`NondeterminismWarning`)
-    instead of raising `NondeterminismError` (issue 27)."""
+    instead of raising `NondeterminismError`."""
     if durability is not None:
         _engine.check_durability(durability, "@flow(durability=...)")
     if on_divergence not in ("raise", "warn"):
@@ -655,7 +654,7 @@ def flow(
 
 
 def reset_registries() -> None:
-    """Forgets every registered task, flow, graph and queue name (TEST-50)."""
+    """Forgets every registered task, flow, graph and queue name."""
     _TASKS.clear()
     _FLOWS.clear()
     for registry in REGISTRIES:
@@ -681,22 +680,22 @@ def _draw() -> float:
 
 
 def now():
-    """The current UTC time, journaled once per call inside a flow (FLOW-22)."""
+    """The current UTC time, journaled once per call inside a flow."""
     _engine.check_sync_facade()
     return _engine.journaled_value("now", _utc_now)
 
 
 def random() -> float:
-    """A float in [0, 1), journaled once per call inside a flow (FLOW-23)."""
+    """A float in [0, 1), journaled once per call inside a flow."""
     _engine.check_sync_facade()
     return _engine.journaled_value("random", _draw)
 
 
 async def anow():
-    """Async twin of `now()`, sharing its keys (FLOW-24)."""
+    """Async twin of `now()`, sharing its keys."""
     return _engine.journaled_value("now", _utc_now)
 
 
 async def arandom() -> float:
-    """Async twin of `random()`, sharing its keys (FLOW-24)."""
+    """Async twin of `random()`, sharing its keys."""
     return _engine.journaled_value("random", _draw)

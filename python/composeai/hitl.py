@@ -1,4 +1,4 @@
-"""Human-in-the-loop: `approve()` and `ask_human()` (FLOW-30 … FLOW-37)."""
+"""Human-in-the-loop: `approve()` and `ask_human()`."""
 
 from __future__ import annotations
 

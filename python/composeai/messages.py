@@ -1,4 +1,4 @@
-"""Conversation message types and token usage (AGENT-60 … AGENT-65)."""
+"""Conversation message types and token usage."""
 
 from __future__ import annotations
 

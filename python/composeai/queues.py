@@ -1,4 +1,4 @@
-"""Queues (STORE-20 … STORE-23): `Queue` declares one; `Flow.start(queue=…)`
+"""Queues: `Queue` declares one; `Flow.start(queue=…)`
 and `Queue.enqueue` create `queued` runs that `compose worker --queue NAME`
 executes.
 

@@ -1,4 +1,4 @@
-"""Spans and traces (OBS-10 … OBS-25)."""
+"""Spans and traces."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ _SPAN_PARAMS = {"kw_only": True, "slots": True}
 
 
 class Span:
-    """One timed operation of a trace (OBS-10); `span_id` defaults to a
+    """One timed operation of a trace; `span_id` defaults to a
     fresh ULID."""
 
     # `@dataclass(kw_only=True, slots=True)`, written out; see `_dataclass`.
@@ -318,7 +318,7 @@ class Trace:
 
     @property
     def status(self) -> str:
-        """OBS-16: error > cancelled > paused > running > ok."""
+        """Error > cancelled > paused > running > ok."""
         roots = self.roots()
         if any(s.status == "error" for s in roots):
             return "error"

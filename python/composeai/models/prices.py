@@ -1,4 +1,4 @@
-"""Model prices in USD per million tokens and cost computation (PROV-30, PROV-31)."""
+"""Model prices in USD per million tokens and cost computation."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ class _Rates:
 
 
 def _rates(price: ModelPrice) -> _Rates:
-    """The rates of ``price``, unset cache prices derived from ``input`` (PROV-30)."""
+    """The rates of ``price``, unset cache prices derived from ``input``."""
     return _Rates(
         input=price.input,
         output=price.output,
@@ -106,7 +106,7 @@ def compute_cost(
     cache_write_5m_tokens: int = 0,
     cache_write_1h_tokens: int = 0,
 ) -> float:
-    """USD cost of ``usage`` at ``price`` (cache fields resolved, PROV-30)."""
+    """USD cost of ``usage`` at ``price`` (cache fields resolved)."""
     p = _rates(price)
     return (
         usage.input_tokens * p.input
