@@ -95,10 +95,17 @@ _configured_store: str | None = None
 
 
 def configure(*, store: str | None = None, otel: bool | None = None) -> None:
-    """Selects the store (a URL, as for `COMPOSE_STORE`) before its
-    first use; a later call naming another store is a `ConfigError`.
-    `otel=True` emits every span through OpenTelemetry as it ends, `False`
-    stops it (see `_otel`; overrides `COMPOSE_OTEL`)."""
+    """Configures the process: which store, and whether spans go to OpenTelemetry.
+
+    Args:
+        store: the store's URL, as for `COMPOSE_STORE`: `sqlite:///abs/path.db`
+            or `postgresql://user:pass@host:5432/db?...`. Call it before the
+            first run; naming another store after one was opened is a
+            `ConfigError`.
+        otel: `True` emits every span through the global OpenTelemetry
+            `TracerProvider` as it ends, `False` stops it (overrides
+            `COMPOSE_OTEL`).
+    """
     global _configured_store
     if otel is not None:
         from . import _otel

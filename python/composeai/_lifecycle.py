@@ -375,7 +375,29 @@ def resume(
     context_manager: Any = None,
     wait: bool = True,
 ) -> Run[Any]:
-    """Continues a durable run in this or any process."""
+    """Continues a durable run — paused, failed or crashed — in this process.
+
+    Works from any process that has imported the code defining the run's
+    flow, agent or graph. Journaled steps are replayed from the journal, not
+    executed again; the run goes on from the first step without a record.
+
+    Args:
+        run_id: the run.
+        answers: answers to pending interrupts, `{interrupt id: value}`; a
+            gated tool's answer may use the tool's name as its key.
+        budget: replaces the run's stored `Budget` from now on.
+        allow_code_change: resume although the flow's source changed since
+            the run was created (every call is still checked against the
+            journal).
+        approver: for a standalone agent run: decides its gated tool calls.
+        tool_interceptor: for a standalone agent run.
+        context_manager: for a standalone agent run.
+        wait: `False` parks the run on its next durable wait instead of
+            blocking in place.
+
+    Returns:
+        The `Run`, `completed`, `paused` again or `cancelled`.
+    """
     _engine.check_sync_facade()
     flow_obj, resolved, done = _drive.run_plan(
         _prepare_resume(

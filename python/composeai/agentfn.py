@@ -80,7 +80,14 @@ def prompt(text_or_messages: Any) -> Any:
 
 
 class AgentFunction(Generic[P, R]):
-    """An LLM loop behind a typed function."""
+    """An agent made by `@agent`.
+
+    `agent_fn(...)` returns the output (`None` when the run paused);
+    `run()` returns the `Run`, `arun()` awaits it, `stream()` and `astream()`
+    yield its events. Every method takes the keyword-only overrides
+    `budget=`, `system=`, `model=`, `approver=`, `tool_interceptor=` and
+    `context_manager=`; other arguments go to the function.
+    """
 
     def __init__(self, fn: Callable[..., Any], **options: Any):
         functools.update_wrapper(self, fn)
@@ -387,8 +394,38 @@ def agent(
     replace: bool = False,
     retry: Any = None,
 ):
-    """Declares an LLM agent, bare or with keyword options;
-    `retry=RetryPolicy(...)` governs provider-call retries."""
+    """Declares an agent: a typed function backed by a language model.
+
+    The docstring is the system prompt, the body returns the user prompt
+    (`prompt(...)` or a `str`), and the return annotation is the output type:
+    `str` for the model's text, any other type as validated structured
+    output. Calling the agent returns its output; `.run()` returns the `Run`.
+    Inside a flow a call is one journaled step, replayed without calling the
+    model again.
+
+    Args:
+        model: a model string (`"anthropic/claude-sonnet-5"`,
+            `"openai/gpt-5.4"`) or a model object (`complete(request)`).
+        tools: the `Tool`s (or `@tool` functions) the model may call.
+        temperature: sent with every request when given.
+        max_tokens: the cap on each reply's tokens.
+        max_turns: model calls allowed before `MaxTurnsExceededError`
+            (`None`: no limit).
+        retries: attempts again after a `ProviderError`, this many times.
+        max_repairs: times an invalid structured output is sent back to the
+            model to fix.
+        timeout: seconds for the whole agent call (`AgentTimeoutError`).
+        prompt_cache: mark prompt-cache breakpoints where the provider has them.
+        thinking: turn the provider's reasoning on or off.
+        effort: the provider's reasoning effort level.
+        thinking_budget: the reasoning token budget.
+        fallback: a model tried when the model still fails after its retries.
+        cache: reuse the stored response of an identical earlier request.
+        name: the registered name (default: the function's name); unique per
+            process.
+        replace: rebind a name that is already registered.
+        retry: a `RetryPolicy` for provider calls, instead of `retries=`.
+    """
 
     def decorate(f: Callable[..., Any]) -> AgentFunction:
         agent_name = name or f.__name__

@@ -193,8 +193,19 @@ def map(
     timeout_per_item: float | None = None,
     on_error: str = "raise",
 ) -> list:
-    """Applies `fn` to every item concurrently; results in input order. In a
-    flow, item `i` of the k-th map journals under scope `map#k[i]`."""
+    """Applies a stage to every item concurrently; returns the results in input order.
+
+    In a flow, the steps of item `i` of the k-th map are journaled under the
+    scope `map#k[i]`, so a resumed flow runs only the items not finished.
+
+    Args:
+        fn: a `@task`, `@agent`, pipeline, aggregate or one-argument function.
+        items: the inputs.
+        max_workers: how many items run at once (default: all).
+        timeout_per_item: seconds per item (`TaskTimeoutError`).
+        on_error: `"raise"` (the first failure by index is raised) or
+            `"collect"` (a `MapResult` per item instead of its value).
+    """
     _check_map_args("map", on_error, max_workers)
     validator = build_validator(fn)
     _engine.check_sync_facade()

@@ -97,7 +97,11 @@ def _args_payload(args: tuple, kwargs: dict) -> dict:
 
 
 class Task(_core.TaskCall, Generic[P, R]):
-    """A journaled unit of work."""
+    """A task made by `@task`: call it like the function it wraps.
+
+    Inside a flow a call is a journaled step; `await task.arun(...)` is the
+    async form. `name` is the journal name.
+    """
 
     def __init__(
         self,
@@ -279,8 +283,22 @@ def task(
     retry: Any = None,
 ) -> _TaskDecorator: ...
 def task(fn=None, /, *, retries=0, timeout=None, name=None, replace=False, retry=None):
-    """Declares a journaled task, bare or with keyword options;
-    `retry=RetryPolicy(...)` instead of `retries=`."""
+    """Declares a task: a step whose value a flow journals.
+
+    Usable bare (`@task`) or with keyword options. Inside a flow each call is
+    journaled under `<name>#<n>` and replayed from the journal on resume;
+    outside any flow a call simply runs (traced, not journaled).
+
+    Args:
+        retries: attempts again at once after an exception, this many times.
+        timeout: seconds per attempt; a sync body is raced on a thread, an
+            async one cancelled; raises `TaskTimeoutError`.
+        name: the journal name (default: the function's name); unique per
+            process.
+        replace: rebind a name that is already registered.
+        retry: a `RetryPolicy` (backoff, jitter, which exceptions), instead
+            of `retries=`.
+    """
 
     def decorate(f: Callable[..., Any]) -> Task:
         task_name = name or f.__name__
@@ -323,7 +341,14 @@ def _fingerprint(fn: Callable) -> str:
 
 
 class Flow(Generic[P, R]):
-    """A durable run."""
+    """A durable flow made by `@flow`.
+
+    `flow_fn(...)` runs it and returns its output; `run()` returns the `Run`
+    (`completed`, `paused` or `cancelled`; a failure raises); `start()`
+    executes it in the background and returns a `RunHandle`; `stream()`
+    yields its events; `arun()` is the async form. `name` and `fingerprint`
+    (a hash of the source, checked on resume) identify its code.
+    """
 
     def __init__(
         self,
@@ -609,13 +634,28 @@ def flow(
     durability=None,
     on_divergence="raise",
 ):
-    """Declares a durable flow, bare or with keyword options.
-    `journal_failures=True`: failed steps raise a journaled `TaskFailed`; `retry=RetryPolicy(...)`: the engine re-attempts a failed run
-    after a durable backoff; `durability="batch"`: steps are
-    group-committed in the background (default `"step"`, or
-    `COMPOSE_DURABILITY`); `on_divergence="warn"`: a resumed body whose
-    calls no longer match its journal warns (`NondeterminismWarning`)
-    instead of raising `NondeterminismError`."""
+    """Declares a durable flow: a function whose steps are journaled.
+
+    Usable bare (`@flow`) or with keyword options (`@flow(name=...)`). Calling
+    the flow runs it and returns its output; `.run()` returns the `Run`.
+    Inside another flow, a call is one nested, journaled step.
+
+    Args:
+        name: the registered name (default: the function's name); unique per
+            process, as `resume()` finds a run's code by it.
+        replace: rebind a name that is already registered.
+        journal_failures: a step that fails after its retries raises a
+            journaled `TaskFailed` inside the body (replayed as the same
+            failure) instead of failing the run.
+        retry: a `RetryPolicy`: the engine re-attempts a failed run after a
+            durable backoff.
+        durability: `"step"` (each step's record is committed before its
+            value is handed back) or `"batch"` (records are group-committed
+            in the background); default: `COMPOSE_DURABILITY`, else `"step"`.
+        on_divergence: `"raise"` (a resumed body whose calls no longer match
+            its journal raises `NondeterminismError`) or `"warn"` (it warns
+            with `NondeterminismWarning` and carries on).
+    """
     if durability is not None:
         _engine.check_durability(durability, "@flow(durability=...)")
     if on_divergence not in ("raise", "warn"):

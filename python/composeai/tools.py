@@ -222,7 +222,12 @@ def _render(value: Any) -> str:
 
 
 class Tool(Generic[P, R]):
-    """A function (or remote operation) the model can call."""
+    """A function (or remote operation, such as an MCP tool) the model can call.
+
+    Made by `@tool` or `mcp_tools()`. `spec` is what the model is sent
+    (`name`, description, `input_schema`); `execute(arguments)` and
+    `aexecute(arguments)` validate the arguments and return the result text.
+    """
 
     fn: Callable[..., Any] | None
     spec: ToolSpec
@@ -501,10 +506,22 @@ def tool(
     timeout: float | None = None,
     retry: Any = None,
 ) -> Any:
-    """Expose a function to the model as a tool.
+    """Exposes a function to the model as a tool.
 
-    Usable bare (``@tool``) or with keyword-only options (``@tool(name=..., ...)``);
-    ``retry=RetryPolicy(...)`` re-runs a failing body.
+    The model sees the tool's name, its description (the docstring up to an
+    `Args:` section) and a JSON Schema of its typed parameters, each described
+    by its `Args:` entry. The result is a `Tool`, still callable as the
+    function. A tool without a docstring or with `*args`/`**kwargs` is a
+    `ConfigError`.
+
+    Args:
+        name: the name the model calls (default: the function's name).
+        description: the description, instead of the docstring's.
+        requires_approval: pause the run before each call until a person (or
+            an `approver=`) answers the interrupt `tool:<name>:<call id>`;
+            a denial sends the model `"denied by user"`.
+        timeout: seconds per call; a timeout is the call's (error) result.
+        retry: a `RetryPolicy` re-running a failing body.
     """
     if fn is not None:
         return _make_tool(fn, name, description, requires_approval, timeout, retry)
