@@ -1559,3 +1559,82 @@ def test_costs_over_a_million_spans_takes_under_a_second(store, state):
             elapsed = time.perf_counter() - t0
         assert f"TOTAL                    calls={n} " in proc.stdout
         assert elapsed < 1.0, (by, elapsed)
+
+
+# -- CLI polish: --version, option help, Mermaid kept valid -------------------------------
+
+
+def test_version_prints_the_installed_version(capsys):
+    """`compose --version` prints the package version and exits 0."""
+    import composeai
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"compose (composeai) {composeai.__version__}\n"
+
+
+def _walk(parser, path=("compose",)):
+    import argparse
+
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _walk(sub, (*path, name))
+
+
+def test_every_argument_of_every_command_has_help():
+    """Each option and positional argument of every (sub)command says what it
+    does in `--help`, and each command has a one-line description."""
+    import argparse
+
+    from composeai.cli import _build_parser
+
+    missing = []
+    walked = list(_walk(_build_parser()))
+    assert len(walked) > 20  # every command and `thread`'s sub-commands
+    for path, parser in walked:
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            if isinstance(action, argparse._SubParsersAction):
+                missing += [
+                    f"{' '.join(path)} {c.dest}" for c in action._choices_actions if not c.help
+                ]
+                continue
+            if not action.help:
+                missing.append(f"{' '.join(path)} {'/'.join(action.option_strings) or action.dest}")
+    assert missing == []
+
+
+def test_mermaid_of_a_paused_run_is_only_the_diagram(store, capsys):
+    """`--format mermaid` writes a valid Mermaid flowchart to stdout and
+    nothing after it; the resume hint of a paused run goes to stderr."""
+    traced_run(
+        store,
+        RID_N,
+        status="paused",
+        pending=[("publish", "approval", "Publish it?", json.dumps(None))],
+    )
+    rc, out, err = run_cli(capsys, "trace", RID_N, "--format", "mermaid")
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[0] == "flowchart TD"
+    assert all(line.startswith("s") for line in lines[1:]), out
+    assert "resume(" not in out and f"resume('{RID_N}'" in err
+
+
+def test_runs_table_has_a_header_row(store, capsys):
+    """The text table of `compose runs` starts with a header naming its
+    columns, aligned with the rows; `--json` is unchanged (a list of rows)."""
+    make_run(store, RID_E, name="nightly", created_at=time.time() - 30)
+    rc, out, _ = run_cli(capsys, "runs")
+    header, row = out.splitlines()
+    assert rc == 0
+    assert header.split() == ["RUN", "ID", "KIND", "NAME", "STATUS", "AGE", "COST", "TOKENS"]
+    assert header.index("KIND") == row.index("flow")
+    assert header.index("NAME") == row.index("nightly")
+    assert len(header) == len(row)
+    rc, out, _ = run_cli(capsys, "runs", "--json")
+    assert [r["run_id"] for r in json.loads(out)] == [RID_E]

@@ -69,6 +69,7 @@ if TYPE_CHECKING:
         "paused",
         "run_finished",
     ]
+    """The kinds of `Event` a run emits, as a `Literal` of their names."""
 
 
 def __getattr__(name: str) -> Any:

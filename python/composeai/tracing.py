@@ -17,6 +17,9 @@ __all__ = ["ErrorInfo", "Span", "Trace", "render_trace", "render_trace_mermaid"]
 
 
 class ErrorInfo:
+    """The error a span ended with: its exception `type`, `message` and
+    `stacktrace` (empty for spans read back from the store)."""
+
     # `@dataclass(slots=True)`, written out; see `_dataclass`.
     __slots__ = ("type", "message", "stacktrace")  # noqa: RUF023 -- the fields' order
     type: str

@@ -21,6 +21,7 @@ __all__ = [
 ]
 
 PRICES_AS_OF = "2026-07-12"
+"""The date the built-in prices were last checked against the providers' lists."""
 
 # Unset cache prices resolve to these multiples of the input price (PROV-30).
 _CACHE_READ_MULT = 0.1
