@@ -278,3 +278,28 @@ def test_the_built_site_documents_every_public_name(tmp_path: Path) -> None:
     assert not missing, f"not in the built API reference: {missing}"
     cli = (site / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
     assert "compose runs" in cli and "--format" in cli and "--version" in cli
+
+
+# Requirement ids of the specification (`FLOW-12`, `EXT-3`, ...) and issue numbers.
+_REQUIREMENT_ID = re.compile(
+    r"\b(?:AGENT|ASYNC|BUDGET|CHAT|COMP|ERR|EXT|FLOW|MCP|OBS|OPS|PKG|PROV|STORE|TEST)-\d+\b"
+    r"|\bissue \d+\b"
+)
+
+
+def test_docstrings_say_what_things_do_not_which_requirement() -> None:
+    """No docstring of the package cites a requirement id or an issue number:
+    the API reference is generated from them."""
+    import ast
+
+    found = []
+    package = ROOT / "python" / "composeai"
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node, clean=False) or ""
+                for hit in _REQUIREMENT_ID.findall(doc):
+                    line = getattr(node, "lineno", 1)
+                    found.append(f"{path.relative_to(ROOT)}:{line} {hit}")
+    assert found == []
