@@ -48,8 +48,19 @@ class _LazyUsage:
 
 
 class Run(Generic[R]):
-    """The outcome of a run. `pending` is set exactly when `status == "paused"`;
-    a returned `Run` is never `failed` (failures raise)."""
+    """The outcome of a run, as `run()`, `resume()` and `RunHandle.result()` return it.
+
+    Attributes:
+        id: the run's id (a ULID): what `resume()`, `compose trace` and the
+            web UI take.
+        status: `"completed"`, `"paused"` (waiting for an answer, a timer or a
+            signal) or `"cancelled"`; a failed run raises instead.
+        output: the flow's or agent's return value (`None` unless completed).
+        usage: tokens and USD of the run's model calls (`Usage`).
+        trace: the run's spans (`Trace`).
+        messages: an agent run's conversation.
+        pending: what a paused run waits on (`Interrupt`), else `None`.
+    """
 
     # A dataclass (AGENT-55), written out; see `_dataclass`.
     id: str
@@ -114,7 +125,17 @@ class Run(Generic[R]):
 
 
 class Budget:
-    """A spending cap: USD, tokens, or both."""
+    """A spending cap on a run's model calls: USD, tokens, or both.
+
+    Counted over every attempt of the run and checked after each model call:
+    once the spending is over the cap, `BudgetExceededError` is raised (the
+    call that crossed it has been made and is counted). Pass it as `budget=`
+    to `run()`, `resume()` or an agent call.
+
+    Attributes:
+        usd: the most the run may spend, in US dollars.
+        tokens: the most input plus output tokens the run may use.
+    """
 
     # A dataclass (BUDGET-1), written out; see `_dataclass`.
     usd: float | None = None
