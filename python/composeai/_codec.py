@@ -742,7 +742,7 @@ def _canonical_sets(tree: Any) -> Any:
 def canonical_dumps(value: Any) -> str:
     """A text of `value` that two equal values share whatever their dict
     insertion order or set iteration order (the hash of a step's arguments
-    compares them, issue 31): :func:`dumps`'s encoding with object keys
+    compares them): :func:`dumps`'s encoding with object keys
     sorted. Raises `SerializationError` like :func:`dumps`."""
     try:
         tree = _enc(value)

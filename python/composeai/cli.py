@@ -91,7 +91,7 @@ _FTS_MISSING = (
 
 
 def _cmd_prune(args: argparse.Namespace) -> int:
-    """OPS-23: `compose runs --prune --older-than X`."""
+    """`compose runs --prune --older-than X`: deletes settled runs older than X."""
     from datetime import datetime
 
     from .retention import compact, delete_runs
