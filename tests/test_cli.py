@@ -312,6 +312,7 @@ def test_runs_json(store, capsys):
         "output_json",
         "error_json",
         "budget_json",
+        "module",
         "tokens",
         "cost_usd",
         "cost_complete",
