@@ -44,6 +44,13 @@ def state(tmp_path, monkeypatch):
     return d
 
 
+def _nf(run_id: str) -> str:
+    """The CLI's not-found message, naming the store it searched."""
+    from composeai import _engine
+
+    return f"compose: {_engine.run_not_found(run_id, 'id')}\n"
+
+
 def open_store(state):
     """The test's store: its SQLite file, or the PostgreSQL store the store
     fixture configured (STORE-2)."""
@@ -186,7 +193,7 @@ def test_no_store_is_not_created(state, capsys):
     assert run_cli(capsys, "trace", "01ABC") == (
         1,
         "",
-        "compose: no run found with id '01ABC'\n",
+        _nf("01ABC"),
     )
     assert not state.exists()
 
@@ -195,7 +202,7 @@ def test_empty_store(store, capsys):
     assert run_cli(capsys, "runs") == (0, "no runs found\n", "")
     assert run_cli(capsys, "runs", "--json") == (0, "[]\n", "")
     assert run_cli(capsys, "trace", "--last") == (1, "", "compose: no runs found\n")
-    assert run_cli(capsys, "trace", "X") == (1, "", "compose: no run found with id 'X'\n")
+    assert run_cli(capsys, "trace", "X") == (1, "", _nf("X"))
 
 
 @pytest.mark.sqlite_file
@@ -305,6 +312,7 @@ def test_runs_json(store, capsys):
         "output_json",
         "error_json",
         "budget_json",
+        "module",
         "tokens",
         "cost_usd",
         "cost_complete",
@@ -465,7 +473,7 @@ def test_trace_prefix_is_exact_and_ambiguity_is_reported(store, capsys):
         assert run_cli(capsys, "trace", bad) == (
             1,
             "",
-            f"compose: no run found with id '{bad}'\n",
+            _nf(bad),
         )
 
 
@@ -644,7 +652,7 @@ def test_python_dash_m_subprocess(store, state, tmp_path):
         timeout=60,
     )
     assert (proc.returncode, proc.stdout) == (1, "")
-    assert proc.stderr == "compose: no run found with id 'nope'\n"
+    assert proc.stderr.startswith("compose: no run found with id 'nope' -- searched the SQLite")
 
 
 # -- runs -q (OBS-31) ------------------------------------------------------------
@@ -859,12 +867,12 @@ def test_diff_errors(store, capsys):
     assert run_cli(capsys, "diff", RID_E, "nope") == (
         1,
         "",
-        "compose: no run found with id 'nope'\n",
+        _nf("nope"),
     )
     assert run_cli(capsys, "diff", "nope", RID_E) == (
         1,
         "",
-        "compose: no run found with id 'nope'\n",
+        _nf("nope"),
     )
     make_run(store, RID_F)
     assert run_cli(capsys, "diff", "01JZ3Q8M2C4", RID_N) == (
@@ -1187,7 +1195,7 @@ def test_export_errors(state, capsys, tmp_path):
     assert run_cli(capsys, "export", RID_E, "--cassette", str(path)) == (
         1,
         "",
-        f"compose: no run found with id '{RID_E}'\n",
+        _nf(RID_E),
     )
     assert not state.exists()
     st = open_store(state)
@@ -1196,7 +1204,7 @@ def test_export_errors(state, capsys, tmp_path):
     assert run_cli(capsys, "export", "nope", "--cassette", str(path)) == (
         1,
         "",
-        "compose: no run found with id 'nope'\n",
+        _nf("nope"),
     )
     rc, _, err = run_cli(capsys, "export", "01JZ", "--cassette", str(path))
     assert rc == 1 and err.startswith("compose: run id prefix '01JZ' is ambiguous -- it matches 2")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from . import _codec, _engine
 from ._cancel import current_cancel_token
 from ._engine import BUDGETS, Frame, RunState
+from .errors import ConfigError
 from .events import _BUS
 from .messages import Message, ToolResultPart
 from .models import registry as _registry
@@ -137,9 +138,13 @@ class _Call:
     def resolve_model(self) -> None:
         spec = self.model_spec
         if spec is None:
-            from .models.registry import resolve
-
-            resolve(None)  # type: ignore[arg-type]  # deliberately: raises the PROV-2 type error
+            name = self.agent.name
+            raise ConfigError(
+                f"@agent '{name}' has no model -- give it one: @agent(model=...) with a "
+                "'provider/model-id' string (e.g. 'anthropic/claude-sonnet-4-5') or a Model "
+                f"instance (e.g. composeai.testing.FakeModel([...]) in tests), or pass model= "
+                f"to the call: {name}.run(..., model=...)"
+            )
         self.model = self._resolve(spec)
         self.label, self.model_id, self.provider = _model_label(spec)
         self.provider_name = _provider_name(self.model, self.provider)

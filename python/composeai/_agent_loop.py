@@ -38,6 +38,13 @@ REPAIR_PROMPT = (
 )
 
 
+def _shown_text(text: str, limit: int = 300) -> str:
+    """A reply's text for an error message, quoted, cut at `limit` characters."""
+    if len(text) > limit:
+        return json.dumps(text[:limit]) + f" ... ({len(text)} characters)"
+    return json.dumps(text)
+
+
 def _extract(agent: AgentFunction, response: Any) -> Any:
     """The output of an END_TURN reply."""
     if agent._schema is None:
@@ -49,7 +56,8 @@ def _extract(agent: AgentFunction, response: Any) -> Any:
         except ValueError:
             raise ComposeError(
                 f"@agent {agent.name!r}: model returned no structured payload (response.parsed "
-                "was unset and the message text is not valid JSON)"
+                "was unset and the message text is not valid JSON); the model replied: "
+                + _shown_text(response.message.text)
             ) from None
     if agent._wrapped:
         if not isinstance(payload, dict) or "result" not in payload:

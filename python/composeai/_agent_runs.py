@@ -22,7 +22,6 @@ from ._lifecycle import (
     resolve_pending_answers,
 )
 from .errors import (
-    ConfigError,
     SerializationError,
 )
 from .messages import Message
@@ -64,7 +63,13 @@ def _standalone_start(agent: AgentFunction, args: tuple, kwargs: dict, opts: dic
     # The row is inserted with the settlement (or by the store's writer
     # within milliseconds): a short call commits once (AGENT-52).
     attempt = _engine.get_store().start_run(
-        "agent", agent.name, None, args_json, budget_json, queued=True
+        "agent",
+        agent.name,
+        None,
+        args_json,
+        budget_json,
+        queued=True,
+        module=_engine.importable_module(agent.fn),
     )
     meter = None if budget is None else _engine.budget_meter(budget, "agent", agent.name)
     return _engine.RunState(attempt, agent.name), meter
@@ -230,6 +235,7 @@ async def _astandalone_start(agent: AgentFunction, args: tuple, kwargs: dict, op
         None,
         _standalone_payload(args, kwargs, opts),
         None if budget is None else _engine.budget_json(budget),
+        module=_engine.importable_module(agent.fn),
     )
     meter = None if budget is None else _engine.budget_meter(budget, "agent", agent.name)
     return _engine.RunState(attempt, agent.name), meter
@@ -272,7 +278,7 @@ def resume_standalone(
         return completed_run(row)
     agent = _AGENTS.get(row["name"])
     if agent is None:
-        raise ConfigError(agent_not_registered(row["name"]))
+        raise agent_not_registered(row["name"], row.get("module"))
 
     hooks = (approver, tool_interceptor, context_manager)
     if asynchronous:

@@ -701,6 +701,69 @@ def dumps(value: Any, path: str = _ROOT) -> str:
     return _utf8_safe(text, tree)
 
 
+def _make_sorted_dumper() -> Any:
+    """`_dump_tree` with every object's keys in sorted order."""
+    if _c_make_encoder is not None:
+        c_enc = _c_make_encoder(None, _no_default, _encode_str, None, ":", ",", True, False, True)
+
+        def dump_tree(tree: Any) -> str:
+            return "".join(c_enc(tree, 0))
+
+        return dump_tree
+    import json
+
+    encoder = json.JSONEncoder(
+        separators=(",", ":"),
+        ensure_ascii=False,
+        check_circular=False,
+        sort_keys=True,
+        default=_no_default,
+    )
+    return encoder.encode
+
+
+_dump_sorted = _make_sorted_dumper()
+_SET_KINDS = ("set", "frozenset")
+
+
+def _canonical_sets(tree: Any) -> Any:
+    """`tree` with the elements of every encoded set in the order of their
+    canonical text (sets of sets are only partially ordered by `sorted`)."""
+    if type(tree) is list:
+        return [_canonical_sets(x) for x in tree]
+    if type(tree) is not dict:
+        return tree
+    out = {k: _canonical_sets(x) for k, x in tree.items()}
+    if out.get(_KIND) in _SET_KINDS and type(out.get("value")) is list:
+        out["value"] = sorted(out["value"], key=_dump_sorted)
+    return out
+
+
+def canonical_dumps(value: Any) -> str:
+    """A text of `value` that two equal values share whatever their dict
+    insertion order or set iteration order (the hash of a step's arguments
+    compares them): :func:`dumps`'s encoding with object keys
+    sorted. Raises `SerializationError` like :func:`dumps`."""
+    try:
+        tree = _enc(value)
+    except _Fail as fail:
+        raise _serialization_error(_ROOT, fail) from fail.__cause__
+    except RecursionError:
+        raise SerializationError(
+            f"{_ROOT}: value is nested too deeply or contains a reference cycle"
+        ) from None
+    try:
+        text = _dump_sorted(tree)
+        if '"set"' in text or '"frozenset"' in text:
+            text = _dump_sorted(_canonical_sets(tree))
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise SerializationError(f"{_ROOT}: {exc}") from None
+    if not text.isascii():
+        # Lone surrogates have no UTF-8 form: escaped, each to its own text.
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 def dumps_lenient(value: Any) -> str:
     """Like :func:`dumps`, but unencodable sub-values become their ``repr()``.
 

@@ -122,12 +122,12 @@ async def arun_plan(plan) -> Any:
         return stop.value
 
 
-async def astart_run(*args: Any) -> Any:
-    """`get_store().start_run(*args)`, off the loop when the store is a server."""
+async def astart_run(*args: Any, **kwargs: Any) -> Any:
+    """`get_store().start_run(*args, **kwargs)`, off the loop when the store is a server."""
     store = await aget_store()
     if store.kind == "sqlite":
-        return store.start_run(*args)
-    return await off_loop(store.astart_run, *args)
+        return store.start_run(*args, **kwargs)
+    return await off_loop(store.astart_run, *args, **kwargs)
 
 
 async def aresume_attempt(run_id: str, recover: bool = False) -> Any:

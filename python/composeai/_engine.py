@@ -408,6 +408,63 @@ FRAME: ContextVar[Frame | None] = ContextVar("composeai.frame", default=None)
 BUDGETS: ContextVar[tuple] = ContextVar("composeai.budgets", default=())
 
 
+def store_searched() -> str:
+    """Which store a lookup searched, and how it was chosen, for a message."""
+    spec = store_spec()
+    kind, target = _core.store_target(spec, _default_sqlite())
+    if kind != "sqlite":
+        return f"searched the {kind} store '{target}' (COMPOSE_STORE or configure(store=...))"
+    path = os.path.abspath(target)
+    if spec:
+        how = "COMPOSE_STORE or configure(store=...)"
+    elif os.environ.get("COMPOSE_DIR"):
+        how = f"COMPOSE_DIR={os.environ['COMPOSE_DIR']}"
+    else:
+        how = f"COMPOSE_DIR is unset: ./.compose under {os.getcwd()}"
+    return f"searched the SQLite store '{path}' ({how})"
+
+
+def run_not_found(run_id: str, quote: str = "run_id") -> str:
+    """The message for a run id no row matches, naming the store searched."""
+    return (
+        f"no run found with {quote} '{run_id}' -- {store_searched()}; run from the directory "
+        "the run was started in, or set COMPOSE_DIR / COMPOSE_STORE to its store"
+    )
+
+
+def missing_store() -> bool:
+    """Whether the SQLite store file a lookup of an existing run would open
+    does not exist (so the lookup reports it instead of creating it empty)."""
+    if _store is not None:
+        return False
+    kind, target = _core.store_target(store_spec(), _default_sqlite())
+    return kind == "sqlite" and not os.path.exists(target)
+
+
+def importable_module(fn: Any) -> str | None:
+    """The module another process imports to register `fn`; None for a
+    script's `__main__` (no other process imports it by that name)."""
+    module = getattr(fn, "__module__", None)
+    return None if module in (None, "__main__") else module
+
+
+def not_registered(kind: str, name: str, module: str | None, before: str) -> ConfigError:
+    """The error for a run whose `kind` ('flow', 'agent') is not registered
+    here, naming the module recorded with the run when there is one; its
+    `not_registered` attribute tells it from other configuration errors."""
+    text = (
+        f"{kind} '{name}' is not registered in this process -- import the module that "
+        f"defines it (so its @{kind} decoration runs) before {before}"
+    )
+    if module:
+        text += f": `import {module}` (compose commands: --import {module})"
+    else:
+        text += " (compose commands: --import <module>)"
+    error = ConfigError(text)
+    error.not_registered = True  # type: ignore[attr-defined]
+    return error
+
+
 def budget_json(budget: Any) -> str | None:
     if budget is None:
         return None
@@ -1130,15 +1187,15 @@ def _args_input(args: tuple, kwargs: dict) -> dict:
 
 
 def step_digest(args: tuple, kwargs: dict) -> int | None:
-    """The hash a step's identity keeps of its arguments: of the
-    text the step's input is written as (keyword arguments in name order),
-    or None when they cannot be encoded (the call is then compared by kind,
+    """The hash a step's identity keeps of its arguments: of their encoded
+    text with every dict's keys (keyword arguments included) in sorted order,
+    so that arguments equal by `==` hash alike whatever order a dict was built
+    in; None when they cannot be encoded (the call is then compared by kind,
     name and position only)."""
     text = _args_text(args, kwargs)
     if text is None:
         try:
-            ordered = {k: kwargs[k] for k in sorted(kwargs)}
-            text = _codec.dumps({"args": list(args), "kwargs": ordered})
+            text = _codec.canonical_dumps({"args": list(args), "kwargs": kwargs})
         except Exception:  # noqa: BLE001 -- any unencodable argument
             return None
     return _core.step_digest(text)

@@ -67,11 +67,8 @@ def completed_run(row: dict) -> Run[Any]:
     )
 
 
-def agent_not_registered(name: str) -> str:
-    return (
-        f"agent {name!r} is not registered in this process -- import the module that "
-        "defines it (so its @agent decoration runs) before calling resume()"
-    )
+def agent_not_registered(name: str, module: str | None = None) -> ConfigError:
+    return _engine.not_registered("agent", name, module, "calling resume()")
 
 
 def graph_answer_key(interrupt_id: str, head: str) -> str:
@@ -120,7 +117,7 @@ def _resume_agent_run(
     if resume_standalone is None:
         if row["status"] == "completed":
             return completed_run(row)
-        raise ConfigError(agent_not_registered(row["name"]))
+        raise agent_not_registered(row["name"], row.get("module"))
     return resume_standalone(
         row, answers, budget, approver, tool_interceptor, context_manager, asynchronous
     )
@@ -201,7 +198,7 @@ def _prepare_resume(
         found = yield from graph.find_run(run_id)
         row = found[1] if found is not None else None
     if row is None:
-        raise ConfigError(f"no run found with run_id {run_id!r}")
+        raise ConfigError(_engine.run_not_found(run_id))
     if row["kind"] in ("agent", "graph"):
         return None, None, row
     if any(c is not None for c in callbacks):
@@ -210,15 +207,12 @@ def _prepare_resume(
         raise ConfigError(f"run '{run_id}' was cancelled")
     flow_obj = _FLOWS.get(row["name"])
     if flow_obj is None or row["kind"] != "flow":
-        raise ConfigError(
-            f"flow {row['name']!r} is not registered in this process -- import the module that "
-            "defines it (so its @flow decoration runs) before calling resume()"
-        )
+        raise _engine.not_registered("flow", row["name"], row.get("module"), "calling resume()")
     if row["status"] == "completed":
         return None, None, completed_run(row)
     if not allow_code_change and not flow_obj._has_fingerprint(row["fingerprint"]):
         raise ResumeMismatchError(
-            f"@flow {flow_obj.name!r}'s source changed since run {run_id!r} was created "
+            f"the source of @flow '{flow_obj.name}' changed since run '{run_id}' was created "
             "(fingerprint mismatch) -- pass allow_code_change=True to resume anyway (the journal "
             "may no longer match the new code's call sequence)"
         )
@@ -399,6 +393,8 @@ def resume(
         The `Run`, `completed`, `paused` again or `cancelled`.
     """
     _engine.check_sync_facade()
+    if _engine.missing_store():
+        raise ConfigError(_engine.run_not_found(run_id))
     flow_obj, resolved, done = _drive.run_plan(
         _prepare_resume(
             _engine.get_store(),
@@ -437,6 +433,8 @@ async def aresume(
 ) -> Run[Any]:
     """Async twin of `resume`, on the caller's loop: every read and write of a
     server-backed store, and its first open, are awaited off the loop."""
+    if _engine.missing_store():
+        raise ConfigError(_engine.run_not_found(run_id))
     flow_obj, resolved, done = await _drive.arun_plan(
         _prepare_resume(
             await _engine.aget_store(),
@@ -545,7 +543,7 @@ class RunHandle:
     def _row(self) -> dict:
         row = _engine.get_store().get_run(self.id)
         if row is None:
-            raise ConfigError(f"no run found with run_id {self.id!r}")
+            raise ConfigError(_engine.run_not_found(self.id))
         return row
 
     @property

@@ -109,6 +109,8 @@ class AgentFunction(Generic[P, R]):
         self.thinking_budget = options["thinking_budget"]
         self.fallback = options["fallback"]
         self.cache = options["cache"]
+        # The run stream each text delta is appended to, if any.
+        self.stream_to: str | None = options.get("stream_to")
         doc = fn.__doc__
         self.system = inspect.cleandoc(doc) if doc and doc.strip() else None
         self.input_type, self.output_type = _signature_types(fn)
@@ -371,6 +373,7 @@ def agent(
     name: str | None = None,
     replace: bool = False,
     retry: Any = None,
+    stream_to: str | None = None,
 ) -> _AgentDecorator: ...
 def agent(
     fn: Callable[..., Any] | None = None,
@@ -393,6 +396,7 @@ def agent(
     name: str | None = None,
     replace: bool = False,
     retry: Any = None,
+    stream_to: str | None = None,
 ):
     """Declares an agent: a typed function backed by a language model.
 
@@ -425,7 +429,12 @@ def agent(
             process.
         replace: rebind a name that is already registered.
         retry: a `RetryPolicy` for provider calls, instead of `retries=`.
+        stream_to: the name of a stream of the run (`compose.read_stream`)
+            that each text delta of a call made in a durable run is appended
+            to, in batches.
     """
+    if stream_to is not None and (not isinstance(stream_to, str) or not stream_to):
+        raise ConfigError(f"@agent(stream_to=...) must be a non-empty str, got {stream_to!r}")
 
     def decorate(f: Callable[..., Any]) -> AgentFunction:
         agent_name = name or f.__name__
@@ -458,6 +467,7 @@ def agent(
             cache=cache,
             name=agent_name,
             retry=policy,
+            stream_to=stream_to,
         )
         _AGENTS[agent_name] = obj
         _codec.register_annotation_types(f)

@@ -90,7 +90,47 @@ _FTS_MISSING = (
 )
 
 
+def _cmd_prune(args: argparse.Namespace) -> int:
+    """`compose runs --prune --older-than X`: deletes settled runs older than X."""
+    from datetime import datetime
+
+    from .retention import compact, delete_runs
+
+    if args.older_than is None:
+        args.parser.error("--prune needs --older-than (for example --older-than 30d)")
+    if args.status not in (None, "completed", "failed", "cancelled"):
+        args.parser.error(
+            f"--prune deletes settled runs only: --status must be completed, failed or cancelled, "
+            f"got '{args.status}'"
+        )
+    try:
+        cutoff = datetime.fromtimestamp(_parse_since(args.older_than))
+    except ComposeError:
+        raise ComposeError(
+            f"invalid --older-than value '{args.older_than}': expected '<N>d', '<N>h', "
+            "or 'YYYY-MM-DD'"
+        ) from None
+    status = args.status or ("completed", "failed", "cancelled")
+    count = delete_runs(
+        older_than=cutoff, status=status, name=args.name, kind=args.kind, dry_run=args.dry_run
+    )
+    noun = "run" if count == 1 else "runs"
+    print(f"would delete {count} {noun}" if args.dry_run else f"deleted {count} {noun}")
+    if args.vacuum and not args.dry_run:
+        sizes = compact()
+        if sizes is None:
+            print("vacuum: the server reclaims the space itself (autovacuum)")
+        else:
+            before, after = sizes
+            print(f"vacuum: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
+    return 0
+
+
 def _cmd_runs(args: argparse.Namespace) -> int:
+    if args.prune:
+        return _cmd_prune(args)
+    if args.older_than is not None or args.dry_run or args.vacuum:
+        args.parser.error("--older-than, --dry-run and --vacuum go with --prune")
     limit = _parse_limit(args.limit, args.parser)
     since = _parse_since(args.since) if args.since is not None else None
     _import_modules(args.imports)
@@ -127,7 +167,9 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _not_found(run_id: str) -> ComposeError:
-    return ComposeError(f"no run found with id '{run_id}'")
+    from . import _engine
+
+    return ComposeError(_engine.run_not_found(run_id, "id"))
 
 
 def _color() -> bool:
@@ -147,7 +189,14 @@ def _payload(payload_json: str | None) -> object:
         return payload_json
 
 
-def _parked_banner(run_id: str, pending: list[tuple]) -> str:
+def _resume_lines(module: str | None) -> list[str]:
+    """The hint's first lines: the import that registers the run's flow (its
+    module is recorded with the run), then resume's."""
+    first = [f"    import {module}"] if module else []
+    return [*first, "    from composeai import resume"]
+
+
+def _parked_banner(run_id: str, pending: list[tuple], module: str | None = None) -> str:
     """A run parked on a durable timer or signal."""
     lines = ["", f"⏸  run {run_id} is parked on {len(pending)} durable wait(s):"]
     for interrupt_id, kind, _question, payload_json in pending:
@@ -162,7 +211,7 @@ def _parked_banner(run_id: str, pending: list[tuple]) -> str:
     lines += [
         "",
         "A running `compose worker` (with --import for its flow) continues it when due; or:",
-        "    from composeai import resume",
+        *_resume_lines(module),
         f"    resume({run_id!r})",
     ]
     if any(p[1] == "signal" for p in pending):
@@ -170,9 +219,9 @@ def _parked_banner(run_id: str, pending: list[tuple]) -> str:
     return "\n".join(lines)
 
 
-def _paused_banner(run_id: str, pending: list[tuple]) -> str:
+def _paused_banner(run_id: str, pending: list[tuple], module: str | None = None) -> str:
     if pending and all(p[1] in ("timer", "signal") for p in pending):
-        return _parked_banner(run_id, pending)
+        return _parked_banner(run_id, pending, module)
     lines = ["", f"⏸  run {run_id} is paused with {len(pending)} pending interrupt(s):"]
     answers: dict[str, object] = {}
     for interrupt_id, kind, question, payload_json in pending:
@@ -182,9 +231,15 @@ def _paused_banner(run_id: str, pending: list[tuple]) -> str:
     lines += [
         "",
         "To resume:",
-        "    from composeai import resume",
+        *_resume_lines(module),
         f"    resume({run_id!r}, answers={answers!r})",
     ]
+    if module and len(pending) == 1:
+        first = pending[0][0]
+        value = "--yes" if pending[0][1] == "approval" else "--json VALUE"
+        lines.append(
+            f"    # or: compose answer {run_id} {first} {value} --resume --import {module}"
+        )
     return "\n".join(lines)
 
 
@@ -205,6 +260,11 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     # Mermaid output is meant to be piped into a renderer: the hint goes to
     # stderr, so stdout stays a valid diagram.
     hint = sys.stderr if args.format == "mermaid" else sys.stdout
+    if value["events"]:
+        # The latest value of each event the run published.
+        print("\nevents:", file=hint)
+        for key, value_json in value["events"]:
+            print(f"  {key} = {value_json}", file=hint)
     if value["status"] == "paused" and not value["pending"]:
         # Answered (`compose answer`), not continued yet.
         print(
@@ -212,7 +272,9 @@ def _cmd_trace(args: argparse.Namespace) -> int:
             file=hint,
         )
     elif value["status"] == "paused":
-        print(_paused_banner(value["run_id"], value["pending"]), file=hint)
+        found, row = _core.resolve_run(_db_path(), value["run_id"])
+        module = row.get("module") if found == "found" else None
+        print(_paused_banner(value["run_id"], value["pending"], module), file=hint)
     return 0
 
 
@@ -222,6 +284,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         args.parser.error(f"--concurrency must be a positive integer, got {args.concurrency}")
     if args.interval <= 0:
         args.parser.error(f"--interval must be a positive number, got {args.interval}")
+    retention = None
+    if args.retention is not None:
+        from .retention import parse_age
+
+        try:
+            retention = parse_age(args.retention, "--retention")
+        except ComposeError as e:
+            args.parser.error(str(e))
     _import_modules(args.imports)
     from .worker import run_worker
 
@@ -231,6 +301,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         interval=args.interval,
         concurrency=args.concurrency,
         queues=tuple(args.queues),
+        retention=retention,
     )
 
 
@@ -887,6 +958,15 @@ def _build_parser() -> argparse.ArgumentParser:
     runs.add_argument(
         "-q", "--query", metavar="Q", help="full-text search of span names and payloads (FTS5)"
     )
+    runs.add_argument(
+        "--prune", action="store_true", help="delete settled runs last updated before --older-than"
+    )
+    runs.add_argument("--older-than", metavar="X", help="with --prune: <N>d, <N>h or YYYY-MM-DD")
+    runs.add_argument("--name", metavar="N", help="with --prune: only runs of flow or agent N")
+    runs.add_argument("--dry-run", action="store_true", help="with --prune: only count")
+    runs.add_argument(
+        "--vacuum", action="store_true", help="with --prune: return freed space to the disk"
+    )
     add_import(runs)
     runs.set_defaults(func=_cmd_runs, parser=runs)
 
@@ -951,6 +1031,11 @@ def _build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME",
         help="also execute queued runs of queue NAME, declared by an --import (repeatable)",
+    )
+    worker.add_argument(
+        "--retention",
+        metavar="AGE",
+        help="prune settled runs last updated over AGE ago (30d, 12h), once an hour",
     )
     add_import(worker)
     worker.set_defaults(func=_cmd_worker, parser=worker)

@@ -215,11 +215,11 @@ def map(
     frame = FRAME.get()
     run = frame.run if frame is not None else None
     name = stage_name(fn)
-    span, trace = _engine.open_child(frame, "aggregate", f"map({name})")
     scope = frame.scope if frame is not None else ""
     fence = frame.fence if frame is not None else None
-    map_key = run.attempt.next_key(scope, "map", fence) if run is not None else None
     count = len(items)
+    map_key = _open_map(run, scope, count, fence)
+    span, trace = _engine.open_child(frame, "aggregate", f"map({name})")
     outcomes: list[Any] = [None] * count
     failures: list[BaseException | None] = [None] * count
     item_fences = []
@@ -258,6 +258,15 @@ def map(
         _engine.fail_span(run, span, exc)
         raise
     return _collect(run, span, on_error, outcomes, failures)
+
+
+def _open_map(run: Any, scope: str, count: int, fence: Any) -> str | None:
+    """The key of a map in a run: a call of its scope that journals no row
+    of its own, checked against the journal with its number of items, so a
+    body that now maps over fewer or more items stops before any runs."""
+    if run is None:
+        return None
+    return run.attempt.open_scope(scope, "map", count, fence)  # type: ignore[no-any-return]
 
 
 def _run_item(
@@ -420,11 +429,11 @@ async def amap(
     frame = FRAME.get()
     run = frame.run if frame is not None else None
     name = stage_name(fn)
-    span, trace = _engine.open_child(frame, "aggregate", f"map({name})")
     scope = frame.scope if frame is not None else ""
     fence = frame.fence if frame is not None else None
-    map_key = run.attempt.next_key(scope, "map", fence) if run is not None else None
     count = len(items)
+    map_key = _open_map(run, scope, count, fence)
+    span, trace = _engine.open_child(frame, "aggregate", f"map({name})")
     gate = asyncio.Semaphore(count if max_workers is None else min(max_workers, count))
 
     async def one(index: int) -> Any:
@@ -895,6 +904,7 @@ class Aggregate(_Composite, Generic[_PIn]):
 
         self.input_type = aggregate_input_type([stage_types(b)[0] for b in self.branches.values()])
         self._validators = {k: build_validator(b) for k, b in self.branches.items()}
+        self._branches_digest = _core.step_digest("\0".join(sorted(self.branches)))
 
     def _branch_frames(self) -> tuple[Frame, list[str]]:
         frame = FRAME.get()
@@ -902,7 +912,11 @@ class Aggregate(_Composite, Generic[_PIn]):
         keys = list(self.branches)
         if frame.run is None:
             return frame, [frame.scope] * len(keys)
-        base = frame.run.attempt.next_key(frame.scope, "aggregate", frame.fence)
+        # A call of its scope, checked with its branches' names: a body that
+        # now aggregates other branches stops before any runs.
+        base = frame.run.attempt.open_scope(
+            frame.scope, "aggregate", self._branches_digest, frame.fence
+        )
         return frame, [f"{base}/{k}" for k in keys]
 
     def _timeout_error(self, key: str, cooperative: bool):

@@ -243,9 +243,10 @@ def missing_owner_message(run_id: str, kind: str, name: str, module: str | None)
     if kind == "agent":
         if _agent_for(name) is not None:
             return None
+        where = f"import module {module!r}" if module else "import the module that defines it"
         return (
-            f"run {run_id}: agent {name!r} is not registered in this process -- import the "
-            "module that defines it (compose worker --import MODULE); the run is skipped"
+            f"run {run_id}: agent {name!r} is not registered in this process -- {where} "
+            "(compose worker --import MODULE); the run is skipped"
         )
     return None if _flow_for(name) is not None else missing_flow_message(run_id, name, module)
 

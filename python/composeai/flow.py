@@ -422,11 +422,18 @@ class Flow(Generic[P, R]):
             "run's budget governs); set it on the outer run"
         )
 
+    @property
+    def _module(self) -> str | None:
+        """The importable module defining the flow, recorded with each run so an
+        error in another process can name the import (None for a script's
+        `__main__`, which no other process can import by that name)."""
+        return _engine.importable_module(self.fn)
+
     def _start(self, args: tuple, kwargs: dict, budget: Any, wait: bool = True):
         args_json = _codec.dumps(_args_payload(args, kwargs))
         budget_json = _engine.budget_json(budget)
         attempt = _engine.get_store().start_run(
-            "flow", self.name, self.fingerprint, args_json, budget_json
+            "flow", self.name, self.fingerprint, args_json, budget_json, module=self._module
         )
         run = _engine.RunState(attempt, self.name, not wait)
         return run, _engine.budget_meter(budget, "flow", self.name)
@@ -435,7 +442,7 @@ class Flow(Generic[P, R]):
         args_json = _codec.dumps(_args_payload(args, kwargs))
         budget_json = _engine.budget_json(budget)
         attempt = await _drive.astart_run(
-            "flow", self.name, self.fingerprint, args_json, budget_json
+            "flow", self.name, self.fingerprint, args_json, budget_json, module=self._module
         )
         run = _engine.RunState(attempt, self.name, not wait)
         return run, _engine.budget_meter(budget, "flow", self.name)

@@ -157,6 +157,7 @@ def start_queued(
         _engine.budget_json(budget),
         priority,
         dedup_id,
+        flow_obj._module,
     )
     return RunHandle(run_id)
 

@@ -101,13 +101,29 @@ class FakeModel:
     ``{"json": payload}``, a ``ModelResponse`` (returned unchanged) or a callable taking the
     ``ModelRequest`` and returning one of the former. Every request is recorded in
     ``requests``. There is deliberately no ``model_id`` attribute.
+
+    The script follows the conversation, so a run resumed in a fresh process (after an
+    approval pause or a crash) continues where it is: the n-th model turn of an agent's
+    conversation gets the n-th item. When a request's conversation holds assistant turns
+    this FakeModel did not answer itself, and the next script items are the ones that
+    produced them (same text, same tool calls; a callable item counts as the same), those
+    items are skipped as already used. History written by hand that does not match the
+    script skips nothing, so a script holding only the remaining replies works too.
+
+    A dict item with a key outside ``tool_calls``/``text``/``json`` (or a tool call with
+    a key outside ``name``/``arguments``/``id``) raises ``ConfigError`` here, naming it.
     """
 
     def __init__(self, script: list, *, usage: Usage | None = None) -> None:
+        for item in script:
+            _check_keys(item)
         self.script = list(script)
         self.requests: list[ModelRequest] = []
         self._usage = usage
         self._lock = threading.Lock()
+        # Per conversation (keyed by its system prompt and first message): how many of
+        # its assistant turns this instance accounted for.
+        self._turns: dict[tuple, int] = {}
 
     def __repr__(self) -> str:
         return f"FakeModel(<{len(self.script)} scripted item(s) left>)"
@@ -115,6 +131,17 @@ class FakeModel:
     def _next_item(self, request: ModelRequest) -> Any:
         with self._lock:
             self.requests.append(request)
+            messages = request.messages
+            replies = [m for m in messages if m.role == "assistant"]
+            if messages:
+                first = messages[0]
+                key: tuple = (request.system, first.role, len(first.parts), first.text)
+                unseen = replies[self._turns.get(key, 0) :]
+                # Turns answered by an earlier process: their items were used there.
+                while unseen and self.script and _produced(self.script[0], unseen[0]):
+                    self.script.pop(0)
+                    unseen.pop(0)
+                self._turns[key] = len(replies) + 1
             if not self.script:
                 raise ComposeError(
                     f"FakeModel script exhausted after {len(self.requests)} request(s): "
@@ -137,6 +164,7 @@ class FakeModel:
                 Message.assistant(item), StopReason.END_TURN, "end_turn", usage, request.model
             )
         if isinstance(item, dict):
+            _check_keys(item)
             if "tool_calls" in item:
                 return self._tool_calls(item, request, usage)
             if "json" in item:
@@ -194,6 +222,59 @@ class FakeModel:
 
 def _unrecognized(item: Any) -> ComposeError:
     return ComposeError(f"FakeModel: unrecognized script item {item!r}")
+
+
+_ITEM_KEYS = ("tool_calls", "text", "json")
+_CALL_KEYS = ("name", "arguments", "id")
+
+
+def _check_keys(item: Any) -> None:
+    """Refuses a misspelt key in a dict item or one of its tool calls."""
+    if type(item) is not dict:
+        return
+    for key in item:
+        if key not in _ITEM_KEYS:
+            raise ConfigError(
+                f"FakeModel: unknown key {key!r} in script item {item!r}; "
+                f"valid keys: {', '.join(_ITEM_KEYS)}"
+            )
+    calls = item.get("tool_calls")
+    if isinstance(calls, (list, tuple)):
+        for call in calls:
+            if isinstance(call, dict):
+                for key in call:
+                    if key not in _CALL_KEYS:
+                        raise ConfigError(
+                            f"FakeModel: unknown key {key!r} in tool call {call!r}; "
+                            f"valid keys: {', '.join(_CALL_KEYS)}"
+                        )
+
+
+def _produced(item: Any, message: Message) -> bool:
+    """Whether script item ``item`` yields the assistant ``message``."""
+    if callable(item) and not isinstance(item, ModelResponse):
+        return True
+    if isinstance(item, ModelResponse):
+        return item.message == message
+    if isinstance(item, str):
+        return message.text == item and not any(isinstance(p, ToolCallPart) for p in message.parts)
+    if isinstance(item, dict):
+        if "tool_calls" in item and isinstance(item["tool_calls"], (list, tuple)):
+            made = [p for p in message.parts if isinstance(p, ToolCallPart)]
+            wanted = item["tool_calls"]
+            if len(made) != len(wanted) or (item.get("text") or "") != message.text:
+                return False
+            for part, call in zip(made, wanted):
+                if not isinstance(call, dict) or part.name != call.get("name"):
+                    return False
+                if part.arguments != (call.get("arguments") or {}):
+                    return False
+                if call.get("id") and part.id != call["id"]:
+                    return False
+            return True
+        if "json" in item:
+            return message.text == json.dumps(item["json"])
+    return False
 
 
 # --------------------------------------------------------------------------- cassettes (TEST-20 …)
