@@ -652,6 +652,7 @@ def test_python_dash_m_subprocess(store, state, tmp_path):
         timeout=60,
     )
     assert (proc.returncode, proc.stdout) == (1, "")
+    # The message names the store searched: SQLite or PostgreSQL, per the fixture.
     assert proc.stderr.startswith("compose: no run found with id 'nope' -- searched the ")
 
 

@@ -11,8 +11,20 @@ from . import _codec
 
 
 class Interrupt(BaseModel):
-    """A pause waiting for a human answer, or (kinds `timer`, `signal`) a
-    run parked on a durable wait."""
+    """What a paused run waits on: a person's answer, or (kinds `timer` and
+    `signal`) the end of a durable wait. `Run.pending` holds it.
+
+    Attributes:
+        id: the interrupt's id: the key of its answer in
+            `resume(run_id, answers={id: ...})`; `tool:<tool>:<call id>` for
+            a gated tool call.
+        kind: `"approval"` (yes or no), `"question"` (any JSON answer),
+            `"timer"` or `"signal"`.
+        question: the text of an `ask_human()` question.
+        payload: what the person needs to decide (a gated tool call's
+            `{"tool": ..., "arguments": ...}`), or the wait's wake time or
+            signal name.
+    """
 
     model_config = ConfigDict(frozen=True)
 

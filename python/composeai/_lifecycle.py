@@ -524,7 +524,12 @@ _RESULT_POLL = 0.02
 
 
 class RunHandle:
-    """A durable run addressed by id, from any process."""
+    """A durable run addressed by its id, usable from any process.
+
+    Returned by `flow_fn.start()` and `get_run()`. `status` and `pending` are
+    read from the store; `signal()`, `cancel()` and `resume()` act on the
+    run; `result(timeout=None)` waits for it to settle and returns its `Run`.
+    """
 
     def __init__(self, run_id: str) -> None:
         self.id = run_id
