@@ -14,7 +14,7 @@ from composeai import cli, flow, task
 from composeai.errors import ConfigError
 
 
-@task
+@task(name="listing_inc")
 def inc(x: int) -> int:
     return x + 1
 
@@ -36,11 +36,16 @@ def gamma(x: int) -> int:
 
 
 @pytest.fixture
-def runs(store_kind):
+def runs(store_kind, capsys):
     made = [alpha.run(i).id for i in range(5)]
     made += [beta.run(i).id for i in range(2)]
-    made += [gamma.run(i).id for i in range(2)]
-    return made
+    for i in range(2):
+        # A failed run raises its error out of run(); its row stays listed.
+        with pytest.raises(ValueError, match=f"boom {i}"):
+            gamma.run(i)
+    failed = cli_ids(capsys, "--status", "failed")
+    assert len(failed) == 2
+    return made + failed
 
 
 def cli_ids(capsys, *args: str) -> list[str]:
