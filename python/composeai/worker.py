@@ -23,12 +23,16 @@ from typing import IO, Any
 from . import _core, _engine
 from . import durable as _durable
 from ._lifecycle import _FLOWS, NotDue
-from .errors import ConfigError
+from .errors import ConfigError, StoreError, StoreUnavailableError
 from .queues import Queue
 
 # How long in-flight runs may take to settle after SIGINT/SIGTERM before the
 # worker gives up their leases and exits (they stay resumable).
-STOP_GRACE = 2.0
+STOP_GRACE = 10.0
+
+# How long a pass waits before looking again after the store stayed
+# unreachable past COMPOSE_STORE_OUTAGE_SECONDS.
+_OUTAGE_PAUSE = 1.0
 
 
 def _flow_names() -> list[str]:
@@ -43,11 +47,15 @@ class Worker:
         interval: float = 1.0,
         out: IO[str] | None = None,
         queues: tuple[Queue, ...] = (),
+        grace: float = STOP_GRACE,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
         if interval <= 0:
             raise ValueError(f"--interval must be positive, got {interval}")
+        if grace < 0:
+            raise ValueError(f"--grace must be 0 or more seconds, got {grace}")
+        self.grace = grace
         self.concurrency = concurrency
         self.interval = interval
         self.out = out if out is not None else sys.stdout
@@ -83,6 +91,11 @@ class Worker:
                 outcome = f"paused({run.pending.kind})"
         except NotDue:
             outcome = "skipped (settled by another process)"
+        except StoreError as exc:
+            # The store failed under the run: it is left resumable (running,
+            # its lease to lapse) and comes due again once the store is back.
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            outcome = f"left resumable ({type(exc).__name__}: {first_line})"
         except Exception as exc:  # noqa: BLE001 -- logged; the worker carries on
             first_line = str(exc).splitlines()[0] if str(exc) else ""
             outcome = f"failed ({type(exc).__name__}: {first_line})"
@@ -166,8 +179,8 @@ class Worker:
             return []
         try:
             return _core.due_runs(store, None, limit)
-        except ConfigError:
-            if store.kind == "sqlite":
+        except (ConfigError, StoreError) as exc:
+            if store.kind == "sqlite" or isinstance(exc, StoreUnavailableError):
                 raise
             # This store keeps no durable waits: only queued runs come due.
             self._durable = False
@@ -189,28 +202,38 @@ class Worker:
     def serve(self) -> None:
         store = _engine.get_store()
         while not self.stopping.is_set():
-            with self._lock:
-                free = self.concurrency - len(self._inflight)
-            if free > 0:
-                # Ask for enough rows to see past runs already in flight or skipped.
-                limit = free + len(self._inflight) + len(self._skipped)
-                self._submit(self._due(store, limit))
-            slot = self._claim(store)
-            with self._lock:
-                busy = len(self._inflight) >= self.concurrency
-            until = None if busy else self._next_wake(store)
-            if slot is not None and not busy:
-                # Wall time, as the store's claim times are.
-                slot = _core.clock_now() + max(0.0, slot - time.time())
-                until = slot if until is None else min(until, slot)
-            deadline = time.monotonic() + self.interval
-            while not self.stopping.is_set():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                # Short slices so SIGINT/SIGTERM are handled promptly.
-                if _core.wait_for_work(store, until, min(left, 0.2)):
-                    break
+            try:
+                self._pass(store)
+            except StoreUnavailableError:
+                # Still unreachable past COMPOSE_STORE_OUTAGE_SECONDS: the
+                # outage is logged by the watcher; the worker keeps waiting.
+                self.stopping.wait(_OUTAGE_PAUSE)
+
+    def _pass(self, store: Any) -> None:
+        """Starts what is due and what the queues let it claim, then sleeps
+        until more could be (at most `interval`)."""
+        with self._lock:
+            free = self.concurrency - len(self._inflight)
+        if free > 0:
+            # Ask for enough rows to see past runs already in flight or skipped.
+            limit = free + len(self._inflight) + len(self._skipped)
+            self._submit(self._due(store, limit))
+        slot = self._claim(store)
+        with self._lock:
+            busy = len(self._inflight) >= self.concurrency
+        until = None if busy else self._next_wake(store)
+        if slot is not None and not busy:
+            # Wall time, as the store's claim times are.
+            slot = _core.clock_now() + max(0.0, slot - time.time())
+            until = slot if until is None else min(until, slot)
+        deadline = time.monotonic() + self.interval
+        while not self.stopping.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            # Short slices so SIGINT/SIGTERM are handled promptly.
+            if _core.wait_for_work(store, until, min(left, 0.2)):
+                break
 
     def _drain(self, timeout: float | None) -> bool:
         """Waits for in-flight runs; whether all settled."""
@@ -228,11 +251,47 @@ class Worker:
             except Exception:  # noqa: BLE001, S110 -- outcomes are logged by _execute
                 pass
 
+    # -- store outages (STORE-40) ---------------------------------------------
+
+    def watch_outages(self) -> threading.Thread:
+        """Logs one line when the store becomes unreachable and one when it
+        is back, from a daemon thread that sleeps in the core until the
+        store's reachability changes."""
+
+        def watch() -> None:
+            seen, down, _ = _core.store_outage_wait(0, 0.0)
+            if down is not None:
+                self._log_down(down)
+            while not self.stopping.is_set():
+                generation, now_down, back = _core.store_outage_wait(seen, 5.0)
+                if generation == seen:
+                    continue
+                seen = generation
+                if now_down is not None and down is None:
+                    self._log_down(now_down)
+                elif now_down is None and down is not None and back is not None:
+                    self.log(f"store reachable again after {back[1]:.1f}s: continuing")
+                down = now_down
+
+        thread = threading.Thread(target=watch, name="composeai-outage-log", daemon=True)
+        thread.start()
+        return thread
+
+    def _log_down(self, down: tuple[float, str, str]) -> None:
+        import os
+
+        limit = os.environ.get("COMPOSE_STORE_OUTAGE_SECONDS", "").strip() or "300"
+        self.log(
+            f"store unreachable: {down[2]} -- runs wait and continue when it is back "
+            f"(retrying for up to {limit}s, COMPOSE_STORE_OUTAGE_SECONDS)"
+        )
+
     def stop(self) -> int:
-        """Lets in-flight runs settle for a moment, then gives up the leases
-        of those still executing; returns how many were left."""
+        """Lets in-flight runs settle for up to `grace` seconds, then gives
+        up the leases of those still executing so another worker continues
+        them at once; returns how many were left."""
         self.stopping.set()
-        if self._drain(STOP_GRACE):
+        if self._drain(self.grace):
             self._pool.shutdown(wait=True)
             return 0
         store = _engine.get_store()
@@ -269,6 +328,7 @@ def run_worker(
     concurrency: int,
     out=None,
     queues: tuple[str, ...] = (),
+    grace: float = STOP_GRACE,
 ) -> int:
     """The `compose worker` command; returns the exit code."""
     import importlib
@@ -276,7 +336,11 @@ def run_worker(
     for module in imports:
         importlib.import_module(module)
     worker = Worker(
-        concurrency=concurrency, interval=interval, out=out, queues=declared_queues(list(queues))
+        concurrency=concurrency,
+        interval=interval,
+        out=out,
+        queues=declared_queues(list(queues)),
+        grace=grace,
     )
     if once:
         worker.once()
@@ -295,6 +359,7 @@ def run_worker(
         + "".join(f"queue={q.name} " for q in worker.queues)
         + f"store={_engine.get_store().path}"
     )
+    worker.watch_outages()
     worker.serve()
     left = worker.stop()
     worker.log("worker stopped")

@@ -16,6 +16,7 @@ mod inner;
 pub mod listen;
 pub mod query;
 pub mod queue;
+mod retry;
 mod schema;
 mod sql;
 mod state;
