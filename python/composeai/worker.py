@@ -297,10 +297,20 @@ class Worker:
         store = _engine.get_store()
         with self._lock:
             left = sorted(self._inflight)
-        _core.release_leases(store)
+        if _store_down():
+            # Nothing can be released while the server is away: the leases
+            # lapse after COMPOSE_LEASE_SECONDS instead.
+            self.log("store unreachable: leases are left to lapse")
+        else:
+            _core.release_leases(store)
         for run_id in left:
             self.log(f"stopped  {run_id} left resumable")
         return len(left)
+
+
+def _store_down() -> bool:
+    """Whether this process finds its store unreachable right now."""
+    return _core.store_outage_wait(0, 0.0)[1] is not None
 
 
 def declared_queues(names: list[str]) -> tuple[Queue, ...]:
@@ -363,7 +373,8 @@ def run_worker(
     worker.serve()
     left = worker.stop()
     worker.log("worker stopped")
-    _engine.get_store().flush()
+    if not _store_down():
+        _engine.get_store().flush()
     if left:
         # Threads still inside user code cannot be stopped; their runs'
         # leases are released, so exiting now leaves them resumable.
