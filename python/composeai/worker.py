@@ -364,12 +364,13 @@ def run_worker(
     if threading.current_thread() is threading.main_thread():
         _signal.signal(_signal.SIGINT, handle)
         _signal.signal(_signal.SIGTERM, handle)
+    # Before the store is first opened: a server away at start is logged too.
+    worker.watch_outages()
     worker.log(
         f"worker ready pid={__import__('os').getpid()} concurrency={concurrency} "
         + "".join(f"queue={q.name} " for q in worker.queues)
         + f"store={_engine.get_store().path}"
     )
-    worker.watch_outages()
     worker.serve()
     left = worker.stop()
     worker.log("worker stopped")
