@@ -130,12 +130,19 @@ class Cluster:
     def freeze(self) -> None:
         """SIGSTOPs every server process: connections are still accepted by
         the kernel, nothing is ever answered."""
-        for pid in self.pids():
-            os.kill(pid, signal.SIGSTOP)
+        self._signal_all(signal.SIGSTOP)
 
     def thaw(self) -> None:
+        self._signal_all(signal.SIGCONT)
+
+    def _signal_all(self, sig: int) -> None:
+        if not os.path.exists(os.path.join(self.data, "postmaster.pid")):
+            return
         for pid in self.pids():
-            os.kill(pid, signal.SIGCONT)
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass  # a backend that ended meanwhile
 
     def url(self, schema: str = "composeai", **options: str) -> str:
         query = "&".join(f"{k}={v}" for k, v in {"sslmode": "disable", **options}.items())

@@ -53,13 +53,17 @@ impl PgStore {
             if spans.is_empty() {
                 return;
             }
-            let spans = &spans;
-            // Spans are observability: they are not retried, but a silent
-            // server must not hold the queue forever.
+            let (inner, spans) = (&*inner, &spans);
+            // Through an outage like every write (a retry skips the spans a
+            // lost reply had stored), rather than dropping the trace.
             let outcome = inner
-                .bounded(async {
+                .retry_with(move |retry| async move {
                     let c = inner.client().await?;
-                    inner.write_spans(&c, spans).await
+                    if retry {
+                        inner.write_spans_once(&c, spans).await
+                    } else {
+                        inner.write_spans(&c, spans).await
+                    }
                 })
                 .await;
             if let Err(e) = outcome {
@@ -150,7 +154,9 @@ impl PgStore {
 
 impl Drop for PgStore {
     fn drop(&mut self) {
-        let _ = self.flush();
+        // Bounded while the server is away: a dropped handle never waits
+        // out an outage.
+        let _ = Store::close(self);
     }
 }
 
