@@ -1,4 +1,4 @@
-"""`compose worker` (EXT-2, STORE-21): the long-running loop that continues
+"""`compose worker`: the long-running loop that continues
 due runs and executes queued ones.
 
 The core says which runs are due (`due_runs`) and when the next timer falls
@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import IO, Any
 
 from . import _core, _engine
@@ -34,6 +34,9 @@ STOP_GRACE = 10.0
 # unreachable past COMPOSE_STORE_OUTAGE_SECONDS.
 _OUTAGE_PAUSE = 1.0
 
+# How often `--retention` prunes.
+PRUNE_EVERY = 3600.0
+
 
 def _flow_names() -> list[str]:
     return list(_FLOWS)
@@ -48,6 +51,7 @@ class Worker:
         out: IO[str] | None = None,
         queues: tuple[Queue, ...] = (),
         grace: float = STOP_GRACE,
+        retention: timedelta | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
@@ -69,6 +73,9 @@ class Worker:
         self._claimed: dict[str, str] = {}
         # False once the store turned out to keep no durable waits.
         self._durable = True
+        # Settled runs older than this are pruned once an hour (OPS-23).
+        self.retention = retention
+        self._next_prune = time.monotonic()
 
     # -- logging -------------------------------------------------------------
 
@@ -195,9 +202,24 @@ class Worker:
         """One pass over what is due now and what the queues let it claim;
         waits for those runs to settle."""
         store = _engine.get_store()
+        self._prune_if_due()
         self._submit(self._due(store, 1_000_000))
         self._claim(store)
         self._drain(None)
+
+    def _prune_if_due(self) -> None:
+        if self.retention is None or time.monotonic() < self._next_prune:
+            return
+        self._next_prune = time.monotonic() + PRUNE_EVERY
+        from .retention import delete_runs
+
+        try:
+            deleted = delete_runs(older_than=self.retention)
+        except Exception as exc:  # noqa: BLE001 -- a failed prune is retried next hour
+            self.log(f"prune failed: {type(exc).__name__}: {exc}")
+            return
+        if deleted:
+            self.log(f"pruned   {deleted} runs last updated over {self.retention} ago")
 
     def serve(self) -> None:
         store = _engine.get_store()
@@ -212,6 +234,7 @@ class Worker:
     def _pass(self, store: Any) -> None:
         """Starts what is due and what the queues let it claim, then sleeps
         until more could be (at most `interval`)."""
+        self._prune_if_due()
         with self._lock:
             free = self.concurrency - len(self._inflight)
         if free > 0:
@@ -339,6 +362,7 @@ def run_worker(
     out=None,
     queues: tuple[str, ...] = (),
     grace: float = STOP_GRACE,
+    retention: timedelta | None = None,
 ) -> int:
     """The `compose worker` command; returns the exit code."""
     import importlib
@@ -351,6 +375,7 @@ def run_worker(
         out=out,
         queues=declared_queues(list(queues)),
         grace=grace,
+        retention=retention,
     )
     if once:
         worker.once()
