@@ -19,9 +19,15 @@ pub enum CoreError {
     /// `BaseException` in Python. Holds the reason (may be empty).
     #[error("run cancelled: {0}")]
     Cancelled(String),
-    /// SQLite failed; the message names the database path.
+    /// The store itself failed (a full disk, a read-only file, a broken
+    /// server): `composeai.errors.StoreError`. The message names the store.
     #[error("{0}")]
     Store(String),
+    /// The store cannot be reached (a lost, refused or silent server
+    /// connection): `composeai.errors.StoreUnavailableError`. Retried by the
+    /// PostgreSQL store for up to `COMPOSE_STORE_OUTAGE_SECONDS` first.
+    #[error("{0}")]
+    Unavailable(String),
     /// A body's calls no longer match its run's journal (issue 27):
     /// `composeai.errors.NondeterminismError`.
     #[error(
@@ -59,6 +65,27 @@ pub trait AtPath<T> {
 
 impl<T> AtPath<T> for rusqlite::Result<T> {
     fn at(self, path: &str) -> CoreResult<T> {
-        self.map_err(|e| CoreError::Store(format!("composeai store '{path}': {e}")))
+        self.map_err(|e| sqlite_error(path, &e))
     }
+}
+
+/// A SQLite failure of the store at `path`, its cause in words a person
+/// acts on (and SQLite's own message after them).
+pub fn sqlite_error(path: &str, e: &rusqlite::Error) -> CoreError {
+    use rusqlite::ErrorCode as C;
+    let cause = match e.sqlite_error_code() {
+        Some(C::DiskFull) => "the disk is full: free space, then resume the run",
+        Some(C::ReadOnly) => {
+            "the store is read-only (a read-only file system, or no write permission on the file              or its directory): nothing was changed"
+        }
+        Some(C::NotADatabase) => "the file is not a composeai store",
+        Some(C::DatabaseCorrupt) => {
+            "the database disk image is malformed: restore it from a backup"
+        }
+        Some(C::PermissionDenied) => "permission denied on the database file or its directory",
+        Some(C::CannotOpen) => "cannot open the database file",
+        Some(C::SystemIoFailure) => "an I/O error on the database file",
+        _ => return CoreError::Store(format!("composeai store '{path}': {e}")),
+    };
+    CoreError::Store(format!("composeai store '{path}': {cause} ({e})"))
 }

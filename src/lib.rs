@@ -9,6 +9,7 @@ pub mod graph;
 pub mod ids;
 pub mod journal;
 pub mod lease;
+pub mod outage;
 pub mod owner;
 pub mod py;
 pub mod queue;

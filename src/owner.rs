@@ -70,7 +70,20 @@ pub fn lease_is_live(holder: &str, until: f64) -> bool {
             }
         }
     }
-    until > now()
+    // A lease that lapsed during a store outage (or just after it, before
+    // its holder's heartbeat got through again) is not evidence of a dead
+    // holder: nobody could renew it.
+    until > now() || crate::outage::outage_recent(lease_window())
+}
+
+/// `COMPOSE_LEASE_SECONDS` as the grace after an outage (the lease
+/// settings themselves are checked where leases are taken).
+fn lease_window() -> f64 {
+    std::env::var("COMPOSE_LEASE_SECONDS")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .unwrap_or(30.0)
 }
 
 #[cfg(test)]

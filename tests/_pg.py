@@ -11,6 +11,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -74,18 +75,74 @@ class Cluster:
         if not self.durable:
             # Test servers trade crash safety of the server itself for speed.
             opts += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
+        self._opts = " ".join(opts)
+        self.resume()
+        return self
+
+    # -- faults (STORE-40, STORE-41) ------------------------------------------
+
+    def resume(self) -> None:
+        """Starts the (initialized) server, waiting until it accepts connections."""
+        log = os.path.join(self.dir, "log")
         self._run(
-            f"{b}/pg_ctl",
+            f"{self.bindir}/pg_ctl", "-D", self.data, "-l", log, "-o", self._opts, "-w", "start"
+        )
+
+    def halt(self) -> None:
+        """Stops the server, keeping its data, as an administrator's fast
+        shutdown does: sessions are terminated, new connections refused."""
+        self._run(f"{self.bindir}/pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
+
+    def restart(self) -> None:
+        """A fast restart: every session is cut, the server is back at once."""
+        log = os.path.join(self.dir, "log")
+        self._run(
+            f"{self.bindir}/pg_ctl",
             "-D",
             self.data,
             "-l",
-            os.path.join(self.dir, "log"),
+            log,
             "-o",
-            " ".join(opts),
+            self._opts,
+            "-m",
+            "fast",
             "-w",
-            "start",
+            "restart",
         )
-        return self
+
+    def pids(self) -> list[int]:
+        """The postmaster's pid and its children's (every server process)."""
+        with open(os.path.join(self.data, "postmaster.pid")) as f:
+            main = int(f.readline())
+        pids = [main]
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat[stat.rfind(")") + 2 :].split()[1]) == main:
+                pids.append(int(entry))
+        return pids
+
+    def freeze(self) -> None:
+        """SIGSTOPs every server process: connections are still accepted by
+        the kernel, nothing is ever answered."""
+        self._signal_all(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        self._signal_all(signal.SIGCONT)
+
+    def _signal_all(self, sig: int) -> None:
+        if not os.path.exists(os.path.join(self.data, "postmaster.pid")):
+            return
+        for pid in self.pids():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass  # a backend that ended meanwhile
 
     def url(self, schema: str = "composeai", **options: str) -> str:
         query = "&".join(f"{k}={v}" for k, v in {"sslmode": "disable", **options}.items())

@@ -31,6 +31,7 @@ const LAYERS: &[(&str, u32, &str)] = &[
     ("time.rs", 0, "base"),
     ("clock.rs", 0, "base"),
     ("owner.rs", 0, "base"),
+    ("outage.rs", 0, "base"),
     ("runtime.rs", 0, "base"),
     // Which SQLite library the engine calls, found at import; the SQLite
     // backend's VFS and the bindings use it.

@@ -511,17 +511,17 @@ def _legacy_version_without_its_tables(path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("make", "must_mention"),
+    ("make", "must_mention", "error_type"),
     [
-        (_random_bytes, []),
-        (_foreign_schema, []),
-        (_future_version, ["99"]),
-        (_legacy_version_without_its_tables, []),
+        (_random_bytes, ["not a composeai store"], "StoreError"),
+        (_foreign_schema, ["not a composeai store"], "StoreError"),
+        (_future_version, ["99"], "ConfigError"),
+        (_legacy_version_without_its_tables, ["not a composeai store"], "StoreError"),
     ],
     ids=["random-bytes", "foreign-schema", "user-version-99", "user-version-1-not-ours"],
 )
 @pytest.mark.sqlite_file
-def test_a_store_that_is_not_ours_is_refused_untouched(tmp_path, make, must_mention):
+def test_a_store_that_is_not_ours_is_refused_untouched(tmp_path, make, must_mention, error_type):
     box = _proc.Sandbox(tmp_path)
     box.write_module("tiny", TINY)
     box.state.mkdir(mode=0o700)
@@ -531,7 +531,7 @@ def test_a_store_that_is_not_ours_is_refused_untouched(tmp_path, make, must_ment
 
     for attempt in range(2):  # refusing must be repeatable: nothing was half-changed
         err = box.run(RUN_TINY, PROC=f"p{attempt}").error()
-        assert (err["error_type"], err["error_module"]) == ("ConfigError", "composeai.errors"), err
+        assert (err["error_type"], err["error_module"]) == (error_type, "composeai.errors"), err
         assert str(box.db_path) in err["message"], err["message"]
         for text in must_mention:
             assert text in err["message"], err["message"]

@@ -205,7 +205,7 @@ def test_ext2_worker_killed_mid_run_then_restarted_completes_the_run(box):
 
 def test_ext2_sigterm_stops_the_worker_and_leaves_its_run_resumable(box):
     run_id = park(box, "dflows.sluggish.run('t', wait=False)")
-    w = worker(box, "--import", "dflows", SLOW="60")
+    w = worker(box, "--grace", "1", "--import", "dflows", SLOW="60")
     _proc.wait_until(lambda: effects(box, "slow-start", "t"), what="the slow step to start")
     result = stop(w)
     assert result.returncode == 0, result.describe()

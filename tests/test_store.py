@@ -10,7 +10,7 @@ import pytest
 
 import composeai as compose
 from composeai import _core, _engine
-from composeai.errors import ConfigError
+from composeai.errors import ConfigError, StoreError
 
 LEGACY_SCHEMA = """
 CREATE TABLE runs (run_id TEXT PRIMARY KEY, kind TEXT, name TEXT, status TEXT, created_at REAL,
@@ -184,14 +184,14 @@ def test_obs2_newer_or_foreign_stores_are_refused_untouched(isolated_state):
     db.execute("CREATE TABLE invoices (id INTEGER)")
     db.commit()
     db.close()
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(StoreError) as info:
         _core.Store(str(path))
     assert "not a composeai store" in str(info.value) and str(path) in str(info.value)
 
     path.write_bytes(os.urandom(8192))
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(StoreError) as info:
         _core.Store(str(path))
-    assert str(path) in str(info.value)
+    assert str(path) in str(info.value) and "not a composeai store" in str(info.value)
 
 
 def test_obs1_state_directory_and_database_are_private(isolated_state):

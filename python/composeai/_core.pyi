@@ -50,6 +50,7 @@ __all__ = [
     "set_module",
     "span_view",
     "sqlite_library",
+    "store_outage_wait",
     "stream_read",
     "take_span_write_error",
     "trace_status",
@@ -570,6 +571,9 @@ def clock_set_fake(at: float | None = None) -> None: ...
 def clock_advance(seconds: float) -> None: ...
 def clock_iso(t: float) -> str: ...
 def clock_poke() -> None: ...
+def store_outage_wait(
+    seen: int, timeout: float
+) -> tuple[int, tuple[float, str, str] | None, tuple[float, float] | None]: ...
 
 # -- graph workflows (EXT-20 … EXT-33; src/py/graph.rs) -------------------------
 

@@ -284,6 +284,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         args.parser.error(f"--concurrency must be a positive integer, got {args.concurrency}")
     if args.interval <= 0:
         args.parser.error(f"--interval must be a positive number, got {args.interval}")
+    if args.grace < 0:
+        args.parser.error(f"--grace must be 0 or more seconds, got {args.grace}")
     retention = None
     if args.retention is not None:
         from .retention import parse_age
@@ -301,6 +303,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         interval=args.interval,
         concurrency=args.concurrency,
         queues=tuple(args.queues),
+        grace=args.grace,
         retention=retention,
     )
 
@@ -1023,6 +1026,14 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument(
         "--concurrency", type=int, default=4, metavar="N", help="runs executed at once (4)"
+    )
+    worker.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, how long executing runs may take to settle before their "
+        "leases are released for another worker (10)",
     )
     worker.add_argument(
         "--queue",

@@ -17,6 +17,8 @@ __all__ = [
     "ResumeMismatchError",
     "SerializationError",
     "StageTypeError",
+    "StoreError",
+    "StoreUnavailableError",
     "TaskTimeoutError",
 ]
 
@@ -27,6 +29,18 @@ class ComposeError(Exception):
 
 class ConfigError(ComposeError):
     """Misuse of the API or an unusable store."""
+
+
+class StoreError(ComposeError):
+    """The store itself failed: its disk is full, its file is read-only or
+    not a composeai store, its server refused the work. The message names
+    the store (any password shown as `***`) and the cause."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store's server could not be reached (refused, lost or silent
+    connections), still after retrying for `COMPOSE_STORE_OUTAGE_SECONDS`.
+    Nothing journaled is lost: the run stays resumable."""
 
 
 class ProviderError(ComposeError):

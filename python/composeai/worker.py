@@ -23,12 +23,16 @@ from typing import IO, Any
 from . import _core, _engine
 from . import durable as _durable
 from ._lifecycle import _FLOWS, NotDue
-from .errors import ConfigError
+from .errors import ConfigError, StoreError, StoreUnavailableError
 from .queues import Queue
 
 # How long in-flight runs may take to settle after SIGINT/SIGTERM before the
 # worker gives up their leases and exits (they stay resumable).
-STOP_GRACE = 2.0
+STOP_GRACE = 10.0
+
+# How long a pass waits before looking again after the store stayed
+# unreachable past COMPOSE_STORE_OUTAGE_SECONDS.
+_OUTAGE_PAUSE = 1.0
 
 # How often `--retention` prunes.
 PRUNE_EVERY = 3600.0
@@ -46,12 +50,16 @@ class Worker:
         interval: float = 1.0,
         out: IO[str] | None = None,
         queues: tuple[Queue, ...] = (),
+        grace: float = STOP_GRACE,
         retention: timedelta | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
         if interval <= 0:
             raise ValueError(f"--interval must be positive, got {interval}")
+        if grace < 0:
+            raise ValueError(f"--grace must be 0 or more seconds, got {grace}")
+        self.grace = grace
         self.concurrency = concurrency
         self.interval = interval
         self.out = out if out is not None else sys.stdout
@@ -90,6 +98,11 @@ class Worker:
                 outcome = f"paused({run.pending.kind})"
         except NotDue:
             outcome = "skipped (settled by another process)"
+        except StoreError as exc:
+            # The store failed under the run: it is left resumable (running,
+            # its lease to lapse) and comes due again once the store is back.
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            outcome = f"left resumable ({type(exc).__name__}: {first_line})"
         except Exception as exc:  # noqa: BLE001 -- logged; the worker carries on
             first_line = str(exc).splitlines()[0] if str(exc) else ""
             outcome = f"failed ({type(exc).__name__}: {first_line})"
@@ -173,8 +186,8 @@ class Worker:
             return []
         try:
             return _core.due_runs(store, None, limit)
-        except ConfigError:
-            if store.kind == "sqlite":
+        except (ConfigError, StoreError) as exc:
+            if store.kind == "sqlite" or isinstance(exc, StoreUnavailableError):
                 raise
             # This store keeps no durable waits: only queued runs come due.
             self._durable = False
@@ -211,29 +224,39 @@ class Worker:
     def serve(self) -> None:
         store = _engine.get_store()
         while not self.stopping.is_set():
-            self._prune_if_due()
-            with self._lock:
-                free = self.concurrency - len(self._inflight)
-            if free > 0:
-                # Ask for enough rows to see past runs already in flight or skipped.
-                limit = free + len(self._inflight) + len(self._skipped)
-                self._submit(self._due(store, limit))
-            slot = self._claim(store)
-            with self._lock:
-                busy = len(self._inflight) >= self.concurrency
-            until = None if busy else self._next_wake(store)
-            if slot is not None and not busy:
-                # Wall time, as the store's claim times are.
-                slot = _core.clock_now() + max(0.0, slot - time.time())
-                until = slot if until is None else min(until, slot)
-            deadline = time.monotonic() + self.interval
-            while not self.stopping.is_set():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                # Short slices so SIGINT/SIGTERM are handled promptly.
-                if _core.wait_for_work(store, until, min(left, 0.2)):
-                    break
+            try:
+                self._pass(store)
+            except StoreUnavailableError:
+                # Still unreachable past COMPOSE_STORE_OUTAGE_SECONDS: the
+                # outage is logged by the watcher; the worker keeps waiting.
+                self.stopping.wait(_OUTAGE_PAUSE)
+
+    def _pass(self, store: Any) -> None:
+        """Starts what is due and what the queues let it claim, then sleeps
+        until more could be (at most `interval`)."""
+        self._prune_if_due()
+        with self._lock:
+            free = self.concurrency - len(self._inflight)
+        if free > 0:
+            # Ask for enough rows to see past runs already in flight or skipped.
+            limit = free + len(self._inflight) + len(self._skipped)
+            self._submit(self._due(store, limit))
+        slot = self._claim(store)
+        with self._lock:
+            busy = len(self._inflight) >= self.concurrency
+        until = None if busy else self._next_wake(store)
+        if slot is not None and not busy:
+            # Wall time, as the store's claim times are.
+            slot = _core.clock_now() + max(0.0, slot - time.time())
+            until = slot if until is None else min(until, slot)
+        deadline = time.monotonic() + self.interval
+        while not self.stopping.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            # Short slices so SIGINT/SIGTERM are handled promptly.
+            if _core.wait_for_work(store, until, min(left, 0.2)):
+                break
 
     def _drain(self, timeout: float | None) -> bool:
         """Waits for in-flight runs; whether all settled."""
@@ -251,20 +274,66 @@ class Worker:
             except Exception:  # noqa: BLE001, S110 -- outcomes are logged by _execute
                 pass
 
+    # -- store outages (STORE-40) ---------------------------------------------
+
+    def watch_outages(self) -> threading.Thread:
+        """Logs one line when the store becomes unreachable and one when it
+        is back, from a daemon thread that sleeps in the core until the
+        store's reachability changes."""
+
+        def watch() -> None:
+            seen, down, _ = _core.store_outage_wait(0, 0.0)
+            if down is not None:
+                self._log_down(down)
+            while not self.stopping.is_set():
+                generation, now_down, back = _core.store_outage_wait(seen, 5.0)
+                if generation == seen:
+                    continue
+                seen = generation
+                if now_down is not None and down is None:
+                    self._log_down(now_down)
+                elif now_down is None and down is not None and back is not None:
+                    self.log(f"store reachable again after {back[1]:.1f}s: continuing")
+                down = now_down
+
+        thread = threading.Thread(target=watch, name="composeai-outage-log", daemon=True)
+        thread.start()
+        return thread
+
+    def _log_down(self, down: tuple[float, str, str]) -> None:
+        import os
+
+        limit = os.environ.get("COMPOSE_STORE_OUTAGE_SECONDS", "").strip() or "300"
+        self.log(
+            f"store unreachable: {down[2]} -- runs wait and continue when it is back "
+            f"(retrying for up to {limit}s, COMPOSE_STORE_OUTAGE_SECONDS)"
+        )
+
     def stop(self) -> int:
-        """Lets in-flight runs settle for a moment, then gives up the leases
-        of those still executing; returns how many were left."""
+        """Lets in-flight runs settle for up to `grace` seconds, then gives
+        up the leases of those still executing so another worker continues
+        them at once; returns how many were left."""
         self.stopping.set()
-        if self._drain(STOP_GRACE):
+        if self._drain(self.grace):
             self._pool.shutdown(wait=True)
             return 0
         store = _engine.get_store()
         with self._lock:
             left = sorted(self._inflight)
-        _core.release_leases(store)
+        if _store_down():
+            # Nothing can be released while the server is away: the leases
+            # lapse after COMPOSE_LEASE_SECONDS instead.
+            self.log("store unreachable: leases are left to lapse")
+        else:
+            _core.release_leases(store)
         for run_id in left:
             self.log(f"stopped  {run_id} left resumable")
         return len(left)
+
+
+def _store_down() -> bool:
+    """Whether this process finds its store unreachable right now."""
+    return _core.store_outage_wait(0, 0.0)[1] is not None
 
 
 def declared_queues(names: list[str]) -> tuple[Queue, ...]:
@@ -292,6 +361,7 @@ def run_worker(
     concurrency: int,
     out=None,
     queues: tuple[str, ...] = (),
+    grace: float = STOP_GRACE,
     retention: timedelta | None = None,
 ) -> int:
     """The `compose worker` command; returns the exit code."""
@@ -304,6 +374,7 @@ def run_worker(
         interval=interval,
         out=out,
         queues=declared_queues(list(queues)),
+        grace=grace,
         retention=retention,
     )
     if once:
@@ -318,6 +389,8 @@ def run_worker(
     if threading.current_thread() is threading.main_thread():
         _signal.signal(_signal.SIGINT, handle)
         _signal.signal(_signal.SIGTERM, handle)
+    # Before the store is first opened: a server away at start is logged too.
+    worker.watch_outages()
     worker.log(
         f"worker ready pid={__import__('os').getpid()} concurrency={concurrency} "
         + "".join(f"queue={q.name} " for q in worker.queues)
@@ -326,7 +399,8 @@ def run_worker(
     worker.serve()
     left = worker.stop()
     worker.log("worker stopped")
-    _engine.get_store().flush()
+    if not _store_down():
+        _engine.get_store().flush()
     if left:
         # Threads still inside user code cannot be stopped; their runs'
         # leases are released, so exiting now leaves them resumable.

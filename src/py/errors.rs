@@ -11,6 +11,8 @@ static CONFIG_ERROR: GILOnceCell<Py<PyType>> = GILOnceCell::new();
 static SERIALIZATION_ERROR: GILOnceCell<Py<PyType>> = GILOnceCell::new();
 static REVOKED_SIGNAL: GILOnceCell<Py<PyType>> = GILOnceCell::new();
 static CANCELLED_SIGNAL: GILOnceCell<Py<PyType>> = GILOnceCell::new();
+static STORE_ERROR: GILOnceCell<Py<PyType>> = GILOnceCell::new();
+static STORE_UNAVAILABLE: GILOnceCell<Py<PyType>> = GILOnceCell::new();
 
 /// Registers the Python classes raised for core errors.
 #[pyfunction]
@@ -58,7 +60,8 @@ pub fn to_py(e: CoreError) -> PyErr {
         CoreError::Serialization(m) => raise(&SERIALIZATION_ERROR, "SerializationError", m),
         CoreError::Revoked(m) => raise(&REVOKED_SIGNAL, "ComposeError", m),
         CoreError::Cancelled(m) => raise(&CANCELLED_SIGNAL, "ComposeError", m),
-        CoreError::Store(m) => raise(&CONFIG_ERROR, "ConfigError", m),
+        CoreError::Store(m) => raise(&STORE_ERROR, "StoreError", m),
+        CoreError::Unavailable(m) => raise(&STORE_UNAVAILABLE, "StoreUnavailableError", m),
         CoreError::Nondeterminism { .. } => nondeterminism(e),
         CoreError::ReplayEnd(ref key) => replay_end(key.clone(), e.to_string()),
         CoreError::Graph {

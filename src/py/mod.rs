@@ -54,6 +54,22 @@ fn take_span_write_error() -> Option<String> {
     crate::store::slot::take_span_write_error()
 }
 
+/// Waits (GIL released, at most `timeout` seconds) until the store
+/// outage state moves past generation `seen`; returns `(generation, down,
+/// back)`: `down` is `(since, store, cause)` while a store is unreachable,
+/// `back` is `(at, seconds it lasted)` of the last outage that ended.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn store_outage_wait(
+    py: Python<'_>,
+    seen: u64,
+    timeout: f64,
+) -> (u64, Option<(f64, String, String)>, Option<(f64, f64)>) {
+    let wait = std::time::Duration::from_secs_f64(timeout.max(0.0));
+    let (generation, down, back) = py.allow_threads(|| crate::outage::wait_change(seen, wait));
+    (generation, down.map(|d| (d.since, d.store, d.why)), back)
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -72,6 +88,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store::store_target, m)?)?;
     m.add_function(wrap_pyfunction!(store::migrate_store, m)?)?;
     m.add_function(wrap_pyfunction!(take_span_write_error, m)?)?;
+    m.add_function(wrap_pyfunction!(store_outage_wait, m)?)?;
     m.add_function(wrap_pyfunction!(span_tap::set_span_tap, m)?)?;
     m.add_function(wrap_pyfunction!(sqlite_lib::sqlite_library, m)?)?;
     m.add_function(wrap_pyfunction!(errors::register_errors, m)?)?;

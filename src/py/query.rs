@@ -20,7 +20,7 @@ use pyo3::types::PyDict;
 use rusqlite::Connection;
 
 fn sql(path: &str) -> impl Fn(rusqlite::Error) -> CoreError + '_ {
-    move |e| CoreError::Store(format!("composeai store '{path}': {e}"))
+    move |e| crate::error::sqlite_error(path, &e)
 }
 
 /// The store a CLI query reads: a SQLite file or a PostgreSQL database

@@ -601,6 +601,18 @@ impl Attempt {
                 return Err(err.clone());
             }
         }
+        if settlement.status == "failed" && failed_by_store(settlement.error_json.as_deref()) {
+            // The body stopped because the store failed under it (a step
+            // could not be journaled): the run is left `running`, its lease
+            // to lapse (or, in this process, to be resumed at once), so a
+            // resume or a worker continues it once the store is back,
+            // re-running at most the step in flight.
+            self.closed.store(true, Ordering::SeqCst);
+            self.root_fence.revoke();
+            self.lease.lock().take();
+            active_runs().lock().remove(&self.run.run_id);
+            return Ok(());
+        }
         // A lost batched step must not be settled over: the attempt fails
         // with the store's error and the run stays resumable.
         self.sync_point()?;
@@ -631,6 +643,21 @@ impl Attempt {
             }
         }
     }
+}
+
+/// Whether a failed settlement's error is the store's own failure
+/// (`StoreError` or its `StoreUnavailableError`), as Python's `error_json`
+/// records the exception type.
+fn failed_by_store(error_json: Option<&str>) -> bool {
+    let Some(json) = error_json else {
+        return false;
+    };
+    serde_json::from_str::<serde_json::Value>(json).is_ok_and(|v| {
+        matches!(
+            v.get("type").and_then(|t| t.as_str()),
+            Some("StoreError" | "StoreUnavailableError")
+        )
+    })
 }
 
 /// The stored error record of a core error, as Python's `error_json`

@@ -3,7 +3,6 @@
 
 use crate::clock;
 use crate::error::CoreResult;
-use crate::runtime::block_on;
 use crate::store::answer::{answer_in, AnswerOutcome, AnswerTx, AnsweredRun};
 use crate::store::postgres::ext::PgGraph;
 use crate::store::postgres::inner::PgStore;
@@ -82,21 +81,25 @@ impl PgStore {
         answers: &[(String, String)],
         at: Option<&str>,
     ) -> CoreResult<AnswerOutcome> {
-        let mut c = block_on(self.client())?;
-        let tx = block_on(c.transaction()).map_err(self.err())?;
-        let outcome = answer_in(
-            &PgGraph {
-                c: &tx,
-                store: &self.inner,
-            },
-            run_id,
-            answers,
-            at,
-            clock::now(),
-        )?;
-        if matches!(outcome, AnswerOutcome::Answered(_)) {
-            block_on(tx.commit()).map_err(self.err())?;
-        }
-        Ok(outcome)
+        // The answers are journaled first-write-wins: a repeated try
+        // stores each once.
+        self.retry_blocking(|_| {
+            let mut c = self.bounded_blocking(self.client())?;
+            let tx = self.bounded_blocking(async { c.transaction().await.map_err(self.err()) })?;
+            let outcome = answer_in(
+                &PgGraph {
+                    c: &tx,
+                    store: &self.inner,
+                },
+                run_id,
+                answers,
+                at,
+                clock::now(),
+            )?;
+            if matches!(outcome, AnswerOutcome::Answered(_)) {
+                self.bounded_blocking(async { tx.commit().await.map_err(self.err()) })?;
+            }
+            Ok(outcome)
+        })
     }
 }

@@ -10,7 +10,7 @@
 use crate::error::{CoreError, CoreResult};
 use crate::runtime::runtime;
 use crate::store::postgres::inner::PgInner;
-use crate::store::postgres::sql::{moved, owner, step_sql};
+use crate::store::postgres::sql::{moved, owner, step_sql, SpanParams};
 use crate::store::postgres::state::Waiting;
 use crate::store::slot::Slot;
 use crate::store::SpanRecord;
@@ -70,47 +70,12 @@ impl PgInner {
         if rows.is_empty() {
             return Ok(());
         }
-        let spans = self.take_spans();
-        let outcome = async {
-            let mut c = self.client().await?;
-            let st = c
-                .prepare_cached(step_sql(false))
-                .await
-                .map_err(self.err())?;
-            let tx = c.transaction().await.map_err(self.err())?;
-            let owner = owner();
-            let inserts = rows.iter().map(|w| {
-                let params: [&(dyn ToSql + Sync); 5] = [&w.rid, &owner, &w.key, &w.value, &w.ident];
-                let (tx, st) = (&tx, &st);
-                async move { tx.query_one(st, &params).await }
-            });
-            let (results, spans) =
-                futures_util::join!(join_all(inserts), self.write_spans(&tx, &spans));
-            if let Err(e) = spans {
-                crate::store::slot::record_span_write_error(e.to_string());
-            }
-            let mut outcomes = Vec::with_capacity(rows.len());
-            for r in results {
-                let row = r.map_err(self.err())?;
-                let run_id: Option<String> = row.get(0);
-                outcomes.push(run_id.is_some());
-            }
-            // A run that moved stored none of its rows (the fence failed for
-            // every one of them); the others commit.
-            let mut lost = Vec::new();
-            for (w, ok) in rows.iter().zip(&outcomes) {
-                if !ok && !lost.contains(&w.rid) {
-                    lost.push(w.rid);
-                }
-            }
-            let mut errors = Vec::with_capacity(lost.len());
-            for rid in lost {
-                errors.push((rid, moved(&tx, rid).await));
-            }
-            tx.commit().await.map_err(self.err())?;
-            Ok::<_, CoreError>(errors)
-        }
-        .await;
+        let spans = &self.take_spans();
+        // Every row is first-write-wins: a retry after a lost commit reply
+        // finds the rows stored and reads them as its own.
+        let outcome = self
+            .retry_with(|retry| self.write_rows(&rows, spans, retry))
+            .await;
         match outcome {
             Ok(errors) => {
                 for w in &rows {
@@ -129,5 +94,58 @@ impl PgInner {
                 Err(e)
             }
         }
+    }
+
+    /// One try of the group-commit of `rows` with `spans`: the outcome is
+    /// the runs that moved, with their errors.
+    async fn write_rows(
+        &self,
+        rows: &[Waiting],
+        spans: &[SpanParams],
+        retry: bool,
+    ) -> CoreResult<Vec<(i64, CoreError)>> {
+        let mut c = self.client().await?;
+        let st = c
+            .prepare_cached(step_sql(false))
+            .await
+            .map_err(self.err())?;
+        let tx = c.transaction().await.map_err(self.err())?;
+        let owner = owner();
+        let inserts = rows.iter().map(|w| {
+            let params: [&(dyn ToSql + Sync); 5] = [&w.rid, &owner, &w.key, &w.value, &w.ident];
+            let (tx, st) = (&tx, &st);
+            async move { tx.query_one(st, &params).await }
+        });
+        let spans = async {
+            if retry {
+                self.write_spans_once(&tx, spans).await
+            } else {
+                self.write_spans(&tx, spans).await
+            }
+        };
+        let (results, spans) = futures_util::join!(join_all(inserts), spans);
+        if let Err(e) = spans {
+            crate::store::slot::record_span_write_error(e.to_string());
+        }
+        let mut outcomes = Vec::with_capacity(rows.len());
+        for r in results {
+            let row = r.map_err(self.err())?;
+            let run_id: Option<String> = row.get(0);
+            outcomes.push(run_id.is_some());
+        }
+        // A run that moved stored none of its rows (the fence failed
+        // for every one of them); the others commit.
+        let mut lost = Vec::new();
+        for (w, ok) in rows.iter().zip(&outcomes) {
+            if !ok && !lost.contains(&w.rid) {
+                lost.push(w.rid);
+            }
+        }
+        let mut errors = Vec::with_capacity(lost.len());
+        for rid in lost {
+            errors.push((rid, moved(&tx, rid).await));
+        }
+        tx.commit().await.map_err(self.err())?;
+        Ok::<_, CoreError>(errors)
     }
 }

@@ -14,8 +14,8 @@
 use crate::error::{CoreError, CoreResult};
 use crate::store::postgres::inner::PgInner;
 use crate::store::postgres::sql::{
-    cannot_connect, describe, owner, span_insert_once_sql, span_insert_sql, step_once_sql,
-    step_sql, SpanParams,
+    connect_failed, owner, span_insert_once_sql, span_insert_sql, step_once_sql, step_sql,
+    SpanParams,
 };
 use crate::store::postgres::state::{drive, Driven, Driver, OwnRuntime};
 use crate::store::postgres::tls;
@@ -35,7 +35,8 @@ impl Driven {
             SslMode::Disable => None,
             _ => Some(tls::connector(&inner.url)?),
         };
-        let connected = rt.block_on(async {
+        // The login and TLS handshake are bounded like any try.
+        let connecting = async {
             match tls {
                 None => {
                     let (client, conn) = inner.cfg.connect(tokio_postgres::NoTls).await?;
@@ -46,8 +47,13 @@ impl Driven {
                     Ok((client, Box::pin(conn) as Driver))
                 }
             }
-        });
-        let (client, conn) = connected.map_err(|e| cannot_connect(&inner.url, describe(&e)))?;
+        };
+        // The timer is made inside the runtime it belongs to.
+        let connected =
+            rt.block_on(async { tokio::time::timeout(inner.limits.timeout, connecting).await });
+        let (client, conn) = connected
+            .map_err(|_| inner.silent())?
+            .map_err(|e| connect_failed(&inner.url, &e))?;
         Ok(Driven {
             client,
             conn: Some(conn),
@@ -119,9 +125,14 @@ impl Driven {
                 }
             }
         });
-        let (row, written) = drive(rt, conn, async {
-            futures_util::join!(client.query_one(&step, &params), join_all(writes))
+        let replied = drive(rt, conn, async {
+            let round_trip =
+                async { futures_util::join!(client.query_one(&step, &params), join_all(writes)) };
+            tokio::time::timeout(inner.limits.timeout, round_trip).await
         });
+        let Ok((row, written)) = replied else {
+            return Err(Failure::Silent);
+        };
         let row = row?;
         for r in written {
             if let Err(e) = r {
@@ -156,6 +167,8 @@ impl Driven {
 enum Failure {
     Pg(tokio_postgres::Error),
     Moved(CoreError),
+    /// No reply within `COMPOSE_STORE_TIMEOUT`.
+    Silent,
 }
 
 impl From<tokio_postgres::Error> for Failure {
@@ -167,6 +180,10 @@ impl From<tokio_postgres::Error> for Failure {
 impl PgInner {
     /// `commit_step` for a blocking caller: on a driven connection (see the
     /// module), or through the shared pool when all `pool_size` are busy.
+    /// Retried through an outage like every operation: the step is
+    /// idempotent (first write wins, a stored equal value reads as this
+    /// write, and a retry skips span rows already stored, since the server
+    /// may have committed them before the connection ended).
     pub(super) fn commit_step_driven(
         &self,
         rid: i64,
@@ -175,58 +192,44 @@ impl PgInner {
         ident: Option<&str>,
         span: Option<SpanRecord>,
     ) -> CoreResult<Option<String>> {
-        let reused = self.driven.idle.lock().pop();
-        let (mut d, mut fresh) = match reused {
-            Some(d) => (d, false),
-            None if self.driven.open.fetch_add(1, Ordering::SeqCst) < self.url.pool_size => {
-                match Driven::connect(self) {
-                    Ok(d) => (d, true),
-                    Err(e) => {
-                        self.driven.open.fetch_sub(1, Ordering::SeqCst);
-                        return Err(e);
-                    }
-                }
-            }
-            None => {
-                self.driven.open.fetch_sub(1, Ordering::SeqCst);
-                return crate::runtime::block_on(
-                    self.commit_step_async(rid, key, value, ident, span),
-                );
-            }
-        };
         let queued = self.take_spans();
         let span = span.map(SpanParams::new);
-        let mut retry = false;
-        loop {
-            let out = d.commit(self, rid, key, value, ident, &span, &queued, retry);
-            if !d.closed() {
-                self.driven.idle.lock().push(d);
-                return out.map_err(|f| self.failure(f));
-            }
-            drop(d);
-            // A connection that ended while idle (a server restart, an idle
-            // timeout) is replaced once. The step is idempotent: first write
-            // wins, a stored equal value reads as this write, and the retry
-            // skips span rows already stored (the server may have committed
-            // them before the connection ended).
-            if fresh || out.is_ok() {
-                self.driven.open.fetch_sub(1, Ordering::SeqCst);
-                return out.map_err(|f| self.failure(f));
-            }
-            match Driven::connect(self) {
-                Ok(next) => (d, fresh, retry) = (next, true, true),
-                Err(e) => {
-                    self.driven.open.fetch_sub(1, Ordering::SeqCst);
-                    return Err(e);
+        self.retry_blocking(|retry| {
+            let reused = self.driven.idle.lock().pop();
+            let mut d = match reused {
+                Some(d) => d,
+                None if self.driven.open.fetch_add(1, Ordering::SeqCst) < self.url.pool_size => {
+                    match Driven::connect(self) {
+                        Ok(d) => d,
+                        Err(e) => {
+                            self.driven.open.fetch_sub(1, Ordering::SeqCst);
+                            return Err(e);
+                        }
+                    }
                 }
+                None => {
+                    self.driven.open.fetch_sub(1, Ordering::SeqCst);
+                    return crate::runtime::block_on(
+                        self.commit_step_pooled(rid, key, value, ident, &span, &queued, retry),
+                    );
+                }
+            };
+            let out = d.commit(self, rid, key, value, ident, &span, &queued, retry);
+            let healthy = !d.closed() && !matches!(out, Err(Failure::Silent));
+            if healthy {
+                self.driven.idle.lock().push(d);
+            } else {
+                self.driven.open.fetch_sub(1, Ordering::SeqCst);
             }
-        }
+            out.map_err(|f| self.failure(f))
+        })
     }
 
     fn failure(&self, f: Failure) -> CoreError {
         match f {
             Failure::Pg(e) => self.err()(e),
             Failure::Moved(e) => e,
+            Failure::Silent => self.silent(),
         }
     }
 }

@@ -8,10 +8,9 @@
 
 use crate::clock;
 use crate::error::{CoreError, CoreResult};
-use crate::runtime::block_on;
 use crate::store::durable::{wake_reason, CancelOutcome, DueRun, DurableStore, WaitRow, EPSILON};
 use crate::store::graph::{GraphTx, GraphWork, Row, Thread};
-use crate::store::postgres::inner::{insert_run_err, PgInner, PgStore};
+use crate::store::postgres::inner::{insert_run_err, own_insert, PgInner, PgStore};
 use crate::store::postgres::sql::{
     exec, insert_run_params, moved, owner, rows, Params, FENCE, INSERT_RUN, TERMINAL,
 };
@@ -51,7 +50,7 @@ impl DurableStore for PgStore {
             None => (None, None),
         };
         let t = now();
-        let found = block_on(async {
+        let found = self.retry(async |_| {
             let c = self.client().await?;
             rows(
                 &c,
@@ -79,7 +78,7 @@ impl DurableStore for PgStore {
 
     fn insert_timer(&self, rid: i64, key: &str, wake_at: Option<f64>) -> CoreResult<()> {
         let t = now();
-        let found = block_on(async {
+        let found = self.retry(async |_| {
             let c = self.client().await?;
             rows(
                 &c,
@@ -101,7 +100,7 @@ impl DurableStore for PgStore {
     }
 
     fn take_timer(&self, rid: i64, key: &str) -> CoreResult<Option<f64>> {
-        let found = block_on(async {
+        let found = self.retry(async |_| {
             let c = self.client().await?;
             rows(
                 &c,
@@ -124,7 +123,7 @@ impl DurableStore for PgStore {
     }
 
     fn signal_at(&self, rid: i64, name: &str, seq: i64) -> CoreResult<Option<String>> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             rows(
                 &c,
@@ -138,7 +137,7 @@ impl DurableStore for PgStore {
     }
 
     fn signals_after(&self, rid: i64, name: &str, seq: i64) -> CoreResult<Vec<(i64, String)>> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             rows(
                 &c,
@@ -153,7 +152,7 @@ impl DurableStore for PgStore {
     }
 
     fn last_signal_id(&self, rid: i64) -> CoreResult<i64> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             rows(
                 &c,
@@ -167,11 +166,27 @@ impl DurableStore for PgStore {
     }
 
     fn send_signal(&self, run_id: &str, name: &str, value_json: &str) -> CoreResult<i64> {
-        let seq = block_on(async {
+        let t = now();
+        let seq = self.retry(async |retry| {
             let mut c = self.client().await?;
             let tx = c.transaction().await.map_err(self.err())?;
             // The row lock orders concurrent senders of one run.
             let (rid, status) = find_run(self, &tx, run_id).await?;
+            if retry {
+                // The earlier try may have committed: the signal is found by
+                // its time, never sent twice.
+                let sent = rows(
+                    &tx,
+                    "SELECT seq FROM signals WHERE rid = $1 AND name = $2 AND created_at = $3 \
+                     AND value_json = $4",
+                    &[&rid, &name, &t, &value_json],
+                )
+                .await
+                .map_err(self.err())?;
+                if let Some(r) = sent.first() {
+                    return Ok(r.get(0));
+                }
+            }
             if TERMINAL.contains(&status.as_str()) {
                 return Err(CoreError::Config(format!(
                     "run '{run_id}' is {status} -- signals are accepted only by a run that has \
@@ -183,7 +198,7 @@ impl DurableStore for PgStore {
                 "INSERT INTO signals(rid, name, seq, value_json, created_at) \
                  SELECT $1, $2, COALESCE(MAX(seq), 0) + 1, $3, $4 FROM signals \
                  WHERE rid = $1 AND name = $2 RETURNING seq",
-                &[&rid, &name, &value_json, &now()],
+                &[&rid, &name, &value_json, &t],
             )
             .await
             .map_err(self.err())?[0]
@@ -201,7 +216,7 @@ impl DurableStore for PgStore {
         reason: Option<&str>,
         live: LeaseCheck<'_>,
     ) -> CoreResult<CancelOutcome> {
-        let outcome = block_on(async {
+        let outcome = self.retry(async |_| {
             let mut c = self.client().await?;
             let tx = c.transaction().await.map_err(self.err())?;
             let (rid, status) = find_run(self, &tx, run_id).await?;
@@ -274,7 +289,7 @@ impl DurableStore for PgStore {
         let cap = limit as i64;
         let timer_params: [&(dyn ToSql + Sync); 2] = [&now, &cap];
         let signal_params: [&(dyn ToSql + Sync); 1] = [&cap];
-        let (timers, signals, leased) = block_on(async {
+        let (timers, signals, leased) = self.retry(async |_| {
             let c = self.client().await?;
             let timers = rows(
                 &c,
@@ -350,7 +365,7 @@ impl DurableStore for PgStore {
     }
 
     fn next_wake(&self, after: f64) -> CoreResult<Option<f64>> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             rows(
                 &c,
@@ -364,7 +379,7 @@ impl DurableStore for PgStore {
     }
 
     fn parked_wait(&self, run_id: &str) -> CoreResult<Option<WaitRow>> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             rows(
                 &c,
@@ -390,7 +405,7 @@ impl DurableStore for PgStore {
 
     fn change_marker(&self) -> CoreResult<i64> {
         // Any commit on the server moves the WAL insert position.
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             rows(
                 &c,
@@ -404,7 +419,7 @@ impl DurableStore for PgStore {
     }
 
     fn release_leases(&self, owner: &str) -> CoreResult<usize> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             exec(
                 &c,
@@ -496,11 +511,13 @@ fn now_ms() -> i64 {
 
 impl<C: GenericClient> PgGraph<'_, C> {
     pub(super) fn query(&self, sql: &str, p: &Params<'_>) -> CoreResult<Vec<tokio_postgres::Row>> {
-        block_on(rows(self.c, sql, p)).map_err(self.store.err())
+        self.store
+            .bounded_blocking(async { rows(self.c, sql, p).await.map_err(self.store.err()) })
     }
 
     pub(super) fn run(&self, sql: &str, p: &Params<'_>) -> CoreResult<u64> {
-        block_on(exec(self.c, sql, p)).map_err(self.store.err())
+        self.store
+            .bounded_blocking(async { exec(self.c, sql, p).await.map_err(self.store.err()) })
     }
 }
 
@@ -509,7 +526,8 @@ impl<C: GenericClient> GraphTx for PgGraph<'_, C> {
         self.run(
             &format!(
                 "INSERT INTO graph_checkpoints({ROW_COLUMNS}) \
-                 VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+                 VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+                 ON CONFLICT (checkpoint_id) DO NOTHING"
             ),
             &[
                 &r.checkpoint_id,
@@ -706,6 +724,21 @@ impl<C: GenericClient> GraphTx for PgGraph<'_, C> {
 // The store hooks that carry graph work
 
 impl PgStore {
+    /// One try of a transaction: `body` on a fresh transaction, then the
+    /// commit, each statement bounded in time. The graph work it calls is
+    /// plain writes of staged rows (checkpoints are keyed by id, so a try
+    /// repeated after a lost commit reply stores each once).
+    fn in_tx<T>(
+        &self,
+        body: &mut dyn FnMut(&deadpool_postgres::Transaction<'_>) -> CoreResult<T>,
+    ) -> CoreResult<T> {
+        let mut c = self.bounded_blocking(self.client())?;
+        let tx = self.bounded_blocking(async { c.transaction().await.map_err(self.err()) })?;
+        let out = body(&tx)?;
+        self.bounded_blocking(async { tx.commit().await.map_err(self.err()) })?;
+        Ok(out)
+    }
+
     pub(super) fn create_run_in(
         &self,
         new: &NewRun,
@@ -715,25 +748,33 @@ impl PgStore {
         drain: bool,
     ) -> CoreResult<RunRow> {
         let spans = if drain { self.take_spans() } else { Vec::new() };
-        let mut c = block_on(self.client())?;
-        let tx = block_on(c.transaction()).map_err(self.err())?;
         let t = now();
-        let row = block_on(async {
-            self.write_spans(&tx, &spans).await?;
-            rows(
-                &tx,
-                INSERT_RUN,
-                &insert_run_params(new, &t, &owner, &lease_until),
-            )
-            .await
-            .map_err(insert_run_err(self, new))
+        let rid = self.retry_blocking(|retry| {
+            self.in_tx(&mut |tx| {
+                if retry {
+                    if let Some(rid) = self.bounded_blocking(own_insert(self, tx, new))? {
+                        return Ok(rid);
+                    }
+                }
+                let row = self.bounded_blocking(async {
+                    if retry {
+                        self.write_spans_once(tx, &spans).await?;
+                    } else {
+                        self.write_spans(tx, &spans).await?;
+                    }
+                    rows(
+                        tx,
+                        INSERT_RUN,
+                        &insert_run_params(new, &t, &owner, &lease_until),
+                    )
+                    .await
+                    .map_err(insert_run_err(self, new))
+                })?;
+                work(&PgGraph { c: tx, store: self })?;
+                Ok(row[0].get(0))
+            })
         })?;
-        work(&PgGraph {
-            c: &tx,
-            store: self,
-        })?;
-        block_on(tx.commit()).map_err(self.err())?;
-        Ok(RunRow::inserted(new, row[0].get(0), "running", t))
+        Ok(RunRow::inserted(new, rid, "running", t))
     }
 
     /// A settlement with `work` in its transaction.
@@ -746,14 +787,13 @@ impl PgStore {
     ) -> CoreResult<()> {
         // As on SQLite: the spans are stored when the run returns (OBS-5).
         let spans = self.take_spans();
-        let mut c = block_on(self.client())?;
-        let tx = block_on(c.transaction()).map_err(self.err())?;
-        block_on(self.settle_tx(&tx, rid, owner, s, &spans))?;
-        work(&PgGraph {
-            c: &tx,
-            store: self,
-        })?;
-        block_on(tx.commit()).map_err(self.err())
+        let t = now();
+        self.retry_blocking(|retry| {
+            self.in_tx(&mut |tx| {
+                self.bounded_blocking(self.settle_tx(tx, rid, owner, s, &spans, t, retry))?;
+                work(&PgGraph { c: tx, store: self })
+            })
+        })
     }
 
     pub(super) fn commit_in(
@@ -762,48 +802,52 @@ impl PgStore {
         entries: &[(String, String)],
         work: &mut GraphWork<'_>,
     ) -> CoreResult<()> {
-        let mut c = block_on(self.client())?;
-        let tx = block_on(c.transaction()).map_err(self.err())?;
-        block_on(async {
-            fence_tx(self, &tx, rid).await?;
-            let st = tx
-                .prepare_cached(
-                    "INSERT INTO journal(rid, step_key, value_json) VALUES($1, $2, $3) \
-                     ON CONFLICT DO NOTHING",
-                )
-                .await
-                .map_err(self.err())?;
-            let inserts = entries.iter().map(|(k, v)| {
-                let st = st.clone();
-                let tx = &tx;
-                async move { tx.execute(&st, &[&rid, k, v]).await }
-            });
-            for r in futures_util::future::join_all(inserts).await {
-                r.map_err(self.err())?;
-            }
-            Ok::<_, CoreError>(())
-        })?;
-        work(&PgGraph {
-            c: &tx,
-            store: self,
-        })?;
-        block_on(tx.commit()).map_err(self.err())
+        // Journal rows are first-write-wins: a repeated try stores each once.
+        self.retry_blocking(|_| {
+            self.in_tx(&mut |tx| {
+                self.bounded_blocking(async {
+                    fence_tx(self, tx, rid).await?;
+                    let st = tx
+                        .prepare_cached(
+                            "INSERT INTO journal(rid, step_key, value_json) VALUES($1, $2, $3) \
+                             ON CONFLICT DO NOTHING",
+                        )
+                        .await
+                        .map_err(self.err())?;
+                    let inserts = entries.iter().map(|(k, v)| {
+                        let st = st.clone();
+                        async move { tx.execute(&st, &[&rid, k, v]).await }
+                    });
+                    for r in futures_util::future::join_all(inserts).await {
+                        r.map_err(self.err())?;
+                    }
+                    Ok::<_, CoreError>(())
+                })?;
+                work(&PgGraph { c: tx, store: self })
+            })
+        })
     }
 
     pub(super) fn transact_in(&self, work: &mut GraphWork<'_>) -> CoreResult<()> {
         let spans = self.take_spans();
-        let mut c = block_on(self.client())?;
-        let tx = block_on(c.transaction()).map_err(self.err())?;
-        block_on(self.write_spans(&tx, &spans))?;
-        work(&PgGraph {
-            c: &tx,
-            store: self,
-        })?;
-        block_on(tx.commit()).map_err(self.err())
+        self.retry_blocking(|retry| {
+            self.in_tx(&mut |tx| {
+                self.bounded_blocking(async {
+                    if retry {
+                        self.write_spans_once(tx, &spans).await
+                    } else {
+                        self.write_spans(tx, &spans).await
+                    }
+                })?;
+                work(&PgGraph { c: tx, store: self })
+            })
+        })
     }
 
     pub(super) fn read_in(&self, work: &mut GraphWork<'_>) -> CoreResult<()> {
-        let c = block_on(self.client())?;
-        work(&PgGraph { c: &c, store: self })
+        self.retry_blocking(|_| {
+            let c = self.bounded_blocking(self.client())?;
+            work(&PgGraph { c: &c, store: self })
+        })
     }
 }

@@ -2,18 +2,18 @@
 //! connections, migrations.
 
 use crate::error::{CoreError, CoreResult};
-use crate::runtime::{block_on, runtime};
+use crate::runtime::runtime;
+use crate::store::postgres::retry::Limits;
 use crate::store::postgres::schema::{MIGRATIONS, PG_SCHEMA_VERSION};
 use crate::store::postgres::sql::{
-    cannot_connect, describe, moved, on_settle, owner, span_insert_sql, step_sql, store_err,
-    write_agent_state, SpanParams,
+    cannot_connect, connect_failed, moved, on_settle, owner, span_insert_once_sql, span_insert_sql,
+    step_once_sql, step_sql, store_err, write_agent_state, SpanParams,
 };
 use crate::store::postgres::state::{Batch, DrivenPool};
 use crate::store::postgres::tls;
 use crate::store::takeover::Takeover;
 use crate::store::url::{PgUrl, SslMode};
 use crate::store::{NewRun, Settlement, SpanRecord};
-use crate::time::now;
 use deadpool_postgres::GenericClient;
 use deadpool_postgres::{Object, Pool};
 use futures_util::future::join_all;
@@ -49,17 +49,18 @@ pub struct PgInner {
     pub(super) span_writing: tokio::sync::Mutex<()>,
     /// Connections for blocking step commits (`driven`).
     pub(super) driven: DrivenPool,
+    /// How long operations ride out an outage, and one try's bound.
+    pub(super) limits: Limits,
 }
 
 impl PgInner {
     /// `moved`, for a caller outside the runtime.
     pub(super) fn moved_blocking(&self, rid: i64) -> CoreError {
-        block_on(async {
-            match self.client().await {
-                Ok(c) => moved(&c, rid).await,
-                Err(e) => e,
-            }
-        })
+        let found = self.retry(async |_| {
+            let c = self.client().await?;
+            Ok(moved(&c, rid).await)
+        });
+        found.unwrap_or_else(|e| e)
     }
 }
 
@@ -83,18 +84,25 @@ impl PgInner {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let client = if self.url.sslmode == SslMode::Disable {
             let (client, conn) = self
-                .cfg
-                .connect(tokio_postgres::NoTls)
-                .await
-                .map_err(|e| cannot_connect(&self.url, describe(&e)))?;
+                .bounded(async {
+                    self.cfg
+                        .connect(tokio_postgres::NoTls)
+                        .await
+                        .map_err(|e| connect_failed(&self.url, &e))
+                })
+                .await?;
             forward_messages(conn, tx);
             client
         } else {
+            let tls = tls::connector(&self.url)?;
             let (client, conn) = self
-                .cfg
-                .connect(tls::connector(&self.url)?)
-                .await
-                .map_err(|e| cannot_connect(&self.url, describe(&e)))?;
+                .bounded(async {
+                    self.cfg
+                        .connect(tls)
+                        .await
+                        .map_err(|e| connect_failed(&self.url, &e))
+                })
+                .await?;
             forward_messages(conn, tx);
             client
         };
@@ -102,12 +110,10 @@ impl PgInner {
     }
 
     pub(crate) async fn client(&self) -> CoreResult<Object> {
-        self.pool.get().await.map_err(|e| {
-            let why = match &e {
-                deadpool_postgres::PoolError::Backend(b) => describe(b),
-                other => other.to_string(),
-            };
-            cannot_connect(&self.url, why)
+        self.pool.get().await.map_err(|e| match &e {
+            deadpool_postgres::PoolError::Backend(b) => connect_failed(&self.url, b),
+            deadpool_postgres::PoolError::Timeout(_) => self.silent(),
+            other => cannot_connect(&self.url, other.to_string()),
         })
     }
 
@@ -115,7 +121,8 @@ impl PgInner {
     /// reports); returns `(version found, version now)`. Many processes may
     /// call it at once: the advisory lock lets exactly one migrate.
     pub fn migrate(&self, dry_run: bool) -> CoreResult<(i32, i32)> {
-        block_on(async {
+        // One transaction: a try cut short by the connection rolls back.
+        self.retry(async |_| {
             let mut c = self.client().await?;
             let schema = &self.url.schema;
             let tx = c.transaction().await.map_err(self.err())?;
@@ -179,6 +186,11 @@ impl PgInner {
     /// A settlement's writes, fenced on `owner`, inside `tx`: status,
     /// output or error, lease released, agent snapshots, durable rows,
     /// pending interrupts, and `spans`.
+    ///
+    /// `t` is the settlement's time, the same for every try: a `retry`
+    /// that finds the run already settled at `t` with this status (the
+    /// earlier try committed, its reply was lost) succeeds without writing.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn settle_tx<C: GenericClient>(
         &self,
         tx: &C,
@@ -186,9 +198,17 @@ impl PgInner {
         owner: &str,
         s: &Settlement,
         spans: &[SpanParams],
+        t: f64,
+        retry: bool,
     ) -> CoreResult<()> {
-        self.write_spans(tx, spans).await?;
-        let t = now();
+        if retry && self.settled_at(tx, rid, &s.status, t).await? {
+            return Ok(());
+        }
+        if retry {
+            self.write_spans_once(tx, spans).await?;
+        } else {
+            self.write_spans(tx, spans).await?;
+        }
         // Fenced on the lease, so written while the run still holds it.
         for a in &s.agent_states {
             write_agent_state(tx, rid, a, t).await.map_err(self.err())?;
@@ -231,6 +251,26 @@ impl PgInner {
         Ok(())
     }
 
+    /// Whether run `rid` was settled with `status` at `t` (by an earlier
+    /// try of the same settlement).
+    async fn settled_at<C: GenericClient>(
+        &self,
+        tx: &C,
+        rid: i64,
+        status: &str,
+        t: f64,
+    ) -> CoreResult<bool> {
+        Ok(tx
+            .query_opt(
+                "SELECT 1 FROM runs WHERE rid = $1 AND status = $2 AND updated_at = $3 \
+                 AND lease_owner IS NULL",
+                &[&rid, &status, &t],
+            )
+            .await
+            .map_err(self.err())?
+            .is_some())
+    }
+
     pub(super) fn take_spans(&self) -> Vec<SpanParams> {
         std::mem::take(&mut *self.spans.lock())
             .into_iter()
@@ -260,6 +300,29 @@ impl PgInner {
         });
         for r in join_all(futs).await {
             r.map_err(self.err())?;
+        }
+        Ok(())
+    }
+
+    /// `write_spans` that skips spans already stored: for a retry that may
+    /// repeat a committed write.
+    pub(super) async fn write_spans_once<C: GenericClient>(
+        &self,
+        c: &C,
+        spans: &[SpanParams],
+    ) -> CoreResult<()> {
+        if spans.is_empty() {
+            return Ok(());
+        }
+        let st = c
+            .prepare_cached(span_insert_once_sql())
+            .await
+            .map_err(self.err())?;
+        let owner = owner().to_string();
+        for s in spans {
+            let mut p = s.params();
+            p.push(&owner);
+            c.execute(&st, &p).await.map_err(self.err())?;
         }
         Ok(())
     }
@@ -306,7 +369,7 @@ impl PgInner {
     /// another process than `owner`: when a worker should look for a run
     /// to recover.
     pub fn next_lease_expiry(&self, owner: &str, after: f64) -> CoreResult<Option<f64>> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             Ok(c.query_one(
                 "SELECT MIN(lease_until) FROM runs WHERE lease_owner IS NOT NULL \
@@ -322,7 +385,7 @@ impl PgInner {
     /// Gives up `owner`'s leases (a worker stopping mid-run): each run is
     /// left `running` with no holder, for any worker to continue.
     pub fn release_leases(&self, owner: &str) -> CoreResult<usize> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             c.execute(
                 "UPDATE runs SET status = 'running', lease_owner = NULL, lease_until = NULL \
@@ -344,19 +407,67 @@ impl PgInner {
         span: Option<SpanRecord>,
     ) -> CoreResult<Option<String>> {
         let queued = self.take_spans();
+        let span = span.map(SpanParams::new);
+        let (queued, span) = (&queued, &span);
+        // First write wins and an equal stored value reads as this write, so
+        // a retry after a lost reply finds the committed row; its spans are
+        // written only if not stored yet.
+        self.retry_with(move |retry| {
+            self.commit_step_try(rid, key, value, ident, span, queued, retry)
+        })
+        .await
+    }
+
+    /// One try of a step commit through the pool, bounded in time.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn commit_step_pooled(
+        &self,
+        rid: i64,
+        key: &str,
+        value: &str,
+        ident: Option<&str>,
+        span: &Option<SpanParams>,
+        queued: &[SpanParams],
+        retry: bool,
+    ) -> CoreResult<Option<String>> {
+        self.bounded(self.commit_step_try(rid, key, value, ident, span, queued, retry))
+            .await
+    }
+
+    /// One try of a step commit: the fenced step statement with its span,
+    /// and the queued spans, pipelined on one pooled connection. A `retry`
+    /// skips span rows already stored.
+    #[allow(clippy::too_many_arguments)]
+    async fn commit_step_try(
+        &self,
+        rid: i64,
+        key: &str,
+        value: &str,
+        ident: Option<&str>,
+        span: &Option<SpanParams>,
+        queued: &[SpanParams],
+        retry: bool,
+    ) -> CoreResult<Option<String>> {
         let c = self.client().await?;
         let owner = owner();
-        let span = span.map(SpanParams::new);
-        let st = c
-            .prepare_cached(step_sql(span.is_some()))
-            .await
-            .map_err(self.err())?;
+        let sql = if retry {
+            step_once_sql(span.is_some())
+        } else {
+            step_sql(span.is_some())
+        };
+        let st = c.prepare_cached(sql).await.map_err(self.err())?;
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&rid, &owner, &key, &value, &ident];
-        if let Some(s) = &span {
+        if let Some(s) = span {
             params.extend(s.params());
         }
-        let (row, spans) =
-            futures_util::join!(c.query_one(&st, &params), self.write_spans(&c, &queued));
+        let spans = async {
+            if retry {
+                self.write_spans_once(&c, queued).await
+            } else {
+                self.write_spans(&c, queued).await
+            }
+        };
+        let (row, spans) = futures_util::join!(c.query_one(&st, &params), spans);
         let row = row.map_err(self.err())?;
         if let Err(e) = spans {
             crate::store::slot::record_span_write_error(e.to_string());
@@ -374,15 +485,18 @@ impl PgInner {
         &self,
         rid: i64,
     ) -> CoreResult<Option<Option<String>>> {
-        let c = self.client().await?;
-        let st = c
-            .prepare_cached("SELECT reason FROM cancel_requests WHERE rid = $1")
-            .await
-            .map_err(self.err())?;
-        Ok(c.query_opt(&st, &[&rid])
-            .await
-            .map_err(self.err())?
-            .map(|r| r.get(0)))
+        self.retry_async(async |_| {
+            let c = self.client().await?;
+            let st = c
+                .prepare_cached("SELECT reason FROM cancel_requests WHERE rid = $1")
+                .await
+                .map_err(self.err())?;
+            Ok(c.query_opt(&st, &[&rid])
+                .await
+                .map_err(self.err())?
+                .map(|r| r.get(0)))
+        })
+        .await
     }
 }
 
@@ -417,4 +531,20 @@ pub(crate) fn insert_run_err<'a>(
             store.err()(e)
         }
     }
+}
+
+/// The rid of run `new` when an earlier try of its insert committed (its
+/// row holds the new run's trace id, unique to this creation).
+pub(crate) async fn own_insert<C: GenericClient>(
+    store: &PgInner,
+    c: &C,
+    new: &NewRun,
+) -> CoreResult<Option<i64>> {
+    Ok(c.query_opt(
+        "SELECT rid FROM runs WHERE run_id = $1 AND trace_id = $2",
+        &[&new.run_id, &new.trace_id],
+    )
+    .await
+    .map_err(store.err())?
+    .map(|r| r.get(0)))
 }

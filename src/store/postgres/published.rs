@@ -192,7 +192,7 @@ impl PublishStore for PgStore {
     }
 
     fn event(&self, rid: i64, key: &str) -> CoreResult<Option<String>> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             Ok(rows(
                 &c,
@@ -207,7 +207,7 @@ impl PublishStore for PgStore {
     }
 
     fn events(&self, rid: i64) -> CoreResult<Vec<(String, String)>> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             Ok(rows(
                 &c,
@@ -223,7 +223,7 @@ impl PublishStore for PgStore {
     }
 
     fn stream_after(&self, rid: i64, key: &str, after: i64, limit: i64) -> CoreResult<StreamChunk> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             // The end is read first: every value appended before the close
             // is then among the values read.
@@ -288,7 +288,7 @@ impl PublishStore for PgStore {
 
     fn prune_runs(&self, f: &PruneFilter, dry_run: bool) -> CoreResult<u64> {
         let batch = f.batch.max(1) as i64;
-        block_on(async {
+        self.retry(async |_| {
             let mut c = self.client().await?;
             if dry_run {
                 let found = rows(

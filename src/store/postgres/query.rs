@@ -25,11 +25,13 @@ impl PgStore {
         sql: &str,
         p: &[&(dyn ToSql + Sync)],
     ) -> CoreResult<Vec<tokio_postgres::Row>> {
-        block_on(async {
+        // The CLI's reads try once (bounded by `COMPOSE_STORE_TIMEOUT`): a
+        // person asking is better told at once that the server is away.
+        block_on(self.bounded(async {
             let c = self.client().await?;
             let st = c.prepare_cached(sql).await.map_err(self.err())?;
             c.query(&st, p).await.map_err(self.err())
-        })
+        }))
     }
 
     /// Whether the database holds a composeai schema (the CLI never

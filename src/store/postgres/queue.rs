@@ -5,8 +5,7 @@
 //! queue, so two workers never both fill the last slot.
 
 use crate::error::{CoreError, CoreResult};
-use crate::runtime::block_on;
-use crate::store::postgres::inner::{insert_run_err, PgStore};
+use crate::store::postgres::inner::{insert_run_err, own_insert, PgStore};
 use crate::store::queue::{
     allowance, claim_order, dedup_taken, window, Claimed, Claimer, LeaseHolder, Limits, Placement,
     QueueStats, QueueStore,
@@ -22,9 +21,16 @@ fn lock_key(s: &PgStore, queue: &str) -> String {
 
 pub fn enqueue(s: &PgStore, new: &NewRun, p: &Placement) -> CoreResult<RunRow> {
     let t = now();
-    let rid: i64 = block_on(async {
+    let rid: i64 = s.retry(async |retry| {
         let mut c = s.client().await?;
         let tx = c.transaction().await.map_err(s.err())?;
+        if retry {
+            // The earlier try may have committed: the row is found by the
+            // new run's trace id, never queued twice.
+            if let Some(rid) = own_insert(s, &tx, new).await? {
+                return Ok(rid);
+            }
+        }
         if let Some(d) = &p.dedup_id {
             // Serializes enqueues of one dedup id, so two cannot both pass
             // the check below.
@@ -96,9 +102,27 @@ pub fn claim(
          RETURNING u.run_id, u.kind, u.name, u.rid, queue_runs.priority",
         claim_order(limits)
     );
-    block_on(async {
+    // The claim times of earlier tries: a try whose commit reply was lost
+    // claimed its runs at its time, and a retry hands them out.
+    let mut tried: Vec<f64> = Vec::new();
+    s.retry(async |_| {
         let mut c = s.client().await?;
         let tx = c.transaction().await.map_err(s.err())?;
+        if !tried.is_empty() {
+            let rows = tx
+                .query(
+                    "SELECT r.run_id, r.kind, r.name, r.rid, q.priority FROM queue_runs q \
+                     JOIN runs r ON r.rid = q.rid WHERE q.queue = $1 AND r.lease_owner = $2 \
+                     AND r.status = 'running' AND q.started_at = ANY($3)",
+                    &[&queue, &by.owner, &tried],
+                )
+                .await
+                .map_err(s.err())?;
+            if !rows.is_empty() {
+                tx.rollback().await.map_err(s.err())?;
+                return Ok(claimed(&rows, limits));
+            }
+        }
         let mut n = room;
         if limits.counted() {
             tx.execute(
@@ -131,6 +155,7 @@ pub fn claim(
         // Read under the lock: a run settled before the count finished
         // before this claim starts.
         let t = now();
+        tried.push(t);
         let rows = tx
             .query(
                 &claim_sql,
@@ -139,30 +164,36 @@ pub fn claim(
             .await
             .map_err(s.err())?;
         tx.commit().await.map_err(s.err())?;
-        let mut out: Vec<((i64, i64), Claimed)> = rows
-            .iter()
-            .map(|r| {
-                let rid: i64 = r.get(3);
-                let priority: i64 = if limits.priority { r.get(4) } else { 0 };
-                (
-                    (priority, rid),
-                    Claimed {
-                        run_id: r.get(0),
-                        kind: r.get(1),
-                        name: r.get(2),
-                    },
-                )
-            })
-            .collect();
-        // RETURNING does not keep the pick order: the worker starts runs in
-        // the order handed out.
-        out.sort_by_key(|(order, _)| *order);
-        Ok(out.into_iter().map(|(_, c)| c).collect())
+        Ok(claimed(&rows, limits))
     })
 }
 
+/// The claimed runs of `rows` (`run_id, kind, name, rid, priority`), in
+/// the order handed out.
+fn claimed(rows: &[tokio_postgres::Row], limits: &Limits) -> Vec<Claimed> {
+    let mut out: Vec<((i64, i64), Claimed)> = rows
+        .iter()
+        .map(|r| {
+            let rid: i64 = r.get(3);
+            let priority: i64 = if limits.priority { r.get(4) } else { 0 };
+            (
+                (priority, rid),
+                Claimed {
+                    run_id: r.get(0),
+                    kind: r.get(1),
+                    name: r.get(2),
+                },
+            )
+        })
+        .collect();
+    // RETURNING does not keep the pick order: the worker starts runs in
+    // the order handed out.
+    out.sort_by_key(|(order, _)| *order);
+    out.into_iter().map(|(_, c)| c).collect()
+}
+
 pub fn stats(s: &PgStore, t: f64) -> CoreResult<Vec<QueueStats>> {
-    block_on(async {
+    s.retry(async |_| {
         let c = s.client().await?;
         let rows = c
             .query(
@@ -191,7 +222,7 @@ pub fn stats(s: &PgStore, t: f64) -> CoreResult<Vec<QueueStats>> {
 }
 
 pub fn lease_holders(s: &PgStore) -> CoreResult<Vec<LeaseHolder>> {
-    block_on(async {
+    s.retry(async |_| {
         let c = s.client().await?;
         let rows = c
             .query(
@@ -214,7 +245,7 @@ pub fn lease_holders(s: &PgStore) -> CoreResult<Vec<LeaseHolder>> {
 }
 
 pub fn recent_starts(s: &PgStore, queue: &str, since: f64, limit: i64) -> CoreResult<Vec<f64>> {
-    block_on(async {
+    s.retry(async |_| {
         let c = s.client().await?;
         let rows = c
             .query(

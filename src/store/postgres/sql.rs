@@ -4,6 +4,7 @@
 use crate::error::CoreError;
 use crate::ids::{encode_id, StoredId};
 use crate::store::durable::WaitRow;
+use crate::store::postgres::retry::is_unreachable;
 use crate::store::slot::{FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
 use crate::store::url::PgUrl;
 use crate::store::{AgentStateRow, NewRun, RunRow, SpanRecord};
@@ -25,7 +26,16 @@ pub(super) const SPAN_COLUMNS: &str =
      input_json, output_json";
 
 pub(super) fn store_err(url: &str) -> impl Fn(tokio_postgres::Error) -> CoreError + '_ {
-    move |e| CoreError::Store(format!("composeai store '{url}': {}", describe(&e)))
+    move |e| {
+        if is_unreachable(&e) {
+            CoreError::Unavailable(format!(
+                "composeai store '{url}': cannot reach the server ({})",
+                describe(&e)
+            ))
+        } else {
+            CoreError::Store(format!("composeai store '{url}': {}", describe(&e)))
+        }
+    }
 }
 
 /// The driver's message with the server's detail, never the password (the
@@ -43,6 +53,22 @@ pub(super) fn describe(e: &tokio_postgres::Error) -> String {
             s
         }
     }
+}
+
+/// A failed connection attempt: an outage unless the server refused the
+/// login or the database (a wrong URL is not retried).
+pub(super) fn connect_failed(url: &PgUrl, e: &tokio_postgres::Error) -> CoreError {
+    let refused = e
+        .code()
+        .is_some_and(|c| c.code().starts_with("28") || c.code() == "3D000");
+    if !refused && is_unreachable(e) {
+        return CoreError::Unavailable(format!(
+            "composeai store '{}': cannot reach the server ({})",
+            url.redacted,
+            describe(e)
+        ));
+    }
+    cannot_connect(url, describe(e))
 }
 
 /// A failed connection attempt, with what to do when the server refused the

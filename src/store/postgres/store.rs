@@ -4,7 +4,8 @@ use crate::error::{CoreError, CoreResult};
 use crate::ids::decode_id;
 use crate::runtime::{block_on, runtime};
 use crate::store::graph::GraphWork;
-use crate::store::postgres::inner::{insert_run_err, PgInner, PgStore};
+use crate::store::postgres::inner::{insert_run_err, own_insert, PgInner, PgStore};
+use crate::store::postgres::retry::Limits;
 use crate::store::postgres::sql::{
     insert_run_params, moved, on_acquire, read_run, write_agent_state, DELETE_DURABLE, INSERT_RUN,
     RUN_COLUMNS,
@@ -52,11 +53,19 @@ impl PgStore {
             if spans.is_empty() {
                 return;
             }
-            let outcome = async {
-                let c = inner.client().await?;
-                inner.write_spans(&c, &spans).await
-            }
-            .await;
+            let (inner, spans) = (&*inner, &spans);
+            // Through an outage like every write (a retry skips the spans a
+            // lost reply had stored), rather than dropping the trace.
+            let outcome = inner
+                .retry_with(move |retry| async move {
+                    let c = inner.client().await?;
+                    if retry {
+                        inner.write_spans_once(&c, spans).await
+                    } else {
+                        inner.write_spans(&c, spans).await
+                    }
+                })
+                .await;
             if let Err(e) = outcome {
                 crate::store::slot::record_span_write_error(e.to_string());
             }
@@ -79,8 +88,22 @@ impl PgStore {
             cfg.dbname(d);
         }
         cfg.application_name(url.application_name.as_deref().unwrap_or("composeai"));
-        cfg.options(format!("-c search_path={}", url.schema));
-        cfg.connect_timeout(std::time::Duration::from_secs(10));
+        let limits = Limits::from_env()?;
+        // The socket's connect; `bounded` covers the login and TLS too.
+        cfg.connect_timeout(limits.timeout);
+        // A server that vanished without closing the socket (a cut
+        // network, a frozen host) is noticed by the kernel, not only by the
+        // next statement's timeout.
+        cfg.keepalives(true)
+            .keepalives_idle(std::time::Duration::from_secs(5))
+            .keepalives_interval(std::time::Duration::from_secs(2))
+            .keepalives_retries(3)
+            .tcp_user_timeout(limits.timeout);
+        cfg.options(format!(
+            "-c search_path={} -c statement_timeout={}",
+            url.schema,
+            limits.timeout.as_millis()
+        ));
         cfg.ssl_mode(match url.sslmode {
             SslMode::Disable => tokio_postgres::config::SslMode::Disable,
             SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
@@ -100,6 +123,8 @@ impl PgStore {
             let _guard = runtime().enter();
             Pool::builder(mgr)
                 .max_size(url.pool_size)
+                .create_timeout(Some(limits.timeout))
+                .recycle_timeout(Some(limits.timeout))
                 .runtime(deadpool_postgres::Runtime::Tokio1)
                 .build()
                 .map_err(|e| CoreError::Config(format!("COMPOSE_STORE pool: {e}")))?
@@ -114,6 +139,7 @@ impl PgStore {
                 batch: Default::default(),
                 span_writing: tokio::sync::Mutex::new(()),
                 driven: DrivenPool::default(),
+                limits,
             }),
         })
     }
@@ -128,7 +154,9 @@ impl PgStore {
 
 impl Drop for PgStore {
     fn drop(&mut self) {
-        let _ = self.flush();
+        // Bounded while the server is away: a dropped handle never waits
+        // out an outage.
+        let _ = Store::close(self);
     }
 }
 
@@ -138,14 +166,21 @@ impl Store for PgStore {
     }
 
     fn create_run(&self, new: &NewRun, owner: &str, lease_until: f64) -> CoreResult<RunRow> {
-        block_on(async {
-            let spans = self.take_spans();
+        let spans = &self.take_spans();
+        let t = now();
+        self.retry(async |retry| {
             let c = self.client().await?;
-            let t = now();
+            if retry {
+                // The earlier try's insert may have committed: its row
+                // carries this run's trace id.
+                if let Some(rid) = own_insert(self, &c, new).await? {
+                    return Ok(RunRow::inserted(new, rid, "running", t));
+                }
+            }
             let st = c.prepare_cached(INSERT_RUN).await.map_err(self.err())?;
             let params = insert_run_params(new, &t, &owner, &lease_until);
             let (row, _) =
-                futures_util::join!(c.query_one(&st, &params), self.write_spans(&c, &spans));
+                futures_util::join!(c.query_one(&st, &params), self.write_spans(&c, spans));
             let row = row.map_err(insert_run_err(self, new))?;
             Ok(RunRow::inserted(new, row.get(0), "running", t))
         })
@@ -160,7 +195,7 @@ impl Store for PgStore {
         takeover: Takeover,
     ) -> CoreResult<(RunRow, crate::store::JournalRows)> {
         self.flush()?;
-        block_on(async {
+        self.retry(async |_| {
             let mut c = self.client().await?;
             let tx = c.transaction().await.map_err(self.err())?;
             let row = tx
@@ -259,7 +294,7 @@ impl Store for PgStore {
     }
 
     fn renew_leases(&self, owner: &str, until: f64, rids: &[i64]) -> CoreResult<Vec<i64>> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             let st = c
                 .prepare_cached(
@@ -309,13 +344,34 @@ impl Store for PgStore {
         block_on(async {
             self.write_batch().await?;
             let _writing = self.span_writing.lock().await;
-            let spans = self.take_spans();
+            let spans = &self.take_spans();
             if spans.is_empty() {
                 return Ok(());
             }
+            self.retry_async(async |retry| {
+                let c = self.client().await?;
+                if retry {
+                    self.write_spans_once(&c, spans).await
+                } else {
+                    self.write_spans(&c, spans).await
+                }
+            })
+            .await
+        })
+    }
+
+    fn close(&self) -> CoreResult<()> {
+        if !crate::outage::is_down() {
+            return self.flush();
+        }
+        // The process exits while the server is away: one bounded try for
+        // what is queued, rather than waiting out the outage.
+        block_on(self.bounded(async {
+            self.write_batch().await?;
+            let spans = self.take_spans();
             let c = self.client().await?;
             self.write_spans(&c, &spans).await
-        })
+        }))
     }
 
     fn supports_batch(&self) -> bool {
@@ -336,17 +392,18 @@ impl Store for PgStore {
     }
 
     fn settle(&self, rid: i64, owner: &str, s: &Settlement) -> CoreResult<()> {
-        let spans = self.take_spans();
-        block_on(async {
+        let spans = &self.take_spans();
+        let t = now();
+        self.retry(async |retry| {
             let mut c = self.client().await?;
             let tx = c.transaction().await.map_err(self.err())?;
-            self.settle_tx(&tx, rid, owner, s, &spans).await?;
+            self.settle_tx(&tx, rid, owner, s, spans, t, retry).await?;
             tx.commit().await.map_err(self.err())
         })
     }
 
     fn set_budget(&self, rid: i64, budget_json: &str) -> CoreResult<()> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             c.execute(
                 "UPDATE runs SET budget_json = $1 WHERE rid = $2",
@@ -359,7 +416,7 @@ impl Store for PgStore {
     }
 
     fn record_answers(&self, rid: i64, answers: &[(String, String)]) -> CoreResult<()> {
-        block_on(async {
+        self.retry(async |_| {
             let mut c = self.client().await?;
             let tx = c.transaction().await.map_err(self.err())?;
             for (id, value) in answers {
@@ -391,7 +448,7 @@ impl Store for PgStore {
     }
 
     fn get_run(&self, run_id: &str) -> CoreResult<Option<RunRow>> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             let st = c
                 .prepare_cached(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1"))
@@ -406,7 +463,7 @@ impl Store for PgStore {
 
     fn delete_run(&self, rid: i64) -> CoreResult<()> {
         self.flush()?;
-        block_on(async {
+        self.retry(async |_| {
             let mut c = self.client().await?;
             let tx = c.transaction().await.map_err(self.err())?;
             for sql in [
@@ -430,7 +487,7 @@ impl Store for PgStore {
     }
 
     fn save_agent_state(&self, rid: i64, state: &AgentStateRow) -> CoreResult<()> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             let n = write_agent_state(&c, rid, state, now())
                 .await
@@ -443,7 +500,7 @@ impl Store for PgStore {
     }
 
     fn load_agent_state(&self, rid: i64, scope_key: &str) -> CoreResult<Option<AgentStateRow>> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             Ok(c.query_opt(
                 "SELECT messages_json, partial_results_json, turn FROM agent_state \
@@ -463,7 +520,7 @@ impl Store for PgStore {
 
     fn prior_llm_usage(&self, rid: i64) -> CoreResult<PriorSpend> {
         self.flush()?;
-        let rows = block_on(async {
+        let rows = self.retry(async |_| {
             let c = self.client().await?;
             c.query(
                 "SELECT s.span_id, s.parent, s.kind, s.step_key, \
@@ -518,7 +575,7 @@ impl Store for PgStore {
     }
 
     fn pending(&self, rid: i64) -> CoreResult<Vec<InterruptRow>> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             Ok(c.query(
                 "SELECT interrupt_id, kind, question, payload_json FROM pending_interrupts \
@@ -539,8 +596,8 @@ impl Store for PgStore {
     }
 
     fn read_journal(&self, run_id: &str) -> CoreResult<Option<(RunRow, crate::journal::Journal)>> {
-        block_on(async {
-            self.write_batch().await?;
+        block_on(self.write_batch())?;
+        self.retry(async |_| {
             let c = self.client().await?;
             let Some(row) = c
                 .query_opt(
@@ -568,9 +625,9 @@ impl Store for PgStore {
     }
 
     fn journal(&self, rid: i64) -> CoreResult<Vec<(String, String)>> {
-        block_on(async {
-            // Batched steps are part of the journal this process reads.
-            self.write_batch().await?;
+        // Batched steps are part of the journal this process reads.
+        block_on(self.write_batch())?;
+        self.retry(async |_| {
             let c = self.client().await?;
             Ok(c.query(
                 "SELECT step_key, value_json FROM journal WHERE rid = $1",
@@ -585,7 +642,7 @@ impl Store for PgStore {
     }
 
     fn save_chat(&self, chat: &ChatRow) -> CoreResult<()> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             c.execute(
                 "INSERT INTO chats(chat_id, agent_name, system, model, messages_json, \
@@ -610,7 +667,7 @@ impl Store for PgStore {
     }
 
     fn load_chat(&self, chat_id: &str) -> CoreResult<Option<ChatRow>> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             Ok(c.query_opt(
                 "SELECT chat_id, agent_name, system, model, messages_json, created_at, \

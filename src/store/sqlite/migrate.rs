@@ -48,9 +48,9 @@ fn table_names(conn: &Connection) -> rusqlite::Result<Vec<String>> {
 }
 
 fn foreign(path: &str, version: i64, why: &str) -> CoreError {
-    CoreError::Config(format!(
-        "'{path}' is not a composeai store (schema version {version}; {why}) -- point \
-         COMPOSE_DIR at another directory or move the file away"
+    CoreError::Store(format!(
+        "composeai store '{path}': the file is not a composeai store (schema version {version}; \
+         {why}) -- point COMPOSE_DIR at another directory or move the file away"
     ))
 }
 

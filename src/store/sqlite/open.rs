@@ -5,10 +5,86 @@ use crate::error::{AtPath, CoreError, CoreResult};
 use crate::store::sqlite::migrate;
 use crate::store::sqlite::schema::{PAGE_SIZE, SCHEMA_VERSION};
 use rusqlite::{Connection, OpenFlags};
+use std::path::Path;
 
 /// Opens a connection with the store's pragmas, creating the database file
-/// private to its user and bringing the schema to `SCHEMA_VERSION`.
+/// private to its user and bringing the schema to `SCHEMA_VERSION`. An
+/// existing store this process cannot write (a read-only file system, no
+/// write permission) opens read-only: everything that only reads works, and
+/// a write fails with "the store is read-only".
 pub fn open_connection(path: &str, full_sync: bool) -> CoreResult<Connection> {
+    match open_writable(path, full_sync) {
+        Err(e) if Path::new(path).is_file() && !writable(path) => {
+            open_read_only(path).map_err(|_| e)
+        }
+        other => other,
+    }
+}
+
+/// Whether this process may write the file at `path` and create the WAL's
+/// files beside it.
+fn writable(path: &str) -> bool {
+    let can_write = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_encoded_bytes())
+            // SAFETY: a NUL-terminated path for the duration of the call.
+            .is_ok_and(|c| unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0)
+    };
+    let p = Path::new(path);
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    can_write(p) && can_write(dir)
+}
+
+/// A read-only connection to an existing store at the current schema:
+/// through the WAL's shared memory when it can be opened, else as an
+/// immutable file (nobody can change it: the file system or permissions
+/// forbid it).
+fn open_read_only(path: &str) -> CoreResult<Connection> {
+    let check = |conn: Connection| -> CoreResult<Connection> {
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .at(path)?;
+        migrate::refuse_foreign(&conn, path, version)?;
+        if version != SCHEMA_VERSION {
+            return Err(CoreError::Store(format!(
+                "composeai store '{path}': the store is read-only and its schema (version \
+                 {version}) predates this composeai (version {SCHEMA_VERSION}) -- open it once \
+                 where it can be written to upgrade it"
+            )));
+        }
+        conn.set_prepared_statement_cache_capacity(64);
+        Ok(conn)
+    };
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    match Connection::open_with_flags(path, flags)
+        .at(path)
+        .and_then(check)
+    {
+        Ok(conn) => Ok(conn),
+        Err(_) => {
+            let uri = format!("file:{}?immutable=1", uri_path(path));
+            Connection::open_with_flags(uri, flags | OpenFlags::SQLITE_OPEN_URI)
+                .at(path)
+                .and_then(check)
+        }
+    }
+}
+
+/// `path` escaped for a `file:` URI.
+fn uri_path(path: &str) -> String {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| Path::new(path).to_path_buf());
+    abs.to_string_lossy()
+        .chars()
+        .map(|c| match c {
+            '%' | '?' | '#' => format!("%{:02X}", c as u32),
+            c => c.to_string(),
+        })
+        .collect()
+}
+
+fn open_writable(path: &str, full_sync: bool) -> CoreResult<Connection> {
     create_private_file(path)?;
     // Commits write their WAL frames in one system call (see `wal_vfs`).
     let conn = match crate::store::sqlite::wal_vfs::name() {
@@ -23,7 +99,7 @@ pub fn open_connection(path: &str, full_sync: bool) -> CoreResult<Connection> {
         .at(path)?;
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(|e| config(path, format!("not a readable composeai store ({e})")))?;
+        .at(path)?;
     migrate::refuse_foreign(&conn, path, version)?;
     if version == 0 {
         // Only an empty database takes it, so before WAL and the schema.
@@ -32,7 +108,7 @@ pub fn open_connection(path: &str, full_sync: bool) -> CoreResult<Connection> {
     }
     let mode: String = conn
         .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-        .map_err(|e| config(path, format!("cannot enable WAL ({e})")))?;
+        .at(path)?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(config(
             path,
@@ -79,7 +155,13 @@ pub(crate) fn create_private_file(path: &str) -> CoreResult<()> {
                 .recursive(true)
                 .mode(0o700)
                 .create(dir)
-                .map_err(|e| config(path, format!("cannot create its directory ({e})")))?;
+                .map_err(|e| {
+                    CoreError::Store(format!(
+                        "composeai store '{path}': {} '{}' ({e})",
+                        create_cause(&e, "its directory"),
+                        dir.display()
+                    ))
+                })?;
         }
     }
     std::fs::OpenOptions::new()
@@ -88,8 +170,23 @@ pub(crate) fn create_private_file(path: &str) -> CoreResult<()> {
         .truncate(false)
         .mode(0o600)
         .open(p)
-        .map_err(|e| config(path, format!("cannot create the database ({e})")))?;
+        .map_err(|e| {
+            CoreError::Store(format!(
+                "composeai store '{path}': {} ({e})",
+                create_cause(&e, "the database")
+            ))
+        })?;
     Ok(())
+}
+
+/// Why creating `what` failed, in words a person acts on.
+fn create_cause(e: &std::io::Error, what: &str) -> String {
+    match e.raw_os_error() {
+        Some(libc::EACCES) | Some(libc::EPERM) => format!("permission denied creating {what}"),
+        Some(libc::EROFS) => format!("the file system is read-only: cannot create {what}"),
+        Some(libc::ENOSPC) => format!("the disk is full: cannot create {what}"),
+        _ => format!("cannot create {what}"),
+    }
 }
 
 pub(crate) fn config(path: &str, what: String) -> CoreError {

@@ -57,7 +57,11 @@ impl SqliteStore {
         // the same disk, which costs a step more than SQLite's inline
         // checkpoint (measured: W1-full 210 vs 140 us): the thread serves
         // the default `NORMAL` mode only.
-        let checkpointer = if full_sync {
+        let checkpointer = if full_sync
+            || conn
+                .is_readonly(rusqlite::DatabaseName::Main)
+                .unwrap_or(false)
+        {
             None
         } else {
             Some(Checkpointer::start(path, &conn))
