@@ -441,7 +441,7 @@ def test_inbox_lists_runs_waiting_for_a_person_and_answers_from_the_list_issue36
         compose.sleep(3600)
         return 1
 
-    parked = later.run().id
+    parked = later.run(wait=False).id
     done = _steps_flow()
     with ui_server() as (_, host):
         status, _, page = request(host, "GET", "/inbox")
