@@ -637,7 +637,7 @@ def test_python_dash_m_subprocess(store, state, tmp_path):
         timeout=60,
     )
     assert (proc.returncode, proc.stdout) == (1, "")
-    assert proc.stderr.startswith("compose: no run found with id 'nope' -- searched the SQLite")
+    assert proc.stderr.startswith("compose: no run found with id 'nope' -- searched the ")
 
 
 # -- runs -q (OBS-31) ------------------------------------------------------------
@@ -751,7 +751,7 @@ def test_runs_query_index_lives_in_derived_tables(store, state, capsys):
         text=True,
         timeout=60,
     )
-    assert proc.stdout.split("\n")[:2] == ["['span_fts', 'span_fts_state']", "11"]
+    assert proc.stdout.split("\n")[:2] == ["['span_fts', 'span_fts_state']", "12"]
     # The engine keeps working with the derived tables present.
     make_run(store, "R-after", spans=[span("after")])
     assert store.get_run("R-after")["status"] == "completed"

@@ -105,7 +105,9 @@ def _cmd_runs(args: argparse.Namespace) -> int:
             print(_FTS_MISSING, file=sys.stderr)
         rows = value or []
     if args.json:
-        print(json.dumps(rows, indent=2))
+        # The module recorded with a run is for error messages, not a listing field.
+        shown = [{k: v for k, v in r.items() if k != "module"} for r in rows]
+        print(json.dumps(shown, indent=2))
         return 0
     if not rows:
         print("no runs found")
