@@ -1,4 +1,4 @@
-"""What one agent call carries (AGENT-1 …): the model and output schema
+"""What one agent call carries: the model and output schema
 worked out at decoration time, the per-call state (`_Call`), the call's
 overrides and its budget meters.
 """
@@ -32,7 +32,7 @@ _current_bus = _BUS.get
 
 
 def _signature_types(fn: Callable) -> tuple[Any, Any]:
-    """AGENT-6: input = first parameter's annotation, output = return
+    """Input = first parameter's annotation, output = return
     annotation (`str` when absent)."""
     import typing
 
@@ -47,7 +47,7 @@ def _signature_types(fn: Callable) -> tuple[Any, Any]:
 
 
 def _output_schema(output_type: Any) -> tuple[dict | None, bool]:
-    """AGENT-11: the sealed JSON schema sent on every turn, and whether the
+    """The sealed JSON schema sent on every turn, and whether the
     payload is wrapped under `result`."""
     if output_type is str:
         return None, False
@@ -71,7 +71,7 @@ def _output_schema(output_type: Any) -> tuple[dict | None, bool]:
 
 
 def _model_label(model: Any) -> tuple[str, str, str | None]:
-    """`(label, bare id, provider)` of a model string or instance (AGENT-22)."""
+    """`(label, bare id, provider)` of a model string or instance."""
     if isinstance(model, str):
         from .models.registry import parse_model_string
 
@@ -85,7 +85,7 @@ def _provider_name(model: Any, provider: str | None) -> str | None:
     """The provider an `llm` span names (OpenTelemetry's `gen_ai.provider.name`): a
     model string's prefix, else what a model instance reports as `provider_name`.
     The request's own `provider` stays `None` for an instance, so the response
-    cache's keys (TEST-40) do not change with it."""
+    cache's keys do not change with it."""
     if provider is not None:
         return provider
     name = getattr(model, "provider_name", None)

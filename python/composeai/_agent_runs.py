@@ -1,4 +1,4 @@
-"""Standalone durable agent runs (AGENT-52 … AGENT-54): starting, settling
+"""Standalone durable agent runs: starting, settling
 and resuming an `@agent` called outside any flow.
 """
 
@@ -123,8 +123,7 @@ def _plain_standalone(agent: AgentFunction, opts: dict) -> bool:
 
 def _standalone_plain(agent: AgentFunction, args: tuple, kwargs: dict, opts: dict) -> Run:
     """`_standalone_sync` of a fresh run that `_plain_standalone` admits, in
-    one straight line: the same rows, spans, events and `Run` (AGENT-52,
-    OBS-5), without the settlement plan's machinery, the budget scopes and
+    one straight line: the same rows, spans, events and `Run`, without the settlement plan's machinery, the budget scopes and
     the snapshot lookup a fresh run cannot need."""
     name = agent.name
     # The text of `{"args": [...], "kwargs": {...}}` when the payload is
@@ -266,7 +265,7 @@ def _settle_standalone_error(call: _Call, exc: BaseException) -> Run:
 
 def run_seeded(agent: AgentFunction, seed: list[Message], opts: dict) -> Run:
     """A standalone durable run whose conversation is `seed`; the agent body
-    is not called (CHAT-3)."""
+    is not called."""
     _engine.check_sync_facade()
     return _standalone_sync(agent, (), {}, {**opts, "seed": seed})
 
@@ -274,7 +273,7 @@ def run_seeded(agent: AgentFunction, seed: list[Message], opts: dict) -> Run:
 def resume_standalone(
     row: dict, answers, budget, approver, tool_interceptor, context_manager, asynchronous: bool
 ):
-    """AGENT-54: continue a paused or crashed standalone agent run."""
+    """Continue a paused or crashed standalone agent run."""
     run_id = row["run_id"]
     if row["status"] == "completed":
         return completed_run(row)

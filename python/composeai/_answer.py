@@ -2,7 +2,7 @@
 the web UI's Approve / Deny / JSON answer form share this module.
 
 An answer is journaled under `__interrupt__:<id>` first-write-wins, and its
-pending row deleted, exactly as `resume(answers=...)` records it (FLOW-43),
+pending row deleted, exactly as `resume(answers=...)` records it,
 but without executing the run: the core does it in one transaction
 (`answer_interrupts`) and, when that leaves a parked flow or standalone
 agent run waiting for nothing, makes the run due so a `compose worker`
@@ -154,7 +154,7 @@ def _plain(value_json: str | None) -> Any:
 
 
 def resolve(run_id: str) -> dict:
-    """The run row for a full id or unique prefix (OBS-30), or a
+    """The run row for a full id or unique prefix, or a
     `ComposeError` naming it."""
     outcome, value = _core.resolve_run(_db_path(), run_id)
     if outcome == "ambiguous":
@@ -183,7 +183,7 @@ def _answered_key(journal: list[tuple[str, str]], key: str) -> tuple[str, Any] |
 
 
 def _full_id(run_id: str, key: str, ids: list[str]) -> str | None:
-    """FLOW-43's lookup, restricted to pending interrupts: the id itself, or
+    """`resume()`'s answer-key lookup, restricted to pending interrupts: the id itself, or
     the one `tool:<key>:...` id; `None` when none is pending."""
     if key in ids:
         return key

@@ -1,7 +1,7 @@
 """The life of a durable run outside its body, shared by flows, durable
-waits, queues, agents, graphs and the worker: `resume()` (FLOW-40 … FLOW-43),
-continuing a due run, run handles and background starts (EXT-11), signals
-and cancel requests (EXT-3, EXT-10).
+waits, queues, agents, graphs and the worker: `resume()`,
+continuing a due run, run handles and background starts, signals
+and cancel requests.
 
 Run kinds other than `flow` belong to features above this module: the agent
 and graph modules register what resumes their runs in `OWNERS` when they are
@@ -111,7 +111,7 @@ def queue_not_declared(name: str) -> str:
 def _resume_agent_run(
     row: dict, answers, budget, approver, tool_interceptor, context_manager, asynchronous: bool
 ):
-    """AGENT-54: a standalone agent run, continued by `composeai.agentfn`
+    """A standalone agent run, continued by `composeai.agentfn`
     (registered once any `@agent` exists in this process)."""
     resume_standalone = OWNERS.get("agent")
     if resume_standalone is None:
@@ -150,7 +150,7 @@ _CALLBACKS_ON_FLOW = (
 
 
 def _resolve_answers(answers: dict[str, Any], pending_ids: list[str]) -> list[tuple[str, str]]:
-    """Maps answer keys to interrupt ids and encodes the answers (FLOW-43)."""
+    """Maps answer keys to interrupt ids and encodes the answers."""
     pending = set(pending_ids)
     resolved: list[tuple[str, str]] = []
     for key, value in answers.items():
@@ -188,7 +188,7 @@ def _prepare_resume(
     allow_code_change: bool,
     callbacks: tuple,
 ):
-    """Plan (`_drive.plan_io`): FLOW-41's checks, in order, before anything
+    """Plan (`_drive.plan_io`): `resume()`'s checks, in order, before anything
     is written. Returns the flow to run and the resolved answers, or a
     finished `Run`, or the row of an agent or graph run."""
     remote = store.kind != "sqlite"
@@ -221,7 +221,7 @@ def _prepare_resume(
 
 
 def _pending_answers(store: Any, run_id: str, answers: dict[str, Any] | None):
-    """Plan: FLOW-43 against the run's pending interrupts; nothing is written."""
+    """Plan: the answers' keys matched against the run's pending interrupts; nothing is written."""
     if not answers:
         return []
     remote = store.kind != "sqlite"
@@ -230,7 +230,8 @@ def _pending_answers(store: Any, run_id: str, answers: dict[str, Any] | None):
 
 
 def resolve_pending_answers(run_id: str, answers: dict[str, Any] | None) -> list:
-    """FLOW-43 against the run's pending interrupts; nothing is written."""
+    """The answers' keys matched against the run's pending interrupts;
+    nothing is written."""
     return _drive.run_plan(_pending_answers(_engine.get_store(), run_id, answers))
 
 
@@ -245,8 +246,8 @@ def begin_resume(
 ):
     """Takes the lease, applies the budget override and the answers, decodes
     the stored arguments, and builds the budget meter seeded with earlier
-    attempts' spend (FLOW-42, BUDGET-7/8). Returns `(run, payload, meter)`.
-    `recover`: a worker continuing a due run (STORE-12's limit applies)."""
+    attempts' spend. Returns `(run, payload, meter)`.
+    `recover`: a worker continuing a due run (the recovery attempt limit applies)."""
     # The answers are journaled with the claim (one commit on SQLite).
     attempt = _engine.get_store().resume(run_id, recover, resolved)
     try:
@@ -368,7 +369,29 @@ def resume(
     context_manager: Any = None,
     wait: bool = True,
 ) -> Run[Any]:
-    """Continues a durable run in this or any process (FLOW-40 … FLOW-43)."""
+    """Continues a durable run — paused, failed or crashed — in this process.
+
+    Works from any process that has imported the code defining the run's
+    flow, agent or graph. Journaled steps are replayed from the journal, not
+    executed again; the run goes on from the first step without a record.
+
+    Args:
+        run_id: the run.
+        answers: answers to pending interrupts, `{interrupt id: value}`; a
+            gated tool's answer may use the tool's name as its key.
+        budget: replaces the run's stored `Budget` from now on.
+        allow_code_change: resume although the flow's source changed since
+            the run was created (every call is still checked against the
+            journal).
+        approver: for a standalone agent run: decides its gated tool calls.
+        tool_interceptor: for a standalone agent run.
+        context_manager: for a standalone agent run.
+        wait: `False` parks the run on its next durable wait instead of
+            blocking in place.
+
+    Returns:
+        The `Run`, `completed`, `paused` again or `cancelled`.
+    """
     _engine.check_sync_facade()
     if _engine.missing_store():
         raise ConfigError(_engine.run_not_found(run_id))
@@ -453,7 +476,7 @@ def _encode_signal(name: str, value: Any) -> str:
 
 
 def signal(run_id: str, name: str, value: Any = None, *, resume: bool = False) -> Run | None:
-    """EXT-3: delivers `value` under `name` to a run that has not finished
+    """Delivers `value` under `name` to a run that has not finished
     (buffered until the body asks). With `resume=True`, a run parked on
     that name is continued here and its `Run` returned."""
     value_json = _encode_signal(name, value)
@@ -480,7 +503,7 @@ def _parked_on(store: Any, run_id: str, name: str) -> bool:
 
 
 def cancel(run_id: str, reason: str | None = None) -> None:
-    """EXT-10: cancels a run: a parked one at once, an executing one at its
+    """Cancels a run: a parked one at once, an executing one at its
     next durable boundary (in whatever process executes it)."""
     if reason is not None and not isinstance(reason, str):
         raise ConfigError(f"cancel(): reason must be a string, got {type(reason).__name__}")
@@ -634,7 +657,7 @@ def _asked_id(payload: Any) -> str | None:
 
 
 def pending_interrupt(node: str, payload: Any) -> Interrupt:
-    """A suspended graph node as an `Interrupt` (EXT-29): id `node:<name>`; a
+    """A suspended graph node as an `Interrupt`: id `node:<name>`; a
     node paused by `approve()`/`ask_human()` keeps that kind, question and payload."""
     from ._interrupt import Interrupt
 
@@ -663,7 +686,7 @@ def _stored_error(run_id: str, error_json: str | None) -> BaseException:
 
 
 def get_run(run_id: str) -> RunHandle:
-    """EXT-11: a handle on an existing run (any process)."""
+    """A handle on an existing run (any process)."""
     handle = RunHandle(run_id)
     handle._row()
     return handle

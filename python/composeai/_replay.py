@@ -1,4 +1,4 @@
-"""Replay safety beyond resume (issue 27): re-running a stored flow run's
+"""Replay safety beyond resume: re-running a stored flow run's
 body against its journal without executing anything (`replay`, the check a
 team runs in CI before deploying a code change), and a new run that reuses
 an old one's journal up to a step (`fork`, the flows' time travel).

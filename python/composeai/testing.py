@@ -1,4 +1,4 @@
-"""Test kit: a scripted fake model, request hashes and registry reset (testing.md).
+"""Test kit: a scripted fake model, request hashes and registry reset.
 
 Nothing here needs a provider SDK.
 """
@@ -295,7 +295,7 @@ _cassette_active = False
 
 
 def _cassette_entry(request: ModelRequest, response: ModelResponse) -> dict[str, Any]:
-    """One cassette entry (TEST-21): both hashes, the request's conversation, the response."""
+    """One cassette entry: both hashes, the request's conversation, the response."""
     from composeai import _codec
 
     return {
@@ -312,7 +312,7 @@ def _cassette_entry(request: ModelRequest, response: ModelResponse) -> dict[str,
 
 class RecordingModel:
     """Passes every call through to ``inner`` and appends one cassette entry per completed
-    call to ``entries`` (TEST-20). Stream methods exist only where ``inner`` has them; a
+    call to ``entries``. Stream methods exist only where ``inner`` has them; a
     stream is recorded from its ``response_done`` event."""
 
     def __init__(self, inner: Any, entries: list[dict[str, Any]]) -> None:
@@ -355,7 +355,7 @@ class RecordingModel:
 
 
 class ReplayModel:
-    """Answers requests from recorded cassette entries, each used at most once (TEST-24):
+    """Answers requests from recorded cassette entries, each used at most once:
     the first unused entry whose ``full_hash`` matches, else the first unused whose
     ``message_hash`` matches (exported cassettes carry no full hash)."""
 
@@ -406,8 +406,8 @@ class ReplayModel:
 
 @contextlib.contextmanager
 def _intercept_resolve(make: Callable[[Any], Any]) -> Iterator[None]:
-    """Swaps ``registry.resolve`` for ``make(original)`` for the block (PROV-3), refusing a
-    second active cassette context before anything is touched (TEST-25)."""
+    """Swaps ``registry.resolve`` for ``make(original)`` for the block, refusing a
+    second active cassette context before anything is touched."""
     global _cassette_active
     from composeai.models import registry
 
@@ -427,7 +427,7 @@ def _intercept_resolve(make: Callable[[Any], Any]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def record_cassette(path: str | os.PathLike[str]) -> Iterator[list[dict[str, Any]]]:
-    """Record every model call made in the block to the cassette at ``path`` (TEST-20).
+    """Record every model call made in the block to the cassette at ``path``.
 
     The file is written when the block exits, also when it raised, in full regardless of
     ``COMPOSE_TRACE_CONTENT``. Yields the list of entries recorded so far.
@@ -472,7 +472,7 @@ def _read_cassette(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 @contextlib.contextmanager
 def replay_cassette(path: str | os.PathLike[str]) -> Iterator[ReplayModel]:
-    """Answer every model call in the block from the cassette at ``path`` (TEST-23): every
+    """Answer every model call in the block from the cassette at ``path``: every
     model resolves to one shared ``ReplayModel``; no adapter or SDK is constructed."""
     with _cassette_lock:
         if _cassette_active:
@@ -483,7 +483,7 @@ def replay_cassette(path: str | os.PathLike[str]) -> Iterator[ReplayModel]:
 
 
 def _use_cassette(path: str | os.PathLike[str]) -> contextlib.AbstractContextManager[Any]:
-    """TEST-30: ``COMPOSE_RECORD=1`` records (overwriting); else an existing file replays;
+    """``COMPOSE_RECORD=1`` records (overwriting); else an existing file replays;
     else the block runs live, untouched."""
     if os.environ.get("COMPOSE_RECORD") == "1":
         return record_cassette(path)
@@ -498,7 +498,7 @@ def _make_cassette_fixture() -> Any:
     @pytest.fixture
     def cassette() -> Iterator[Callable[[str | os.PathLike[str]], Any]]:
         """Yields ``use(path)``: a context manager that records, replays or passes through
-        model calls per ``COMPOSE_RECORD`` and whether ``path`` exists (TEST-30)."""
+        model calls per ``COMPOSE_RECORD`` and whether ``path`` exists."""
         yield _use_cassette
 
     return cassette
@@ -527,7 +527,7 @@ def __getattr__(name: str) -> Any:
 
 
 def reset_registries() -> None:
-    """Forget every ``@agent``, ``@flow`` and ``@task`` name (TEST-50)."""
+    """Forget every ``@agent``, ``@flow`` and ``@task`` name."""
     # (``composeai.flow`` the attribute is the @flow decorator, so import the function.)
     from composeai.flow import reset_registries as reset_flows_and_tasks
 
@@ -586,6 +586,6 @@ class _FakeClockContext:
 
 
 def fake_clock(start=None) -> _FakeClockContext:
-    """EXT-12: replaces the engine clock process-wide for the `with` block
+    """Replaces the engine clock process-wide for the `with` block
     (`start`: an aware datetime, default now); yields a `FakeClock`."""
     return _FakeClockContext(start)

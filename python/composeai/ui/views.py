@@ -294,6 +294,13 @@ def run_page(run_id: str, csrf: str, *, message: str = "", error: str = "") -> t
         body.append(f"<h2>Output</h2><pre class='run-output'>{pretty(row['output_json'])}</pre>")
     if row["error_json"] is not None:
         body.append(f"<h2>Error</h2><pre class='run-error'>{pretty(row['error_json'])}</pre>")
+    if view["events"]:
+        # The latest value of each event the run published (OPS-21).
+        events = "".join(
+            f"<tr><th><code>{esc(key)}</code></th><td><pre>{pretty(value_json)}</pre></td></tr>"
+            for key, value_json in view["events"]
+        )
+        body.append(f"<h2>Events</h2><table class='events'>{events}</table>")
     fork_action = run_href(run_id) + "/fork" if row["kind"] == "flow" else None
     body.append("<h2>Timeline</h2>")
     body.append(waterfall(spans, fork_action=fork_action, fork_keys=set(steps), csrf=csrf))

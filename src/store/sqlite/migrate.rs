@@ -148,6 +148,10 @@ pub fn bring_up_to_date(conn: &Connection, path: &str, version: i64) -> CoreResu
     if version < MODULE_VERSION && !has_column(conn, path, "runs", "module")? {
         conn.execute_batch(MODULE_SCHEMA).at(path)?;
     }
+    if version < crate::store::sqlite::published_schema::VERSION {
+        conn.execute_batch(crate::store::sqlite::published_schema::SCHEMA)
+            .at(path)?;
+    }
     conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
         .at(path)?;
     conn_tx.commit()?;
