@@ -197,7 +197,7 @@ def test_resume_of_an_unknown_run_id(sb):
     err = sb.run(resume_body(), RUN_ID="01NOSUCHRUN0000000000000000", PROC="B").error()
     assert err["error_type"] == "ConfigError"
     assert err["message"].startswith(
-        "no run found with run_id '01NOSUCHRUN0000000000000000' -- searched the SQLite store "
+        "no run found with run_id '01NOSUCHRUN0000000000000000' -- searched the "
     )
 
 

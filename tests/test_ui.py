@@ -441,7 +441,7 @@ def test_inbox_lists_runs_waiting_for_a_person_and_answers_from_the_list_issue36
         compose.sleep(3600)
         return 1
 
-    parked = later.run().id
+    parked = later.run(wait=False).id
     done = _steps_flow()
     with ui_server() as (_, host):
         status, _, page = request(host, "GET", "/inbox")
@@ -630,3 +630,27 @@ def test_browser_inbox_approve_fork_from_a_span_and_cancel_issue36(
         sys.modules.pop("ui_flows36", None)
     assert _engine.get_store().get_run(run.id)["status"] == "completed"
     assert _engine.get_store().get_run(forked)["status"] == "cancelled"
+
+
+def test_public_origin_of_a_reverse_proxy_may_post_issue36(monkeypatch):
+    """Behind a reverse proxy the pages come from its origin: posts from it are refused
+    unless COMPOSE_UI_ORIGIN names it; another origin stays refused; a malformed value is a
+    clear error."""
+    publish = _define()
+    run = publish.run("proxied")
+    proxied = dict(POST, Origin="https://compose.example.com")
+    path = f"/run/{run.id}/answer"
+    with ui_server() as (_, host):
+        _, _, page = request(host, "GET", f"/run/{run.id}")
+        form = urlencode({"csrf": _csrf(page), "interrupt_id": "publish", "action": "approve"})
+        assert request(host, "POST", path, form, proxied)[0] == 403
+    monkeypatch.setenv("COMPOSE_UI_ORIGIN", "https://compose.example.com")
+    with ui_server() as (_, host):
+        _, _, page = request(host, "GET", f"/run/{run.id}")
+        form = urlencode({"csrf": _csrf(page), "interrupt_id": "publish", "action": "approve"})
+        evil = dict(POST, Origin="https://evil.example.com")
+        assert request(host, "POST", path, form, evil)[0] == 403
+        assert request(host, "POST", path, form, proxied)[0] == 303
+    monkeypatch.setenv("COMPOSE_UI_ORIGIN", "compose.example.com")
+    with pytest.raises(ComposeError, match="COMPOSE_UI_ORIGIN must be a scheme and host"):
+        make_server("127.0.0.1", 0)

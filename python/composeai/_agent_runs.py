@@ -139,6 +139,7 @@ def _standalone_plain(agent: AgentFunction, args: tuple, kwargs: dict, opts: dic
         args_text or _standalone_payload(args, kwargs, opts),
         None,
         queued=True,
+        module=_engine.importable_module(agent.fn),
     )
     run = RunState(attempt, name)
     trace = run.trace

@@ -1331,13 +1331,13 @@ def error_json(exc: BaseException) -> str:
     return _codec.dumps({"type": type(exc).__name__, "message": message})
 
 
-async def off_loop(method: Callable[..., None], *args: Any) -> Any:
+async def off_loop(method: Callable[..., None], *args: Any, **kwargs: Any) -> Any:
     """Awaits a core call that resolves an asyncio future of this loop once
     the server answered (`Store.astart_run`, `Attempt.asettle`, ...)."""
     import asyncio
 
     future = asyncio.get_running_loop().create_future()
-    method(future, *args)
+    method(future, *args, **kwargs)
     return await future
 
 

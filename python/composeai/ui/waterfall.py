@@ -129,10 +129,10 @@ def waterfall(
             else "<i class='twisty-gap'></i>"
         )
         glyph = _show._GLYPHS.get(kind, "•")
+        keyed = f" data-step-key='{esc(step_key)}'" if step_key else ""
         out.append(
             f"<details class='wf-span status-{esc(status)}' data-span-id='{esc(span_id)}' "
-            f"data-parent='{esc(parent or '')}' data-depth='{depth}'"
-            f"{f' data-step-key={chr(39)}{esc(step_key)}{chr(39)}' if step_key else ''}>"
+            f"data-parent='{esc(parent or '')}' data-depth='{depth}'{keyed}>"
             f"<summary role='row'><span class='wf-name'>{pads}{twisty}"
             f"<span class='glyph'>{esc(glyph)}</span> <b>{esc(name)}</b> "
             f"<span class='kind'>{esc(kind)}</span> {' '.join(marks)}</span>"
