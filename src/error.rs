@@ -19,6 +19,9 @@ pub enum CoreError {
     /// `BaseException` in Python. Holds the reason (may be empty).
     #[error("run cancelled: {0}")]
     Cancelled(String),
+    /// A flow's deadline passed (OPS-12): `composeai.errors.FlowTimeoutError`.
+    #[error("{0}")]
+    Deadline(String),
     /// SQLite failed; the message names the database path.
     #[error("{0}")]
     Store(String),

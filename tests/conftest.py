@@ -46,6 +46,8 @@ BOTH_STORES = {
     "test_cross_process",
     "test_agent_process",
     "test_async_process",
+    "test_run_ids",
+    "test_deadlines",
 }
 
 _schemas = itertools.count()

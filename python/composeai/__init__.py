@@ -120,6 +120,8 @@ _LAZY["NondeterminismError"] = (".errors", "NondeterminismError")
 _LAZY["NondeterminismWarning"] = (".errors", "NondeterminismWarning")
 _LAZY["fork"] = ("._replay", "fork")
 _LAZY["Queue"] = (".queues", "Queue")
+# Starts, schedules and deadlines (OPS-10 … OPS-12): attributes too.
+_LAZY["FlowTimeoutError"] = (".errors", "FlowTimeoutError")
 # Store selection (STORE-1) is an attribute too.
 _LAZY["configure"] = ("._engine", "configure")
 

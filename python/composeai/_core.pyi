@@ -175,6 +175,12 @@ class Attempt:
     @property
     def output_json(self) -> str | None: ...
     def root_fence(self) -> Fence: ...
+    def nested_deadline(
+        self, key: str, flow: str, timeout: float, fence: Fence | None = None
+    ) -> Fence:
+        """The fence of a nested flow body under its journaled deadline."""
+    @property
+    def deadline(self) -> float | None: ...
     def reserve(
         self,
         scope: str,
@@ -301,10 +307,36 @@ class Store:
         run_id: str | None = None,
         trace_id: str | None = None,
         queued: bool = False,
+        timeout: float | None = None,
     ) -> Attempt: ...
     def resume(
         self, run_id: str, recover: bool = False, answers: list[tuple[str, str]] = ...
     ) -> Attempt: ...
+    def start_keyed(
+        self,
+        kind: str,
+        name: str,
+        fingerprint: str | None,
+        args_json: str | None,
+        budget_json: str | None,
+        run_id: str,
+        timeout: float | None = None,
+    ) -> tuple[Attempt | None, _RunRow | None, bool]:
+        """`start_run` under the caller's run id: `(attempt, None, False)` when
+        created, else `(None, row, live)` for the run that holds the id."""
+    def astart_keyed(
+        self,
+        future: Any,
+        kind: str,
+        name: str,
+        fingerprint: str | None,
+        args_json: str | None,
+        budget_json: str | None,
+        run_id: str,
+        timeout: float | None = None,
+    ) -> None:
+        """`start_keyed` off the event loop: resolves `future` with its tuple."""
+
     def astart_run(
         self,
         future: Any,
@@ -315,6 +347,7 @@ class Store:
         budget_json: str | None = None,
         run_id: str | None = None,
         trace_id: str | None = None,
+        timeout: float | None = None,
     ) -> None:
         """`start_run` off the event loop: resolves `future` with the attempt."""
     def aresume(self, future: Any, run_id: str, recover: bool = False) -> None:
@@ -508,6 +541,9 @@ def due_runs(
     store: Store, now: float | None = None, limit: int = 1000
 ) -> list[tuple[str, str, str, Literal["timer", "signal", "recovered"], str | None]]: ...
 def next_wake(store: Store, after: float) -> float | None: ...
+def expire_runs(store: Store, now: float | None = None) -> list[str]:
+    """Fails the paused and queued runs past their deadline; their run ids."""
+
 def parked_wait(store: Store, run_id: str) -> tuple[str, float | None, str | None] | None: ...
 def parked_waits(
     db_path: str, run_ids: list[str]
@@ -526,6 +562,8 @@ def queue_enqueue(
     budget_json: str | None = None,
     priority: int = 0,
     dedup_id: str | None = None,
+    run_id: str | None = None,
+    timeout: float | None = None,
 ) -> str: ...
 def queue_claim(
     store: Store,

@@ -122,12 +122,24 @@ async def arun_plan(plan) -> Any:
         return stop.value
 
 
-async def astart_run(*args: Any) -> Any:
-    """`get_store().start_run(*args)`, off the loop when the store is a server."""
+async def astart_run(*args: Any, timeout: float | None = None) -> Any:
+    """`get_store().start_run(*args)`, off the loop when the store is a server.
+    `timeout`: the run's deadline is its creation plus this (OPS-12)."""
     store = await aget_store()
     if store.kind == "sqlite":
-        return store.start_run(*args)
-    return await off_loop(store.astart_run, *args)
+        return store.start_run(*args, timeout=timeout)
+    if timeout is None:
+        return await off_loop(store.astart_run, *args)
+    # `astart_run(future, kind, name, fingerprint, args_json, budget_json, run_id, trace_id, timeout)`.
+    return await off_loop(store.astart_run, *args, None, None, timeout)
+
+
+async def astart_keyed(*args: Any) -> Any:
+    """`get_store().start_keyed(*args)`, off the loop when the store is a server."""
+    store = await aget_store()
+    if store.kind == "sqlite":
+        return store.start_keyed(*args)
+    return await off_loop(store.astart_keyed, *args)
 
 
 async def aresume_attempt(run_id: str, recover: bool = False) -> Any:

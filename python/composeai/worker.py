@@ -173,6 +173,13 @@ class Worker:
             self._durable = False
             return []
 
+    def _expire(self, store: Any) -> None:
+        """Fails the paused and queued runs whose deadline passed (OPS-12)."""
+        if not self._durable:
+            return
+        for run_id in _core.expire_runs(store):
+            self.log(f"expired  {run_id} outcome=failed (FlowTimeoutError: its deadline passed)")
+
     def _next_wake(self, store: Any) -> float | None:
         return _core.next_wake(store, _core.clock_now()) if self._durable else None
 
@@ -182,6 +189,7 @@ class Worker:
         """One pass over what is due now and what the queues let it claim;
         waits for those runs to settle."""
         store = _engine.get_store()
+        self._expire(store)
         self._submit(self._due(store, 1_000_000))
         self._claim(store)
         self._drain(None)
@@ -189,6 +197,7 @@ class Worker:
     def serve(self) -> None:
         store = _engine.get_store()
         while not self.stopping.is_set():
+            self._expire(store)
             with self._lock:
                 free = self.concurrency - len(self._inflight)
             if free > 0:

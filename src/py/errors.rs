@@ -11,6 +11,7 @@ static CONFIG_ERROR: GILOnceCell<Py<PyType>> = GILOnceCell::new();
 static SERIALIZATION_ERROR: GILOnceCell<Py<PyType>> = GILOnceCell::new();
 static REVOKED_SIGNAL: GILOnceCell<Py<PyType>> = GILOnceCell::new();
 static CANCELLED_SIGNAL: GILOnceCell<Py<PyType>> = GILOnceCell::new();
+static FLOW_TIMEOUT: GILOnceCell<Py<PyType>> = GILOnceCell::new();
 
 /// Registers the Python classes raised for core errors.
 #[pyfunction]
@@ -59,6 +60,7 @@ pub fn to_py(e: CoreError) -> PyErr {
         CoreError::Revoked(m) => raise(&REVOKED_SIGNAL, "ComposeError", m),
         CoreError::Cancelled(m) => raise(&CANCELLED_SIGNAL, "ComposeError", m),
         CoreError::Store(m) => raise(&CONFIG_ERROR, "ConfigError", m),
+        CoreError::Deadline(m) => raise(&FLOW_TIMEOUT, "FlowTimeoutError", m),
         CoreError::Nondeterminism { .. } => nondeterminism(e),
         CoreError::ReplayEnd(ref key) => replay_end(key.clone(), e.to_string()),
         CoreError::Graph {

@@ -2,6 +2,8 @@
 //! settling it.
 
 mod commit;
+mod deadline;
+mod keyed;
 mod spans;
 mod waits;
 
@@ -13,6 +15,8 @@ use crate::store::{
     AgentStateRow, InterruptRow, NewRun, PriorSpend, RowSlot, RunRow, Settlement, Store,
 };
 use crate::time::now;
+pub use deadline::{deadline_error_json, deadline_message};
+pub use keyed::{same_start, Keyed};
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -410,6 +414,8 @@ impl Attempt {
         if let Some(err) = self.poison() {
             return Err(err);
         }
+        // A body that caught its deadline's error still fails (OPS-12).
+        self.check_deadline(None)?;
         if !self.checks() || self.first || self.run.kind != "flow" {
             return Ok(());
         }
@@ -487,8 +493,10 @@ impl Attempt {
         if self.replay_only {
             return Err(CoreError::ReplayEnd(state.scope_key.clone()));
         }
-        // An agent turn is a durable boundary for cancel requests (EXT-10).
+        // An agent turn is a durable boundary for cancel requests (EXT-10)
+        // and deadlines (OPS-12).
         self.check_cancel(false)?;
+        self.check_deadline(fence)?;
         self.saved_state.store(true, Ordering::SeqCst);
         self.sync_point()?;
         self.store.save_agent_state(self.rid()?, state)

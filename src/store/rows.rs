@@ -29,6 +29,9 @@ pub struct RunRow {
     pub output_json: Option<String>,
     pub error_json: Option<String>,
     pub budget_json: Option<String>,
+    /// Engine time by which the run must have ended (OPS-12); read where an
+    /// attempt takes the run, `None` elsewhere.
+    pub deadline: Option<f64>,
 }
 
 impl RunRow {
@@ -48,6 +51,7 @@ impl RunRow {
             output_json: None,
             error_json: None,
             budget_json: new.budget_json.clone(),
+            deadline: new.deadline,
         }
     }
 }
@@ -62,6 +66,8 @@ pub struct NewRun {
     pub fingerprint: Option<String>,
     pub args_json: Option<String>,
     pub budget_json: Option<String>,
+    /// Engine time by which the run must have ended (OPS-12).
+    pub deadline: Option<f64>,
 }
 
 /// Token usage and cost of an `llm` span.
@@ -228,4 +234,12 @@ impl RowSlot {
             }
         }
     }
+}
+
+/// What `Store::create_run_keyed` found: the run it created, or the run
+/// that already holds the id with its lease holder and expiry.
+#[derive(Debug, Clone)]
+pub enum KeyedRow {
+    Created(RunRow),
+    Exists(RunRow, Option<(String, f64)>),
 }

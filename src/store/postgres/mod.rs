@@ -16,6 +16,7 @@ mod inner;
 pub mod listen;
 pub mod query;
 pub mod queue;
+mod schedule;
 mod schema;
 mod sql;
 mod state;

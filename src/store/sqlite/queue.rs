@@ -36,8 +36,8 @@ pub fn enqueue(s: &SqliteStore, new: &NewRun, p: &Placement) -> CoreResult<RunRo
         }
         tx.prepare_cached(
             "INSERT INTO runs(run_id, kind, name, status, created_at, updated_at, trace_id, \
-             fingerprint, args_json, budget_json) \
-             VALUES(?1, ?2, ?3, 'queued', ?4, ?4, ?5, ?6, ?7, ?8)",
+             fingerprint, args_json, budget_json, deadline) \
+             VALUES(?1, ?2, ?3, 'queued', ?4, ?4, ?5, ?6, ?7, ?8, ?9)",
         )
         .and_then(|mut st| {
             st.execute(params![
@@ -48,7 +48,8 @@ pub fn enqueue(s: &SqliteStore, new: &NewRun, p: &Placement) -> CoreResult<RunRo
                 new.trace_id,
                 new.fingerprint,
                 new.args_json,
-                new.budget_json
+                new.budget_json,
+                new.deadline
             ])
         })
         .map_err(|e| match e {
