@@ -48,6 +48,7 @@ BOTH_STORES = {
     "test_async_process",
     "test_run_ids",
     "test_deadlines",
+    "test_schedules",
 }
 
 _schemas = itertools.count()

@@ -12,6 +12,7 @@ mod offloop;
 mod query;
 mod queue;
 mod rows;
+mod schedule;
 mod span_tap;
 mod spans;
 mod sqlite_lib;
@@ -92,6 +93,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     durable::register(m)?;
     step::register(m)?;
     queue::register(m)?;
+    schedule::register(m)?;
     m.add_class::<graph::PyGraphDef>()?;
     m.add_class::<graph::PyGraphRun>()?;
     for f in [

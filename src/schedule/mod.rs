@@ -150,6 +150,21 @@ pub fn tick_run_id(name: &str, tick: f64) -> String {
     format!("sched:{name}:{}", at.format("%Y-%m-%dT%H:%M:%SZ"))
 }
 
+/// The tick a schedule's run was started for, read from its id: the
+/// `<tick>` of `sched:<name>:<tick>`, or the time of the ULID of a manual
+/// trigger's `sched:<name>:manual:<ULID>`; `None` for other ids.
+pub fn scheduled_time_of(run_id: &str) -> Option<f64> {
+    let rest = run_id.strip_prefix("sched:")?;
+    if let Some((_, id)) = rest.rsplit_once(":manual:") {
+        let ulid = ulid::Ulid::from_string(id).ok()?;
+        return Some(ulid.timestamp_ms() as f64 / 1000.0);
+    }
+    let tick = rest.get(rest.len().checked_sub(20)?..)?;
+    DateTime::parse_from_rfc3339(tick)
+        .ok()
+        .map(|t| t.timestamp() as f64)
+}
+
 /// Checks a schedule's name: it becomes part of its runs' ids.
 pub fn check_name(name: &str) -> CoreResult<()> {
     let ok = !name.is_empty()
@@ -249,7 +264,7 @@ pub fn set_paused(store: &dyn Store, name: &str, paused: bool) -> CoreResult<()>
 /// The error for a schedule name the store does not hold.
 pub fn unknown(name: &str) -> CoreError {
     CoreError::Config(format!(
-        "no schedule named {name:?} -- `compose schedules` lists them; a schedule is created by \
+        "no schedule named '{name}' -- `compose schedules` lists them; a schedule is created by \
          compose.schedule(...)"
     ))
 }
@@ -325,5 +340,7 @@ mod tests {
         assert_eq!(on_time.ticks, vec![due]);
         assert!(firing(&row("latest", due), due - 1.0).unwrap().is_none());
         assert_eq!(tick_run_id("s", due), "sched:s:2026-01-01T00:01:00Z");
+        assert_eq!(scheduled_time_of("sched:s:2026-01-01T00:01:00Z"), Some(due));
+        assert_eq!(scheduled_time_of("order-7"), None);
     }
 }

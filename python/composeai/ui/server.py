@@ -219,6 +219,10 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(status, page)
             elif path == "/queues":
                 self._send(200, views.queues_page(csrf))
+            elif path == "/schedules":
+                from .schedules import schedules_page
+
+                self._send(200, schedules_page(csrf))
             elif path == "/static/style.css":
                 self._send(200, assets.STYLE, "text/css; charset=utf-8")
             elif path == "/static/app.js":

@@ -48,7 +48,7 @@ def layout(title: str, body: str, *, csrf: str, extra_attrs: str = "") -> str:
         "<script src='/static/app.js' defer></script></head>"
         f"<body{extra_attrs}><nav><a class='brand' href='/'>compose ui</a>"
         "<a href='/'>Runs</a><a href='/costs'>Costs</a><a href='/threads'>Threads</a>"
-        "<a href='/queues'>Queues</a></nav><main>"
+        "<a href='/queues'>Queues</a><a href='/schedules'>Schedules</a></nav><main>"
         f"{body}</main></body></html>"
     )
 

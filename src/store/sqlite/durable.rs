@@ -308,7 +308,7 @@ pub fn due_runs(
 
 /// The earliest wake time of a parked run after `after`.
 pub fn next_wake(conn: &Connection, after: f64) -> rusqlite::Result<Option<f64>> {
-    conn.prepare_cached(crate::store::durable::NEXT_WAKE)?
+    conn.prepare_cached(&crate::store::durable::NEXT_WAKE.replace('$', "?"))?
         .query_row([after + EPSILON], |r| r.get(0))
 }
 
@@ -323,7 +323,7 @@ pub fn expire_runs(
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .at(path)?;
     let due: Vec<(i64, String, String, f64)> = tx
-        .prepare_cached(crate::store::durable::EXPIRED_RUNS)
+        .prepare_cached(&crate::store::durable::EXPIRED_RUNS.replace('$', "?"))
         .and_then(|mut st| {
             st.query_map([now + EPSILON], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))

@@ -8,6 +8,12 @@ use crate::store::sqlite::SqliteStore;
 use crate::store::Store;
 use rusqlite::params;
 
+/// A statement shared with PostgreSQL in SQLite's numbered form: SQLite
+/// numbers `$N` parameters by first appearance, `?N` by `N`.
+fn numbered(sql: &str) -> String {
+    sql.replace('$', "?")
+}
+
 fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ScheduleRow> {
     Ok(ScheduleRow {
         name: r.get(0)?,
@@ -32,7 +38,7 @@ impl ScheduleStore for SqliteStore {
         self.with_conn(|c| {
             let tx = c.transaction().at(&path)?;
             tx.execute(
-                SAVE_SCHEDULE,
+                &numbered(SAVE_SCHEDULE),
                 params![
                     s.name,
                     s.flow,
@@ -85,7 +91,7 @@ impl ScheduleStore for SqliteStore {
         let path = self.path().to_string();
         self.with_conn(|c| {
             c.execute(
-                PAUSE_SCHEDULE,
+                &numbered(PAUSE_SCHEDULE),
                 params![name, paused, next_fire, crate::time::now()],
             )
             .at(&path)
@@ -112,7 +118,7 @@ impl ScheduleStore for SqliteStore {
         let path = self.path().to_string();
         self.with_conn(|c| {
             c.execute(
-                ADVANCE_SCHEDULE,
+                &numbered(ADVANCE_SCHEDULE),
                 params![
                     name,
                     from,
