@@ -129,7 +129,8 @@ def test_ops11_catchup_after_the_workers_were_down_for_three_ticks(store_kind, c
         worker = _worker()
         _once(worker)
         _once(worker)
-        assert [t.strftime("%H:%M") for t, _ in seen] == fired
+        # The worker executes fired runs side by side: compare them as a set.
+        assert sorted(t.strftime("%H:%M") for t, _ in seen) == fired
         # The next tick fires on time whatever the catchup.
         clock.advance(40)
         _once(worker)
