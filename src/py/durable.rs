@@ -260,7 +260,7 @@ pub fn expire_runs(py: Python<'_>, store: &PyStore, now: Option<f64>) -> PyResul
     py.allow_threads(|| {
         store
             .inner
-            .expire_runs(at, &crate::run::deadline_error_json)
+            .expire_runs(at, &crate::run::deadline::deadline_error_json)
     })
     .py_err()
 }

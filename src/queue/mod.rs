@@ -52,7 +52,7 @@ pub fn enqueue_keyed(
     let existing = |store: &dyn crate::store::Store| -> CoreResult<Option<RunRow>> {
         let row = store.get_run(&new.run_id)?;
         if let Some(row) = &row {
-            crate::run::same_start(row, new)?;
+            crate::run::keyed::same_start(row, new)?;
         }
         Ok(row)
     };

@@ -2,8 +2,8 @@
 //! settling it.
 
 mod commit;
-mod deadline;
-mod keyed;
+pub mod deadline;
+pub mod keyed;
 mod spans;
 mod waits;
 
@@ -15,8 +15,6 @@ use crate::store::{
     AgentStateRow, InterruptRow, NewRun, PriorSpend, RowSlot, RunRow, Settlement, Store,
 };
 use crate::time::now;
-pub use deadline::{deadline_error_json, deadline_message};
-pub use keyed::{same_start, Keyed};
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
