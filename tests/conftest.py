@@ -49,6 +49,9 @@ BOTH_STORES = {
     "test_run_ids",
     "test_deadlines",
     "test_schedules",
+    "test_published",
+    "test_listing",
+    "test_retention",
 }
 
 _schemas = itertools.count()

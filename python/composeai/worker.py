@@ -1,4 +1,4 @@
-"""`compose worker` (EXT-2, STORE-21): the long-running loop that continues
+"""`compose worker`: the long-running loop that continues
 due runs and executes queued ones.
 
 The core says which runs are due (`due_runs`) and when the next timer falls
@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import IO, Any
 
 from . import _codec, _core, _engine
@@ -33,6 +33,9 @@ SERVE_EVERY = 5.0
 # worker gives up their leases and exits (they stay resumable).
 STOP_GRACE = 2.0
 
+# How often `--retention` prunes.
+PRUNE_EVERY = 3600.0
+
 
 def _flow_names() -> list[str]:
     return list(_FLOWS)
@@ -46,6 +49,7 @@ class Worker:
         interval: float = 1.0,
         out: IO[str] | None = None,
         queues: tuple[Queue, ...] = (),
+        retention: timedelta | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
@@ -66,6 +70,9 @@ class Worker:
         self._durable = True
         # When this worker last reported the flows it serves (monotonic).
         self._served_at = float("-inf")
+        # Settled runs older than this are pruned once an hour (OPS-23).
+        self.retention = retention
+        self._next_prune = time.monotonic()
 
     # -- logging -------------------------------------------------------------
 
@@ -219,13 +226,21 @@ class Worker:
                 None,
                 0,
                 None,
+                flow._module,
                 run_id,
                 flow.timeout,
             )
             self.log(f"fired    {run_id} flow={flow.name} queue={row['queue']}")
             return
         attempt, _row, _live = store.start_keyed(
-            "flow", flow.name, flow.fingerprint, row["args_json"], None, run_id, flow.timeout
+            "flow",
+            flow.name,
+            flow.fingerprint,
+            row["args_json"],
+            None,
+            run_id,
+            flow.timeout,
+            flow._module,
         )
         if attempt is None:
             return  # another worker started this tick's run
@@ -282,9 +297,24 @@ class Worker:
         store = _engine.get_store()
         self._expire(store)
         self._fire_schedules(store)
+        self._prune_if_due()
         self._submit(self._due(store, 1_000_000))
         self._claim(store)
         self._drain(None)
+
+    def _prune_if_due(self) -> None:
+        if self.retention is None or time.monotonic() < self._next_prune:
+            return
+        self._next_prune = time.monotonic() + PRUNE_EVERY
+        from .retention import delete_runs
+
+        try:
+            deleted = delete_runs(older_than=self.retention)
+        except Exception as exc:  # noqa: BLE001 -- a failed prune is retried next hour
+            self.log(f"prune failed: {type(exc).__name__}: {exc}")
+            return
+        if deleted:
+            self.log(f"pruned   {deleted} runs last updated over {self.retention} ago")
 
     def serve(self) -> None:
         store = _engine.get_store()
@@ -292,6 +322,7 @@ class Worker:
             self._expire(store)
             self._serve(store)
             self._fire_schedules(store)
+            self._prune_if_due()
             with self._lock:
                 free = self.concurrency - len(self._inflight)
             if free > 0:
@@ -376,6 +407,7 @@ def run_worker(
     concurrency: int,
     out=None,
     queues: tuple[str, ...] = (),
+    retention: timedelta | None = None,
 ) -> int:
     """The `compose worker` command; returns the exit code."""
     import importlib
@@ -383,7 +415,11 @@ def run_worker(
     for module in imports:
         importlib.import_module(module)
     worker = Worker(
-        concurrency=concurrency, interval=interval, out=out, queues=declared_queues(list(queues))
+        concurrency=concurrency,
+        interval=interval,
+        out=out,
+        queues=declared_queues(list(queues)),
+        retention=retention,
     )
     if once:
         worker.once()

@@ -538,6 +538,7 @@ fn thread_starter(
             args_json: Some(args_json),
             budget_json,
             deadline: None,
+            module: None,
         };
         let input = parse_state(&input_json, "graph input")?;
         let (name, fingerprint) = (g.spec.name.clone(), g.fingerprint.clone());

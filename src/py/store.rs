@@ -164,7 +164,7 @@ impl PyStore {
     /// Creates a run (status `running`, leased to this process) and returns
     /// its first attempt. With `queued` the row's insert is left to the next
     /// commit or the store's writer (see `Attempt::start_queued`).
-    #[pyo3(signature = (kind, name, fingerprint=None, args_json=None, budget_json=None, run_id=None, trace_id=None, queued=false, timeout=None))]
+    #[pyo3(signature = (kind, name, fingerprint=None, args_json=None, budget_json=None, run_id=None, trace_id=None, queued=false, module=None, timeout=None))]
     #[allow(clippy::too_many_arguments)]
     fn start_run(
         &self,
@@ -177,6 +177,7 @@ impl PyStore {
         run_id: Option<String>,
         trace_id: Option<String>,
         queued: bool,
+        module: Option<String>,
         timeout: Option<f64>,
     ) -> PyResult<PyAttempt> {
         let new = NewRun {
@@ -188,6 +189,7 @@ impl PyStore {
             args_json,
             budget_json,
             deadline: timeout.map(|t| crate::clock::now() + t),
+            module,
         };
         let store: Arc<dyn Store> = self.inner.clone();
         let attempt = py
@@ -206,7 +208,7 @@ impl PyStore {
     /// False)` when the run was created here, else `(None, row, live)` for
     /// the run of the same flow and arguments that holds the id (`live`:
     /// a live process holds its lease).
-    #[pyo3(signature = (kind, name, fingerprint, args_json, budget_json, run_id, timeout=None))]
+    #[pyo3(signature = (kind, name, fingerprint, args_json, budget_json, run_id, timeout=None, module=None))]
     #[allow(clippy::too_many_arguments)]
     fn start_keyed<'py>(
         &self,
@@ -218,6 +220,7 @@ impl PyStore {
         budget_json: Option<String>,
         run_id: String,
         timeout: Option<f64>,
+        module: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let new = NewRun {
             run_id,
@@ -228,6 +231,7 @@ impl PyStore {
             args_json,
             budget_json,
             deadline: timeout.map(|t| crate::clock::now() + t),
+            module,
         };
         let store: Arc<dyn Store> = self.inner.clone();
         let keyed = py
@@ -237,7 +241,7 @@ impl PyStore {
     }
 
     /// `start_keyed` for an async driver, resolving `future` with its tuple.
-    #[pyo3(signature = (future, kind, name, fingerprint, args_json, budget_json, run_id, timeout=None))]
+    #[pyo3(signature = (future, kind, name, fingerprint, args_json, budget_json, run_id, timeout=None, module=None))]
     #[allow(clippy::too_many_arguments)]
     fn astart_keyed(
         &self,
@@ -250,6 +254,7 @@ impl PyStore {
         budget_json: Option<String>,
         run_id: String,
         timeout: Option<f64>,
+        module: Option<String>,
     ) -> PyResult<()> {
         let new = NewRun {
             run_id,
@@ -260,6 +265,7 @@ impl PyStore {
             args_json,
             budget_json,
             deadline: timeout.map(|t| crate::clock::now() + t),
+            module,
         };
         let store: Arc<dyn Store> = self.inner.clone();
         super::offloop::resolve_with(
@@ -272,7 +278,7 @@ impl PyStore {
 
     /// `start_run` for an async driver: `future` (of the running loop) gets
     /// the attempt once the server answered; the loop runs meanwhile.
-    #[pyo3(signature = (future, kind, name, fingerprint=None, args_json=None, budget_json=None, run_id=None, trace_id=None, timeout=None))]
+    #[pyo3(signature = (future, kind, name, fingerprint=None, args_json=None, budget_json=None, run_id=None, trace_id=None, module=None, timeout=None))]
     #[allow(clippy::too_many_arguments)]
     fn astart_run(
         &self,
@@ -285,6 +291,7 @@ impl PyStore {
         budget_json: Option<String>,
         run_id: Option<String>,
         trace_id: Option<String>,
+        module: Option<String>,
         timeout: Option<f64>,
     ) -> PyResult<()> {
         let new = NewRun {
@@ -296,6 +303,7 @@ impl PyStore {
             args_json,
             budget_json,
             deadline: timeout.map(|t| crate::clock::now() + t),
+            module,
         };
         let store: Arc<dyn Store> = self.inner.clone();
         super::offloop::resolve_with(

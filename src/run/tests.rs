@@ -20,6 +20,7 @@ fn new_run(name: &str) -> NewRun {
         args_json: Some("{}".into()),
         budget_json: None,
         deadline: None,
+        module: Some("app.flows".into()),
     }
 }
 

@@ -32,6 +32,9 @@ pub struct RunRow {
     /// Engine time by which the run must have ended (OPS-12); read where an
     /// attempt takes the run, `None` elsewhere.
     pub deadline: Option<f64>,
+    /// The module defining the run's flow (None for runs stored before it
+    /// was recorded, and for runs not started from a module's function).
+    pub module: Option<String>,
 }
 
 impl RunRow {
@@ -52,6 +55,7 @@ impl RunRow {
             error_json: None,
             budget_json: new.budget_json.clone(),
             deadline: new.deadline,
+            module: new.module.clone(),
         }
     }
 }
@@ -68,6 +72,8 @@ pub struct NewRun {
     pub budget_json: Option<String>,
     /// Engine time by which the run must have ended (OPS-12).
     pub deadline: Option<f64>,
+    /// The module defining the flow, so a message can name the import.
+    pub module: Option<String>,
 }
 
 /// Token usage and cost of an `llm` span.

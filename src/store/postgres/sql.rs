@@ -269,24 +269,27 @@ pub(super) fn read_run(r: &tokio_postgres::Row) -> RunRow {
         error_json: r.get(11),
         budget_json: r.get(12),
         deadline: None,
+        module: r.get(13),
     }
 }
 
 pub(super) const RUN_COLUMNS: &str =
     "rid, run_id, kind, name, status, created_at, updated_at, trace_id, \
-     fingerprint, args_json, output_json, error_json, budget_json";
+     fingerprint, args_json, output_json, error_json, budget_json, module";
 
 /// Inserts a `running` run held by `$9` until `$10`, returning its rid;
 /// `INSERT_RUN_PARAMS` are its parameters.
 pub(super) const INSERT_RUN: &str = "INSERT INTO runs(run_id, kind, name, status, created_at, \
      updated_at, trace_id, fingerprint, args_json, budget_json, lease_owner, lease_until, \
-     deadline) VALUES($1, $2, $3, 'running', $4, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING rid";
+     deadline, module) VALUES($1, $2, $3, 'running', $4, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+     RETURNING rid";
 
 /// `INSERT_RUN` that inserts nothing (and returns no row) when the run id
 /// is taken (OPS-10).
 pub(super) const INSERT_RUN_KEYED: &str = "INSERT INTO runs(run_id, kind, name, status, \
      created_at, updated_at, trace_id, fingerprint, args_json, budget_json, lease_owner, \
-     lease_until, deadline) VALUES($1, $2, $3, 'running', $4, $4, $5, $6, $7, $8, $9, $10, $11) \
+     lease_until, deadline, module) \
+     VALUES($1, $2, $3, 'running', $4, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
      ON CONFLICT (run_id) DO NOTHING RETURNING rid";
 
 /// The parameters of `INSERT_RUN`.
@@ -295,7 +298,7 @@ pub(super) fn insert_run_params<'a>(
     t: &'a f64,
     owner: &'a &str,
     lease_until: &'a f64,
-) -> [&'a (dyn ToSql + Sync); 11] {
+) -> [&'a (dyn ToSql + Sync); 12] {
     [
         &new.run_id,
         &new.kind,
@@ -308,6 +311,7 @@ pub(super) fn insert_run_params<'a>(
         owner,
         lease_until,
         &new.deadline,
+        &new.module,
     ]
 }
 

@@ -187,8 +187,8 @@ impl Store for PgStore {
                 .await
                 .map_err(self.err())?
                 .ok_or_else(|| CoreError::Store(format!("run '{}' vanished", new.run_id)))?;
-            let holder: Option<String> = row.get(13);
-            let until: Option<f64> = row.get(14);
+            let holder: Option<String> = row.get(14);
+            let until: Option<f64> = row.get(15);
             Ok(KeyedRow::Exists(
                 read_run(&row),
                 holder.map(|h| (h, until.unwrap_or(0.0))),
@@ -220,9 +220,9 @@ impl Store for PgStore {
                 .map_err(self.err())?
                 .ok_or_else(|| CoreError::Config(format!("no run found with run_id '{run_id}'")))?;
             let mut run = read_run(&row);
-            run.deadline = row.get(15);
-            let holder: Option<String> = row.get(13);
-            let until: Option<f64> = row.get(14);
+            run.deadline = row.get(16);
+            let holder: Option<String> = row.get(14);
+            let until: Option<f64> = row.get(15);
             if let Some(holder) = &holder {
                 if holder != owner && live(holder, until.unwrap_or(0.0)) {
                     return Err(CoreError::Config(format!(

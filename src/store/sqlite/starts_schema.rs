@@ -1,10 +1,10 @@
-//! Schema step 12: each run's deadline (OPS-12), the schedules (OPS-11)
+//! Schema step 14: each run's deadline (OPS-12), the schedules (OPS-11)
 //! and the flows each live worker serves.
 
 use crate::error::{AtPath, CoreResult};
 use rusqlite::Connection;
 
-pub const VERSION: i64 = 12;
+pub const VERSION: i64 = 14;
 
 const TABLES: &str = r#"
 CREATE INDEX IF NOT EXISTS runs_by_deadline ON runs(deadline) WHERE deadline IS NOT NULL;

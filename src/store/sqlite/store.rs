@@ -162,8 +162,8 @@ impl Store for SqliteStore {
         self.apply(&mut w, ops, |tx| {
             tx.prepare_cached(
                 "INSERT INTO runs(run_id, kind, name, status, created_at, updated_at, trace_id, \
-                 fingerprint, args_json, budget_json, lease_owner, lease_until, deadline) \
-                 VALUES(?1, ?2, ?3, 'running', ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                 fingerprint, args_json, budget_json, lease_owner, lease_until, deadline, module) \
+                 VALUES(?1, ?2, ?3, 'running', ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
             )
             .and_then(|mut st| {
                 st.execute(params![
@@ -177,7 +177,8 @@ impl Store for SqliteStore {
                     new.budget_json,
                     owner,
                     lease_until,
-                    new.deadline
+                    new.deadline,
+                    new.module
                 ])
             })
             .at(&self.path)?;
@@ -204,7 +205,8 @@ impl Store for SqliteStore {
                 .prepare_cached(
                     "INSERT INTO runs(run_id, kind, name, status, created_at, updated_at, \
                      trace_id, fingerprint, args_json, budget_json, lease_owner, lease_until, \
-                     deadline) VALUES(?1, ?2, ?3, 'running', ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
+                     deadline, module) \
+                     VALUES(?1, ?2, ?3, 'running', ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
                      ON CONFLICT(run_id) DO NOTHING",
                 )
                 .and_then(|mut st| {
@@ -219,7 +221,8 @@ impl Store for SqliteStore {
                         new.budget_json,
                         owner,
                         lease_until,
-                        new.deadline
+                        new.deadline,
+                        new.module
                     ])
                 })
                 .at(&self.path)?;
