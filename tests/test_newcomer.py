@@ -280,5 +280,5 @@ def test_a_store_from_before_the_module_column_gains_it_issue36(tmp_path):
     assert compose.resume(before.id, answers={"go": True}).output == 1
     assert _engine.get_store().get_run(before.id)["module"] is None
     with closing(sqlite3.connect(str(path))) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 12
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 14
     assert _engine.get_store().get_run(old.run().id)["module"] == __name__
