@@ -151,7 +151,6 @@ CREATE OR REPLACE TRIGGER wake_stream_end AFTER INSERT ON run_stream_ends
     FOR EACH STATEMENT EXECUTE FUNCTION wake();
 "#;
 
-
 /// Schema version 8: each run's deadline (OPS-12), the schedules
 /// (OPS-11) and the flows each live worker serves, which `compose
 /// schedules` names when no worker imported a schedule's flow.
