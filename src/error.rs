@@ -19,6 +19,9 @@ pub enum CoreError {
     /// `BaseException` in Python. Holds the reason (may be empty).
     #[error("run cancelled: {0}")]
     Cancelled(String),
+    /// A flow's deadline passed (OPS-12): `composeai.errors.FlowTimeoutError`.
+    #[error("{0}")]
+    Deadline(String),
     /// The store itself failed (a full disk, a read-only file, a broken
     /// server): `composeai.errors.StoreError`. The message names the store.
     #[error("{0}")]

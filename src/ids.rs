@@ -22,6 +22,31 @@ pub fn new_ulid() -> String {
     }
 }
 
+/// The longest run id a caller may choose (OPS-10).
+pub const MAX_RUN_ID: usize = 128;
+
+/// Checks a caller-chosen run id: 1 to `MAX_RUN_ID` characters, each an
+/// ASCII letter or digit or one of `-_.:@/`.
+pub fn check_run_id(run_id: &str) -> Result<(), String> {
+    let bad = run_id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "-_.:@/".contains(*c)));
+    if run_id.is_empty() || run_id.chars().count() > MAX_RUN_ID {
+        return Err(format!(
+            "run_id must be 1 to {MAX_RUN_ID} characters long, got {} -- use a shorter key \
+             (a hash of a long one)",
+            run_id.chars().count()
+        ));
+    }
+    if let Some(c) = bad {
+        return Err(format!(
+            "run_id {run_id:?} has the character {c:?} -- a run id is made of letters, digits \
+             and - _ . : @ /"
+        ));
+    }
+    Ok(())
+}
+
 /// `new_ulid` in its 16-byte stored form, with the time it was made (in
 /// seconds since the epoch): one clock read for both.
 pub fn new_ulid_bytes() -> ([u8; 16], f64) {

@@ -1147,12 +1147,16 @@ impl Journal {
 #[derive(Clone, Default)]
 pub struct Fence {
     chain: Vec<Arc<AtomicBool>>,
+    /// The tightest deadline of the nested flows this work runs in
+    /// (OPS-12): engine time and the flow it belongs to.
+    deadline: Option<Arc<(f64, String)>>,
 }
 
 impl Fence {
     pub fn root() -> Fence {
         Fence {
             chain: vec![Arc::new(AtomicBool::new(false))],
+            deadline: None,
         }
     }
 
@@ -1160,7 +1164,25 @@ impl Fence {
     pub fn child(&self) -> Fence {
         let mut chain = self.chain.clone();
         chain.push(Arc::new(AtomicBool::new(false)));
-        Fence { chain }
+        Fence {
+            chain,
+            deadline: self.deadline.clone(),
+        }
+    }
+
+    /// `child` for the body of nested flow `flow` whose own deadline is
+    /// `at`: it runs under the tighter of that and this fence's.
+    pub fn child_until(&self, at: f64, flow: &str) -> Fence {
+        let mut child = self.child();
+        if child.deadline.as_ref().is_none_or(|d| at < d.0) {
+            child.deadline = Some(Arc::new((at, flow.to_string())));
+        }
+        child
+    }
+
+    /// The nested flows' deadline this fence carries: `(at, flow)`.
+    pub fn deadline(&self) -> Option<&(f64, String)> {
+        self.deadline.as_deref()
     }
 
     pub fn revoke(&self) {

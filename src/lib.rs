@@ -15,6 +15,7 @@ pub mod py;
 pub mod queue;
 pub mod run;
 pub mod runtime;
+pub mod schedule;
 pub mod span_tap;
 pub mod sqlite_lib;
 pub mod store;

@@ -56,6 +56,7 @@ const LAYERS: &[(&str, u32, &str)] = &[
     ("durable/", 4, "feature"),
     ("graph/", 4, "feature"),
     ("queue/", 4, "feature"),
+    ("schedule/", 4, "feature"),
     // The Python bindings on top.
     ("py/", 5, "bindings"),
     ("lib.rs", 6, "crate root"),

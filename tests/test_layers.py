@@ -73,6 +73,8 @@ GROUPS: list[tuple[str, tuple[str, ...]]] = [
     ("chat", ("chat",)),
     ("durable", ("durable",)),
     ("queues", ("queues",)),
+    # Schedules fire flows, on a queue or not (OPS-11).
+    ("schedules", ("schedules",)),
     ("graph", ("graph.",)),
     ("mcp", ("mcp",)),
     # Reading runs from outside and retention (OPS-20 … OPS-23).

@@ -120,6 +120,14 @@ _LAZY["NondeterminismError"] = (".errors", "NondeterminismError")
 _LAZY["NondeterminismWarning"] = (".errors", "NondeterminismWarning")
 _LAZY["fork"] = ("._replay", "fork")
 _LAZY["Queue"] = (".queues", "Queue")
+# Starts, schedules and deadlines (OPS-10 … OPS-12): attributes too.
+_LAZY["FlowTimeoutError"] = (".errors", "FlowTimeoutError")
+_LAZY.update(
+    {
+        name: (".schedules", name)
+        for name in ("Schedule", "list_schedules", "schedule", "scheduled_time")
+    }
+)
 # Store selection (STORE-1) is an attribute too.
 _LAZY["configure"] = ("._engine", "configure")
 # Patching flow code under runs in flight (OPS-2): attributes too.

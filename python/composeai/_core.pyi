@@ -185,6 +185,12 @@ class Attempt:
     @property
     def output_json(self) -> str | None: ...
     def root_fence(self) -> Fence: ...
+    def nested_deadline(
+        self, key: str, flow: str, timeout: float, fence: Fence | None = None
+    ) -> Fence:
+        """The fence of a nested flow body under its journaled deadline."""
+    @property
+    def deadline(self) -> float | None: ...
     def reserve(
         self,
         scope: str,
@@ -321,10 +327,36 @@ class Store:
         trace_id: str | None = None,
         queued: bool = False,
         module: str | None = None,
+        timeout: float | None = None,
     ) -> Attempt: ...
     def resume(
         self, run_id: str, recover: bool = False, answers: list[tuple[str, str]] = ...
     ) -> Attempt: ...
+    def start_keyed(
+        self,
+        kind: str,
+        name: str,
+        fingerprint: str | None,
+        args_json: str | None,
+        budget_json: str | None,
+        run_id: str,
+        timeout: float | None = None,
+    ) -> tuple[Attempt | None, _RunRow | None, bool]:
+        """`start_run` under the caller's run id: `(attempt, None, False)` when
+        created, else `(None, row, live)` for the run that holds the id."""
+    def astart_keyed(
+        self,
+        future: Any,
+        kind: str,
+        name: str,
+        fingerprint: str | None,
+        args_json: str | None,
+        budget_json: str | None,
+        run_id: str,
+        timeout: float | None = None,
+    ) -> None:
+        """`start_keyed` off the event loop: resolves `future` with its tuple."""
+
     def astart_run(
         self,
         future: Any,
@@ -336,6 +368,7 @@ class Store:
         run_id: str | None = None,
         trace_id: str | None = None,
         module: str | None = None,
+        timeout: float | None = None,
     ) -> None:
         """`start_run` off the event loop: resolves `future` with the attempt."""
     def aresume(self, future: Any, run_id: str, recover: bool = False) -> None:
@@ -529,12 +562,47 @@ def due_runs(
     store: Store, now: float | None = None, limit: int = 1000
 ) -> list[tuple[str, str, str, Literal["timer", "signal", "recovered"], str | None]]: ...
 def next_wake(store: Store, after: float) -> float | None: ...
+def expire_runs(store: Store, now: float | None = None) -> list[str]:
+    """Fails the paused and queued runs past their deadline; their run ids."""
+
 def parked_wait(store: Store, run_id: str) -> tuple[str, float | None, str | None] | None: ...
 def parked_waits(
     db_path: str, run_ids: list[str]
 ) -> dict[str, tuple[str, float | None, str | None]]: ...
 def wait_for_work(store: Store, until: float | None, max_seconds: float) -> bool: ...
 def release_leases(store: Store) -> int: ...
+
+# Schedules (OPS-11)
+def schedule_declare(
+    store: Store,
+    name: str,
+    flow: str,
+    cron: str,
+    timezone: str,
+    catchup: str,
+    queue: str | None,
+    args_json: str,
+) -> dict[str, Any]: ...
+def schedules_list(store: Store, name: str | None = None) -> list[dict[str, Any]]: ...
+def schedule_set_paused(store: Store, name: str, paused: bool) -> None: ...
+def schedule_delete(store: Store, name: str) -> None: ...
+def schedules_due(
+    store: Store, flows: list[str], now: float | None = None
+) -> list[tuple[dict[str, Any], list[str], list[float], float | None]]: ...
+def schedule_advance(
+    store: Store,
+    name: str,
+    from_: float,
+    next_fire: float | None,
+    tick: float | None = None,
+    run_id: str | None = None,
+) -> bool: ...
+def schedules_next_fire(store: Store, flows: list[str]) -> float | None: ...
+def serve_flows(store: Store, flows: list[str]) -> None: ...
+def served_flows(store: Store, within: float) -> list[str]: ...
+def schedule_run_id(name: str, tick: float) -> str: ...
+def schedule_check(name: str, cron: str, timezone: str) -> None: ...
+def scheduled_time_of(run_id: str) -> float | None: ...
 
 # Queues (STORE-20 ... STORE-23)
 def queue_enqueue(
@@ -548,6 +616,8 @@ def queue_enqueue(
     priority: int = 0,
     dedup_id: str | None = None,
     module: str | None = None,
+    run_id: str | None = None,
+    timeout: float | None = None,
 ) -> str: ...
 def queue_claim(
     store: Store,

@@ -130,6 +130,14 @@ async def astart_run(*args: Any, **kwargs: Any) -> Any:
     return await off_loop(store.astart_run, *args, **kwargs)
 
 
+async def astart_keyed(*args: Any) -> Any:
+    """`get_store().start_keyed(*args)`, off the loop when the store is a server."""
+    store = await aget_store()
+    if store.kind == "sqlite":
+        return store.start_keyed(*args)
+    return await off_loop(store.astart_keyed, *args)
+
+
 async def aresume_attempt(run_id: str, recover: bool = False) -> Any:
     """`get_store().resume(run_id, recover)`, off the loop when the store is a
     server."""

@@ -131,7 +131,14 @@ def _graph_owner(row: dict) -> Any:
 
 
 def start_queued(
-    flow_obj: Any, args: tuple, kwargs: dict, budget: Any, queue: Any, priority: Any, dedup_id: Any
+    flow_obj: Any,
+    args: tuple,
+    kwargs: dict,
+    budget: Any,
+    queue: Any,
+    priority: Any,
+    dedup_id: Any,
+    run_id: Any = None,
 ):
     """`Flow.start(queue=…)`, made by `composeai.queues`: until it is
     imported no `Queue` exists, so `queue` can only name an undeclared one."""
@@ -140,7 +147,7 @@ def start_queued(
         if isinstance(queue, str):
             raise ConfigError(queue_not_declared(queue))
         raise TypeError(f"queue must be a Queue or a queue name, got {type(queue).__name__}")
-    return start(flow_obj, args, kwargs, budget, queue, priority, dedup_id)
+    return start(flow_obj, args, kwargs, budget, queue, priority, dedup_id, run_id)
 
 
 _CALLBACKS_ON_FLOW = (
@@ -205,6 +212,11 @@ def _prepare_resume(
         raise ConfigError(_CALLBACKS_ON_FLOW)
     if row["status"] == "cancelled" and row["kind"] == "flow":
         raise ConfigError(f"run '{run_id}' was cancelled")
+    if row["status"] == "failed" and _timed_out(row):
+        raise ConfigError(
+            f"run '{run_id}' passed its deadline and cannot be resumed -- start a new run "
+            f"(the stored error: {_codec.loads(row['error_json'])['message']})"
+        )
     flow_obj = _FLOWS.get(row["name"])
     if flow_obj is None or row["kind"] != "flow":
         raise _engine.not_registered("flow", row["name"], row.get("module"), "calling resume()")
@@ -218,6 +230,15 @@ def _prepare_resume(
         )
     resolved = yield from _pending_answers(store, run_id, answers)
     return flow_obj, resolved, None
+
+
+def _timed_out(row: dict) -> bool:
+    """Whether a failed run was failed by its deadline (OPS-12)."""
+    error_json = row["error_json"]
+    if not error_json or "FlowTimeoutError" not in error_json:
+        return False
+    error = _codec.loads(error_json)
+    return isinstance(error, dict) and error.get("type") == "FlowTimeoutError"
 
 
 def _pending_answers(store: Any, run_id: str, answers: dict[str, Any] | None):
@@ -697,19 +718,119 @@ def get_run(run_id: str) -> RunHandle:
     return handle
 
 
-def start_in_background(flow_obj: Any, args: tuple, kwargs: dict, budget: Any, wait: bool):
+# ---------------------------------------------------------------------------
+# Starts under a caller's run id (OPS-10)
+
+
+def check_run_id(run_id: Any) -> str:
+    """A caller's `run_id=` if it is a string (the core checks its characters
+    and length), else `ConfigError`."""
+    if not isinstance(run_id, str):
+        raise ConfigError(
+            f"run_id must be a string of 1 to 128 letters, digits and - _ . : @ /, got "
+            f"{type(run_id).__name__}"
+        )
+    return run_id
+
+
+def _paused_run(row: dict) -> Run[Any]:
+    """The `Run` of a paused run's row: its first pending interrupt."""
+    rows = _engine.get_store().pending(row["run_id"])
+    return Run(
+        id=row["run_id"],
+        status="paused",
+        output=None,
+        trace=Trace(trace_id=row["trace_id"] or ""),
+        pending=_interrupt(rows[0]) if rows else None,
+    )
+
+
+def _stored_outcome(row: dict) -> Run[Any] | None:
+    """The `Run` a settled or paused row stands for (a failed one raises its
+    error); `None` while the run is running or queued."""
+    status = row["status"]
+    if status == "completed":
+        return completed_run(row)
+    if status == "paused":
+        return _paused_run(row)
+    if status == "cancelled":
+        return Run(
+            id=row["run_id"],
+            status="cancelled",
+            output=None,
+            trace=Trace(trace_id=row["trace_id"] or ""),
+        )
+    if status == "failed":
+        raise _stored_error(row["run_id"], row["error_json"])
+    return None
+
+
+def existing_run(row: dict, live: bool, wait: bool) -> Run[Any]:
+    """What `run(run_id=...)` returns when a run of the same flow and
+    arguments already has the id: its stored outcome, executing nothing; the
+    run continued here when its holder died; else (it executes elsewhere, or
+    is queued) its outcome once it settles or parks, as `RunHandle.result`."""
+    run_id = row["run_id"]
+    done = _stored_outcome(row)
+    if done is not None:
+        return done
+    if row["status"] == "running" and not live:
+        try:
+            return resume(run_id, wait=wait)
+        except ConfigError:
+            # Another process (or thread) took the run over first: its
+            # outcome is the answer.
+            pass
+    return RunHandle(run_id).result()
+
+
+async def aexisting_run(row: dict, live: bool, wait: bool) -> Run[Any]:
+    """Async twin of `existing_run`: waiting on a run executing elsewhere
+    happens on a worker thread, off the loop."""
+    import asyncio
+
+    run_id = row["run_id"]
+    done = _stored_outcome(row)
+    if done is not None:
+        return done
+    if row["status"] == "running" and not live:
+        try:
+            return await aresume(run_id, wait=wait)
+        except ConfigError:
+            pass
+    handle = RunHandle(run_id)
+    return await asyncio.get_running_loop().run_in_executor(None, handle.result)
+
+
+def start_in_background(
+    flow_obj: Any, args: tuple, kwargs: dict, budget: Any, wait: bool, run_id: Any = None
+):
     """`Flow.start`: the run row is created durably here, then the run
-    executes on a background thread of this process."""
+    executes on a background thread of this process. With `run_id` held by
+    a run of the same flow and arguments, that run's handle; it is continued
+    on the background thread when its holder died."""
     import contextvars
     import threading
 
-    run, meter = flow_obj._start(args, kwargs, budget, wait)
-    handle = RunHandle(run.run_id)
+    if run_id is None:
+        run, meter = flow_obj._start(args, kwargs, budget, wait)
+        handle = RunHandle(run.run_id)
+        drive = lambda: flow_obj._drive(run, args, kwargs, meter)
+    else:
+        run, meter, existing = flow_obj._start_keyed(args, kwargs, budget, wait, run_id)
+        handle = RunHandle(check_run_id(run_id))
+        if run is None:
+            row, live = existing
+            if row["status"] != "running" or live:
+                return handle
+            drive = lambda: existing_run(row, live, wait)
+        else:
+            drive = lambda: flow_obj._drive(run, args, kwargs, meter)
     handle._done = threading.Event()
 
     def target() -> None:
         try:
-            handle._outcome = (True, flow_obj._drive(run, args, kwargs, meter))
+            handle._outcome = (True, drive())
         except BaseException as exc:  # noqa: BLE001 -- handed to result()
             handle._outcome = (False, exc)
         finally:
@@ -717,7 +838,7 @@ def start_in_background(flow_obj: Any, args: tuple, kwargs: dict, budget: Any, w
 
     context = contextvars.Context()
     threading.Thread(
-        target=lambda: context.run(target), name=f"composeai-run-{run.run_id}", daemon=True
+        target=lambda: context.run(target), name=f"composeai-run-{handle.id}", daemon=True
     ).start()
     return handle
 

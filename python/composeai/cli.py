@@ -485,6 +485,95 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------
+# Schedules (OPS-11)
+
+
+def _iso(when: Any) -> str:
+    return "-" if when is None else when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _cmd_schedules(args: argparse.Namespace) -> int:
+    """OPS-11: `compose schedules [--json]`: every schedule with its next and
+    last fire, and whether any live worker imported its flow."""
+    from .schedules import list_schedules, unserved
+
+    kind, target = _store_target()
+    missing = kind == "sqlite" and not Path(target).exists()
+    found = [] if missing else list_schedules()
+    orphans = unserved([s.flow for s in found]) if found else set()
+
+    def state(s: Any) -> str:
+        if s.paused:
+            return "paused"
+        if s.flow in orphans:
+            return f"no worker has imported flow {s.flow}"
+        return "active"
+
+    if args.json:
+        out = [
+            {
+                "name": s.name,
+                "flow": s.flow,
+                "cron": s.cron,
+                "timezone": s.timezone,
+                "catchup": s.catchup,
+                "queue": s.queue,
+                "paused": s.paused,
+                "next_fire": None if s.next_fire is None else s.next_fire.isoformat(),
+                "last_fire": None if s.last_fire is None else s.last_fire.isoformat(),
+                "last_run_id": s.last_run_id,
+                "state": state(s),
+            }
+            for s in found
+        ]
+        print(json.dumps(out, indent=2))
+        return 0
+    if not found:
+        print("no schedules found")
+        return 0
+    cols = [
+        ("NAME", [s.name for s in found]),
+        ("FLOW", [s.flow for s in found]),
+        ("CRON", [s.cron for s in found]),
+        ("TIMEZONE", [s.timezone for s in found]),
+        ("NEXT FIRE", [_iso(s.next_fire) for s in found]),
+        ("LAST FIRE", [_iso(s.last_fire) for s in found]),
+    ]
+    widths = [max(len(h), *(len(v) for v in values)) for h, values in cols]
+    lines = ["  ".join(f"{h:<{w}}" for (h, _), w in zip(cols, widths)) + "  STATE"]
+    for i, s in enumerate(found):
+        cells = "  ".join(f"{values[i]:<{w}}" for (_, values), w in zip(cols, widths))
+        lines.append(f"{cells}  {state(s)}")
+    print("\n".join(lines))
+    return 0
+
+
+def _cmd_schedule(args: argparse.Namespace) -> int:
+    """OPS-11: `compose schedule pause|resume|delete|trigger NAME`."""
+    from .schedules import get_schedule
+
+    _import_modules(args.imports)
+    sched = get_schedule(args.name)
+    if args.action == "pause":
+        sched.pause()
+        print(f"schedule {sched.name} paused")
+    elif args.action == "resume":
+        sched.resume()
+        print(f"schedule {sched.name} resumed: next fire {_iso(sched.next_fire)}")
+    elif args.action == "delete":
+        sched.delete()
+        print(f"schedule {sched.name} deleted")
+    else:
+        handle = sched.trigger()
+        if sched.queue is not None:
+            print(f"run {handle.id} enqueued on queue {sched.queue}")
+            return 0
+        run = handle.result()
+        print(f"run {handle.id} {run.status}")
+    return 0
+
+
 def _cmd_path(args: argparse.Namespace) -> int:
     kind, target = _store_target()
     print(str(_state_dir()) if kind == "sqlite" and not _store_spec() else target)
@@ -1134,6 +1223,16 @@ def _build_parser() -> argparse.ArgumentParser:
         "checkpoint_id", metavar="CHECKPOINT_ID", help="the checkpoint to copy (see history)"
     )
     rewind.set_defaults(func=_cmd_thread_rewind, parser=rewind)
+
+    schedules = sub.add_parser("schedules", help="list schedules with their next and last fire")
+    schedules.add_argument("--json", action="store_true", help="print rows as JSON")
+    schedules.set_defaults(func=_cmd_schedules, parser=schedules)
+
+    sched = sub.add_parser("schedule", help="pause, resume, delete or trigger a schedule")
+    sched.add_argument("action", choices=("pause", "resume", "delete", "trigger"))
+    sched.add_argument("name", metavar="NAME")
+    add_import(sched)
+    sched.set_defaults(func=_cmd_schedule, parser=sched)
 
     path = sub.add_parser("path", help="print the state directory (or the store URL)")
     path.set_defaults(func=_cmd_path, parser=path)

@@ -262,10 +262,13 @@ def wake_due(now: datetime | None = None) -> list[Run]:
     `now` (default: the engine clock): parked runs whose timer passed or
     whose awaited signal arrived, and `running` runs whose lease holder is
     dead. A run whose body raises is failed (as `resume` does), warned
-    about, and the others still continue."""
+    about, and the others still continue. Paused and queued runs past their
+    deadline (`@flow(timeout=...)`) are failed with `FlowTimeoutError`."""
     at = None if now is None else _timestamp(now)
     done: list[Run] = []
-    for run_id, kind, name, reason, module in _core.due_runs(_engine.get_store(), at):
+    store = _engine.get_store()
+    _core.expire_runs(store, at)
+    for run_id, kind, name, reason, module in _core.due_runs(store, at):
         if not _continued(kind, reason):
             continue
         missing = missing_owner_message(run_id, kind, name, module)

@@ -8,6 +8,7 @@ __all__ = [
     "ComposeError",
     "CompositionTypeError",
     "ConfigError",
+    "FlowTimeoutError",
     "MCPToolError",
     "MaxTurnsExceededError",
     "ModelRefusalError",
@@ -65,6 +66,11 @@ class SerializationError(ComposeError):
 
 class ResumeMismatchError(ComposeError):
     """A flow's source changed since the run being resumed was created."""
+
+
+class FlowTimeoutError(ComposeError):
+    """A flow's deadline (`@flow(timeout=...)`) passed: the run is failed and
+    cannot be resumed. The message names the flow, the run and the deadline."""
 
 
 class NondeterminismError(ComposeError):

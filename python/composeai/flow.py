@@ -14,10 +14,13 @@ from ._lifecycle import (  # noqa: F401
     REGISTRIES,
     NotDue,
     abegin_resume,
+    aexisting_run,
     aresolve_pending_answers,
     aresume,
     begin_resume,
+    check_run_id,
     continue_due,
+    existing_run,
     resolve_pending_answers,
     resume,
     start_in_background,
@@ -31,6 +34,7 @@ __all__ = ["Flow", "Task", "anow", "arandom", "aresume", "flow", "now", "random"
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
+    from datetime import timedelta
     from typing import Any, Generic, Protocol, overload
 
     import typing_extensions
@@ -359,10 +363,13 @@ class Flow(Generic[P, R]):
         retry: Any = None,
         durability: str | None = None,
         on_divergence: str = "raise",
+        timeout: float | None = None,
     ):
         _update_wrapper(self, fn)
         self.fn = fn
         self.name = name
+        # OPS-12: seconds from a run's creation to its deadline.
+        self.timeout = timeout
         self.journal_failures = journal_failures
         # Issue 27: how a resumed body that diverges from its journal is met.
         self.on_divergence = on_divergence
@@ -406,15 +413,25 @@ class Flow(Generic[P, R]):
         if frame is not None and frame.run is not None:
             if budget is not None:
                 raise ConfigError(self._nested_budget_message())
-            return _engine.journaled_step(
-                frame,
-                "flow",
-                self.name,
-                lambda _inner, a, k: _engine.call_body(self.fn, self._is_async, a, k),
-                args,
-                kwargs,
-            )
+            return _engine.journaled_step(frame, "flow", self.name, self._nested, args, kwargs)
         return self.run(*args, budget=budget, **kwargs).output
+
+    def _nested(self, inner: Frame, args: tuple, kwargs: dict) -> Any:
+        """The body of a nested call, under its own deadline when it has a
+        timeout (the tighter of it and the enclosing one's)."""
+        if self.timeout is None:
+            return _engine.call_body(self.fn, self._is_async, args, kwargs)
+        token = FRAME.set(self._deadline_frame(inner))
+        try:
+            return _engine.call_body(self.fn, self._is_async, args, kwargs)
+        finally:
+            FRAME.reset(token)
+
+    def _deadline_frame(self, inner: Frame) -> Frame:
+        """`inner` with the fence carrying this nested flow's journaled deadline."""
+        assert inner.run is not None  # a nested call runs inside a durable run
+        fence = inner.run.attempt.nested_deadline(inner.scope, self.name, self.timeout, inner.fence)
+        return Frame(inner.run, inner.scope, inner.span, fence, inner.trace)
 
     def _nested_budget_message(self) -> str:
         return (
@@ -433,16 +450,68 @@ class Flow(Generic[P, R]):
         args_json = _codec.dumps(_args_payload(args, kwargs))
         budget_json = _engine.budget_json(budget)
         attempt = _engine.get_store().start_run(
-            "flow", self.name, self.fingerprint, args_json, budget_json, module=self._module
+            "flow",
+            self.name,
+            self.fingerprint,
+            args_json,
+            budget_json,
+            module=self._module,
+            timeout=self.timeout,
         )
         run = _engine.RunState(attempt, self.name, not wait)
         return run, _engine.budget_meter(budget, "flow", self.name)
+
+    def _start_keyed(self, args: tuple, kwargs: dict, budget: Any, wait: bool, run_id: Any):
+        """`_start` under the caller's `run_id` (OPS-10): `(run, meter, None)`
+        when the run was created here, else `(None, None, (row, live))` for
+        the run of the same flow and arguments that holds the id."""
+        args_json = _codec.dumps(_args_payload(args, kwargs))
+        budget_json = _engine.budget_json(budget)
+        attempt, row, live = _engine.get_store().start_keyed(
+            "flow",
+            self.name,
+            self.fingerprint,
+            args_json,
+            budget_json,
+            check_run_id(run_id),
+            self.timeout,
+            self._module,
+        )
+        if attempt is None:
+            return None, None, (row, live)
+        run = _engine.RunState(attempt, self.name, not wait)
+        return run, _engine.budget_meter(budget, "flow", self.name), None
+
+    async def _astart_keyed(self, args: tuple, kwargs: dict, budget: Any, wait: bool, run_id: Any):
+        """`_start_keyed` for an async driver."""
+        args_json = _codec.dumps(_args_payload(args, kwargs))
+        budget_json = _engine.budget_json(budget)
+        attempt, row, live = await _drive.astart_keyed(
+            "flow",
+            self.name,
+            self.fingerprint,
+            args_json,
+            budget_json,
+            check_run_id(run_id),
+            self.timeout,
+            self._module,
+        )
+        if attempt is None:
+            return None, None, (row, live)
+        run = _engine.RunState(attempt, self.name, not wait)
+        return run, _engine.budget_meter(budget, "flow", self.name), None
 
     async def _astart(self, args: tuple, kwargs: dict, budget: Any, wait: bool = True):
         args_json = _codec.dumps(_args_payload(args, kwargs))
         budget_json = _engine.budget_json(budget)
         attempt = await _drive.astart_run(
-            "flow", self.name, self.fingerprint, args_json, budget_json, module=self._module
+            "flow",
+            self.name,
+            self.fingerprint,
+            args_json,
+            budget_json,
+            module=self._module,
+            timeout=self.timeout,
         )
         run = _engine.RunState(attempt, self.name, not wait)
         return run, _engine.budget_meter(budget, "flow", self.name)
@@ -537,11 +606,26 @@ class Flow(Generic[P, R]):
             return await aresume(result.id)
         return result
 
-    def run(self, *args: Any, budget: Any = None, wait: bool = True, **kwargs: Any) -> Run[R]:
+    def run(
+        self,
+        *args: Any,
+        budget: Any = None,
+        wait: bool = True,
+        run_id: str | None = None,
+        **kwargs: Any,
+    ) -> Run[R]:
         """Starts a new top-level durable run, even inside another flow.
-        `wait=False`: durable waits park the run instead of blocking."""
+        `wait=False`: durable waits park the run instead of blocking.
+        `run_id`: the run's id; when a run of this flow with these arguments
+        already has it, that run is returned (or waited for, or continued)
+        instead of starting another."""
         _engine.check_sync_facade()
-        run, meter = self._start(args, kwargs, budget, wait)
+        if run_id is None:
+            run, meter = self._start(args, kwargs, budget, wait)
+            return self._drive(run, args, kwargs, meter)
+        run, meter, existing = self._start_keyed(args, kwargs, budget, wait, run_id)
+        if run is None:
+            return existing_run(existing[0], existing[1], wait)
         return self._drive(run, args, kwargs, meter)
 
     def start(
@@ -552,36 +636,60 @@ class Flow(Generic[P, R]):
         queue: Any = None,
         priority: int = 0,
         dedup_id: str | None = None,
+        run_id: str | None = None,
         **kwargs: Any,
     ):
         """Creates the run durably, executes it on a background thread
         of this process and returns its `RunHandle` at once. With `queue`
-        the run is created `queued` and a worker executes it."""
+        the run is created `queued` and a worker executes it.
+        `run_id`: as for `run`; the handle of the run that already has it."""
         _engine.check_sync_facade()
         if queue is not None:
-            return start_queued(self, args, kwargs, budget, queue, priority, dedup_id)
+            return start_queued(self, args, kwargs, budget, queue, priority, dedup_id, run_id)
         if priority != 0 or dedup_id is not None:
             raise ConfigError(
                 f"priority and dedup_id apply to queued runs -- pass queue= to {self.name}.start()"
             )
-        return start_in_background(self, args, kwargs, budget, wait)
+        return start_in_background(self, args, kwargs, budget, wait, run_id)
 
-    def stream(self, *args: Any, budget: Any = None, **kwargs: Any) -> RunStream[R]:
+    def stream(
+        self, *args: Any, budget: Any = None, run_id: str | None = None, **kwargs: Any
+    ) -> RunStream[R]:
         """Runs `.run()` on a background thread with a fresh event bus."""
         from ._streams import RunStream
 
-        return RunStream.start(lambda: self.run(*args, budget=budget, **kwargs), cancellable=True)
+        if run_id is not None:
+            check_run_id(run_id)
+        return RunStream.start(
+            lambda: self.run(*args, budget=budget, run_id=run_id, **kwargs), cancellable=True
+        )
 
     async def arun(
-        self, *args: Any, budget: Any = None, wait: bool = True, **kwargs: Any
+        self,
+        *args: Any,
+        budget: Any = None,
+        wait: bool = True,
+        run_id: str | None = None,
+        **kwargs: Any,
     ) -> Run[R]:
         """Async twin of `run`; nested (one step) when a flow is active."""
         frame = FRAME.get()
         if frame is not None and frame.run is not None:
             if budget is not None:
                 raise ConfigError(self._nested_budget_message())
+            if run_id is not None:
+                raise ConfigError(
+                    f"@flow {self.name!r}: run_id= is not supported on a nested flow call (it "
+                    f"is a step of the enclosing run); call {self.name}.run(run_id=...) to "
+                    "start a run of its own"
+                )
             return await self._anested(frame, args, kwargs)
-        run, meter = await self._astart(args, kwargs, budget, wait)
+        if run_id is None:
+            run, meter = await self._astart(args, kwargs, budget, wait)
+            return await self._adrive(run, args, kwargs, meter)
+        run, meter, existing = await self._astart_keyed(args, kwargs, budget, wait, run_id)
+        if run is None:
+            return await aexisting_run(existing[0], existing[1], wait)
         return await self._adrive(run, args, kwargs, meter)
 
     async def _anested(self, frame: Frame, args: tuple, kwargs: dict):
@@ -589,6 +697,16 @@ class Flow(Generic[P, R]):
 
         async def execute(inner: Frame, args: tuple, kwargs: dict):
             spans.append(inner.span)
+            if self.timeout is not None:
+                inner = self._deadline_frame(inner)
+                token = FRAME.set(inner)
+                try:
+                    return await run_body(inner, args, kwargs)
+                finally:
+                    FRAME.reset(token)
+            return await run_body(inner, args, kwargs)
+
+        async def run_body(inner: Frame, args: tuple, kwargs: dict):
             if self._is_async:
                 return await self.fn(*args, **kwargs)
             thread_frame = Frame(
@@ -629,6 +747,7 @@ def flow(
     retry: Any = None,
     durability: str | None = None,
     on_divergence: str = "raise",
+    timeout: float | timedelta | None = None,
 ) -> _FlowDecorator: ...
 def flow(
     fn=None,
@@ -640,6 +759,7 @@ def flow(
     retry=None,
     durability=None,
     on_divergence="raise",
+    timeout=None,
 ):
     """Declares a durable flow: a function whose steps are journaled.
 
@@ -662,7 +782,12 @@ def flow(
         on_divergence: `"raise"` (a resumed body whose calls no longer match
             its journal raises `NondeterminismError`) or `"warn"` (it warns
             with `NondeterminismWarning` and carries on).
+        timeout: seconds or a `timedelta`: each run's deadline is its
+            creation time plus this, past which it fails with
+            `FlowTimeoutError`; a nested call runs under the tighter of its
+            own deadline and the enclosing run's.
     """
+    seconds = _timeout_seconds(timeout)
     if durability is not None:
         _engine.check_durability(durability, "@flow(durability=...)")
     if on_divergence not in ("raise", "warn"):
@@ -684,6 +809,7 @@ def flow(
             retry=policy,
             durability=durability,
             on_divergence=on_divergence,
+            timeout=seconds,
         )
         _register(
             _FLOWS,
@@ -698,6 +824,23 @@ def flow(
     if fn is not None:
         return decorate(fn)
     return decorate
+
+
+def _timeout_seconds(timeout: Any) -> float | None:
+    """`@flow(timeout=...)` in seconds: a positive, finite number or timedelta."""
+    if timeout is None:
+        return None
+    seconds = None
+    if hasattr(timeout, "total_seconds") and callable(timeout.total_seconds):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    if seconds is None or not 0 < seconds < float("inf"):
+        raise ConfigError(
+            "@flow(timeout=...) must be a positive number of seconds or a timedelta, got "
+            f"{timeout!r}"
+        )
+    return seconds
 
 
 def reset_registries() -> None:

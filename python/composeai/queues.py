@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 from . import _codec, _core, _engine
-from ._lifecycle import OWNERS, REGISTRIES, RunHandle, queue_not_declared
+from ._lifecycle import OWNERS, REGISTRIES, RunHandle, check_run_id, queue_not_declared
 from .errors import ConfigError
 from .flow import Flow, _args_payload
 
@@ -138,9 +138,18 @@ def resolve(queue: Any) -> Queue:
 
 
 def start_queued(
-    flow_obj: Any, args: tuple, kwargs: dict, budget: Any, queue: Any, priority: Any, dedup_id: Any
+    flow_obj: Any,
+    args: tuple,
+    kwargs: dict,
+    budget: Any,
+    queue: Any,
+    priority: Any,
+    dedup_id: Any,
+    run_id: Any = None,
 ):
-    """`Flow.start(queue=…)`: the run row is created `queued`; nothing executes here."""
+    """`Flow.start(queue=…)`: the run row is created `queued`; nothing executes
+    here. With `run_id` held by a run of the same flow and arguments, that
+    run's handle."""
     q = resolve(queue)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ConfigError(f"priority must be an integer, got {priority!r}")
@@ -158,6 +167,8 @@ def start_queued(
         priority,
         dedup_id,
         flow_obj._module,
+        None if run_id is None else check_run_id(run_id),
+        flow_obj.timeout,
     )
     return RunHandle(run_id)
 

@@ -20,11 +20,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import IO, Any
 
-from . import _core, _engine
+from . import _codec, _core, _engine
 from . import durable as _durable
 from ._lifecycle import _FLOWS, NotDue
 from .errors import ConfigError, StoreError, StoreUnavailableError
 from .queues import Queue
+
+# How often a worker reports the flows it serves (seconds).
+SERVE_EVERY = 5.0
 
 # How long in-flight runs may take to settle after SIGINT/SIGTERM before the
 # worker gives up their leases and exits (they stay resumable).
@@ -73,6 +76,8 @@ class Worker:
         self._claimed: dict[str, str] = {}
         # False once the store turned out to keep no durable waits.
         self._durable = True
+        # When this worker last reported the flows it serves (monotonic).
+        self._served_at = float("-inf")
         # Settled runs older than this are pruned once an hour (OPS-23).
         self.retention = retention
         self._next_prune = time.monotonic()
@@ -193,6 +198,107 @@ class Worker:
             self._durable = False
             return []
 
+    def _expire(self, store: Any) -> None:
+        """Fails the paused and queued runs whose deadline passed (OPS-12)."""
+        if not self._durable:
+            return
+        for run_id in _core.expire_runs(store):
+            self.log(f"expired  {run_id} outcome=failed (FlowTimeoutError: its deadline passed)")
+
+    # -- schedules (OPS-11) -----------------------------------------------------
+
+    def _fire_schedules(self, store: Any) -> None:
+        """Starts the runs of every due tick of the schedules of flows
+        imported here, then moves each schedule on. A tick's run id decides
+        which worker's start creates it; the others find it and move on."""
+        for row, run_ids, ticks, next_fire in _core.schedules_due(store, _flow_names()):
+            moved_on = True
+            for run_id in run_ids:
+                try:
+                    self._fire(store, row, run_id)
+                except ConfigError as exc:
+                    self.log(f"fired    {run_id} outcome=refused ({exc})")
+                except Exception as exc:  # noqa: BLE001 -- logged; the tick is fired again
+                    self.log(f"fired    {run_id} outcome=failed ({type(exc).__name__}: {exc})")
+                    moved_on = False
+            if not moved_on:
+                continue
+            last = (ticks[-1], run_ids[-1]) if ticks else (None, None)
+            _core.schedule_advance(store, row["name"], row["next_fire"], next_fire, *last)
+
+    def _fire(self, store: Any, row: dict, run_id: str) -> None:
+        flow = _FLOWS[row["flow"]]
+        if row["queue"] is not None:
+            _core.queue_enqueue(
+                store,
+                "flow",
+                flow.name,
+                row["queue"],
+                flow.fingerprint,
+                row["args_json"],
+                None,
+                0,
+                None,
+                flow._module,
+                run_id,
+                flow.timeout,
+            )
+            self.log(f"fired    {run_id} flow={flow.name} queue={row['queue']}")
+            return
+        attempt, _row, _live = store.start_keyed(
+            "flow",
+            flow.name,
+            flow.fingerprint,
+            row["args_json"],
+            None,
+            run_id,
+            flow.timeout,
+            flow._module,
+        )
+        if attempt is None:
+            return  # another worker started this tick's run
+        self.log(f"fired    {run_id} flow={flow.name}")
+        with self._lock:
+            self._inflight[run_id] = self._pool.submit(
+                self._execute_started, attempt, flow, row["args_json"]
+            )
+
+    def _execute_started(self, attempt: Any, flow: Any, args_json: str) -> None:
+        """Executes a run this worker just created, parking on its next wait."""
+        run_id = attempt.run_id
+        start = time.perf_counter()
+        self.log(f"started  {run_id} flow={flow.name} reason=schedule")
+        try:
+            payload = _codec.loads(args_json)
+            run = flow._drive(
+                _engine.RunState(attempt, flow.name, True),
+                tuple(payload.get("args", ())),
+                dict(payload.get("kwargs", {})),
+            )
+            outcome = run.status
+        except Exception as exc:  # noqa: BLE001 -- logged; the run is failed
+            outcome = (
+                f"failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+            )
+        except BaseException as exc:  # noqa: BLE001 -- a stopping worker's abandoned run
+            outcome = f"interrupted ({type(exc).__name__})"
+        ms = (time.perf_counter() - start) * 1000
+        self.log(f"finished {run_id} flow={flow.name} outcome={outcome} duration={ms:.0f}ms")
+        with self._lock:
+            self._inflight.pop(run_id, None)
+        _core.clock_poke()
+
+    def _serve(self, store: Any) -> None:
+        """Reports the flows imported here, at most every few seconds, so that
+        `compose schedules` can name a schedule no live worker serves."""
+        now = time.monotonic()
+        if now - self._served_at >= SERVE_EVERY:
+            self._served_at = now
+            _core.serve_flows(store, _flow_names())
+
+    def _next_fire(self, store: Any) -> float | None:
+        return _core.schedules_next_fire(store, _flow_names())
+
     def _next_wake(self, store: Any) -> float | None:
         return _core.next_wake(store, _core.clock_now()) if self._durable else None
 
@@ -202,6 +308,8 @@ class Worker:
         """One pass over what is due now and what the queues let it claim;
         waits for those runs to settle."""
         store = _engine.get_store()
+        self._expire(store)
+        self._fire_schedules(store)
         self._prune_if_due()
         self._submit(self._due(store, 1_000_000))
         self._claim(store)
@@ -234,6 +342,9 @@ class Worker:
     def _pass(self, store: Any) -> None:
         """Starts what is due and what the queues let it claim, then sleeps
         until more could be (at most `interval`)."""
+        self._expire(store)
+        self._serve(store)
+        self._fire_schedules(store)
         self._prune_if_due()
         with self._lock:
             free = self.concurrency - len(self._inflight)
@@ -245,6 +356,10 @@ class Worker:
         with self._lock:
             busy = len(self._inflight) >= self.concurrency
         until = None if busy else self._next_wake(store)
+        fire = self._next_fire(store)
+        if fire is not None:
+            # A schedule fires even while every thread is busy.
+            until = fire if until is None else min(until, fire)
         if slot is not None and not busy:
             # Wall time, as the store's claim times are.
             slot = _core.clock_now() + max(0.0, slot - time.time())
@@ -398,6 +513,7 @@ def run_worker(
     )
     worker.serve()
     left = worker.stop()
+    _core.serve_flows(_engine.get_store(), [])
     worker.log("worker stopped")
     if not _store_down():
         _engine.get_store().flush()

@@ -294,6 +294,39 @@ impl Attempt {
             .map_err(|_| CoreError::Serialization(format!("journal value of '{key}': {stored}")))
     }
 
+    /// When a blocked wait must decide again: its own wake time or the
+    /// deadline it runs under, whichever comes first.
+    fn wake_or_deadline(&self, spec: &WaitSpec) -> Option<f64> {
+        match (spec.wake_at(), self.deadline_under(spec.fence.as_ref())) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The fence for the body of nested flow `flow` at step `key` with a
+    /// `timeout` (OPS-12): its deadline is journaled (under
+    /// `<key>:deadline`) when first reached, so a later attempt keeps it,
+    /// and it runs under the tighter of that and `fence`'s.
+    pub fn nested_deadline(
+        &self,
+        key: &str,
+        flow: &str,
+        timeout: f64,
+        fence: &Fence,
+    ) -> CoreResult<Fence> {
+        let dkey = format!("{key}:deadline");
+        let at = match self.lookup(&dkey, Some(fence))? {
+            Some(v) => wake_time(&dkey, &v)?,
+            None => {
+                let at = clock::now() + timeout.max(0.0);
+                let stored =
+                    self.commit_wait_step(&dkey, &json_str(&clock::iso(at)), Some(fence), None)?;
+                wake_time(&dkey, &stored)?
+            }
+        };
+        Ok(fence.child_until(at, flow))
+    }
+
     fn journaled_deadline(&self, key: &str, t: f64, fence: Option<&Fence>) -> CoreResult<f64> {
         let dkey = format!("{key}:deadline");
         match self.lookup(&dkey, fence)? {
@@ -450,6 +483,7 @@ impl Attempt {
             // Reaching the wait just looked (unless a poll interval passed);
             // while blocked, every round reads the store.
             self.check_cancel(marked)?;
+            self.check_deadline(spec.fence.as_ref())?;
             if let Some(value) = self.decide(spec, after)? {
                 let since = self.store().take_timer(rid, &spec.key)?;
                 return Ok(Outcome::Ready { value, since });
@@ -468,15 +502,16 @@ impl Attempt {
                     return Ok(Outcome::Park { interrupt });
                 }
                 Mode::Poll => {
-                    let left = spec
-                        .wake_at()
+                    let left = self
+                        .wake_or_deadline(spec)
                         .map_or(POLL.as_secs_f64(), |d| (d - clock::now()).max(0.0));
                     return Ok(Outcome::Block {
                         seconds: left.min(POLL.as_secs_f64()),
                     });
                 }
                 Mode::Block => {
-                    clock::nap(spec.wake_at(), self.store().wait_slice());
+                    // The run's deadline wakes a blocked wait too (OPS-12).
+                    clock::nap(self.wake_or_deadline(spec), self.store().wait_slice());
                 }
             }
         }

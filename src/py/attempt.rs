@@ -116,6 +116,31 @@ impl PyAttempt {
         }
     }
 
+    /// The fence the body of nested flow `flow` (step `key`) with
+    /// `timeout` seconds runs under: its journaled deadline, or the
+    /// tighter one of `fence` (OPS-12).
+    #[pyo3(signature = (key, flow, timeout, fence=None))]
+    fn nested_deadline(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        flow: &str,
+        timeout: f64,
+        fence: Option<&PyFence>,
+    ) -> PyResult<PyFence> {
+        let parent = fence.map_or_else(|| self.inner.root_fence().clone(), |f| f.inner.clone());
+        let inner = py
+            .allow_threads(|| self.inner.nested_deadline(key, flow, timeout, &parent))
+            .py_err()?;
+        Ok(PyFence { inner })
+    }
+
+    /// The run's deadline (engine time), if it has one (OPS-12).
+    #[getter]
+    fn deadline(&self) -> Option<f64> {
+        self.inner.run.deadline
+    }
+
     /// Allocates the next key for `name` in `scope`; returns
     /// `(key, value_json or None)`. With `kind`, the step is a journaled
     /// call of the body, checked against its recorded identity (issue 27).

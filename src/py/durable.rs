@@ -250,6 +250,21 @@ pub fn due_runs(
         .collect())
 }
 
+/// OPS-12: fails the paused and queued runs whose deadline passed (at
+/// engine time `now`, default the engine clock) with `FlowTimeoutError`;
+/// returns their run ids.
+#[pyfunction]
+#[pyo3(signature = (store, now=None))]
+pub fn expire_runs(py: Python<'_>, store: &PyStore, now: Option<f64>) -> PyResult<Vec<String>> {
+    let at = now.unwrap_or_else(clock::now);
+    py.allow_threads(|| {
+        store
+            .inner
+            .expire_runs(at, &crate::run::deadline::deadline_error_json)
+    })
+    .py_err()
+}
+
 /// The earliest wake time of a parked run later than `after` (on
 /// PostgreSQL: the next expiry of another process's lease, STORE-12).
 #[pyfunction]
@@ -428,6 +443,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wrap_pyfunction!(request_cancel, m)?,
         wrap_pyfunction!(due_runs, m)?,
         wrap_pyfunction!(next_wake, m)?,
+        wrap_pyfunction!(expire_runs, m)?,
         wrap_pyfunction!(parked_wait, m)?,
         wrap_pyfunction!(parked_waits, m)?,
         wrap_pyfunction!(wait_for_work, m)?,

@@ -13,6 +13,7 @@ static REVOKED_SIGNAL: GILOnceCell<Py<PyType>> = GILOnceCell::new();
 static CANCELLED_SIGNAL: GILOnceCell<Py<PyType>> = GILOnceCell::new();
 static STORE_ERROR: GILOnceCell<Py<PyType>> = GILOnceCell::new();
 static STORE_UNAVAILABLE: GILOnceCell<Py<PyType>> = GILOnceCell::new();
+static FLOW_TIMEOUT: GILOnceCell<Py<PyType>> = GILOnceCell::new();
 
 /// Registers the Python classes raised for core errors.
 #[pyfunction]
@@ -62,6 +63,7 @@ pub fn to_py(e: CoreError) -> PyErr {
         CoreError::Cancelled(m) => raise(&CANCELLED_SIGNAL, "ComposeError", m),
         CoreError::Store(m) => raise(&STORE_ERROR, "StoreError", m),
         CoreError::Unavailable(m) => raise(&STORE_UNAVAILABLE, "StoreUnavailableError", m),
+        CoreError::Deadline(m) => raise(&FLOW_TIMEOUT, "FlowTimeoutError", m),
         CoreError::Nondeterminism { .. } => nondeterminism(e),
         CoreError::ReplayEnd(ref key) => replay_end(key.clone(), e.to_string()),
         CoreError::Graph {

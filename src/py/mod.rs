@@ -13,6 +13,7 @@ mod published;
 mod query;
 mod queue;
 mod rows;
+mod schedule;
 mod span_tap;
 mod spans;
 mod sqlite_lib;
@@ -110,6 +111,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     durable::register(m)?;
     step::register(m)?;
     queue::register(m)?;
+    schedule::register(m)?;
     published::register(m)?;
     m.add_class::<graph::PyGraphDef>()?;
     m.add_class::<graph::PyGraphRun>()?;

@@ -29,7 +29,7 @@ fn limits(concurrency: Option<i64>, rate_limit: Option<(i64, f64)>, priority: bo
 
 /// STORE-20: creates a `queued` run; returns its run id.
 #[pyfunction]
-#[pyo3(signature = (store, kind, name, queue, fingerprint=None, args_json=None, budget_json=None, priority=0, dedup_id=None, module=None))]
+#[pyo3(signature = (store, kind, name, queue, fingerprint=None, args_json=None, budget_json=None, priority=0, dedup_id=None, module=None, run_id=None, timeout=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn queue_enqueue(
     py: Python<'_>,
@@ -43,15 +43,19 @@ pub fn queue_enqueue(
     priority: i64,
     dedup_id: Option<String>,
     module: Option<String>,
+    run_id: Option<String>,
+    timeout: Option<f64>,
 ) -> PyResult<String> {
+    let keyed = run_id.is_some();
     let new = NewRun {
-        run_id: crate::ids::new_ulid(),
+        run_id: run_id.unwrap_or_else(crate::ids::new_ulid),
         trace_id: crate::ids::new_ulid(),
         kind,
         name,
         fingerprint,
         args_json,
         budget_json,
+        deadline: timeout.map(|t| crate::clock::now() + t),
         module,
     };
     let placement = Placement {
@@ -59,9 +63,15 @@ pub fn queue_enqueue(
         priority,
         dedup_id,
     };
-    py.allow_threads(|| queue::enqueue(backend(store)?, &new, &placement))
-        .py_err()
-        .map(|r| r.run_id)
+    py.allow_threads(|| {
+        if keyed {
+            queue::enqueue_keyed(backend(store)?, &*store.inner, &new, &placement)
+        } else {
+            queue::enqueue(backend(store)?, &new, &placement)
+        }
+    })
+    .py_err()
+    .map(|r| r.run_id)
 }
 
 /// STORE-21: claims up to `room` queued runs of `queue` (of the flows

@@ -5,6 +5,7 @@ use super::attempt::PyAttempt;
 use super::errors::IntoPy;
 use super::rows::{interrupt_tuple, run_row_dict, PendingTuple};
 use super::spans::span_from_py;
+use crate::run::keyed::Keyed;
 use crate::run::Attempt;
 use crate::store::postgres::PgStore;
 use crate::store::sqlite::SqliteStore;
@@ -27,6 +28,24 @@ type StepSpanTuple = (
     Option<String>,
     Option<String>,
 );
+
+/// A keyed start's outcome as Python receives it: `(attempt, row, live)`.
+fn keyed_tuple(py: Python<'_>, keyed: Keyed) -> PyResult<PyObject> {
+    let none = py.None();
+    Ok(match keyed {
+        Keyed::New(attempt) => {
+            let attempt = Py::new(py, PyAttempt::new(*attempt))?.into_any();
+            (attempt, none, false)
+                .into_pyobject(py)?
+                .into_any()
+                .unbind()
+        }
+        Keyed::Existing { row, live } => (none, run_row_dict(py, &row)?, live)
+            .into_pyobject(py)?
+            .into_any()
+            .unbind(),
+    })
+}
 
 #[pyclass(name = "Store", module = "composeai._core", frozen)]
 pub struct PyStore {
@@ -145,7 +164,7 @@ impl PyStore {
     /// Creates a run (status `running`, leased to this process) and returns
     /// its first attempt. With `queued` the row's insert is left to the next
     /// commit or the store's writer (see `Attempt::start_queued`).
-    #[pyo3(signature = (kind, name, fingerprint=None, args_json=None, budget_json=None, run_id=None, trace_id=None, queued=false, module=None))]
+    #[pyo3(signature = (kind, name, fingerprint=None, args_json=None, budget_json=None, run_id=None, trace_id=None, queued=false, module=None, timeout=None))]
     #[allow(clippy::too_many_arguments)]
     fn start_run(
         &self,
@@ -159,6 +178,7 @@ impl PyStore {
         trace_id: Option<String>,
         queued: bool,
         module: Option<String>,
+        timeout: Option<f64>,
     ) -> PyResult<PyAttempt> {
         let new = NewRun {
             run_id: run_id.unwrap_or_else(crate::ids::new_ulid),
@@ -168,6 +188,7 @@ impl PyStore {
             fingerprint,
             args_json,
             budget_json,
+            deadline: timeout.map(|t| crate::clock::now() + t),
             module,
         };
         let store: Arc<dyn Store> = self.inner.clone();
@@ -183,9 +204,81 @@ impl PyStore {
         Ok(PyAttempt::new(attempt))
     }
 
+    /// `start_run` under the caller's `run_id` (OPS-10): `(attempt, None,
+    /// False)` when the run was created here, else `(None, row, live)` for
+    /// the run of the same flow and arguments that holds the id (`live`:
+    /// a live process holds its lease).
+    #[pyo3(signature = (kind, name, fingerprint, args_json, budget_json, run_id, timeout=None, module=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn start_keyed<'py>(
+        &self,
+        py: Python<'py>,
+        kind: String,
+        name: String,
+        fingerprint: Option<String>,
+        args_json: Option<String>,
+        budget_json: Option<String>,
+        run_id: String,
+        timeout: Option<f64>,
+        module: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let new = NewRun {
+            run_id,
+            trace_id: crate::ids::new_ulid(),
+            kind,
+            name,
+            fingerprint,
+            args_json,
+            budget_json,
+            deadline: timeout.map(|t| crate::clock::now() + t),
+            module,
+        };
+        let store: Arc<dyn Store> = self.inner.clone();
+        let keyed = py
+            .allow_threads(|| Attempt::start_keyed(store, new))
+            .py_err()?;
+        keyed_tuple(py, keyed).map(|t| t.into_bound(py))
+    }
+
+    /// `start_keyed` for an async driver, resolving `future` with its tuple.
+    #[pyo3(signature = (future, kind, name, fingerprint, args_json, budget_json, run_id, timeout=None, module=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn astart_keyed(
+        &self,
+        py: Python<'_>,
+        future: Bound<'_, PyAny>,
+        kind: String,
+        name: String,
+        fingerprint: Option<String>,
+        args_json: Option<String>,
+        budget_json: Option<String>,
+        run_id: String,
+        timeout: Option<f64>,
+        module: Option<String>,
+    ) -> PyResult<()> {
+        let new = NewRun {
+            run_id,
+            trace_id: crate::ids::new_ulid(),
+            kind,
+            name,
+            fingerprint,
+            args_json,
+            budget_json,
+            deadline: timeout.map(|t| crate::clock::now() + t),
+            module,
+        };
+        let store: Arc<dyn Store> = self.inner.clone();
+        super::offloop::resolve_with(
+            py,
+            future,
+            move || Attempt::start_keyed(store, new),
+            keyed_tuple,
+        )
+    }
+
     /// `start_run` for an async driver: `future` (of the running loop) gets
     /// the attempt once the server answered; the loop runs meanwhile.
-    #[pyo3(signature = (future, kind, name, fingerprint=None, args_json=None, budget_json=None, run_id=None, trace_id=None, module=None))]
+    #[pyo3(signature = (future, kind, name, fingerprint=None, args_json=None, budget_json=None, run_id=None, trace_id=None, module=None, timeout=None))]
     #[allow(clippy::too_many_arguments)]
     fn astart_run(
         &self,
@@ -199,6 +292,7 @@ impl PyStore {
         run_id: Option<String>,
         trace_id: Option<String>,
         module: Option<String>,
+        timeout: Option<f64>,
     ) -> PyResult<()> {
         let new = NewRun {
             run_id: run_id.unwrap_or_else(crate::ids::new_ulid),
@@ -208,6 +302,7 @@ impl PyStore {
             fingerprint,
             args_json,
             budget_json,
+            deadline: timeout.map(|t| crate::clock::now() + t),
             module,
         };
         let store: Arc<dyn Store> = self.inner.clone();

@@ -39,6 +39,33 @@ pub fn enqueue(b: Backend<'_>, new: &NewRun, p: &Placement) -> CoreResult<RunRow
     b.enqueue(new, p)
 }
 
+/// `enqueue` under a caller's run id (OPS-10): when a run of the same flow
+/// and arguments holds the id (created before, or by a racing caller) that
+/// run is returned and nothing is written.
+pub fn enqueue_keyed(
+    b: Backend<'_>,
+    store: &dyn crate::store::Store,
+    new: &NewRun,
+    p: &Placement,
+) -> CoreResult<RunRow> {
+    crate::ids::check_run_id(&new.run_id).map_err(CoreError::Config)?;
+    let existing = |store: &dyn crate::store::Store| -> CoreResult<Option<RunRow>> {
+        let row = store.get_run(&new.run_id)?;
+        if let Some(row) = &row {
+            crate::run::keyed::same_start(row, new)?;
+        }
+        Ok(row)
+    };
+    if let Some(row) = existing(store)? {
+        return Ok(row);
+    }
+    match enqueue(b, new, p) {
+        Ok(row) => Ok(row),
+        // Lost a race on the id: the winner's run is the answer.
+        Err(e) => existing(store)?.ok_or(e),
+    }
+}
+
 /// STORE-21: claims up to `room` queued runs of `queue` for `by`, within
 /// the queue's limits; the claimed runs are `running`, leased to it.
 pub fn claim(

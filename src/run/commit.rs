@@ -42,6 +42,7 @@ impl Attempt {
     ) -> CoreResult<(StepKey, Option<Arc<str>>)> {
         self.check(fence)?;
         self.check_cancel(false)?;
+        self.check_deadline(fence)?;
         let (key, hit, diverged) = self
             .journal
             .lock()

@@ -2,6 +2,8 @@
 //! settling it.
 
 mod commit;
+pub mod deadline;
+pub mod keyed;
 mod spans;
 mod waits;
 
@@ -410,6 +412,8 @@ impl Attempt {
         if let Some(err) = self.poison() {
             return Err(err);
         }
+        // A body that caught its deadline's error still fails (OPS-12).
+        self.check_deadline(None)?;
         if !self.checks() || self.first || self.run.kind != "flow" {
             return Ok(());
         }
@@ -487,8 +491,10 @@ impl Attempt {
         if self.replay_only {
             return Err(CoreError::ReplayEnd(state.scope_key.clone()));
         }
-        // An agent turn is a durable boundary for cancel requests (EXT-10).
+        // An agent turn is a durable boundary for cancel requests (EXT-10)
+        // and deadlines (OPS-12).
         self.check_cancel(false)?;
+        self.check_deadline(fence)?;
         self.saved_state.store(true, Ordering::SeqCst);
         self.sync_point()?;
         self.store.save_agent_state(self.rid()?, state)

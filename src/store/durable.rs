@@ -106,4 +106,23 @@ pub trait DurableStore {
     /// Gives up `owner`'s leases: each run is left `running` with no
     /// holder, which `due_runs` recovers.
     fn release_leases(&self, owner: &str) -> CoreResult<usize>;
+    /// OPS-12: fails every paused or queued run whose deadline is at or
+    /// before `now` (engine time), each with the error JSON `error_of(flow,
+    /// run_id, deadline)`, its waits and pending interrupts cleared, in one
+    /// transaction; returns their run ids.
+    fn expire_runs(&self, now: f64, error_of: DeadlineError<'_>) -> CoreResult<Vec<String>>;
 }
+
+/// Builds the stored error of a run failed by its deadline from the flow's
+/// name, the run id and the deadline.
+pub type DeadlineError<'a> = &'a dyn Fn(&str, &str, f64) -> String;
+
+/// The runs `expire_runs` fails.
+pub const EXPIRED_RUNS: &str = "SELECT rid, run_id, name, deadline FROM runs \
+     WHERE deadline IS NOT NULL AND deadline <= $1 AND status IN ('paused', 'queued')";
+
+/// The earliest wake time of a parked run, or deadline of a paused or
+/// queued run, after `$1`.
+pub const NEXT_WAKE: &str = "SELECT MIN(t) FROM (SELECT MIN(wake_at) AS t FROM waits \
+     WHERE wake_at > $1 UNION ALL SELECT MIN(deadline) AS t FROM runs WHERE deadline > $1 \
+     AND status IN ('paused', 'queued')) AS m";

@@ -13,6 +13,7 @@ pub mod published;
 pub mod query;
 pub mod queue;
 pub mod rows;
+pub mod schedule;
 pub mod slot;
 pub mod spans;
 pub mod sqlite;
@@ -23,8 +24,8 @@ use crate::error::CoreResult;
 use graph::GraphWork;
 
 pub use rows::{
-    AgentStateRow, ChatRow, Claim, InterruptRow, NewRun, PriorSpend, RowSlot, RunRow, Settlement,
-    SpanRecord, SpanRow, UsageRow,
+    AgentStateRow, ChatRow, Claim, InterruptRow, KeyedRow, NewRun, PriorSpend, RowSlot, RunRow,
+    Settlement, SpanRecord, SpanRow, UsageRow,
 };
 pub use takeover::LeaseCheck;
 
@@ -33,7 +34,9 @@ pub use takeover::LeaseCheck;
 /// A run's journal rows as stored: key, value and step identity.
 pub type JournalRows = Vec<(String, String, Option<String>)>;
 
-pub trait Store: Send + Sync + durable::DurableStore + published::PublishStore {
+pub trait Store:
+    Send + Sync + durable::DurableStore + published::PublishStore + schedule::ScheduleStore
+{
     fn path(&self) -> &str;
 
     /// Creates a run row leased to `owner`, in one commit.
@@ -86,6 +89,13 @@ pub trait Store: Send + Sync + durable::DurableStore + published::PublishStore {
         })?;
         self.settle(rid, owner, settlement)
     }
+
+    /// `create_run` under a caller's run id (OPS-10): when a run already
+    /// holds the id nothing is written and that run is returned with its
+    /// lease. The store's unique key on run ids decides between racing
+    /// callers.
+    fn create_run_keyed(&self, new: &NewRun, owner: &str, lease_until: f64)
+        -> CoreResult<KeyedRow>;
 
     /// `create_run` with `work` in the same transaction (a graph thread
     /// claimed together with its new run); without `drain` the queued spans

@@ -29,6 +29,9 @@ pub struct RunRow {
     pub output_json: Option<String>,
     pub error_json: Option<String>,
     pub budget_json: Option<String>,
+    /// Engine time by which the run must have ended (OPS-12); read where an
+    /// attempt takes the run, `None` elsewhere.
+    pub deadline: Option<f64>,
     /// The module defining the run's flow (None for runs stored before it
     /// was recorded, and for runs not started from a module's function).
     pub module: Option<String>,
@@ -51,6 +54,7 @@ impl RunRow {
             output_json: None,
             error_json: None,
             budget_json: new.budget_json.clone(),
+            deadline: new.deadline,
             module: new.module.clone(),
         }
     }
@@ -66,6 +70,8 @@ pub struct NewRun {
     pub fingerprint: Option<String>,
     pub args_json: Option<String>,
     pub budget_json: Option<String>,
+    /// Engine time by which the run must have ended (OPS-12).
+    pub deadline: Option<f64>,
     /// The module defining the flow, so a message can name the import.
     pub module: Option<String>,
 }
@@ -234,4 +240,12 @@ impl RowSlot {
             }
         }
     }
+}
+
+/// What `Store::create_run_keyed` found: the run it created, or the run
+/// that already holds the id with its lease holder and expiry.
+#[derive(Debug, Clone)]
+pub enum KeyedRow {
+    Created(RunRow),
+    Exists(RunRow, Option<(String, f64)>),
 }

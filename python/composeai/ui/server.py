@@ -379,7 +379,15 @@ GET_PAGES: dict[str, Callable[[dict[str, str], str], str]] = {
     "/costs": views.costs_page,
     "/threads": lambda params, csrf: views.threads_page(csrf),
     "/queues": lambda params, csrf: views.queues_page(csrf),
+    "/schedules": lambda params, csrf: _schedules_page(csrf),
 }
+
+
+def _schedules_page(csrf: str) -> str:
+    from .schedules import schedules_page
+
+    return schedules_page(csrf)
+
 
 # POST actions on a run (`/run/<id>/<action>`), each behind the CSRF and
 # same-origin checks of `Handler.do_POST`.

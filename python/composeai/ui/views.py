@@ -33,6 +33,7 @@ NAV: list[tuple[str, str]] = [
     ("/costs", "Costs"),
     ("/threads", "Threads"),
     ("/queues", "Queues"),
+    ("/schedules", "Schedules"),
 ]
 
 

@@ -367,15 +367,62 @@ impl DurableStore for PgStore {
     fn next_wake(&self, after: f64) -> CoreResult<Option<f64>> {
         self.retry(async |_| {
             let c = self.client().await?;
-            rows(
-                &c,
-                "SELECT MIN(wake_at) FROM waits WHERE wake_at > $1",
-                &[&(after + EPSILON)],
+            rows(&c, crate::store::durable::NEXT_WAKE, &[&(after + EPSILON)])
+                .await
+                .map_err(self.err())
+                .map(|r| r[0].get(0))
+        })
+    }
+
+    fn expire_runs(
+        &self,
+        now: f64,
+        error_of: crate::store::durable::DeadlineError<'_>,
+    ) -> CoreResult<Vec<String>> {
+        let expired = block_on(async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(self.err())?;
+            // Workers expiring at once each take the rows no other holds.
+            let due = rows(
+                &tx,
+                &format!(
+                    "{} FOR UPDATE SKIP LOCKED",
+                    crate::store::durable::EXPIRED_RUNS
+                ),
+                &[&(now + EPSILON)],
             )
             .await
-            .map_err(self.err())
-            .map(|r| r[0].get(0))
-        })
+            .map_err(self.err())?;
+            let t = crate::time::now();
+            let mut ids = Vec::with_capacity(due.len());
+            for row in &due {
+                let (rid, run_id, name, deadline): (i64, String, String, f64) =
+                    (row.get(0), row.get(1), row.get(2), row.get(3));
+                exec(
+                    &tx,
+                    "UPDATE runs SET status = 'failed', error_json = $1, updated_at = $2, \
+                     lease_owner = NULL, lease_until = NULL WHERE rid = $3",
+                    &[&error_of(&name, &run_id, deadline), &t, &rid],
+                )
+                .await
+                .map_err(self.err())?;
+                for sql in [
+                    "DELETE FROM pending_interrupts WHERE rid = $1",
+                    "DELETE FROM waits WHERE rid = $1",
+                    "DELETE FROM timers WHERE rid = $1",
+                    "DELETE FROM cancel_requests WHERE rid = $1",
+                ] {
+                    exec(&tx, sql, &[&rid]).await.map_err(self.err())?;
+                }
+                ids.push(run_id);
+            }
+            tx.commit().await.map_err(self.err())?;
+            Ok::<_, CoreError>(ids)
+        })?;
+        if !expired.is_empty() {
+            clock::poke();
+        }
+        Ok(expired)
     }
 
     fn parked_wait(&self, run_id: &str) -> CoreResult<Option<WaitRow>> {

@@ -18,6 +18,7 @@ mod published;
 pub mod query;
 pub mod queue;
 mod retry;
+mod schedule;
 mod schema;
 mod sql;
 mod state;

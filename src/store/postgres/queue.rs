@@ -56,8 +56,8 @@ pub fn enqueue(s: &PgStore, new: &NewRun, p: &Placement) -> CoreResult<RunRow> {
         let row = tx
             .query_one(
                 "WITH r AS (INSERT INTO runs(run_id, kind, name, status, created_at, updated_at, \
-                 trace_id, fingerprint, args_json, budget_json, module) \
-                 VALUES($1, $2, $3, 'queued', $4, $4, $5, $6, $7, $8, $12) RETURNING rid) \
+                 trace_id, fingerprint, args_json, budget_json, deadline, module) \
+                 VALUES($1, $2, $3, 'queued', $4, $4, $5, $6, $7, $8, $12, $13) RETURNING rid) \
                  INSERT INTO queue_runs(rid, queue, priority, dedup_id, enqueued_at) \
                  SELECT rid, $9, $10, $11, $4 FROM r RETURNING rid",
                 &[
@@ -72,6 +72,7 @@ pub fn enqueue(s: &PgStore, new: &NewRun, p: &Placement) -> CoreResult<RunRow> {
                     &p.queue,
                     &p.priority,
                     &p.dedup_id,
+                    &new.deadline,
                     &new.module,
                 ],
             )

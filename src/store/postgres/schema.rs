@@ -13,7 +13,7 @@ pub(super) const LEASE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS run_recoveries
 
 /// Versions of the PostgreSQL schema (its own series; step `n` brings a
 /// schema at `n - 1` to `n`).
-pub const PG_SCHEMA_VERSION: i32 = 7;
+pub const PG_SCHEMA_VERSION: i32 = 8;
 
 pub(super) const PG_SCHEMA_V1: &str = r#"
 CREATE TABLE runs(
@@ -103,7 +103,7 @@ CREATE TABLE cancel_requests(
 
 /// `(version, DDL)` of each step, in order; a schema at version `v` gets
 /// every step above `v`.
-pub(super) const MIGRATIONS: [(i32, &str); 7] = [
+pub(super) const MIGRATIONS: [(i32, &str); 8] = [
     (1, PG_SCHEMA_V1),
     (2, PG_SCHEMA_V2),
     (3, PG_QUEUE_SCHEMA),
@@ -111,6 +111,7 @@ pub(super) const MIGRATIONS: [(i32, &str); 7] = [
     (5, IDENT_SCHEMA),
     (6, MODULE_SCHEMA),
     (7, PUBLISHED_SCHEMA),
+    (8, STARTS_SCHEMA),
 ];
 
 /// Schema version 6: the module defining each run's flow, so an error can
@@ -148,6 +149,35 @@ CREATE OR REPLACE TRIGGER wake_stream AFTER INSERT ON run_streams
     FOR EACH STATEMENT EXECUTE FUNCTION wake();
 CREATE OR REPLACE TRIGGER wake_stream_end AFTER INSERT ON run_stream_ends
     FOR EACH STATEMENT EXECUTE FUNCTION wake();
+"#;
+
+/// Schema version 8: each run's deadline (OPS-12), the schedules
+/// (OPS-11) and the flows each live worker serves, which `compose
+/// schedules` names when no worker imported a schedule's flow.
+pub const STARTS_SCHEMA: &str = r#"
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS deadline DOUBLE PRECISION;
+CREATE INDEX IF NOT EXISTS runs_by_deadline ON runs(deadline) WHERE deadline IS NOT NULL;
+CREATE TABLE IF NOT EXISTS schedules(
+    name TEXT PRIMARY KEY,
+    flow TEXT NOT NULL,
+    cron TEXT NOT NULL,
+    timezone TEXT NOT NULL,
+    catchup TEXT NOT NULL,
+    queue TEXT,
+    args_json TEXT NOT NULL,
+    paused BOOLEAN NOT NULL DEFAULT FALSE,
+    next_fire DOUBLE PRECISION,
+    last_fire DOUBLE PRECISION,
+    last_run_id TEXT,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE IF NOT EXISTS worker_flows(
+    owner TEXT NOT NULL,
+    flow TEXT NOT NULL,
+    seen_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY(owner, flow)
+);
 "#;
 
 /// Schema version 5: each journal row's step identity (issue 27), NULL for

@@ -294,6 +294,7 @@ pub(super) fn read_run(r: &tokio_postgres::Row) -> RunRow {
         output_json: r.get(10),
         error_json: r.get(11),
         budget_json: r.get(12),
+        deadline: None,
         module: r.get(13),
     }
 }
@@ -305,8 +306,17 @@ pub(super) const RUN_COLUMNS: &str =
 /// Inserts a `running` run held by `$9` until `$10`, returning its rid;
 /// `INSERT_RUN_PARAMS` are its parameters.
 pub(super) const INSERT_RUN: &str = "INSERT INTO runs(run_id, kind, name, status, created_at, \
-     updated_at, trace_id, fingerprint, args_json, budget_json, lease_owner, lease_until, module) \
-     VALUES($1, $2, $3, 'running', $4, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING rid";
+     updated_at, trace_id, fingerprint, args_json, budget_json, lease_owner, lease_until, \
+     deadline, module) VALUES($1, $2, $3, 'running', $4, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+     RETURNING rid";
+
+/// `INSERT_RUN` that inserts nothing (and returns no row) when the run id
+/// is taken (OPS-10).
+pub(super) const INSERT_RUN_KEYED: &str = "INSERT INTO runs(run_id, kind, name, status, \
+     created_at, updated_at, trace_id, fingerprint, args_json, budget_json, lease_owner, \
+     lease_until, deadline, module) \
+     VALUES($1, $2, $3, 'running', $4, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+     ON CONFLICT (run_id) DO NOTHING RETURNING rid";
 
 /// The parameters of `INSERT_RUN`.
 pub(super) fn insert_run_params<'a>(
@@ -314,7 +324,7 @@ pub(super) fn insert_run_params<'a>(
     t: &'a f64,
     owner: &'a &str,
     lease_until: &'a f64,
-) -> [&'a (dyn ToSql + Sync); 11] {
+) -> [&'a (dyn ToSql + Sync); 12] {
     [
         &new.run_id,
         &new.kind,
@@ -326,6 +336,7 @@ pub(super) fn insert_run_params<'a>(
         &new.budget_json,
         owner,
         lease_until,
+        &new.deadline,
         &new.module,
     ]
 }

@@ -8,7 +8,7 @@ use crate::store::postgres::inner::{insert_run_err, own_insert, PgInner, PgStore
 use crate::store::postgres::retry::Limits;
 use crate::store::postgres::sql::{
     insert_run_params, moved, on_acquire, read_run, write_agent_state, DELETE_DURABLE, INSERT_RUN,
-    RUN_COLUMNS,
+    INSERT_RUN_KEYED, RUN_COLUMNS,
 };
 use crate::store::postgres::state::DrivenPool;
 use crate::store::postgres::tls;
@@ -16,8 +16,8 @@ use crate::store::slot::Slot;
 use crate::store::takeover::Takeover;
 use crate::store::url::{PgUrl, SslMode};
 use crate::store::{
-    AgentStateRow, ChatRow, InterruptRow, LeaseCheck, NewRun, PriorSpend, RunRow, Settlement,
-    SpanRecord, Store,
+    AgentStateRow, ChatRow, InterruptRow, KeyedRow, LeaseCheck, NewRun, PriorSpend, RunRow,
+    Settlement, SpanRecord, Store,
 };
 use crate::time::now;
 use deadpool_postgres::GenericClient;
@@ -186,6 +186,51 @@ impl Store for PgStore {
         })
     }
 
+    fn create_run_keyed(
+        &self,
+        new: &NewRun,
+        owner: &str,
+        lease_until: f64,
+    ) -> CoreResult<KeyedRow> {
+        block_on(async {
+            let spans = self.take_spans();
+            let c = self.client().await?;
+            self.write_spans(&c, &spans).await?;
+            let t = now();
+            let st = c
+                .prepare_cached(INSERT_RUN_KEYED)
+                .await
+                .map_err(self.err())?;
+            let params = insert_run_params(new, &t, &owner, &lease_until);
+            if let Some(row) = c.query_opt(&st, &params).await.map_err(self.err())? {
+                return Ok(KeyedRow::Created(RunRow::inserted(
+                    new,
+                    row.get(0),
+                    "running",
+                    t,
+                )));
+            }
+            // The insert waited for the transaction holding the id to end,
+            // so the row it conflicted with is committed and visible here.
+            let row = c
+                .query_opt(
+                    &format!(
+                        "SELECT {RUN_COLUMNS}, lease_owner, lease_until FROM runs WHERE run_id = $1"
+                    ),
+                    &[&new.run_id],
+                )
+                .await
+                .map_err(self.err())?
+                .ok_or_else(|| CoreError::Store(format!("run '{}' vanished", new.run_id)))?;
+            let holder: Option<String> = row.get(14);
+            let until: Option<f64> = row.get(15);
+            Ok(KeyedRow::Exists(
+                read_run(&row),
+                holder.map(|h| (h, until.unwrap_or(0.0))),
+            ))
+        })
+    }
+
     fn acquire(
         &self,
         run_id: &str,
@@ -201,7 +246,7 @@ impl Store for PgStore {
             let row = tx
                 .query_opt(
                     &format!(
-                        "SELECT {RUN_COLUMNS}, lease_owner, lease_until FROM runs \
+                        "SELECT {RUN_COLUMNS}, lease_owner, lease_until, deadline FROM runs \
                          WHERE run_id = $1 FOR UPDATE"
                     ),
                     &[&run_id],
@@ -209,7 +254,8 @@ impl Store for PgStore {
                 .await
                 .map_err(self.err())?
                 .ok_or_else(|| CoreError::Config(format!("no run found with run_id '{run_id}'")))?;
-            let run = read_run(&row);
+            let mut run = read_run(&row);
+            run.deadline = row.get(16);
             let holder: Option<String> = row.get(14);
             let until: Option<f64> = row.get(15);
             if let Some(holder) = &holder {

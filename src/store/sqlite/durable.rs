@@ -313,8 +313,48 @@ pub fn due_runs(
 
 /// The earliest wake time of a parked run after `after`.
 pub fn next_wake(conn: &Connection, after: f64) -> rusqlite::Result<Option<f64>> {
-    conn.prepare_cached("SELECT MIN(wake_at) FROM waits WHERE wake_at > ?1")?
+    conn.prepare_cached(&crate::store::durable::NEXT_WAKE.replace('$', "?"))?
         .query_row([after + EPSILON], |r| r.get(0))
+}
+
+/// OPS-12: `DurableStore::expire_runs` in one transaction.
+pub fn expire_runs(
+    conn: &mut Connection,
+    path: &str,
+    now: f64,
+    error_of: crate::store::durable::DeadlineError<'_>,
+) -> CoreResult<Vec<String>> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .at(path)?;
+    let due: Vec<(i64, String, String, f64)> = tx
+        .prepare_cached(&crate::store::durable::EXPIRED_RUNS.replace('$', "?"))
+        .and_then(|mut st| {
+            st.query_map([now + EPSILON], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            })?
+            .collect()
+        })
+        .at(path)?;
+    for (rid, run_id, name, deadline) in &due {
+        tx.execute(
+            "UPDATE runs SET status = 'failed', error_json = ?1, updated_at = ?2, \
+             lease_owner = NULL, lease_until = NULL WHERE rid = ?3",
+            params![error_of(name, run_id, *deadline), crate::time::now(), rid],
+        )
+        .at(path)?;
+        tx.execute_batch(&format!(
+            "DELETE FROM pending_interrupts WHERE rid = {rid}; \
+             DELETE FROM waits WHERE rid = {rid}; DELETE FROM timers WHERE rid = {rid}; \
+             DELETE FROM cancel_requests WHERE rid = {rid};"
+        ))
+        .at(path)?;
+    }
+    tx.commit().at(path)?;
+    if !due.is_empty() {
+        clock::poke();
+    }
+    Ok(due.into_iter().map(|d| d.1).collect())
 }
 
 /// What a parked run waits for.

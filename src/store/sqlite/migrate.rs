@@ -152,6 +152,9 @@ pub fn bring_up_to_date(conn: &Connection, path: &str, version: i64) -> CoreResu
         conn.execute_batch(crate::store::sqlite::published_schema::SCHEMA)
             .at(path)?;
     }
+    if version < crate::store::sqlite::starts_schema::VERSION {
+        crate::store::sqlite::starts_schema::apply(conn, path)?;
+    }
     conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
         .at(path)?;
     conn_tx.commit()?;

@@ -36,8 +36,8 @@ pub fn enqueue(s: &SqliteStore, new: &NewRun, p: &Placement) -> CoreResult<RunRo
         }
         tx.prepare_cached(
             "INSERT INTO runs(run_id, kind, name, status, created_at, updated_at, trace_id, \
-             fingerprint, args_json, budget_json, module) \
-             VALUES(?1, ?2, ?3, 'queued', ?4, ?4, ?5, ?6, ?7, ?8, ?9)",
+             fingerprint, args_json, budget_json, deadline, module) \
+             VALUES(?1, ?2, ?3, 'queued', ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
         )
         .and_then(|mut st| {
             st.execute(params![
@@ -49,6 +49,7 @@ pub fn enqueue(s: &SqliteStore, new: &NewRun, p: &Placement) -> CoreResult<RunRo
                 new.fingerprint,
                 new.args_json,
                 new.budget_json,
+                new.deadline,
                 new.module
             ])
         })

@@ -99,6 +99,7 @@ pub fn read_run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
         output_json: r.get(10)?,
         error_json: r.get(11)?,
         budget_json: r.get(12)?,
+        deadline: None,
         module: r.get(13)?,
     })
 }

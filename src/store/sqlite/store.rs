@@ -18,7 +18,7 @@ use crate::store::sqlite::writer::{
     Inner, Op, Queue, Writer, BACKGROUND_BATCH, BATCH_LATENCY, BATCH_STEPS, MAX_BACKLOG,
 };
 use crate::store::{
-    AgentStateRow, Claim, InterruptRow, LeaseCheck, NewRun, PriorSpend, RowSlot, RunRow,
+    AgentStateRow, Claim, InterruptRow, KeyedRow, LeaseCheck, NewRun, PriorSpend, RowSlot, RunRow,
     Settlement, SpanRecord, SpanRow, Store,
 };
 use crate::time::now;
@@ -166,8 +166,8 @@ impl Store for SqliteStore {
         self.apply(&mut w, ops, |tx| {
             tx.prepare_cached(
                 "INSERT INTO runs(run_id, kind, name, status, created_at, updated_at, trace_id, \
-                 fingerprint, args_json, budget_json, lease_owner, lease_until, module) \
-                 VALUES(?1, ?2, ?3, 'running', ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                 fingerprint, args_json, budget_json, lease_owner, lease_until, deadline, module) \
+                 VALUES(?1, ?2, ?3, 'running', ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
             )
             .and_then(|mut st| {
                 st.execute(params![
@@ -181,6 +181,7 @@ impl Store for SqliteStore {
                     new.budget_json,
                     owner,
                     lease_until,
+                    new.deadline,
                     new.module
                 ])
             })
@@ -191,6 +192,66 @@ impl Store for SqliteStore {
         // Committed: the run's spans go under its own trace with no lookup.
         remember_trace(&mut w.traces, &new.trace_id, -rid);
         Ok(RunRow::inserted(new, rid, "running", t))
+    }
+
+    fn create_run_keyed(
+        &self,
+        new: &NewRun,
+        owner: &str,
+        lease_until: f64,
+    ) -> CoreResult<KeyedRow> {
+        let mut w = self.lock_writer();
+        let ops = self.take_queue();
+        let t = now();
+        let mut found = None;
+        self.apply(&mut w, ops, |tx| {
+            let inserted = tx
+                .prepare_cached(
+                    "INSERT INTO runs(run_id, kind, name, status, created_at, updated_at, \
+                     trace_id, fingerprint, args_json, budget_json, lease_owner, lease_until, \
+                     deadline, module) \
+                     VALUES(?1, ?2, ?3, 'running', ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
+                     ON CONFLICT(run_id) DO NOTHING",
+                )
+                .and_then(|mut st| {
+                    st.execute(params![
+                        new.run_id,
+                        new.kind,
+                        new.name,
+                        t,
+                        new.trace_id,
+                        new.fingerprint,
+                        new.args_json,
+                        new.budget_json,
+                        owner,
+                        lease_until,
+                        new.deadline,
+                        new.module
+                    ])
+                })
+                .at(&self.path)?;
+            found = Some(if inserted == 1 {
+                KeyedRow::Created(RunRow::inserted(new, tx.last_insert_rowid(), "running", t))
+            } else {
+                let row = Inner::run_row(tx, &new.run_id)
+                    .at(&self.path)?
+                    .ok_or_else(|| CoreError::Store(format!("run '{}' vanished", new.run_id)))?;
+                let holder: (Option<String>, Option<f64>) = tx
+                    .query_row(
+                        "SELECT lease_owner, lease_until FROM runs WHERE rid = ?1",
+                        [row.rid],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .at(&self.path)?;
+                KeyedRow::Exists(row, holder.0.map(|h| (h, holder.1.unwrap_or(0.0))))
+            });
+            Ok(())
+        })?;
+        let found = found.ok_or_else(|| CoreError::Store("the run insert did not run".into()))?;
+        if let KeyedRow::Created(row) = &found {
+            remember_trace(&mut w.traces, &new.trace_id, -row.rid);
+        }
+        Ok(found)
     }
 
     fn acquire(
@@ -786,16 +847,17 @@ impl SqliteStore {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .at(&path)?;
-        let row = Inner::run_row(&tx, run_id)
+        let mut row = Inner::run_row(&tx, run_id)
             .at(&path)?
             .ok_or_else(|| CoreError::Config(format!("no run found with run_id '{run_id}'")))?;
-        let (holder, until): (Option<String>, Option<f64>) = tx
+        let (holder, until, deadline): (Option<String>, Option<f64>, Option<f64>) = tx
             .query_row(
-                "SELECT lease_owner, lease_until FROM runs WHERE rid = ?1",
+                "SELECT lease_owner, lease_until, deadline FROM runs WHERE rid = ?1",
                 [row.rid],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .at(&path)?;
+        row.deadline = deadline;
         if let Some(holder) = &holder {
             if holder != owner && live(holder, until.unwrap_or(0.0)) {
                 return Err(CoreError::Config(format!(
@@ -918,6 +980,15 @@ impl DurableStore for SqliteStore {
     fn next_wake(&self, after: f64) -> CoreResult<Option<f64>> {
         let path = crate::store::Store::path(self);
         self.with_conn(|c| durable::next_wake(c, after).at(path))
+    }
+
+    fn expire_runs(
+        &self,
+        now: f64,
+        error_of: crate::store::durable::DeadlineError<'_>,
+    ) -> CoreResult<Vec<String>> {
+        let path = crate::store::Store::path(self).to_string();
+        self.with_conn(|c| durable::expire_runs(c, &path, now, error_of))
     }
 
     fn parked_wait(&self, run_id: &str) -> CoreResult<Option<WaitRow>> {
