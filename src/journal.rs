@@ -135,7 +135,8 @@ impl Kind {
 }
 
 impl Ident {
-    /// The stored form, `<pos>:<scope length>:<digest hex or ->:<kind>`.
+    /// The stored form, `<pos>:<scope length>:<digest hex or ->:<kind>`
+    /// (a nested scope's row adds `:<openers>`, `encode_with`).
     pub fn encode(&self) -> String {
         let kind = self.kind.name();
         match self.digest {
@@ -360,14 +361,14 @@ pub struct Journal {
     len: usize,
 }
 
+/// A stored counter key's row: `(series, n, value, identity, openers)`.
 type Keyed = (usize, u32, Arc<str>, Option<Ident>, Option<Box<str>>);
 
 /// Builds a `Journal` from stored rows in any order.
 #[derive(Default)]
 pub struct JournalLoader {
     journal: Journal,
-    /// `(series, n, value, identity, openers)` of counter keys, placed once
-    /// the total is known.
+    /// Counter keys' rows, placed once the total is known.
     keyed: Vec<Keyed>,
 }
 
