@@ -173,15 +173,18 @@ impl Ident {
                 b.is_ascii_digit().then(|| n * 10 + u32::from(b - b'0'))
             })
         }
-        let mut parts = text.splitn(5, ':');
-        let pos = number(parts.next()?.as_bytes())?;
-        let scope_len = number(parts.next()?.as_bytes())?;
+        let mut parts = text.as_bytes().splitn(5, |&b| b == b':');
+        let pos = number(parts.next()?)?;
+        let scope_len = number(parts.next()?)?;
         let digest = match parts.next()? {
-            "-" => None,
-            hex if hex.len() == 16 => Some(u64::from_str_radix(hex, 16).ok()?),
+            b"-" => None,
+            hex if hex.len() == 16 => Some(hex.iter().try_fold(0u64, |d, &b| {
+                let v = (b as char).to_digit(16)?;
+                Some(d << 4 | u64::from(v))
+            })?),
             _ => return None,
         };
-        let kind = Kind::of(parts.next()?)?;
+        let kind = Kind::of(std::str::from_utf8(parts.next()?).ok()?)?;
         if pos == 0 {
             return None;
         }
@@ -191,7 +194,9 @@ impl Ident {
             digest,
             kind,
         };
-        Some((id, parts.next()))
+        // Split at an ASCII ':' of a `str`: the rest is UTF-8.
+        let chain = parts.next().and_then(|c| std::str::from_utf8(c).ok());
+        Some((id, chain))
     }
 }
 
