@@ -46,6 +46,9 @@ BOTH_STORES = {
     "test_cross_process",
     "test_agent_process",
     "test_async_process",
+    "test_published",
+    "test_listing",
+    "test_retention",
 }
 
 _schemas = itertools.count()

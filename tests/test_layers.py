@@ -75,6 +75,8 @@ GROUPS: list[tuple[str, tuple[str, ...]]] = [
     ("queues", ("queues",)),
     ("graph", ("graph.",)),
     ("mcp", ("mcp",)),
+    # Reading runs from outside and retention (OPS-20 … OPS-23).
+    ("outside", ("listing", "published", "retention")),
     # Entry points.
     ("entry", ("testing", "worker", "ui.", "cli", "")),
 ]

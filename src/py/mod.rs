@@ -9,6 +9,7 @@ mod durable;
 mod errors;
 mod graph;
 mod offloop;
+mod published;
 mod query;
 mod queue;
 mod rows;
@@ -92,6 +93,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     durable::register(m)?;
     step::register(m)?;
     queue::register(m)?;
+    published::register(m)?;
     m.add_class::<graph::PyGraphDef>()?;
     m.add_class::<graph::PyGraphRun>()?;
     for f in [

@@ -7,7 +7,7 @@ use crate::error::{CoreError, CoreResult};
 use crate::journal::{Call, Fence, ForkSource, Journal, Patch, StepKey};
 
 /// The journal key a fork keeps its origin under (issue 27).
-pub const FORK_KEY: &str = "__fork__";
+pub use crate::store::published::FORK_KEY;
 
 /// The start of the journal keys an upgrade to other code keeps (OPS-3).
 const UPGRADE_KEY: &str = "__upgrade__";
@@ -371,6 +371,47 @@ impl Attempt {
             .commit_step(rid, key, value, ident.as_deref(), record)?;
         let stored: Arc<str> = Arc::from(winner.as_deref().unwrap_or(value));
         Ok(self.journal.lock().record(key, stored))
+    }
+
+    /// Journals `value` under `key` and writes `item` in the same
+    /// transaction (an event, a stream value or end: OPS-21, OPS-22);
+    /// a key journaled already writes nothing and returns its value.
+    pub fn commit_published(
+        &self,
+        key: &str,
+        value: &str,
+        item: &crate::store::published::Published<'_>,
+        fence: Option<&Fence>,
+    ) -> CoreResult<Arc<str>> {
+        self.check(fence)?;
+        if self.replay_only {
+            return Err(CoreError::ReplayEnd(key.to_string()));
+        }
+        let ident = match self.unjournaled(key) {
+            Ok(ident) => ident,
+            Err(existing) => return Ok(existing),
+        };
+        // Batched steps before it are committed first (SQLite's writer
+        // drains its queue ahead of the transaction; a server store
+        // flushes here).
+        self.sync_point()?;
+        self.batch_failure()?;
+        let rid = self.rid()?;
+        let winner = self
+            .store
+            .commit_published(rid, key, value, ident.as_deref(), item)?;
+        let stored: Arc<str> = Arc::from(winner.as_deref().unwrap_or(value));
+        Ok(self.journal.lock().record(key, stored))
+    }
+
+    /// Appends `values` to stream `key` of the run, unjournaled (an
+    /// agent's text deltas): a replay-only attempt appends nothing.
+    pub fn append_stream(&self, key: &str, values: &[String]) -> CoreResult<()> {
+        self.check(None)?;
+        if self.replay_only || values.is_empty() {
+            return Ok(());
+        }
+        self.store.append_stream(self.rid()?, key, values)
     }
 
     /// `commit` of an unfenced step under batch durability (`batches(None)`),
