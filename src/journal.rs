@@ -135,7 +135,8 @@ impl Kind {
 }
 
 impl Ident {
-    /// The stored form, `<pos>:<scope length>:<digest hex or ->:<kind>`.
+    /// The stored form, `<pos>:<scope length>:<digest hex or ->:<kind>`
+    /// (a nested scope's row adds `:<openers>`, `encode_with`).
     pub fn encode(&self) -> String {
         let kind = self.kind.name();
         match self.digest {
@@ -172,15 +173,18 @@ impl Ident {
                 b.is_ascii_digit().then(|| n * 10 + u32::from(b - b'0'))
             })
         }
-        let mut parts = text.splitn(5, ':');
-        let pos = number(parts.next()?.as_bytes())?;
-        let scope_len = number(parts.next()?.as_bytes())?;
+        let mut parts = text.as_bytes().splitn(5, |&b| b == b':');
+        let pos = number(parts.next()?)?;
+        let scope_len = number(parts.next()?)?;
         let digest = match parts.next()? {
-            "-" => None,
-            hex if hex.len() == 16 => Some(u64::from_str_radix(hex, 16).ok()?),
+            b"-" => None,
+            hex if hex.len() == 16 => Some(hex.iter().try_fold(0u64, |d, &b| {
+                let v = (b as char).to_digit(16)?;
+                Some(d << 4 | u64::from(v))
+            })?),
             _ => return None,
         };
-        let kind = Kind::of(parts.next()?)?;
+        let kind = Kind::of(std::str::from_utf8(parts.next()?).ok()?)?;
         if pos == 0 {
             return None;
         }
@@ -190,7 +194,9 @@ impl Ident {
             digest,
             kind,
         };
-        Some((id, parts.next()))
+        // Split at an ASCII ':' of a `str`: the rest is UTF-8.
+        let chain = parts.next().and_then(|c| std::str::from_utf8(c).ok());
+        Some((id, chain))
     }
 }
 
@@ -199,15 +205,17 @@ impl Ident {
 struct Opener {
     /// The parent scope: `scope[..parent]`.
     parent: usize,
-    /// The call's key prefix: `scope[..prefix]`.
-    prefix: usize,
+    /// The call's key prefix, `scope[..prefix]`; `None` for a tool call's
+    /// scope `scope[..end]`, opened by its agent's step (`Journal::open_tool_scope`).
+    prefix: Option<usize>,
+    end: usize,
     n: u32,
 }
 
 /// The calls that open `scope`, outermost first: for `sub#1/map#2[0]`,
 /// `sub#1` in the run's scope and `sub#1/map#2` in `sub#1`; an
-/// `aggregate#k/<branch>` pair has one. Stops at a segment no positioned
-/// call opens (a tool call's).
+/// `aggregate#k/<branch>` pair has one, and so does a `tool:<id>` scope
+/// (its agent's step). Stops at a segment no call opens.
 fn openers(scope: &str) -> Vec<Opener> {
     let mut out = Vec::new();
     let mut start = 0;
@@ -219,7 +227,8 @@ fn openers(scope: &str) -> Vec<Opener> {
         if let Some((name, n)) = split_key(seg) {
             out.push(Opener {
                 parent,
-                prefix: start + name.len(),
+                prefix: Some(start + name.len()),
+                end,
                 n,
             });
             if name == "aggregate" && end < scope.len() {
@@ -231,11 +240,19 @@ fn openers(scope: &str) -> Vec<Opener> {
             match split_key(head) {
                 Some(("map", n)) => out.push(Opener {
                     parent,
-                    prefix: start + 3,
+                    prefix: Some(start + 3),
+                    end,
                     n,
                 }),
                 _ => break,
             }
+        } else if seg.starts_with("tool:") {
+            out.push(Opener {
+                parent,
+                prefix: None,
+                end,
+                n: 0,
+            });
         } else {
             break;
         }
@@ -244,15 +261,21 @@ fn openers(scope: &str) -> Vec<Opener> {
     out
 }
 
-/// One opener as stored: `<kind>@<pos>` or `<kind>@<pos>=<digest hex>`.
-fn parse_opener(text: &str) -> Option<(Kind, u32, Option<u64>)> {
+/// One opener as stored: `<kind>@<pos>`, then `=<digest hex>` if it has
+/// one, then `><key in its scope>` for an agent's step that opened a tool
+/// call's scope.
+fn parse_opener(text: &str) -> Option<(Kind, u32, Option<u64>, Option<&str>)> {
+    let (text, key) = match text.split_once('>') {
+        Some((head, key)) => (head, Some(key)),
+        None => (text, None),
+    };
     let (kind, rest) = text.split_once('@')?;
     let (pos, digest) = match rest.split_once('=') {
         Some((pos, hex)) => (pos, Some(u64::from_str_radix(hex, 16).ok()?)),
         None => (rest, None),
     };
     let pos: u32 = pos.parse().ok().filter(|&p| p > 0)?;
-    Some((Kind::of(kind)?, pos, digest))
+    Some((Kind::of(kind)?, pos, digest, key))
 }
 
 /// The name of a `patched` marker's keys (`patched#<n>`, OPS-2).
@@ -338,17 +361,19 @@ pub struct Journal {
     scope_index: HashMap<Arc<str>, usize>,
     /// Reused to look a counter up without allocating its key.
     scratch: String,
+    /// The key of the agent step that opened each tool call's scope.
+    tool_openers: HashMap<String, String>,
     len: usize,
 }
 
+/// A stored counter key's row: `(series, n, value, identity, openers)`.
 type Keyed = (usize, u32, Arc<str>, Option<Ident>, Option<Box<str>>);
 
 /// Builds a `Journal` from stored rows in any order.
 #[derive(Default)]
 pub struct JournalLoader {
     journal: Journal,
-    /// `(series, n, value, identity, openers)` of counter keys, placed once
-    /// the total is known.
+    /// Counter keys' rows, placed once the total is known.
     keyed: Vec<Keyed>,
 }
 
@@ -553,24 +578,37 @@ impl Journal {
     /// the call it makes in its place, before that call runs.
     fn mark_openers(&mut self, scope: &str, chain: &str, limit: usize) {
         for (op, text) in openers(scope).iter().zip(chain.split(',')) {
-            let Some((kind, pos, digest)) = parse_opener(text) else {
+            let Some((kind, pos, digest, local)) = parse_opener(text) else {
                 return;
             };
-            if pos as usize > limit || op.n as usize > limit {
+            let parent_text = &scope[..op.parent];
+            let (prefix, n) = match (op.prefix, local) {
+                (Some(end), _) => (scope[..end].to_string(), op.n),
+                (None, Some(local)) => match split_key(local) {
+                    Some((name, n)) => {
+                        let mut prefix = String::new();
+                        push_prefix(&mut prefix, parent_text, name);
+                        (prefix, n)
+                    }
+                    None => return,
+                },
+                (None, None) => return,
+            };
+            if pos as usize > limit || n as usize > limit {
                 return;
             }
-            let series = self.series_index(&scope[..op.prefix]);
-            let parent = self.scope_of(&scope[..op.parent]);
+            let series = self.series_index(&prefix);
+            let parent = self.scope_of(parent_text);
             let recorded = &mut self.scopes[parent].recorded;
             let at = pos as usize - 1;
             if recorded.len() <= at {
                 recorded.resize(at + 1, None);
             }
             if recorded[at].is_none() {
-                recorded[at] = Some((series, op.n));
+                recorded[at] = Some((series, n));
             }
             let idents = &mut self.series[series].idents;
-            let slot = op.n as usize - 1;
+            let slot = n as usize - 1;
             if idents.len() <= slot {
                 idents.resize(slot + 1, None);
             }
@@ -585,6 +623,17 @@ impl Journal {
         }
     }
 
+    /// Records that the agent step `key` opened the tool call scope
+    /// `scope` (`<parent>/tool:<id>`, its rows in the step's parent scope),
+    /// so those rows name the step like any nested scope's rows.
+    pub fn open_tool_scope(&mut self, scope: &str, key: &str) {
+        let parent = scope.rsplit_once('/').map_or("", |(p, _)| p);
+        let same_parent = key.rsplit_once('/').map_or("", |(p, _)| p) == parent;
+        if same_parent && split_key(key).is_some() {
+            self.tool_openers.insert(scope.to_string(), key.to_string());
+        }
+    }
+
     /// The openers of scope `at` as its rows store them: each opener's
     /// kind, position and digest, outermost first (computed once).
     fn chain_of(&mut self, at: usize) -> Option<Arc<str>> {
@@ -595,10 +644,22 @@ impl Journal {
         let text = self.scopes[at].text.clone();
         let mut out = String::new();
         for op in openers(&text) {
-            let Some(&series) = self.by_prefix.get(&text[..op.prefix]) else {
+            let (prefix, n, local) = match op.prefix {
+                Some(end) => (&text[..end], op.n, None),
+                None => {
+                    let Some(key) = self.tool_openers.get(&text[..op.end]) else {
+                        break;
+                    };
+                    let Some((prefix, n)) = split_key(key) else {
+                        break;
+                    };
+                    (prefix, n, Some(&key[name_start(op.parent as u32)..]))
+                }
+            };
+            let Some(&series) = self.by_prefix.get(prefix) else {
                 break;
             };
-            let Some(id) = self.ident_at(series, op.n) else {
+            let Some(id) = self.ident_at(series, n) else {
                 break;
             };
             if !out.is_empty() {
@@ -607,6 +668,9 @@ impl Journal {
             let _ = write!(out, "{}@{}", id.kind.name(), id.pos);
             if let Some(d) = id.digest {
                 let _ = write!(out, "={d:x}");
+            }
+            if let Some(local) = local {
+                let _ = write!(out, ">{local}");
             }
         }
         let chain = (!out.is_empty()).then(|| Arc::from(out));
@@ -1582,6 +1646,36 @@ mod tests {
         // Removed: the body returns without it.
         let mut j = Journal::from_rows(&rows);
         assert_eq!(j.unreached().unwrap().key, "sub#1/b#1");
+    }
+
+    #[test]
+    fn tool_rows_name_the_agent_step_that_ran_them() {
+        let mut j = Journal::default();
+        j.next_call("", "a", task(1), true);
+        let agent = call("agent", 9);
+        let (key, _, _) = j.next_call("", "mailer", agent, true);
+        j.open_tool_scope("tool:c0", &key.to_string());
+        let (key, _, _) = j.next_call("tool:c0", "upper", task(2), true);
+        let ident = j.pending_ident(&key.to_string()).unwrap();
+        assert!(ident.ends_with(":agent@2=9>mailer#1"), "{ident}");
+        let rows = vec![
+            (
+                "a#1".to_string(),
+                "1".to_string(),
+                Some("1:0:0000000000000001:task".into()),
+            ),
+            ("tool:c0/upper#1".to_string(), "1".to_string(), Some(ident)),
+        ];
+        // The agent step dropped: the call made in its place diverges.
+        let mut j = Journal::from_rows(&rows);
+        j.next_call("", "a", task(1), true);
+        let d = j.next_call("", "publish", task(3), true).2.unwrap();
+        assert_eq!(d.key, "mailer#1");
+        assert!(d.recorded.contains("agent 'mailer'"), "{d:?}");
+        // Unchanged: the step is where its tool's rows say.
+        let mut j = Journal::from_rows(&rows);
+        j.next_call("", "a", task(1), true);
+        assert_eq!(j.next_call("", "mailer", agent, true).2, None);
     }
 
     #[test]

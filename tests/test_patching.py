@@ -279,3 +279,23 @@ def test_ops2_old_and_new_runs_across_processes_and_kill_9(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "2 ok, 0 diverged" in result.stdout, result.stdout
+
+
+def test_ops2_a_fork_keeps_the_branch_its_source_took(deploy):
+    """OPS-2 with forks: a fork of a run that journaled the marker borrows it and takes the
+    new branch; a fork of an old run (no marker) takes the old branch before its `at` key."""
+    v1 = 'x = old()\ny = a()\ncompose.approve("go")\nreturn [x, y]'
+    v2 = 'x = new() if compose.patched("v2") else old()\ny = a()\ncompose.approve("go")\nreturn [x, y]'
+    mod = deploy.load("job_mod", module(v1))
+    old_run = mod.job.run()
+    mod = deploy.load("job_mod", module(v2))
+    new_run = mod.job.run()
+    executed = deploy.executions()
+    new_fork = compose.fork(new_run.id, at="a#1")
+    old_fork = compose.fork(old_run.id, at="a#1")
+    assert new_fork.status == old_fork.status == "paused"
+    assert markers(deploy, new_fork.id) == {"patched#1": '"v2"'}
+    assert markers(deploy, old_fork.id) == {}
+    assert compose.resume(new_fork.id, answers={"go": True}).output == ["NEW", "A"]
+    assert compose.resume(old_fork.id, answers={"go": True}).output == ["OLD", "A"]
+    assert deploy.executions() == executed + [("a",), ("a",)]

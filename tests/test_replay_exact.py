@@ -220,6 +220,14 @@ SHAPES = [
         id="nested-flow-paused-inside-other-arguments",
     ),
     pytest.param(
+        'v = upper("owl")\nv = mailer(v)\nreturn publish(v)',
+        'v = upper("owl")\nreturn publish(v)',
+        {"send": True},
+        False,
+        "mailer#1",
+        id="agent-paused-on-a-tool-after-its-tool-steps-removed",
+    ),
+    pytest.param(
         f'v = compose.map(writer, ["a", "b", "c"])\n{GATE}\nreturn publish(v)',
         f'v = compose.map(writer, ["a", "b"])\n{GATE}\nreturn publish(v)',
         {"go": True},

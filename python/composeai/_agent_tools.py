@@ -158,6 +158,10 @@ def _gated_call(call: _Call, c: ToolCallPart, arguments: dict) -> Generator[tupl
 
 def _tool_frame(call: _Call, c: ToolCallPart) -> Frame:
     scope = f"{call.tool_scope}/tool:{c.id}" if call.tool_scope else f"tool:{c.id}"
+    if call.run is not None and call.snapshot_scope:
+        # The tool's steps journal beside the agent's step: their rows name
+        # it, so a body that drops the step is stopped in its place.
+        call.run.attempt.open_tool_scope(scope, call.snapshot_scope)
     return Frame(call.run, scope, call.frame.span, call.frame.fence, call.frame.trace)
 
 

@@ -127,7 +127,7 @@ async def astart_run(*args: Any, **kwargs: Any) -> Any:
     store = await aget_store()
     if store.kind == "sqlite":
         return store.start_run(*args, **kwargs)
-    return await off_loop(store.astart_run, *args, **kwargs)
+    return await off_loop(lambda future, *a: store.astart_run(future, *a, **kwargs), *args)
 
 
 async def astart_keyed(*args: Any) -> Any:

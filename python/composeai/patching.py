@@ -17,13 +17,16 @@ How a call finds its position: `patched` is a journaled call of its scope (the f
 a nested flow's body, a `map` item or an `aggregate` branch) like a task or `now()`, so
 it is placed at the scope's next call position, counted in the order the body makes its
 calls. Replay compares that position with the journal: the patch's marker there means
-the run took the new branch (True); another call journaled there means the run was
-started without the patch (False). In both False cases (and for `deprecate_patch`) the
-call takes no position and journals nothing, so the calls after it keep the positions
-the journal has for them. Where the journal of that scope ends before the call, the run
+the run took the new branch (True, and the call keeps the position); another call
+journaled there means the run was started without the patch (False). A False call takes
+no position and journals nothing, so the calls after it keep the positions the journal
+has for them; `deprecate_patch` likewise takes the marker's position where the journal
+has it and none elsewhere. Where the journal of that scope ends before the call, the run
 decides: one started on the flow's current source (its stored fingerprint is the
-imported flow's, and it was never upgraded to it) journals the marker there and takes
-the new branch; any other takes the old one.
+imported flow's, and it was never upgraded to other code) journals the marker there and
+takes the new branch; any other takes the old one. The fingerprint is the run's own
+flow's, so a patch inside a nested flow or a helper function is judged by the source of
+the flow the run was started for.
 """
 
 from __future__ import annotations

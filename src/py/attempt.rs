@@ -299,6 +299,11 @@ impl PyAttempt {
         opened.py_err()
     }
 
+    /// Records that the agent step `key` opened the tool call scope `scope`.
+    fn open_tool_scope(&self, scope: &str, key: &str) {
+        self.inner.open_tool_scope(scope, key);
+    }
+
     /// `compose.patched` (or, with `deprecate`, `deprecate_patch`) in
     /// `scope`: whether the body takes the patched branch; journals the
     /// marker where the body runs past the journal of a run started on

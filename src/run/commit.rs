@@ -92,6 +92,11 @@ impl Attempt {
         Ok(key.to_string())
     }
 
+    /// Records that agent step `key` opened tool call scope `scope`.
+    pub fn open_tool_scope(&self, scope: &str, key: &str) {
+        self.journal.lock().open_tool_scope(scope, key);
+    }
+
     /// `compose.patched(patch_id)` (or, with `deprecate`,
     /// `compose.deprecate_patch`) in `scope` (OPS-2): whether the body
     /// takes the patched branch. A marker journaled at this position by an
