@@ -46,6 +46,7 @@ BOTH_STORES = {
     "test_cross_process",
     "test_agent_process",
     "test_async_process",
+    "test_deploys",
 }
 
 _schemas = itertools.count()

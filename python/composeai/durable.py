@@ -30,6 +30,7 @@ from ._lifecycle import (
     asignal,
     cancel,
     continue_due,
+    flow_versions,
     get_run,
     signal,
 )
@@ -264,7 +265,9 @@ def wake_due(now: datetime | None = None) -> list[Run]:
     about, and the others still continue."""
     at = None if now is None else _timestamp(now)
     done: list[Run] = []
-    for run_id, kind, name, reason, module in _core.due_runs(_engine.get_store(), at):
+    # Only runs of the code imported here (OPS-1); runs of other flows are named below.
+    due = _core.due_runs(_engine.get_store(), at, versions=flow_versions())
+    for run_id, kind, name, reason, module in due:
         if not _continued(kind, reason):
             continue
         missing = missing_owner_message(run_id, kind, name, module)

@@ -8,6 +8,14 @@ parking on its next wait, on one of `concurrency` threads. Between passes
 the worker sleeps in the core (GIL released) until the next timer, another
 process's commit (a new signal, a parked or queued run: polled on SQLite, a
 `LISTEN` hint on PostgreSQL), or a run of its own settling.
+
+A worker continues only the runs of the code it imported (OPS-1): the
+core's due and claim queries compare each flow run's stored fingerprint
+with the imported flow's, so runs started on other code are left to the
+workers running that code. With `--upgrade` (OPS-3) it first checks each
+such run it could otherwise not claim against its own code, replaying the
+journal without executing anything, and takes over the ones that replay
+cleanly.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from typing import IO, Any
 
 from . import _core, _engine
 from . import durable as _durable
-from ._lifecycle import _FLOWS, NotDue
+from ._lifecycle import _FLOWS, NotDue, flow_versions
 from .errors import ConfigError
 from .queues import Queue
 
@@ -43,6 +51,7 @@ class Worker:
         interval: float = 1.0,
         out: IO[str] | None = None,
         queues: tuple[Queue, ...] = (),
+        upgrade: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
@@ -61,6 +70,10 @@ class Worker:
         self._claimed: dict[str, str] = {}
         # False once the store turned out to keep no durable waits.
         self._durable = True
+        # `--upgrade`: runs found not to replay under this code, by the
+        # fingerprint they were checked at; they are not checked again.
+        self.upgrade = upgrade
+        self._not_upgraded: set[tuple[str, str | None]] = set()
 
     # -- logging -------------------------------------------------------------
 
@@ -143,7 +156,14 @@ class Worker:
             if room <= 0:
                 continue
             claimed = _core.queue_claim(
-                store, q.name, room, flows, q.concurrency, q.rate_limit, q.priority
+                store,
+                q.name,
+                room,
+                flows,
+                q.concurrency,
+                q.rate_limit,
+                q.priority,
+                [_FLOWS[name].fingerprint for name in flows],
             )
             with self._lock:
                 for run_id, _kind, _name in claimed:
@@ -165,13 +185,76 @@ class Worker:
         if not self._durable:
             return []
         try:
-            return _core.due_runs(store, None, limit)
+            return _core.due_runs(store, None, limit, flow_versions())
         except ConfigError:
             if store.kind == "sqlite":
                 raise
             # This store keeps no durable waits: only queued runs come due.
             self._durable = False
             return []
+
+    # -- upgrades (OPS-3) ------------------------------------------------------
+
+    def _upgrade_pass(self, store: Any) -> None:
+        """Checks each run of an imported flow started on other code that
+        this worker could otherwise continue (due, or queued on one of its
+        queues) against the imported code; re-stamps the ones whose journal
+        replays cleanly, so this pass continues them. A run that diverges is
+        left to the workers of its own code, logged once."""
+        from . import _upgrade
+
+        versions = flow_versions()
+        if not versions:
+            return
+        found: list[tuple[str, str | None]] = []
+        if self._durable:
+            limit = 100 + len(self._not_upgraded)
+            try:
+                due = _core.due_runs(store, None, limit, versions, True)
+            except ConfigError:
+                due = []
+            found += [(r[0], None) for r in due if r[1] == "flow"]
+        if self.queues:
+            mine = {q.name for q in self.queues}
+            found += [
+                (c[0], c[3])
+                for c in _core.upgrade_candidates(store, versions)
+                if c[2] == "queued" and c[4] in mine
+            ]
+        for run_id, _fp in found:
+            row = store.get_run(run_id)
+            if row is None or (run_id, row["fingerprint"]) in self._not_upgraded:
+                continue
+            with self._lock:
+                if run_id in self._inflight:
+                    continue
+            try:
+                report = _upgrade.upgrade_one(store, run_id)
+            except Exception as exc:  # noqa: BLE001 -- logged; the worker carries on
+                self._not_upgraded.add((run_id, row["fingerprint"]))
+                self.log(f"not upgraded {run_id} flow={row['name']}: {type(exc).__name__}: {exc}")
+                continue
+            if report.outcome == "upgraded":
+                # Another worker of the old code may have listed it already;
+                # it now finds the run on other code and skips it.
+                self._skipped.discard(run_id)
+                self.log(
+                    f"upgraded {run_id} flow={report.flow} "
+                    f"{_upgrade._short(report.from_fingerprint)} -> "
+                    f"{_upgrade._short(report.to_fingerprint)}"
+                )
+                continue
+            if report.outcome == "diverged":
+                why = (
+                    f"diverged at {report.key}: recorded {report.recorded}, called {report.called}"
+                )
+            else:
+                why = f"skipped: {report.reason}"
+            self._not_upgraded.add((run_id, row["fingerprint"]))
+            self.log(
+                f"not upgraded {run_id} flow={report.flow}: {why} -- left for the workers of "
+                f"its code version {_upgrade._short(row['fingerprint'])}"
+            )
 
     def _next_wake(self, store: Any) -> float | None:
         return _core.next_wake(store, _core.clock_now()) if self._durable else None
@@ -182,6 +265,8 @@ class Worker:
         """One pass over what is due now and what the queues let it claim;
         waits for those runs to settle."""
         store = _engine.get_store()
+        if self.upgrade:
+            self._upgrade_pass(store)
         self._submit(self._due(store, 1_000_000))
         self._claim(store)
         self._drain(None)
@@ -191,6 +276,8 @@ class Worker:
         while not self.stopping.is_set():
             with self._lock:
                 free = self.concurrency - len(self._inflight)
+            if free > 0 and self.upgrade:
+                self._upgrade_pass(store)
             if free > 0:
                 # Ask for enough rows to see past runs already in flight or skipped.
                 limit = free + len(self._inflight) + len(self._skipped)
@@ -269,6 +356,7 @@ def run_worker(
     concurrency: int,
     out=None,
     queues: tuple[str, ...] = (),
+    upgrade: bool = False,
 ) -> int:
     """The `compose worker` command; returns the exit code."""
     import importlib
@@ -276,7 +364,11 @@ def run_worker(
     for module in imports:
         importlib.import_module(module)
     worker = Worker(
-        concurrency=concurrency, interval=interval, out=out, queues=declared_queues(list(queues))
+        concurrency=concurrency,
+        interval=interval,
+        out=out,
+        queues=declared_queues(list(queues)),
+        upgrade=upgrade,
     )
     if once:
         worker.once()
@@ -293,6 +385,7 @@ def run_worker(
     worker.log(
         f"worker ready pid={__import__('os').getpid()} concurrency={concurrency} "
         + "".join(f"queue={q.name} " for q in worker.queues)
+        + ("upgrade=on " if upgrade else "")
         + f"store={_engine.get_store().path}"
     )
     worker.serve()

@@ -18,6 +18,7 @@ mod sqlite_lib;
 mod step;
 mod store;
 mod trace;
+mod upgrade;
 
 use pyo3::prelude::*;
 
@@ -92,6 +93,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     durable::register(m)?;
     step::register(m)?;
     queue::register(m)?;
+    upgrade::register(m)?;
     m.add_class::<graph::PyGraphDef>()?;
     m.add_class::<graph::PyGraphRun>()?;
     for f in [

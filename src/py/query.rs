@@ -70,6 +70,34 @@ impl Source {
         }
     }
 
+    /// The run's `__upgrade__` journal rows (OPS-3): `(key, value)` in
+    /// upgrade order.
+    fn upgrades(&self, rid: i64) -> CoreResult<Vec<(String, String)>> {
+        use crate::store::upgrade::UPGRADE_KEY;
+        let mut rows: Vec<(String, String)> = match self {
+            Source::Sqlite(c, p) => c
+                .prepare_cached(
+                    "SELECT step_key, value_json FROM journal \
+                     WHERE rid = ?1 AND substr(step_key, 1, ?2) = ?3",
+                )
+                .and_then(|mut st| {
+                    st.query_map(
+                        rusqlite::params![rid, UPGRADE_KEY.len() as i64, UPGRADE_KEY],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )?
+                    .collect()
+                })
+                .map_err(sql(p))?,
+            Source::Postgres(pg) => crate::store::Store::journal(pg, rid)?
+                .into_iter()
+                .filter(|(k, _)| k.starts_with(UPGRADE_KEY))
+                .collect(),
+        };
+        let n = |k: &str| k[UPGRADE_KEY.len()..].parse::<u64>().unwrap_or(u64::MAX);
+        rows.sort_by_key(|(k, _)| n(k));
+        Ok(rows)
+    }
+
     fn pending(&self, rid: i64) -> CoreResult<Vec<InterruptRow>> {
         match self {
             Source::Sqlite(c, p) => query::pending_interrupts(c, rid).map_err(sql(p)),
@@ -206,6 +234,8 @@ struct TraceView {
     run: RunRow,
     text: String,
     pending: Vec<InterruptRow>,
+    /// The values of the run's `__upgrade__` journal rows, in order.
+    upgrades: Vec<(String, String)>,
 }
 
 /// The whole data side of `compose trace` (OBS-32): resolves the run (the
@@ -213,7 +243,8 @@ struct TraceView {
 /// tree (`fmt="tree"`) or Mermaid (`fmt="mermaid"`), and loads its pending
 /// interrupts when it is paused. Returns `(outcome, value)` like
 /// `resolve_run`, with `value` for `"found"` a dict `{run_id, status,
-/// trace_id, text, pending: [(id, kind, question, payload_json)]}`.
+/// trace_id, text, pending: [(id, kind, question, payload_json)], upgrades:
+/// [value_json of each __upgrade__ journal row]}`.
 #[pyfunction]
 #[pyo3(signature = (db_path, run_id=None, fmt="tree", color=false))]
 pub fn trace_view(
@@ -254,7 +285,13 @@ pub fn trace_view(
             } else {
                 Vec::new()
             };
-            Ok(Ok(TraceView { run, text, pending }))
+            let upgrades = src.upgrades(run.rid)?;
+            Ok(Ok(TraceView {
+                run,
+                text,
+                pending,
+                upgrades,
+            }))
         })
         .map_err(to_py)?;
     let v = match view {
@@ -279,6 +316,8 @@ pub fn trace_view(
         .map(super::rows::interrupt_tuple)
         .collect();
     d.set_item("pending", pending)?;
+    let upgrades: Vec<String> = v.upgrades.into_iter().map(|(_, value)| value).collect();
+    d.set_item("upgrades", upgrades)?;
     Ok(("found".into(), d.into_any().unbind()))
 }
 

@@ -27,6 +27,7 @@ pub mod schema;
 pub mod statements;
 pub mod step_spans;
 mod store;
+pub mod upgrade;
 pub mod wal_vfs;
 pub mod write_tx;
 mod writer;
