@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 _UNSETTLED = ("queued", "running", "paused")
+_RAISED = "replaying it under the imported code raised"
 _DIVERGED = "NondeterminismError"
 
 
@@ -81,6 +82,13 @@ class UpgradeReport:
 
 def _short(fingerprint: str | None) -> str:
     return fingerprint[:12] if fingerprint else "(none)"
+
+
+def lasting(report: UpgradeReport) -> bool:
+    """Whether the run was not upgraded for a reason that stays while its
+    code and the imported code stay (it diverged, or its replay raised),
+    rather than for a race with another process."""
+    return report.outcome == "diverged" or (report.reason or "").startswith(_RAISED)
 
 
 def current_versions() -> list[tuple[str, str]]:
@@ -151,7 +159,7 @@ def upgrade_one(store: Any, run_id: str, *, dry_run: bool = False) -> UpgradeRep
                 called=e.called,
             )
         if report.error is not None:
-            return skipped(f"replaying it under the imported code raised {report.error}")
+            return skipped(f"{_RAISED} {report.error}")
     if dry_run:
         return UpgradeReport(run_id, name, "upgraded", seen_fp, target, status, dry_run=True)
     outcome, detail = _core.upgrade_run(store, run_id, seen_fp, target, seen_status, rows)

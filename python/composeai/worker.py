@@ -71,7 +71,8 @@ class Worker:
         # False once the store turned out to keep no durable waits.
         self._durable = True
         # `--upgrade`: runs found not to replay under this code, by the
-        # fingerprint they were checked at; they are not checked again.
+        # fingerprint they were checked at; they are not checked again
+        # (a run skipped for a race with another process is).
         self.upgrade = upgrade
         self._not_upgraded: set[tuple[str, str | None]] = set()
 
@@ -250,7 +251,8 @@ class Worker:
                 )
             else:
                 why = f"skipped: {report.reason}"
-            self._not_upgraded.add((run_id, row["fingerprint"]))
+            if _upgrade.lasting(report):
+                self._not_upgraded.add((run_id, row["fingerprint"]))
             self.log(
                 f"not upgraded {run_id} flow={report.flow}: {why} -- left for the workers of "
                 f"its code version {_upgrade._short(row['fingerprint'])}"
