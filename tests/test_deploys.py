@@ -403,3 +403,19 @@ def test_ops1_a_worker_claims_queued_runs_of_its_own_code_only():
     assert _core.queue_claim(store, "versions", 5, ["deal"], fingerprints=["another"]) == []
     claimed = _core.queue_claim(store, "versions", 5, ["deal"], fingerprints=[v1.fingerprint])
     assert [c[0] for c in claimed] == [queued.id]
+
+
+def test_ops1_the_ui_run_page_shows_the_code_version_and_whether_it_matches():
+    from composeai.ui import views
+
+    run = _load(_v1).run(1)
+    fingerprint = _engine.get_store().get_run(run.id)["fingerprint"]
+    _, page = views.run_page(run.id, "token")
+    assert f"data-matches='yes'>{fingerprint[:12]}</code> matches the imported code" in page
+    _load(_v2_commented)
+    _, page = views.run_page(run.id, "token")
+    assert f"data-matches='no'>{fingerprint[:12]}</code>" in page
+    assert "compose upgrade --import MODULE" in page
+    reset_registries()
+    _, page = views.run_page(run.id, "token")
+    assert "data-matches='unknown'" in page
