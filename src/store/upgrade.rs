@@ -12,7 +12,7 @@
 
 use crate::error::CoreResult;
 use crate::store::answer::AnswerTx;
-use crate::store::LeaseCheck;
+use crate::store::takeover::LeaseCheck;
 
 /// The prefix of the journal rows recording upgrades (`__upgrade__:1`, ...).
 pub const UPGRADE_KEY: &str = "__upgrade__:";
@@ -103,9 +103,10 @@ pub trait UpgradeTx: AnswerTx {
     fn restamp(&self, rid: i64, to: &str, status: Option<&str>, at: f64) -> CoreResult<()>;
 }
 
-/// The `type` of a stored error record.
+/// The `type` of a stored error record (`{"type", "message"}`).
 pub fn error_type(error_json: Option<&str>) -> Option<String> {
-    crate::store::query::parse_error(error_json).0
+    let v: serde_json::Value = serde_json::from_str(error_json?).ok()?;
+    v.get("type")?.as_str().map(str::to_string)
 }
 
 /// Whether a run with this status and error is one a checked upgrade takes.
