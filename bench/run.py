@@ -741,6 +741,77 @@ def obs_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
+def outside_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """O1-O4 (o_outside.py): list_runs on a large store, stream writes, token
+    delay to a reader in another process, prune rate and store size."""
+    argv = [
+        sys.executable,
+        os.path.join(BENCH_DIR, "o_outside.py"),
+        "--runs",
+        str(args.outside_runs),
+    ]
+    t0 = time.perf_counter()
+    rec = run_json(argv, base_env())
+    log(f"o_outside.py {time.perf_counter() - t0:.1f}s")
+    listed = rec["o1_list_runs_all_ms"]
+    mb = 1e6
+    vacuumed = rec["o4_bytes_after_vacuum"]
+    return [
+        row(
+            "O1",
+            f"list_runs(limit=100), {rec['o1_runs']:,} runs",
+            listed,
+            "ms",
+            "<= 10",
+            listed / 10,
+            "value / target",
+            listed <= 10,
+            rec,
+        ),
+        row(
+            "O1",
+            "list_runs(status='failed', limit=100)",
+            rec["o1_list_runs_failed_ms"],
+            "ms",
+        ),
+        row(
+            "O2",
+            "write_stream, per value",
+            rec["o2_us_per_stream_value"],
+            "us",
+            "",
+            rec["o2_us_per_stream_value"] / rec["o2_us_per_w1_step"],
+            "value / W1 step",
+        ),
+        row(
+            "O3",
+            "model delta -> reader in another process, p50",
+            rec["o3_token_delay_p50_ms"],
+            "ms",
+        ),
+        row(
+            "O3",
+            "model delta -> reader in another process, p99",
+            rec["o3_token_delay_p99_ms"],
+            "ms",
+        ),
+        row(
+            "O4",
+            f"delete_runs, {rec['o4_runs']:,} 3-step runs",
+            rec["o4_prune_runs_per_s"],
+            "runs/s",
+        ),
+        row(
+            "O4",
+            f"store MB before / after prune / after vacuum: {rec['o4_bytes_before'] / mb:.1f} / "
+            f"{rec['o4_bytes_after_prune'] / mb:.1f} / "
+            + ("-" if vacuumed is None else f"{vacuumed / mb:.1f}"),
+            rec["o4_bytes_after_prune"] / mb,
+            "MB",
+        ),
+    ]
+
+
 def pg_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     """P4 on a PostgreSQL cluster the bench starts (p_postgres.py; the whole
     P0-P2 series with DBOS beside it: `python bench/p_postgres.py`)."""
@@ -830,6 +901,10 @@ def main() -> None:
     p.add_argument("--obs", action="store_true", help="also OBS-CLI: the CLI against a large store")
     p.add_argument("--obs-only", action="store_true", help="only the OBS-CLI rows")
     p.add_argument("--obs-runs", type=int, default=10_000)
+    p.add_argument(
+        "--outside", action="store_true", help="also O1-O4: list_runs, streams, retention"
+    )
+    p.add_argument("--outside-runs", type=int, default=1_000_000)
     p.add_argument("--obs-spans", type=int, default=1_000_000)
     args = p.parse_args()
     t0 = time.perf_counter()
@@ -849,6 +924,8 @@ def main() -> None:
         rows += pg_rows(args)
     if args.obs or args.obs_only:
         rows += obs_rows(args)
+    if args.outside:
+        rows += outside_rows(args)
     log(
         f"total {time.perf_counter() - t0:.1f}s; load average {load_before:.2f} before, "
         f"{os.getloadavg()[0]:.2f} after"

@@ -47,6 +47,9 @@ BOTH_STORES = {
     "test_agent_process",
     "test_async_process",
     "test_deploys",
+    "test_published",
+    "test_listing",
+    "test_retention",
 }
 
 _schemas = itertools.count()

@@ -56,6 +56,8 @@ GROUPS: list[tuple[str, tuple[str, ...]]] = [
     # Features, each importing only the engine and the features before it.
     ("models", ("models.",)),
     ("lifecycle", ("_lifecycle",)),
+    # Patching flow code under runs in flight (OPS-2): asks the engine and the flow registry.
+    ("patching", ("patching",)),
     # Answers journaled from outside a run, continued through `resume`.
     ("answers", ("_answer",)),
     ("flows", ("flow",)),
@@ -75,6 +77,8 @@ GROUPS: list[tuple[str, tuple[str, ...]]] = [
     ("queues", ("queues",)),
     ("graph", ("graph.",)),
     ("mcp", ("mcp",)),
+    # Reading runs from outside and retention (OPS-20 … OPS-23).
+    ("outside", ("listing", "published", "retention")),
     # Entry points.
     ("entry", ("testing", "worker", "ui.", "cli", "")),
 ]

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import inspect
 import threading
+import time
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
-from . import _codec, _engine
+from . import _codec, _core, _engine
 from ._agent_call import _Call, _check_cancel, _current_bus, _has
 from ._agent_loop import _direct_turn, _loop, _pending_calls
 from ._agent_tools import _run_tool_async, _run_tool_sync, _ToolJob
@@ -31,15 +32,56 @@ if TYPE_CHECKING:
 # Drivers
 
 
+class _TokenSink:
+    """Appends an agent call's text deltas to a stream of its run
+    (`@agent(stream_to=...)`), in batches of up to `_SINK_DELTAS` deltas or
+    `_SINK_SECONDS` of them, so a token costs no commit of its own."""
+
+    __slots__ = ("attempt", "first", "key", "texts")
+
+    def __init__(self, attempt: Any, key: str) -> None:
+        self.attempt = attempt
+        self.key = key
+        self.texts: list[str] = []
+        self.first = 0.0
+
+    def add(self, text: str) -> None:
+        if not self.texts:
+            self.first = time.monotonic()
+        self.texts.append(_codec.dumps(text))
+        if len(self.texts) >= _SINK_DELTAS or time.monotonic() - self.first >= _SINK_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.texts:
+            texts, self.texts = self.texts, []
+            _core.attempt_append_stream(self.attempt, self.key, texts)
+
+
+_SINK_DELTAS = 64
+_SINK_SECONDS = 0.05
+
+
+def _token_sink(call: _Call) -> _TokenSink | None:
+    key = getattr(call.agent, "stream_to", None)
+    run = call.frame.run
+    if key is None or run is None:
+        return None
+    return _TokenSink(run.attempt, key)
+
+
 def _invoke_model_sync(call: _Call, request: ModelRequest, span) -> Any:
     model = call.model
-    if _current_bus() is not None:
+    sink = _token_sink(call)
+    if _current_bus() is not None or sink is not None:
         if _has(model, "stream"):
-            return _consume_stream(call, model.stream(request), span)
+            return _consume_stream(call, model.stream(request), span, sink)
         if _has(model, "astream"):
             from . import _runtime
 
-            return _runtime.run_sync(lambda: _aconsume_stream(call, model.astream(request), span))
+            return _runtime.run_sync(
+                lambda: _aconsume_stream(call, model.astream(request), span, sink)
+            )
     if not _has(model, "complete") and _has(model, "acomplete"):
         from . import _runtime
 
@@ -77,7 +119,7 @@ def _stream_missing_done(call: _Call) -> ComposeError:
     )
 
 
-def _consume_stream(call: _Call, events, span) -> Any:
+def _consume_stream(call: _Call, events, span, sink: _TokenSink | None = None) -> Any:
     response = None
     try:
         for event in events:
@@ -85,11 +127,15 @@ def _consume_stream(call: _Call, events, span) -> Any:
             if event.kind == "response_done":
                 response = event.response
                 break
+            if sink is not None and event.kind == "text_delta":
+                sink.add(event.text)
             _emit_stream_event(call, event, span)
     finally:
         close = getattr(events, "close", None)
         if close is not None:
             close()
+        if sink is not None:
+            sink.flush()
     if response is None:
         raise _stream_missing_done(call)
     return response
@@ -97,7 +143,7 @@ def _consume_stream(call: _Call, events, span) -> Any:
 
 def _run_batch_sync(call: _Call, jobs: list[_ToolJob]) -> list[Any]:
     """Runs a tool batch concurrently, one thread per call beyond the first
-    (a tool may block or call other agents, so no shared pool: ASYNC-7)."""
+    (a tool may block or call other agents, so no shared pool)."""
     if len(jobs) == 1:
         return [_run_tool_sync(call, jobs[0])]
     from contextvars import copy_context
@@ -155,17 +201,18 @@ def _drive_sync(gen: Generator) -> Any:
 
 async def _invoke_model_async(call: _Call, request: ModelRequest, span) -> Any:
     model = call.model
-    streaming = _current_bus() is not None
+    sink = _token_sink(call)
+    streaming = _current_bus() is not None or sink is not None
     if streaming and _has(model, "astream"):
-        return await _aconsume_stream(call, model.astream(request), span)
+        return await _aconsume_stream(call, model.astream(request), span, sink)
     if streaming and _has(model, "stream"):
-        return await _off_loop(lambda: _consume_stream(call, model.stream(request), span))
+        return await _off_loop(lambda: _consume_stream(call, model.stream(request), span, sink))
     if _has(model, "acomplete"):
         return await model.acomplete(request)
     return await _off_loop(lambda: model.complete(request))
 
 
-async def _aconsume_stream(call: _Call, events, span) -> Any:
+async def _aconsume_stream(call: _Call, events, span, sink: _TokenSink | None = None) -> Any:
     """The async twin of `_consume_stream`: a cancel seen between events
     stops here, and the model's stream is closed before anything else runs."""
     response = None
@@ -175,11 +222,15 @@ async def _aconsume_stream(call: _Call, events, span) -> Any:
             if event.kind == "response_done":
                 response = event.response
                 break
+            if sink is not None and event.kind == "text_delta":
+                sink.add(event.text)
             _emit_stream_event(call, event, span)
     finally:
         aclose = getattr(events, "aclose", None)
         if aclose is not None:
             await aclose()
+        if sink is not None:
+            sink.flush()
     if response is None:
         raise _stream_missing_done(call)
     return response
@@ -241,7 +292,7 @@ def _seed_from_body(agent: AgentFunction, result: Any) -> list[Message]:
 
 
 def _restore(call: _Call) -> bool:
-    """Loads the call's snapshot, if any (AGENT-53)."""
+    """Loads the call's snapshot, if any."""
     if not call.restorable or not call.durable:
         return False
     assert call.run is not None  # `durable` says so
@@ -256,7 +307,7 @@ def _restore(call: _Call) -> bool:
 
 
 def _restore_or_seed(call: _Call) -> bool:
-    """AGENT-20: the conversation from a snapshot, else from a chat's seed;
+    """The conversation from a snapshot, else from a chat's seed;
     False when the body must provide it."""
     if _restore(call):
         return True
@@ -300,6 +351,7 @@ def _agent_loop_sync_body(call: _Call, args: tuple, kwargs: dict) -> Any:
         and (agent.max_turns is None or agent.max_turns >= 1)
         and call.context_manager is None
         and _current_bus() is None
+        and agent.stream_to is None
         and _has(call.model, "complete")
         and not (call.messages and _pending_calls(call.messages[-1]))
     ):

@@ -10,6 +10,9 @@ __all__ = [
     "Store",
     "Wait",
     "answer_interrupts",
+    "astream_read",
+    "attempt_append_stream",
+    "attempt_publish",
     "begin_await",
     "begin_receive",
     "begin_sleep",
@@ -20,14 +23,18 @@ __all__ = [
     "clock_now",
     "clock_poke",
     "clock_set_fake",
+    "compact_store",
     "diff_view",
     "due_runs",
+    "event_wait",
     "export_view",
+    "list_runs",
     "llm_costs",
     "loads_plain",
     "next_wake",
     "parked_wait",
     "parked_waits",
+    "prune_runs",
     "query_runs",
     "receive_all",
     "register_decoder",
@@ -37,11 +44,13 @@ __all__ = [
     "render_tree",
     "request_cancel",
     "resolve_run",
+    "run_events",
     "search_runs",
     "send_signal",
     "set_module",
     "span_view",
     "sqlite_library",
+    "stream_read",
     "take_span_write_error",
     "trace_status",
     "trace_view",
@@ -200,6 +209,15 @@ class Attempt:
     @property
     def journal_rows(self) -> int: ...
     def next_key(self, scope: str, name: str, fence: Fence | None = None) -> str: ...
+    def open_scope(self, scope: str, kind: str, digest: int, fence: Fence | None = None) -> str: ...
+    def patched(
+        self,
+        scope: str,
+        patch_id: str,
+        same_code: bool,
+        deprecate: bool = False,
+        fence: Fence | None = None,
+    ) -> bool: ...
     def lookup(self, key: str, fence: Fence | None = None) -> str | None: ...
     def commit(
         self,
@@ -303,6 +321,7 @@ class Store:
         run_id: str | None = None,
         trace_id: str | None = None,
         queued: bool = False,
+        module: str | None = None,
     ) -> Attempt: ...
     def resume(
         self, run_id: str, recover: bool = False, answers: list[tuple[str, str]] = ...
@@ -317,6 +336,7 @@ class Store:
         budget_json: str | None = None,
         run_id: str | None = None,
         trace_id: str | None = None,
+        module: str | None = None,
     ) -> None:
         """`start_run` off the event loop: resolves `future` with the attempt."""
     def aresume(self, future: Any, run_id: str, recover: bool = False) -> None:
@@ -532,6 +552,7 @@ def queue_enqueue(
     budget_json: str | None = None,
     priority: int = 0,
     dedup_id: str | None = None,
+    module: str | None = None,
 ) -> str: ...
 def queue_claim(
     store: Store,
@@ -561,6 +582,9 @@ def queue_next_slot(
     store: Store, queue: str, rate_limit: tuple[int, float] | None
 ) -> float | None: ...
 def queue_stats(store: Store) -> list[tuple[str, int, int, int, float | None]]: ...
+def lease_holders(store: Store) -> list[tuple[str, int, float]]:
+    """`(owner, runs held, latest lease expiry)` per process holding leases."""
+
 def clock_now() -> float: ...
 def clock_is_fake() -> bool: ...
 def clock_set_fake(at: float | None = None) -> None: ...
@@ -749,3 +773,50 @@ def thread_audit_add(
 ) -> None: ...
 def thread_audit(store: Store, thread_id: str, limit: int) -> str: ...
 def thread_check_resume(store: Store, thread_id: str, names: list[str]) -> None: ...
+
+# Reading runs from outside and retention (OPS-20 … OPS-23).
+def attempt_publish(
+    attempt: Attempt,
+    key: str,
+    value_json: str,
+    what: str,
+    name: str,
+    item_json: str,
+    fence: Fence | None = None,
+) -> str: ...
+def attempt_append_stream(attempt: Attempt, name: str, values: list[str]) -> None: ...
+def event_wait(store: Store, run_id: str, key: str, wait: float) -> tuple[str, str | None]: ...
+def run_events(store: Store, run_id: str) -> list[tuple[str, str]]: ...
+def stream_read(
+    store: Store, run_id: str, key: str, after: int, limit: int, wait: float
+) -> tuple[list[tuple[int, str]], bool]: ...
+def astream_read(
+    store: Store,
+    future: Any,
+    run_id: str,
+    key: str,
+    after: int,
+    limit: int,
+    wait: float,
+) -> None: ...
+def list_runs(
+    store: Store,
+    status: list[str],
+    kind: list[str],
+    name: str | None,
+    since: float | None,
+    until: float | None,
+    query: str | None,
+    limit: int,
+    before: str | None,
+) -> list[dict[str, Any]]: ...
+def prune_runs(
+    store: Store,
+    older_than: float,
+    statuses: list[str],
+    name: str | None,
+    kind: str | None,
+    dry_run: bool,
+    batch: int,
+) -> int: ...
+def compact_store(store: Store) -> tuple[int, int] | None: ...

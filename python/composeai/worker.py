@@ -1,4 +1,4 @@
-"""`compose worker` (EXT-2, STORE-21): the long-running loop that continues
+"""`compose worker`: the long-running loop that continues
 due runs and executes queued ones.
 
 The core says which runs are due (`due_runs`) and when the next timer falls
@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import IO, Any
 
 from . import _core, _engine
@@ -37,6 +37,9 @@ from .queues import Queue
 # How long in-flight runs may take to settle after SIGINT/SIGTERM before the
 # worker gives up their leases and exits (they stay resumable).
 STOP_GRACE = 2.0
+
+# How often `--retention` prunes.
+PRUNE_EVERY = 3600.0
 
 
 def _flow_names() -> list[str]:
@@ -52,6 +55,7 @@ class Worker:
         out: IO[str] | None = None,
         queues: tuple[Queue, ...] = (),
         upgrade: bool = False,
+        retention: timedelta | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
@@ -75,6 +79,9 @@ class Worker:
         # (a run skipped for a race with another process is).
         self.upgrade = upgrade
         self._not_upgraded: set[tuple[str, str | None]] = set()
+        # Settled runs older than this are pruned once an hour (OPS-23).
+        self.retention = retention
+        self._next_prune = time.monotonic()
 
     # -- logging -------------------------------------------------------------
 
@@ -267,15 +274,31 @@ class Worker:
         """One pass over what is due now and what the queues let it claim;
         waits for those runs to settle."""
         store = _engine.get_store()
+        self._prune_if_due()
         if self.upgrade:
             self._upgrade_pass(store)
         self._submit(self._due(store, 1_000_000))
         self._claim(store)
         self._drain(None)
 
+    def _prune_if_due(self) -> None:
+        if self.retention is None or time.monotonic() < self._next_prune:
+            return
+        self._next_prune = time.monotonic() + PRUNE_EVERY
+        from .retention import delete_runs
+
+        try:
+            deleted = delete_runs(older_than=self.retention)
+        except Exception as exc:  # noqa: BLE001 -- a failed prune is retried next hour
+            self.log(f"prune failed: {type(exc).__name__}: {exc}")
+            return
+        if deleted:
+            self.log(f"pruned   {deleted} runs last updated over {self.retention} ago")
+
     def serve(self) -> None:
         store = _engine.get_store()
         while not self.stopping.is_set():
+            self._prune_if_due()
             with self._lock:
                 free = self.concurrency - len(self._inflight)
             if free > 0 and self.upgrade:
@@ -359,6 +382,7 @@ def run_worker(
     out=None,
     queues: tuple[str, ...] = (),
     upgrade: bool = False,
+    retention: timedelta | None = None,
 ) -> int:
     """The `compose worker` command; returns the exit code."""
     import importlib
@@ -371,6 +395,7 @@ def run_worker(
         out=out,
         queues=declared_queues(list(queues)),
         upgrade=upgrade,
+        retention=retention,
     )
     if once:
         worker.once()

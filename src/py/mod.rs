@@ -9,6 +9,7 @@ mod durable;
 mod errors;
 mod graph;
 mod offloop;
+mod published;
 mod query;
 mod queue;
 mod rows;
@@ -94,6 +95,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     step::register(m)?;
     queue::register(m)?;
     upgrade::register(m)?;
+    published::register(m)?;
     m.add_class::<graph::PyGraphDef>()?;
     m.add_class::<graph::PyGraphRun>()?;
     for f in [

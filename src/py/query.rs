@@ -98,6 +98,22 @@ impl Source {
         Ok(rows)
     }
 
+    /// The run's events (OPS-21): `(key, latest value JSON)` by key.
+    fn events(&self, rid: i64) -> CoreResult<Vec<(String, String)>> {
+        match self {
+            Source::Sqlite(c, p) => c
+                .prepare_cached(
+                    "SELECT key, value_json FROM run_events WHERE rid = ?1 ORDER BY key",
+                )
+                .and_then(|mut st| {
+                    st.query_map([rid], |r| Ok((r.get(0)?, r.get(1)?)))?
+                        .collect()
+                })
+                .map_err(sql(p)),
+            Source::Postgres(pg) => crate::store::published::PublishStore::events(pg, rid),
+        }
+    }
+
     fn pending(&self, rid: i64) -> CoreResult<Vec<InterruptRow>> {
         match self {
             Source::Sqlite(c, p) => query::pending_interrupts(c, rid).map_err(sql(p)),
@@ -155,11 +171,12 @@ pub fn query_runs<'py>(
     before: Option<(f64, String)>,
 ) -> PyResult<Option<Vec<Bound<'py, PyDict>>>> {
     let filter = RunFilter {
-        status,
-        kind,
+        status: status.into_iter().collect(),
+        kind: kind.into_iter().collect(),
         since,
         before,
         limit,
+        ..RunFilter::default()
     };
     let rows = py
         .allow_threads(|| -> CoreResult<Option<Vec<RunSummary>>> {
@@ -236,6 +253,7 @@ struct TraceView {
     pending: Vec<InterruptRow>,
     /// The values of the run's `__upgrade__` journal rows, in order.
     upgrades: Vec<(String, String)>,
+    events: Vec<(String, String)>,
 }
 
 /// The whole data side of `compose trace` (OBS-32): resolves the run (the
@@ -243,8 +261,9 @@ struct TraceView {
 /// tree (`fmt="tree"`) or Mermaid (`fmt="mermaid"`), and loads its pending
 /// interrupts when it is paused. Returns `(outcome, value)` like
 /// `resolve_run`, with `value` for `"found"` a dict `{run_id, status,
-/// trace_id, text, pending: [(id, kind, question, payload_json)], upgrades:
-/// [value_json of each __upgrade__ journal row]}`.
+/// trace_id, text, pending: [(id, kind, question, payload_json)],
+/// events: [(key, value_json)], upgrades: [value_json of each __upgrade__
+/// journal row]}`.
 #[pyfunction]
 #[pyo3(signature = (db_path, run_id=None, fmt="tree", color=false))]
 pub fn trace_view(
@@ -286,11 +305,13 @@ pub fn trace_view(
                 Vec::new()
             };
             let upgrades = src.upgrades(run.rid)?;
+            let events = src.events(run.rid)?;
             Ok(Ok(TraceView {
                 run,
                 text,
                 pending,
                 upgrades,
+                events,
             }))
         })
         .map_err(to_py)?;
@@ -318,6 +339,7 @@ pub fn trace_view(
     d.set_item("pending", pending)?;
     let upgrades: Vec<String> = v.upgrades.into_iter().map(|(_, value)| value).collect();
     d.set_item("upgrades", upgrades)?;
+    d.set_item("events", v.events)?;
     Ok(("found".into(), d.into_any().unbind()))
 }
 
@@ -344,11 +366,12 @@ pub fn search_runs(
     before: Option<(f64, String)>,
 ) -> PyResult<(String, PyObject)> {
     let filter = RunFilter {
-        status,
-        kind,
+        status: status.into_iter().collect(),
+        kind: kind.into_iter().collect(),
         since,
         before,
         limit,
+        ..RunFilter::default()
     };
     let found = py
         .allow_threads(|| -> CoreResult<Option<Searched>> {
@@ -638,6 +661,7 @@ type ViewSpan = (
     (Option<String>, Option<String>),
     Option<UsageTuple>,
     (Option<String>, Option<String>, Option<String>),
+    Option<String>,
 );
 
 /// The data side of the web UI's run page: resolves `run_id` and returns
@@ -646,7 +670,7 @@ type ViewSpan = (
 /// ordered by `started_at` then span id, as `(span_id, parent_span_id,
 /// kind, name, started_at, ended_at, status, replayed, (error_type,
 /// error_message), usage | None, (attributes_json, input_json,
-/// output_json))`.
+/// output_json), step_key | None)`.
 #[pyfunction]
 pub fn span_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(String, PyObject)> {
     run_spans(
@@ -672,6 +696,7 @@ pub fn span_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(Strin
                 (span.error_type, span.error_message),
                 usage,
                 (s.attributes_json, s.input_json, s.output_json),
+                s.step_key,
             ))
         },
     )

@@ -9,6 +9,7 @@ pub mod answer;
 pub mod durable;
 pub mod graph;
 pub mod postgres;
+pub mod published;
 pub mod query;
 pub mod queue;
 pub mod rows;
@@ -33,7 +34,7 @@ pub use takeover::LeaseCheck;
 /// A run's journal rows as stored: key, value and step identity.
 pub type JournalRows = Vec<(String, String, Option<String>)>;
 
-pub trait Store: Send + Sync + durable::DurableStore {
+pub trait Store: Send + Sync + durable::DurableStore + published::PublishStore {
     fn path(&self) -> &str;
 
     /// Creates a run row leased to `owner`, in one commit.

@@ -2,7 +2,7 @@
 //! `runs`, `show`, `trace` and search): spans in the form the trace renderer
 //! draws them.
 
-use crate::store::{RunRow, UsageRow};
+use crate::store::rows::{RunRow, UsageRow};
 use std::collections::HashMap;
 
 /// What rendering needs of one span.
@@ -34,6 +34,8 @@ pub struct RunSummary {
     pub run: RunRow,
     /// Σ(input + output tokens) over the run's `llm` spans.
     pub tokens: i64,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
     /// Σ of the non-null `cost_usd`; `None` when no call was priced.
     pub cost_usd: Option<f64>,
     /// Every `llm` span's cost is complete (true when there are none).
@@ -43,14 +45,35 @@ pub struct RunSummary {
 /// Filters of `compose runs`.
 #[derive(Debug, Clone, Default)]
 pub struct RunFilter {
-    pub status: Option<String>,
-    pub kind: Option<String>,
+    /// Keeps runs with one of these statuses (any when empty).
+    pub status: Vec<String>,
+    /// Keeps runs of one of these kinds (any when empty).
+    pub kind: Vec<String>,
+    pub name: Option<String>,
     /// Keeps runs with `created_at >= since` (Unix seconds).
     pub since: Option<f64>,
+    /// Keeps runs with `created_at < until` (Unix seconds).
+    pub until: Option<f64>,
     /// Keeps runs listed after the run `(created_at, run_id)` in the
     /// newest-first order: the next page of a listing.
     pub before: Option<(f64, String)>,
     pub limit: i64,
+}
+
+impl RunFilter {
+    /// The statuses as a JSON array, `None` for any.
+    pub fn status_json(&self) -> Option<String> {
+        list_json(&self.status)
+    }
+
+    /// The kinds as a JSON array, `None` for any.
+    pub fn kind_json(&self) -> Option<String> {
+        list_json(&self.kind)
+    }
+}
+
+fn list_json(items: &[String]) -> Option<String> {
+    (!items.is_empty()).then(|| serde_json::Value::from(items.to_vec()).to_string())
 }
 
 /// The outcome of resolving a run id or prefix (OBS-30).
@@ -73,6 +96,8 @@ pub struct StoredSpan {
     pub input_json: Option<String>,
     /// The output JSON, read from the journal when stored by reference.
     pub output_json: Option<String>,
+    /// The journal key of the step the span records, if it records one.
+    pub step_key: Option<String>,
 }
 
 /// `type` and `message` of a stored `{"type", "message", "stacktrace"}`.

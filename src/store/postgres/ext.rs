@@ -9,7 +9,9 @@
 use crate::clock;
 use crate::error::{CoreError, CoreResult};
 use crate::runtime::block_on;
-use crate::store::durable::{CancelOutcome, DueRun, DurableStore, Versions, WaitRow, EPSILON};
+use crate::store::durable::{
+    wake_reason, CancelOutcome, DueRun, DurableStore, Versions, WaitRow, EPSILON,
+};
 use crate::store::graph::{GraphTx, GraphWork, Row, Thread};
 use crate::store::postgres::inner::{insert_run_err, PgInner, PgStore};
 use crate::store::postgres::sql::{
@@ -319,7 +321,7 @@ impl DurableStore for PgStore {
             let timers = rows(
                 &c,
                 concat!(
-                    "SELECT r.run_id, r.kind, r.name, w.module FROM waits w \
+                    "SELECT r.run_id, r.kind, r.name, w.module, w.step_key FROM waits w \
                      JOIN runs r ON r.rid = w.rid WHERE w.wake_at IS NOT NULL \
                      AND w.wake_at <= $1 AND r.status = 'paused'",
                     pg_version_filter!("$3", "$4", "$5"),
@@ -369,7 +371,11 @@ impl DurableStore for PgStore {
                         run_id,
                         kind: r.get(1),
                         name: r.get(2),
-                        reason,
+                        reason: if reason == "timer" {
+                            wake_reason(r.get::<_, &str>(4))
+                        } else {
+                            reason
+                        },
                         module: r.get(3),
                     });
                 }

@@ -14,6 +14,7 @@ mod driven;
 mod ext;
 mod inner;
 pub mod listen;
+mod published;
 pub mod query;
 pub mod queue;
 mod schema;

@@ -41,18 +41,19 @@ impl PgStore {
             .is_some_and(|r| r.get::<_, bool>(0)))
     }
 
-    fn run_usage(&self, run: &RunRow) -> CoreResult<(i64, Option<f64>, bool)> {
+    fn run_usage(&self, run: &RunRow) -> CoreResult<(i64, i64, Option<f64>, bool)> {
         let Some(trace_id) = run.trace_id.as_deref() else {
-            return Ok((0, None, true));
+            return Ok((0, 0, None, true));
         };
         let rows = self.cli_rows(
-            "SELECT COALESCE(SUM(COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0)), 0)::BIGINT, \
+            "SELECT COALESCE(SUM(COALESCE(input_tokens, 0)), 0)::BIGINT, \
+                    COALESCE(SUM(COALESCE(output_tokens, 0)), 0)::BIGINT, \
                     SUM(cost_usd), COALESCE(BOOL_AND(cost_complete), TRUE) \
              FROM spans WHERE trace_id = $1 AND rid = $2 AND kind = 'llm'",
             &[&trace_id, &run.rid],
         )?;
         let r = &rows[0];
-        Ok((r.get(0), r.get(1), r.get(2)))
+        Ok((r.get(0), r.get(1), r.get(2), r.get(3)))
     }
 
     /// `query::list_runs` (OBS-31); with `matching`, only runs owning a
@@ -81,19 +82,24 @@ impl PgStore {
 
         let sql = format!(
             "SELECT {RUN_COLUMNS} FROM runs \
-             WHERE ($1::TEXT IS NULL OR status = $1) AND ($2::TEXT IS NULL OR kind = $2) \
+             WHERE ($1::TEXT[] IS NULL OR status = ANY($1)) \
+               AND ($2::TEXT[] IS NULL OR kind = ANY($2)) \
                AND ($3::FLOAT8 IS NULL OR created_at >= $3) {search} \
                AND ($6::FLOAT8 IS NULL OR created_at < $6 OR (created_at = $6 \
                  AND rid < (SELECT b.rid FROM runs b WHERE b.run_id = $7::TEXT))) \
+               AND ($8::TEXT IS NULL OR name = $8) AND ($9::FLOAT8 IS NULL OR created_at < $9) \
              ORDER BY created_at DESC, rid DESC LIMIT $4"
         );
         let limit = f.limit.max(0);
         let (before_at, before_id) = f.before.clone().unzip();
+        let status = (!f.status.is_empty()).then(|| f.status.clone());
+        let kind = (!f.kind.is_empty()).then(|| f.kind.clone());
         let runs: Vec<RunRow> = self
             .cli_rows(
                 &sql,
                 &[
-                    &f.status, &f.kind, &f.since, &limit, &matching, &before_at, &before_id,
+                    &status, &kind, &f.since, &limit, &matching, &before_at, &before_id, &f.name,
+                    &f.until,
                 ],
             )?
             .iter()
@@ -101,10 +107,13 @@ impl PgStore {
             .collect();
         runs.into_iter()
             .map(|run| {
-                let (tokens, cost_usd, cost_complete) = self.run_usage(&run)?;
+                let (input_tokens, output_tokens, cost_usd, cost_complete) =
+                    self.run_usage(&run)?;
                 Ok(RunSummary {
                     run,
-                    tokens,
+                    tokens: input_tokens + output_tokens,
+                    input_tokens,
+                    output_tokens,
                     cost_usd,
                     cost_complete,
                 })
@@ -181,7 +190,7 @@ impl PgStore {
                 "SELECT s.span_id, s.parent, s.kind, s.name, s.started_at, s.ended_at, s.status, \
                         s.flags, s.error_json, s.input_tokens, s.output_tokens, \
                         s.cache_read_tokens, s.cache_creation_tokens, s.reasoning_tokens, \
-                        s.cost_usd, s.cost_complete, {payloads} \
+                        s.cost_usd, s.cost_complete, {payloads}, s.step_key \
                  FROM spans s WHERE s.trace_id = $1"
             ),
             &[&trace_id],
@@ -225,6 +234,7 @@ impl PgStore {
                     attributes_json: r.get(17),
                     input_json: r.get(18),
                     output_json: r.get(19),
+                    step_key: r.get(20),
                 }
             })
             .collect();

@@ -13,7 +13,7 @@ pub(super) const LEASE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS run_recoveries
 
 /// Versions of the PostgreSQL schema (its own series; step `n` brings a
 /// schema at `n - 1` to `n`).
-pub const PG_SCHEMA_VERSION: i32 = 5;
+pub const PG_SCHEMA_VERSION: i32 = 7;
 
 pub(super) const PG_SCHEMA_V1: &str = r#"
 CREATE TABLE runs(
@@ -103,13 +103,52 @@ CREATE TABLE cancel_requests(
 
 /// `(version, DDL)` of each step, in order; a schema at version `v` gets
 /// every step above `v`.
-pub(super) const MIGRATIONS: [(i32, &str); 5] = [
+pub(super) const MIGRATIONS: [(i32, &str); 7] = [
     (1, PG_SCHEMA_V1),
     (2, PG_SCHEMA_V2),
     (3, PG_QUEUE_SCHEMA),
     (4, LEASE_SCHEMA),
     (5, IDENT_SCHEMA),
+    (6, MODULE_SCHEMA),
+    (7, PUBLISHED_SCHEMA),
 ];
+
+/// Schema version 6: the module defining each run's flow, so an error can
+/// name the import that registers it; NULL for runs stored before it.
+pub const MODULE_SCHEMA: &str = "ALTER TABLE runs ADD COLUMN IF NOT EXISTS module TEXT;";
+
+/// Schema version 7: what runs publish (OPS-21, OPS-22) and the fork rows
+/// of the journal a prune looks up (OPS-23), as on SQLite. A new event
+/// value, stream value or stream end sends the wake-up hint, which readers
+/// wait on.
+pub const PUBLISHED_SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS run_events(
+    rid BIGINT NOT NULL,
+    key TEXT NOT NULL,
+    value_json TEXT NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY(rid, key)
+);
+CREATE TABLE IF NOT EXISTS run_streams(
+    rid BIGINT NOT NULL,
+    key TEXT NOT NULL,
+    seq BIGINT NOT NULL,
+    value_json TEXT NOT NULL,
+    PRIMARY KEY(rid, key, seq)
+);
+CREATE TABLE IF NOT EXISTS run_stream_ends(
+    rid BIGINT NOT NULL,
+    key TEXT NOT NULL,
+    PRIMARY KEY(rid, key)
+);
+CREATE INDEX IF NOT EXISTS journal_forks ON journal(rid) WHERE step_key = '__fork__';
+CREATE OR REPLACE TRIGGER wake_event AFTER INSERT OR UPDATE ON run_events
+    FOR EACH STATEMENT EXECUTE FUNCTION wake();
+CREATE OR REPLACE TRIGGER wake_stream AFTER INSERT ON run_streams
+    FOR EACH STATEMENT EXECUTE FUNCTION wake();
+CREATE OR REPLACE TRIGGER wake_stream_end AFTER INSERT ON run_stream_ends
+    FOR EACH STATEMENT EXECUTE FUNCTION wake();
+"#;
 
 /// Schema version 5: each journal row's step identity (issue 27), NULL for
 /// rows written before it (they replay unchecked).

@@ -18,6 +18,8 @@ pub mod graph_schema;
 mod migrate;
 mod multirow;
 mod open;
+pub mod published;
+pub mod published_schema;
 pub mod query;
 pub mod queue;
 pub mod queue_schema;

@@ -6,6 +6,7 @@
 //! (`span_fts`), which the engine never reads or writes.
 
 use crate::ids::read_id;
+use crate::store::published::{fork_origin, ListedRun, FORK_KEY};
 use crate::store::query::{
     model_attribute, parse_error, CostBucket, CostsBy, LocalDates, RenderSpan, Resolved, RunFilter,
     RunSummary, StoredSpan,
@@ -18,7 +19,7 @@ use rusqlite::{params, Connection, OptionalExtension, ToSql, Transaction, Transa
 use std::collections::HashMap;
 
 const RUN_COLUMNS: &str = "rid, run_id, kind, name, status, created_at, updated_at, trace_id, \
-     fingerprint, args_json, output_json, error_json, budget_json";
+     fingerprint, args_json, output_json, error_json, budget_json, module";
 
 /// Runs matching `f`, newest first, with their usage.
 pub fn list_runs(conn: &Connection, f: &RunFilter) -> rusqlite::Result<Vec<RunSummary>> {
@@ -40,10 +41,12 @@ fn select_runs(
     };
     let sql = format!(
         "SELECT {RUN_COLUMNS} FROM runs \
-         WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR kind = ?2) \
+         WHERE (?1 IS NULL OR status IN (SELECT value FROM json_each(?1))) \
+           AND (?2 IS NULL OR kind IN (SELECT value FROM json_each(?2))) \
            AND (?3 IS NULL OR created_at >= ?3) {fts} \
            AND (?6 IS NULL OR created_at < ?6 OR (created_at = ?6 \
              AND rid < (SELECT b.rid FROM runs b WHERE b.run_id = ?7))) \
+           AND (?8 IS NULL OR name = ?8) AND (?9 IS NULL OR created_at < ?9) \
          ORDER BY created_at DESC, rid DESC LIMIT ?4"
     );
     let (before_at, before_id) = f.before.clone().unzip();
@@ -51,25 +54,69 @@ fn select_runs(
         .prepare_cached(&sql)?
         .query_map(
             params![
-                f.status,
-                f.kind,
+                f.status_json(),
+                f.kind_json(),
                 f.since,
                 f.limit.max(0),
                 matching,
                 before_at,
-                before_id
+                before_id,
+                f.name,
+                f.until
             ],
             read_run_row,
         )?
         .collect::<rusqlite::Result<_>>()?;
     runs.into_iter()
         .map(|run| {
-            let (tokens, cost_usd, cost_complete) = run_usage(conn, &run)?;
+            let (input_tokens, output_tokens, cost_usd, cost_complete) = run_usage(conn, &run)?;
             Ok(RunSummary {
                 run,
-                tokens,
+                tokens: input_tokens + output_tokens,
+                input_tokens,
+                output_tokens,
                 cost_usd,
                 cost_complete,
+            })
+        })
+        .collect()
+}
+
+/// `list_runs` (or, with `matching`, `search_runs`) with each run's
+/// pending interrupt ids, queue and fork origin (OPS-20).
+pub fn listed_runs(
+    conn: &Connection,
+    f: &RunFilter,
+    matching: Option<&str>,
+) -> Result<Vec<ListedRun>, SearchError> {
+    let runs = match matching {
+        None => select_runs(conn, f, None)?,
+        Some(q) => search_runs(conn, f, q)?,
+    };
+    runs.into_iter()
+        .map(|summary| {
+            let rid = summary.run.rid;
+            let pending = if summary.run.status == "paused" {
+                pending_interrupts(conn, rid)?
+                    .into_iter()
+                    .map(|p| p.interrupt_id)
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let queue: Option<String> = conn
+                .prepare_cached("SELECT queue FROM queue_runs WHERE rid = ?1")?
+                .query_row([rid], |r| r.get(0))
+                .optional()?;
+            let origin: Option<String> = conn
+                .prepare_cached("SELECT value_json FROM journal WHERE rid = ?1 AND step_key = ?2")?
+                .query_row(params![rid, FORK_KEY], |r| r.get(0))
+                .optional()?;
+            Ok(ListedRun {
+                summary,
+                pending,
+                queue,
+                parent_id: origin.as_deref().and_then(fork_origin),
             })
         })
         .collect()
@@ -253,17 +300,18 @@ const IN_RUN_TRACE: &str = "s.tid IN (-?1, (SELECT tid FROM traces WHERE trace_i
 ///
 /// A run's spans are written under its own trace id, so the lookup goes
 /// through the indexed trace rather than a scan of every span.
-fn run_usage(conn: &Connection, run: &RunRow) -> rusqlite::Result<(i64, Option<f64>, bool)> {
+fn run_usage(conn: &Connection, run: &RunRow) -> rusqlite::Result<(i64, i64, Option<f64>, bool)> {
     let Some(trace_id) = run.trace_id.as_deref() else {
-        return Ok((0, None, true));
+        return Ok((0, 0, None, true));
     };
     conn.prepare_cached(&format!(
-        "SELECT COALESCE(SUM(COALESCE(s.input_tokens, 0) + COALESCE(s.output_tokens, 0)), 0), \
+        "SELECT COALESCE(SUM(COALESCE(s.input_tokens, 0)), 0), \
+                COALESCE(SUM(COALESCE(s.output_tokens, 0)), 0), \
                 SUM(s.cost_usd), COALESCE(MIN(s.cost_complete), 1) \
          FROM spans s WHERE {IN_RUN_TRACE} AND s.rid = ?1 AND s.kind = 'llm'"
     ))?
     .query_row(params![run.rid, trace_id], |r| {
-        Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)? != 0))
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get::<_, i64>(3)? != 0))
     })
 }
 
@@ -366,7 +414,7 @@ fn read_trace(
         "SELECT s.span_id, s.parent, s.kind, s.name, s.started_at, s.ended_at, s.status, \
                 s.flags, s.error_json, s.input_tokens, s.output_tokens, s.cache_read_tokens, \
                 s.cache_creation_tokens, s.reasoning_tokens, s.cost_usd, s.cost_complete, \
-                {payloads} \
+                {payloads}, s.step_key \
          FROM spans s WHERE {IN_RUN_TRACE}"
     ))?;
     let rows = st.query_map(params![rid, trace_id], |r| {
@@ -409,6 +457,7 @@ fn read_trace(
             attributes_json: r.get(17)?,
             input_json: r.get(18)?,
             output_json: r.get(19)?,
+            step_key: r.get(20)?,
         })
     })?;
     let mut spans = rows.collect::<rusqlite::Result<Vec<_>>>()?;

@@ -156,11 +156,12 @@ fn lists_runs_newest_first_with_usage_and_filters() {
         list_runs(
             &conn,
             &RunFilter {
-                status: status.map(Into::into),
-                kind: kind.map(Into::into),
+                status: status.into_iter().map(Into::into).collect(),
+                kind: kind.into_iter().map(Into::into).collect(),
                 since,
                 before: None,
                 limit,
+                ..RunFilter::default()
             },
         )
         .unwrap()
@@ -396,7 +397,7 @@ fn search_indexes_names_and_payloads_incrementally() {
     let only_alpha = search_runs(
         &conn,
         &RunFilter {
-            kind: Some("agent".into()),
+            kind: vec!["agent".into()],
             limit: 10,
             ..Default::default()
         },
