@@ -252,7 +252,9 @@ def d4(code_dir: str, n: int, concurrency: int) -> dict:
 
 
 def main() -> None:
-    args = parser(__doc__.splitlines()[0], 200).parse_args()
+    p = parser(__doc__.splitlines()[0], 200)
+    p.add_argument("--d4-only", action="store_true", help="D4 alone (for bench/ab.py)")
+    args = p.parse_args()
     code_dir = temp_dir("dcode")
     with open(os.path.join(code_dir, "dbench.py"), "w") as f:
         f.write(FLOWS)
@@ -260,6 +262,12 @@ def main() -> None:
     result = {"workload": "D", "sync": sync_mode()}
     result["D4"] = d4(code_dir, 2000, 1)
     result["D4_concurrency_4"] = d4(code_dir, 2000, 4)
+    # Top-level numbers, which bench/ab.py compares.
+    result["d4_runs_per_s"] = result["D4"]["runs_per_s"]
+    result["d4_c4_runs_per_s"] = result["D4_concurrency_4"]["runs_per_s"]
+    if args.d4_only:
+        emit(result)
+        return
     result["D1"] = d1(code_dir, args.n)
     result["D2"] = d2(code_dir, 30)
     result["D3"] = d3(code_dir, 10_000)

@@ -49,6 +49,7 @@ BOTH_STORES = {
     "test_run_ids",
     "test_deadlines",
     "test_schedules",
+    "test_deploys",
     "test_published",
     "test_listing",
     "test_retention",

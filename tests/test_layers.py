@@ -63,6 +63,8 @@ GROUPS: list[tuple[str, tuple[str, ...]]] = [
     ("flows", ("flow",)),
     # Replaying and forking stored flow runs (issue 27).
     ("replay", ("_replay",)),
+    # Checked upgrades of runs in flight to the imported code (OPS-3).
+    ("upgrade", ("_upgrade",)),
     ("hitl", ("hitl",)),
     ("tools", ("tools",)),
     ("composition", ("combinators",)),

@@ -29,6 +29,12 @@ if TYPE_CHECKING:
 _FLOWS: dict[str, Any] = {}
 
 
+def flow_versions() -> list[tuple[str, str]]:
+    """`(name, fingerprint)` of every `@flow` registered in this process: the
+    code versions whose runs it continues (OPS-1)."""
+    return [(name, flow_obj.fingerprint) for name, flow_obj in _FLOWS.items()]
+
+
 class GraphRuns:
     """What `composeai.graph` registers for graph runs: how one resumes,
     sync and async, how a run kept in a graph's own storage is found, and

@@ -86,11 +86,15 @@ def replay(run: str | Run, *, store: str | None = None) -> ReplayReport:
     journal (whatever the flow's `on_divergence` and fingerprint)."""
     run_id = run.id if isinstance(run, Run) else run
     source = _store(store)
-    attempt = source.replay_attempt(run_id)
+    return replay_attempt(source, source.replay_attempt(run_id))
+
+
+def replay_attempt(source: Any, attempt: Any) -> ReplayReport:
+    """`replay` of a replay-only attempt opened on `source`."""
     row = {"run_id": attempt.run_id, "kind": attempt.kind, "name": attempt.name}
     if attempt.name not in _FLOWS:
         # For the message: the module recorded with the run.
-        row["module"] = (source.get_run(run_id) or {}).get("module")
+        row["module"] = (source.get_run(attempt.run_id) or {}).get("module")
     flow_obj = _flow_of(row, "replay()")
     args, kwargs = _arguments(attempt.args_json)
     state = RunState(attempt, flow_obj.name)

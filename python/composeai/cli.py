@@ -260,6 +260,14 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     # Mermaid output is meant to be piped into a renderer: the hint goes to
     # stderr, so stdout stays a valid diagram.
     hint = sys.stderr if args.format == "mermaid" else sys.stdout
+    for upgrade in value.get("upgrades", ()):
+        # OPS-3: each re-stamp of the run to new code, in order.
+        u = json.loads(upgrade)
+        print(
+            f"upgraded  {str(u.get('from') or '(none)')[:12]} -> {str(u.get('to'))[:12]}"
+            f"  at {_iso(u['at'])}",
+            file=hint,
+        )
     if value["events"]:
         # The latest value of each event the run published.
         print("\nevents:", file=hint)
@@ -304,6 +312,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         queues=tuple(args.queues),
         grace=args.grace,
+        upgrade=args.upgrade,
         retention=retention,
     )
 
@@ -447,6 +456,73 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         f"{counts['skipped']} skipped"
     )
     return 1 if counts["diverged"] or counts["skipped"] else 0
+
+
+def _iso(t: float) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _cmd_versions(args: argparse.Namespace) -> int:
+    """`compose versions [--import M] [--json]` (OPS-1): per flow and code
+    version, the runs not settled yet; the version of the imported code is
+    marked `current`."""
+    _import_modules(args.imports)
+    from . import _upgrade
+
+    rows = _upgrade.code_versions()
+    if args.json:
+        out = [
+            {**r, "newest_start": None if r["newest_start"] is None else _iso(r["newest_start"])}
+            for r in rows
+        ]
+        print(json.dumps(out, indent=2))
+        return 0
+    if not rows:
+        print("no unsettled flow runs (pass --import to show the imported code's version)")
+        return 0
+    width = max(4, *(len(r["flow"]) for r in rows))
+    lines = [f"{'FLOW':<{width}}  {'VERSION':<12}  {'UNSETTLED':>9}  NEWEST START"]
+    for r in rows:
+        newest = "-" if r["newest_start"] is None else _iso(r["newest_start"])
+        mark = "  current" if r["current"] else ""
+        lines.append(
+            f"{r['flow']:<{width}}  {r['version']:<12}  {r['unsettled']:>9}  {newest:<20}{mark}"
+        )
+    print("\n".join(lines))
+    return 0
+
+
+def _cmd_upgrade(args: argparse.Namespace) -> int:
+    """`compose upgrade [RUN_ID...] [--flow NAME] [--since X] --import M
+    [--dry-run] [--json]` (OPS-3): replays each run against the imported
+    code and re-stamps the ones that do not diverge. Exit 1 when any
+    diverged."""
+    if not args.imports:
+        args.parser.error("--import MODULE is required: the module defining the new code")
+    _import_modules(args.imports)
+    from . import _answer, _upgrade
+
+    since = _parse_since(args.since) if args.since is not None else None
+    run_ids = None
+    if args.run_ids:
+        run_ids = [_answer.resolve(r)["run_id"] for r in args.run_ids]
+    reports = _upgrade.upgrade_runs(run_ids, flow=args.flow, dry_run=args.dry_run, since=since)
+    counts = {"upgraded": 0, "diverged": 0, "skipped": 0}
+    for r in reports:
+        counts[r.outcome] += 1
+    if args.json:
+        print(json.dumps([r.as_dict() for r in reports], indent=2))
+    else:
+        for r in reports:
+            print(r.line())
+        verb = "would be upgraded (dry run: nothing written)" if args.dry_run else "upgraded"
+        print(
+            f"{len(reports)} runs: {counts['upgraded']} {verb}, {counts['diverged']} diverged, "
+            f"{counts['skipped']} skipped"
+        )
+    return 1 if counts["diverged"] else 0
 
 
 def _cmd_fork(args: argparse.Namespace) -> int:
@@ -1133,6 +1209,11 @@ def _build_parser() -> argparse.ArgumentParser:
         help="also execute queued runs of queue NAME, declared by an --import (repeatable)",
     )
     worker.add_argument(
+        "--upgrade",
+        action="store_true",
+        help="take over runs started on other code whose journal replays cleanly on this code",
+    )
+    worker.add_argument(
         "--retention",
         metavar="AGE",
         help="prune settled runs last updated over AGE ago (30d, 12h), once an hour",
@@ -1180,6 +1261,22 @@ def _build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--since", metavar="X", help="flow runs created since: <N>d, <N>h or a date")
     add_import(rep)
     rep.set_defaults(func=_cmd_replay, parser=rep)
+
+    ver = sub.add_parser("versions", help="unsettled flow runs per code version")
+    ver.add_argument("--json", action="store_true", help="print rows as JSON")
+    add_import(ver)
+    ver.set_defaults(func=_cmd_versions, parser=ver)
+
+    upg = sub.add_parser(
+        "upgrade", help="move runs started on old code to the imported code, where they replay"
+    )
+    upg.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="run ids or unique prefixes")
+    upg.add_argument("--flow", metavar="NAME", help="only runs of this flow")
+    upg.add_argument("--since", metavar="X", help="runs created since: <N>d, <N>h or a date")
+    upg.add_argument("--dry-run", action="store_true", help="check only; write nothing")
+    upg.add_argument("--json", action="store_true", help="print the reports as JSON")
+    add_import(upg)
+    upg.set_defaults(func=_cmd_upgrade, parser=upg)
 
     frk = sub.add_parser("fork", help="a new run reusing a run's journal up to a step")
     frk.add_argument("run_id", metavar="RUN_ID", help="run id or unique prefix")

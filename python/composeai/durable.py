@@ -30,6 +30,7 @@ from ._lifecycle import (
     asignal,
     cancel,
     continue_due,
+    flow_versions,
     get_run,
     signal,
 )
@@ -268,7 +269,9 @@ def wake_due(now: datetime | None = None) -> list[Run]:
     done: list[Run] = []
     store = _engine.get_store()
     _core.expire_runs(store, at)
-    for run_id, kind, name, reason, module in _core.due_runs(store, at):
+    # Only runs of the code imported here; runs of other flows are named below.
+    due = _core.due_runs(store, at, versions=flow_versions())
+    for run_id, kind, name, reason, module in due:
         if not _continued(kind, reason):
             continue
         missing = missing_owner_message(run_id, kind, name, module)

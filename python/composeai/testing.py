@@ -34,6 +34,7 @@ __all__ = [
     "RecordingModel",
     "ReplayModel",
     "ReplayReport",  # noqa: F822 -- provided lazily by the module __getattr__
+    "UpgradeReport",  # noqa: F822 -- provided lazily by the module __getattr__
     "cassette",  # noqa: F822 -- provided lazily by the module __getattr__
     "compute_full_hash",
     "compute_message_hash",
@@ -42,6 +43,7 @@ __all__ = [
     "replay",  # noqa: F822 -- provided lazily by the module __getattr__
     "replay_cassette",
     "reset_registries",
+    "upgrade",  # noqa: F822 -- provided lazily by the module __getattr__
 ]
 
 
@@ -518,6 +520,13 @@ def __getattr__(name: str) -> Any:
         from composeai import _replay
 
         value = getattr(_replay, name)
+        globals()[name] = value
+        return value
+    if name in ("upgrade", "UpgradeReport"):
+        # Checked upgrades (OPS-3) load the replayer on first use too.
+        from composeai import _upgrade
+
+        value = getattr(_upgrade, name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,6 +8,14 @@ parking on its next wait, on one of `concurrency` threads. Between passes
 the worker sleeps in the core (GIL released) until the next timer, another
 process's commit (a new signal, a parked or queued run: polled on SQLite, a
 `LISTEN` hint on PostgreSQL), or a run of its own settling.
+
+A worker continues only the runs of the code it imported (OPS-1): the
+core's due and claim queries compare each flow run's stored fingerprint
+with the imported flow's, so runs started on other code are left to the
+workers running that code. With `--upgrade` (OPS-3) it first checks each
+such run it could otherwise not claim against its own code, replaying the
+journal without executing anything, and takes over the ones that replay
+cleanly.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from typing import IO, Any
 
 from . import _codec, _core, _engine
 from . import durable as _durable
-from ._lifecycle import _FLOWS, NotDue
+from ._lifecycle import _FLOWS, NotDue, flow_versions
 from .errors import ConfigError, StoreError, StoreUnavailableError
 from .queues import Queue
 
@@ -54,6 +62,7 @@ class Worker:
         out: IO[str] | None = None,
         queues: tuple[Queue, ...] = (),
         grace: float = STOP_GRACE,
+        upgrade: bool = False,
         retention: timedelta | None = None,
     ) -> None:
         if concurrency < 1:
@@ -78,6 +87,11 @@ class Worker:
         self._durable = True
         # When this worker last reported the flows it serves (monotonic).
         self._served_at = float("-inf")
+        # `--upgrade`: runs found not to replay under this code, by the
+        # fingerprint they were checked at; they are not checked again
+        # (a run skipped for a race with another process is).
+        self.upgrade = upgrade
+        self._not_upgraded: set[tuple[str, str | None]] = set()
         # Settled runs older than this are pruned once an hour (OPS-23).
         self.retention = retention
         self._next_prune = time.monotonic()
@@ -168,7 +182,14 @@ class Worker:
             if room <= 0:
                 continue
             claimed = _core.queue_claim(
-                store, q.name, room, flows, q.concurrency, q.rate_limit, q.priority
+                store,
+                q.name,
+                room,
+                flows,
+                q.concurrency,
+                q.rate_limit,
+                q.priority,
+                [_FLOWS[name].fingerprint for name in flows],
             )
             with self._lock:
                 for run_id, _kind, _name in claimed:
@@ -190,7 +211,7 @@ class Worker:
         if not self._durable:
             return []
         try:
-            return _core.due_runs(store, None, limit)
+            return _core.due_runs(store, None, limit, flow_versions())
         except (ConfigError, StoreError) as exc:
             if store.kind == "sqlite" or isinstance(exc, StoreUnavailableError):
                 raise
@@ -199,7 +220,7 @@ class Worker:
             return []
 
     def _expire(self, store: Any) -> None:
-        """Fails the paused and queued runs whose deadline passed (OPS-12)."""
+        """Fails the paused and queued runs whose deadline passed."""
         if not self._durable:
             return
         for run_id in _core.expire_runs(store):
@@ -299,6 +320,70 @@ class Worker:
     def _next_fire(self, store: Any) -> float | None:
         return _core.schedules_next_fire(store, _flow_names())
 
+    # -- upgrades (OPS-3) ------------------------------------------------------
+
+    def _upgrade_pass(self, store: Any) -> None:
+        """Checks each run of an imported flow started on other code that
+        this worker could otherwise continue (due, or queued on one of its
+        queues) against the imported code; re-stamps the ones whose journal
+        replays cleanly, so this pass continues them. A run that diverges is
+        left to the workers of its own code, logged once."""
+        from . import _upgrade
+
+        versions = flow_versions()
+        if not versions:
+            return
+        found: list[tuple[str, str | None]] = []
+        if self._durable:
+            limit = 100 + len(self._not_upgraded)
+            try:
+                due = _core.due_runs(store, None, limit, versions, True)
+            except ConfigError:
+                due = []
+            found += [(r[0], None) for r in due if r[1] == "flow"]
+        if self.queues:
+            mine = {q.name for q in self.queues}
+            found += [
+                (c[0], c[3])
+                for c in _core.upgrade_candidates(store, versions)
+                if c[2] == "queued" and c[4] in mine
+            ]
+        for run_id, _fp in found:
+            row = store.get_run(run_id)
+            if row is None or (run_id, row["fingerprint"]) in self._not_upgraded:
+                continue
+            with self._lock:
+                if run_id in self._inflight:
+                    continue
+            try:
+                report = _upgrade.upgrade_one(store, run_id)
+            except Exception as exc:  # noqa: BLE001 -- logged; the worker carries on
+                self._not_upgraded.add((run_id, row["fingerprint"]))
+                self.log(f"not upgraded {run_id} flow={row['name']}: {type(exc).__name__}: {exc}")
+                continue
+            if report.outcome == "upgraded":
+                # Another worker of the old code may have listed it already;
+                # it now finds the run on other code and skips it.
+                self._skipped.discard(run_id)
+                self.log(
+                    f"upgraded {run_id} flow={report.flow} "
+                    f"{_upgrade._short(report.from_fingerprint)} -> "
+                    f"{_upgrade._short(report.to_fingerprint)}"
+                )
+                continue
+            if report.outcome == "diverged":
+                why = (
+                    f"diverged at {report.key}: recorded {report.recorded}, called {report.called}"
+                )
+            else:
+                why = f"skipped: {report.reason}"
+            if _upgrade.lasting(report):
+                self._not_upgraded.add((run_id, row["fingerprint"]))
+            self.log(
+                f"not upgraded {run_id} flow={report.flow}: {why} -- left for the workers of "
+                f"its code version {_upgrade._short(row['fingerprint'])}"
+            )
+
     def _next_wake(self, store: Any) -> float | None:
         return _core.next_wake(store, _core.clock_now()) if self._durable else None
 
@@ -311,6 +396,8 @@ class Worker:
         self._expire(store)
         self._fire_schedules(store)
         self._prune_if_due()
+        if self.upgrade:
+            self._upgrade_pass(store)
         self._submit(self._due(store, 1_000_000))
         self._claim(store)
         self._drain(None)
@@ -348,6 +435,8 @@ class Worker:
         self._prune_if_due()
         with self._lock:
             free = self.concurrency - len(self._inflight)
+        if free > 0 and self.upgrade:
+            self._upgrade_pass(store)
         if free > 0:
             # Ask for enough rows to see past runs already in flight or skipped.
             limit = free + len(self._inflight) + len(self._skipped)
@@ -477,6 +566,7 @@ def run_worker(
     out=None,
     queues: tuple[str, ...] = (),
     grace: float = STOP_GRACE,
+    upgrade: bool = False,
     retention: timedelta | None = None,
 ) -> int:
     """The `compose worker` command; returns the exit code."""
@@ -490,6 +580,7 @@ def run_worker(
         out=out,
         queues=declared_queues(list(queues)),
         grace=grace,
+        upgrade=upgrade,
         retention=retention,
     )
     if once:
@@ -509,6 +600,7 @@ def run_worker(
     worker.log(
         f"worker ready pid={__import__('os').getpid()} concurrency={concurrency} "
         + "".join(f"queue={q.name} " for q in worker.queues)
+        + ("upgrade=on " if upgrade else "")
         + f"store={_engine.get_store().path}"
     )
     worker.serve()

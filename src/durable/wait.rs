@@ -116,6 +116,9 @@ impl Attempt {
         if let Some(v) = self.journal_get(key) {
             return Ok(v);
         }
+        if self.is_replay_only() {
+            return Err(crate::error::CoreError::ReplayEnd(key.to_string()));
+        }
         self.sync_point()?;
         let winner = self.store().commit_wait(self.rid()?, key, value, timer)?;
         Ok(self.journal_record(key, Arc::from(winner.as_deref().unwrap_or(value))))
@@ -476,6 +479,17 @@ impl Attempt {
                 since: None,
             });
         }
+        if self.is_replay_only() {
+            // A replay writes nothing and never waits: the wait's timer rows
+            // stay as the run left them, and a wait not over ends the replay
+            // as a park does.
+            if let Some(value) = self.decide(spec, after)? {
+                return Ok(Outcome::Ready { value, since: None });
+            }
+            let (interrupt, row) = self.park_on(spec, after);
+            *self.durable.parked.lock() = Some(row);
+            return Ok(Outcome::Park { interrupt });
+        }
         let rid = self.rid()?;
         let mut marked = false;
         loop {
@@ -578,11 +592,17 @@ mod tests {
     }
 
     fn due(path: &str, now: f64) -> Vec<(String, &'static str)> {
-        due_runs(&conn(path), now, 100, &crate::owner::lease_is_live)
-            .unwrap()
-            .into_iter()
-            .map(|d| (d.run_id, d.reason))
-            .collect()
+        due_runs(
+            &conn(path),
+            now,
+            100,
+            &crate::owner::lease_is_live,
+            crate::store::durable::Versions::Any,
+        )
+        .unwrap()
+        .into_iter()
+        .map(|d| (d.run_id, d.reason))
+        .collect()
     }
 
     #[test]

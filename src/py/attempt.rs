@@ -204,6 +204,13 @@ impl PyAttempt {
         self.inner.replayed_steps()
     }
 
+    /// How many journal rows the attempt loaded (a replay-only attempt
+    /// adds none).
+    #[getter]
+    fn journal_rows(&self) -> usize {
+        self.inner.journal_len()
+    }
+
     #[getter]
     fn replay_only(&self) -> bool {
         self.inner.is_replay_only()

@@ -231,18 +231,28 @@ pub fn request_cancel(
 }
 
 /// `(run_id, kind, name, reason, module)` of runs due at engine time `now`
-/// (default: the engine clock).
+/// (default: the engine clock). With `versions` (`(flow name,
+/// fingerprint)` pairs, OPS-1), a run of one of those flows is listed only
+/// when stored with that fingerprint, or with `mismatched` only when
+/// stored with another one (and runs of other flows are not listed).
 #[pyfunction]
-#[pyo3(signature = (store, now=None, limit=1000))]
+#[pyo3(signature = (store, now=None, limit=1000, versions=None, mismatched=false))]
 pub fn due_runs(
     py: Python<'_>,
     store: &PyStore,
     now: Option<f64>,
     limit: usize,
+    versions: Option<Vec<(String, String)>>,
+    mismatched: bool,
 ) -> PyResult<Vec<DueTuple>> {
     let at = now.unwrap_or_else(clock::now);
+    let filter = match &versions {
+        None => crate::store::durable::Versions::Any,
+        Some(v) if mismatched => crate::store::durable::Versions::Mismatched(v),
+        Some(v) => crate::store::durable::Versions::Matching(v),
+    };
     let rows = py
-        .allow_threads(|| store.inner.due_runs(at, limit, &lease_is_live))
+        .allow_threads(|| store.inner.due_runs(at, limit, &lease_is_live, filter))
         .py_err()?;
     Ok(rows
         .into_iter()

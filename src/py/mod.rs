@@ -20,6 +20,7 @@ mod sqlite_lib;
 mod step;
 mod store;
 mod trace;
+mod upgrade;
 
 use pyo3::prelude::*;
 
@@ -112,6 +113,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     step::register(m)?;
     queue::register(m)?;
     schedule::register(m)?;
+    upgrade::register(m)?;
     published::register(m)?;
     m.add_class::<graph::PyGraphDef>()?;
     m.add_class::<graph::PyGraphRun>()?;

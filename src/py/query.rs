@@ -70,6 +70,34 @@ impl Source {
         }
     }
 
+    /// The run's `__upgrade__` journal rows (OPS-3): `(key, value)` in
+    /// upgrade order.
+    fn upgrades(&self, rid: i64) -> CoreResult<Vec<(String, String)>> {
+        use crate::store::upgrade::UPGRADE_KEY;
+        let mut rows: Vec<(String, String)> = match self {
+            Source::Sqlite(c, p) => c
+                .prepare_cached(
+                    "SELECT step_key, value_json FROM journal \
+                     WHERE rid = ?1 AND substr(step_key, 1, ?2) = ?3",
+                )
+                .and_then(|mut st| {
+                    st.query_map(
+                        rusqlite::params![rid, UPGRADE_KEY.len() as i64, UPGRADE_KEY],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )?
+                    .collect()
+                })
+                .map_err(sql(p))?,
+            Source::Postgres(pg) => crate::store::Store::journal(pg, rid)?
+                .into_iter()
+                .filter(|(k, _)| k.starts_with(UPGRADE_KEY))
+                .collect(),
+        };
+        let n = |k: &str| k[UPGRADE_KEY.len()..].parse::<u64>().unwrap_or(u64::MAX);
+        rows.sort_by_key(|(k, _)| n(k));
+        Ok(rows)
+    }
+
     /// The run's events (OPS-21): `(key, latest value JSON)` by key.
     fn events(&self, rid: i64) -> CoreResult<Vec<(String, String)>> {
         match self {
@@ -223,6 +251,8 @@ struct TraceView {
     run: RunRow,
     text: String,
     pending: Vec<InterruptRow>,
+    /// The values of the run's `__upgrade__` journal rows, in order.
+    upgrades: Vec<(String, String)>,
     events: Vec<(String, String)>,
 }
 
@@ -232,7 +262,8 @@ struct TraceView {
 /// interrupts when it is paused. Returns `(outcome, value)` like
 /// `resolve_run`, with `value` for `"found"` a dict `{run_id, status,
 /// trace_id, text, pending: [(id, kind, question, payload_json)],
-/// events: [(key, value_json)]}`.
+/// events: [(key, value_json)], upgrades: [value_json of each __upgrade__
+/// journal row]}`.
 #[pyfunction]
 #[pyo3(signature = (db_path, run_id=None, fmt="tree", color=false))]
 pub fn trace_view(
@@ -273,11 +304,13 @@ pub fn trace_view(
             } else {
                 Vec::new()
             };
+            let upgrades = src.upgrades(run.rid)?;
             let events = src.events(run.rid)?;
             Ok(Ok(TraceView {
                 run,
                 text,
                 pending,
+                upgrades,
                 events,
             }))
         })
@@ -304,6 +337,8 @@ pub fn trace_view(
         .map(super::rows::interrupt_tuple)
         .collect();
     d.set_item("pending", pending)?;
+    let upgrades: Vec<String> = v.upgrades.into_iter().map(|(_, value)| value).collect();
+    d.set_item("upgrades", upgrades)?;
     d.set_item("events", v.events)?;
     Ok(("found".into(), d.into_any().unbind()))
 }

@@ -76,9 +76,10 @@ pub fn queue_enqueue(
 
 /// STORE-21: claims up to `room` queued runs of `queue` (of the flows
 /// named in `flows`) for this process within the queue's limits;
-/// `(run_id, kind, name)` in claim order.
+/// `(run_id, kind, name)` in claim order. `fingerprints`, parallel to
+/// `flows`: only runs stored with that fingerprint of each (OPS-1).
 #[pyfunction]
-#[pyo3(signature = (store, queue, room, flows, concurrency=None, rate_limit=None, priority=false))]
+#[pyo3(signature = (store, queue, room, flows, concurrency=None, rate_limit=None, priority=false, fingerprints=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn queue_claim(
     py: Python<'_>,
@@ -89,8 +90,20 @@ pub fn queue_claim(
     concurrency: Option<i64>,
     rate_limit: Option<(i64, f64)>,
     priority: bool,
+    fingerprints: Option<Vec<String>>,
 ) -> PyResult<Vec<(String, String, String)>> {
     let l = limits(concurrency, rate_limit, priority);
+    let flows: Vec<(String, Option<String>)> = match fingerprints {
+        Some(fps) if fps.len() != flows.len() => {
+            return Err(super::errors::value_error(format!(
+                "fingerprints has {} entries for {} flows",
+                fps.len(),
+                flows.len()
+            )))
+        }
+        Some(fps) => flows.into_iter().zip(fps.into_iter().map(Some)).collect(),
+        None => flows.into_iter().map(|f| (f, None)).collect(),
+    };
     let by = Claimer {
         owner: crate::owner::owner_id(),
         lease_until: crate::time::now() + crate::lease::lease_seconds().py_err()?,

@@ -203,17 +203,25 @@ mod on_sqlite {
             priority: true,
             ..Limits::default()
         };
-        let flows = ["f".to_string()];
+        let flows = [("f".to_string(), None)];
         let by = queue::Claimer {
             owner: "me",
             lease_until: now() + 60.0,
             flows: &flows,
         };
         let elsewhere = queue::Claimer {
-            flows: &["g".to_string()],
+            flows: &[("g".to_string(), None)],
             ..by
         };
         assert!(queue::claim(b, "q", &capped, 10, &elsewhere)
+            .unwrap()
+            .is_empty());
+        // OPS-1: a worker on another code version of `f` claims none of them.
+        let other_code = queue::Claimer {
+            flows: &[("f".to_string(), Some("another".to_string()))],
+            ..by
+        };
+        assert!(queue::claim(b, "q", &capped, 10, &other_code)
             .unwrap()
             .is_empty());
         let first = queue::claim(b, "q", &capped, 10, &by).unwrap();

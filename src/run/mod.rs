@@ -347,6 +347,12 @@ impl Attempt {
         self.replayed_steps.load(Ordering::Relaxed)
     }
 
+    /// How many journal rows the attempt holds (as loaded, for a
+    /// replay-only attempt).
+    pub fn journal_len(&self) -> usize {
+        self.journal.lock().len()
+    }
+
     /// Whether this attempt only replays (writes nothing).
     pub fn is_replay_only(&self) -> bool {
         self.replay_only

@@ -49,6 +49,52 @@ pub struct DueRun {
     pub module: Option<String>,
 }
 
+/// Which flow runs a worker may continue (OPS-1): a run's code version is
+/// its flow's fingerprint, and a worker continues only the runs of the code
+/// it imported.
+#[derive(Debug, Clone, Copy)]
+pub enum Versions<'a> {
+    /// Every due run.
+    Any,
+    /// `(flow name, fingerprint)` pairs: a run of one of these flows only
+    /// when its stored fingerprint is that one; runs of other flows and
+    /// kinds as with `Any` (a worker names the ones it lacks).
+    Matching(&'a [(String, String)]),
+    /// Only runs of these flows whose stored fingerprint is another one
+    /// (what `compose worker --upgrade` checks).
+    Mismatched(&'a [(String, String)]),
+}
+
+impl Versions<'_> {
+    /// The filter's mode as the backends' SQL reads it: 0 any, 1 matching,
+    /// 2 mismatched.
+    pub fn mode(&self) -> i32 {
+        match self {
+            Versions::Any => 0,
+            Versions::Matching(_) => 1,
+            Versions::Mismatched(_) => 2,
+        }
+    }
+
+    /// The pairs, empty for `Any`.
+    pub fn pairs(&self) -> &[(String, String)] {
+        match self {
+            Versions::Any => &[],
+            Versions::Matching(p) | Versions::Mismatched(p) => p,
+        }
+    }
+
+    /// The pairs as a JSON object `{name: fingerprint}`.
+    pub fn json(&self) -> String {
+        let map: serde_json::Map<String, serde_json::Value> = self
+            .pairs()
+            .iter()
+            .map(|(n, f)| (n.clone(), serde_json::Value::String(f.clone())))
+            .collect();
+        serde_json::Value::Object(map).to_string()
+    }
+}
+
 /// The step key prefix of the wait row an answer given from outside the run
 /// (`compose answer`, the web UI) leaves to make the run due.
 pub const ANSWERED_WAIT: &str = "__interrupt__:";
@@ -95,8 +141,15 @@ pub trait DurableStore {
         reason: Option<&str>,
         live: LeaseCheck<'_>,
     ) -> CoreResult<CancelOutcome>;
-    /// EXT-2: the runs a worker should continue now, at most `limit`.
-    fn due_runs(&self, now: f64, limit: usize, live: LeaseCheck<'_>) -> CoreResult<Vec<DueRun>>;
+    /// EXT-2: the runs a worker should continue now, at most `limit`, of
+    /// the code versions `versions` lets through (OPS-1).
+    fn due_runs(
+        &self,
+        now: f64,
+        limit: usize,
+        live: LeaseCheck<'_>,
+        versions: Versions<'_>,
+    ) -> CoreResult<Vec<DueRun>>;
     /// The earliest wake time of a parked run after `after`.
     fn next_wake(&self, after: f64) -> CoreResult<Option<f64>>;
     /// What a parked run waits for.

@@ -18,6 +18,7 @@ pub mod slot;
 pub mod spans;
 pub mod sqlite;
 pub mod takeover;
+pub mod upgrade;
 pub mod url;
 
 use crate::error::CoreResult;
@@ -390,6 +391,28 @@ pub trait Store:
     /// Runs `work` on the graph tables; queued writes stay queued (graph
     /// tables are never written through the queue).
     fn read(&self, work: &mut GraphWork<'_>) -> CoreResult<()>;
+
+    /// OPS-1: per flow and fingerprint, the flow runs not settled yet.
+    fn code_versions(&self) -> CoreResult<Vec<upgrade::VersionRow>>;
+
+    /// OPS-3: the runs of the flows in `flows` (`(name, fingerprint of the
+    /// imported code)`) an upgrade to that code considers (see
+    /// `upgrade::upgradable`, with another fingerprint unless failed),
+    /// created at or after `since`, oldest first.
+    fn upgrade_candidates(
+        &self,
+        flows: &[(String, String)],
+        since: Option<f64>,
+    ) -> CoreResult<Vec<upgrade::Candidate>>;
+
+    /// OPS-3: re-stamps a run whose journal replayed cleanly under new
+    /// code, in one transaction fenced on the run being what the replay
+    /// checked and no live attempt holding it (`upgrade::upgrade_in`).
+    fn upgrade_run(
+        &self,
+        req: &upgrade::UpgradeRequest<'_>,
+        live: LeaseCheck<'_>,
+    ) -> CoreResult<upgrade::UpgradeOutcome>;
 
     /// The longest a blocked wait sleeps before reading the store again
     /// (STORE-22): a store that sends wake-up hints starts listening here

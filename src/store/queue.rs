@@ -96,11 +96,13 @@ pub fn window(limits: &Limits) -> f64 {
 }
 
 /// What a worker claims for: its owner id, its lease, and the flows it
-/// can execute (it never claims a run of a flow it has not imported).
+/// can execute (it never claims a run of a flow it has not imported), each
+/// with the fingerprint of the code it imported, when given (OPS-1: a run
+/// stored with another fingerprint is not claimed).
 pub struct Claimer<'a> {
     pub owner: &'a str,
     pub lease_until: f64,
-    pub flows: &'a [String],
+    pub flows: &'a [(String, Option<String>)],
 }
 
 /// The queue operations of a store.

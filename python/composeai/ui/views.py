@@ -219,6 +219,31 @@ def _answer_forms(
     return "".join(out)
 
 
+def _code_version(row: dict) -> str:
+    """The table row of a flow run's code version (its fingerprint) and
+    whether the code imported in this process matches it."""
+    fingerprint = row.get("fingerprint")
+    if row["kind"] != "flow" or not fingerprint:
+        return ""
+    from .._lifecycle import _FLOWS
+
+    flow_obj = _FLOWS.get(row["name"])
+    if flow_obj is None:
+        match, note = "unknown", "flow not imported here (compose ui --import MODULE)"
+    elif flow_obj.fingerprint == fingerprint:
+        match, note = "yes", "matches the imported code"
+    else:
+        match = "no"
+        note = (
+            f"the imported code is {flow_obj.fingerprint[:12]}: workers of that code leave this "
+            "run alone; compose upgrade --import MODULE checks it and moves it"
+        )
+    return (
+        f"<tr><th>code version</th><td><code id='run-version' data-matches='{match}'>"
+        f"{esc(fingerprint[:12])}</code> {esc(note)}</td></tr>"
+    )
+
+
 def _actions(row: dict, csrf: str) -> str:
     """The run's actions: cancel (while it can still stop), replay check (a
     flow run's body against its journal; nothing executes or is written)."""
@@ -280,6 +305,7 @@ def run_page(run_id: str, csrf: str, *, message: str = "", error: str = "") -> t
         f"<tr><th>created</th><td>{esc(_show._age(row['created_at'], now))}</td></tr>",
         f"<tr><th>duration</th><td>{esc(_duration(row, now))}</td></tr>",
         f"<tr><th>trace</th><td><code>{esc(row['trace_id'])}</code></td></tr>",
+        _code_version(row),
     ]
     body = [
         f"<h1>Run <code>{esc(run_id)}</code></h1>",

@@ -8,7 +8,9 @@
 
 use crate::clock;
 use crate::error::{CoreError, CoreResult};
-use crate::store::durable::{wake_reason, CancelOutcome, DueRun, DurableStore, WaitRow, EPSILON};
+use crate::store::durable::{
+    wake_reason, CancelOutcome, DueRun, DurableStore, Versions, WaitRow, EPSILON,
+};
 use crate::store::graph::{GraphTx, GraphWork, Row, Thread};
 use crate::store::postgres::inner::{insert_run_err, own_insert, PgInner, PgStore};
 use crate::store::postgres::sql::{
@@ -19,6 +21,36 @@ use crate::time::now;
 use deadpool_postgres::GenericClient;
 use serde_json::{json, Value};
 use tokio_postgres::types::ToSql;
+
+/// OPS-1: the code-version filter of the due queries on runs `r`: `$n`
+/// and `$f` the flow names and fingerprints of a `Versions` (parallel
+/// arrays), `$m` its mode. `f` is the fingerprint listed for a flow run's
+/// name.
+macro_rules! pg_version_filter {
+    ($n:literal, $f:literal, $m:literal) => {
+        concat!(
+            " AND (",
+            $m,
+            "::int = 0 OR (",
+            $m,
+            "::int = 1 AND COALESCE((SELECT v.fp FROM \
+             unnest(",
+            $n,
+            "::text[], ",
+            $f,
+            "::text[]) v(name, fp) WHERE v.name = r.name \
+             AND r.kind = 'flow' LIMIT 1) = r.fingerprint, true)) OR (",
+            $m,
+            "::int = 2 \
+             AND r.kind = 'flow' AND EXISTS(SELECT 1 FROM unnest(",
+            $n,
+            "::text[], ",
+            $f,
+            "::text[]) v(name, fp) WHERE v.name = r.name AND v.fp IS DISTINCT FROM \
+             r.fingerprint)))"
+        )
+    };
+}
 
 /// Locks the run row against a takeover for the rest of the transaction;
 /// refuses when another attempt owns the run.
@@ -284,38 +316,61 @@ impl DurableStore for PgStore {
         Ok(outcome)
     }
 
-    fn due_runs(&self, now: f64, limit: usize, live: LeaseCheck<'_>) -> CoreResult<Vec<DueRun>> {
+    fn due_runs(
+        &self,
+        now: f64,
+        limit: usize,
+        live: LeaseCheck<'_>,
+        versions: Versions<'_>,
+    ) -> CoreResult<Vec<DueRun>> {
         let now = now + EPSILON;
         let cap = limit as i64;
-        let timer_params: [&(dyn ToSql + Sync); 2] = [&now, &cap];
-        let signal_params: [&(dyn ToSql + Sync); 1] = [&cap];
+        let mode = versions.mode();
+        let names: Vec<&str> = versions.pairs().iter().map(|p| p.0.as_str()).collect();
+        let fps: Vec<&str> = versions.pairs().iter().map(|p| p.1.as_str()).collect();
+        let timer_params: [&(dyn ToSql + Sync); 5] = [&now, &cap, &names, &fps, &mode];
+        let signal_params: [&(dyn ToSql + Sync); 4] = [&cap, &names, &fps, &mode];
+        let leased_params: [&(dyn ToSql + Sync); 3] = [&names, &fps, &mode];
         let (timers, signals, leased) = self.retry(async |_| {
             let c = self.client().await?;
             let timers = rows(
                 &c,
-                "SELECT r.run_id, r.kind, r.name, w.module, w.step_key FROM waits w \
-                 JOIN runs r ON r.rid = w.rid WHERE w.wake_at IS NOT NULL AND w.wake_at <= $1 \
-                 AND r.status = 'paused' ORDER BY w.wake_at LIMIT $2",
+                concat!(
+                    "SELECT r.run_id, r.kind, r.name, w.module, w.step_key FROM waits w \
+                     JOIN runs r ON r.rid = w.rid WHERE w.wake_at IS NOT NULL \
+                     AND w.wake_at <= $1 AND r.status = 'paused'",
+                    pg_version_filter!("$3", "$4", "$5"),
+                    " ORDER BY w.wake_at LIMIT $2"
+                ),
                 &timer_params,
             );
             let signals = rows(
                 &c,
-                "SELECT r.run_id, r.kind, r.name, w.module FROM waits w \
-                 JOIN runs r ON r.rid = w.rid \
-                 WHERE (w.signal_name IS NOT NULL OR w.after_sid IS NOT NULL) \
-                   AND r.status = 'paused' AND (EXISTS(SELECT 1 FROM signals s \
-                     WHERE s.rid = w.rid AND s.name = w.signal_name AND s.seq >= w.signal_seq) \
-                   OR EXISTS(SELECT 1 FROM signals s WHERE s.rid = w.rid AND s.sid > w.after_sid)) \
-                 ORDER BY w.rid LIMIT $1",
+                concat!(
+                    "SELECT r.run_id, r.kind, r.name, w.module FROM waits w \
+                     JOIN runs r ON r.rid = w.rid \
+                     WHERE (w.signal_name IS NOT NULL OR w.after_sid IS NOT NULL) \
+                       AND r.status = 'paused' AND (EXISTS(SELECT 1 FROM signals s \
+                         WHERE s.rid = w.rid AND s.name = w.signal_name \
+                         AND s.seq >= w.signal_seq) \
+                       OR EXISTS(SELECT 1 FROM signals s WHERE s.rid = w.rid \
+                         AND s.sid > w.after_sid))",
+                    pg_version_filter!("$2", "$3", "$4"),
+                    " ORDER BY w.rid LIMIT $1"
+                ),
                 &signal_params,
             );
             let leased = rows(
                 &c,
-                "SELECT run_id, kind, name, lease_owner, lease_until FROM runs \
-                 WHERE lease_owner IS NOT NULL AND status IN ('running', 'paused') \
-                 UNION ALL SELECT run_id, kind, name, lease_owner, lease_until FROM runs \
-                 WHERE status = 'running' AND lease_owner IS NULL",
-                &[],
+                concat!(
+                    "SELECT run_id, kind, name, lease_owner, lease_until FROM runs r \
+                     WHERE lease_owner IS NOT NULL AND status IN ('running', 'paused')",
+                    pg_version_filter!("$1", "$2", "$3"),
+                    " UNION ALL SELECT run_id, kind, name, lease_owner, lease_until FROM runs r \
+                     WHERE status = 'running' AND lease_owner IS NULL",
+                    pg_version_filter!("$1", "$2", "$3")
+                ),
+                &leased_params,
             );
             let (t, s, l) = futures_util::join!(timers, signals, leased);
             let e = self.err();

@@ -24,6 +24,7 @@ mod sql;
 mod state;
 mod store;
 mod tls;
+mod upgrade;
 
 pub use inner::{PgInner, PgStore};
 pub use schema::PG_SCHEMA_VERSION;

@@ -94,7 +94,8 @@ pub fn claim(
     let claim_sql = format!(
         "WITH c AS (SELECT q.rid FROM queue_runs q JOIN runs r ON r.rid = q.rid \
            WHERE q.queue = $1 AND q.started_at IS NULL AND r.status = 'queued' \
-           AND r.name = ANY($6) \
+           AND EXISTS(SELECT 1 FROM unnest($6::text[], $7::text[]) f(name, fp) \
+             WHERE f.name = r.name AND (f.fp IS NULL OR f.fp = r.fingerprint)) \
            ORDER BY {} LIMIT $2 FOR UPDATE OF q, r SKIP LOCKED), \
          u AS (UPDATE runs SET status = 'running', lease_owner = $3, lease_until = $4, \
            updated_at = $5 FROM c WHERE runs.rid = c.rid \
@@ -103,6 +104,8 @@ pub fn claim(
          RETURNING u.run_id, u.kind, u.name, u.rid, queue_runs.priority",
         claim_order(limits)
     );
+    let names: Vec<&str> = by.flows.iter().map(|f| f.0.as_str()).collect();
+    let fps: Vec<Option<&str>> = by.flows.iter().map(|f| f.1.as_deref()).collect();
     // The claim times of earlier tries: a try whose commit reply was lost
     // claimed its runs at its time, and a retry hands them out.
     let mut tried: Vec<f64> = Vec::new();
@@ -160,7 +163,7 @@ pub fn claim(
         let rows = tx
             .query(
                 &claim_sql,
-                &[&queue, &n, &by.owner, &by.lease_until, &t, &by.flows],
+                &[&queue, &n, &by.owner, &by.lease_until, &t, &names, &fps],
             )
             .await
             .map_err(s.err())?;

@@ -484,6 +484,26 @@ impl Store for PgStore {
         })
     }
 
+    fn code_versions(&self) -> CoreResult<Vec<crate::store::upgrade::VersionRow>> {
+        PgStore::code_versions(self)
+    }
+
+    fn upgrade_candidates(
+        &self,
+        flows: &[(String, String)],
+        since: Option<f64>,
+    ) -> CoreResult<Vec<crate::store::upgrade::Candidate>> {
+        PgStore::upgrade_candidates(self, flows, since)
+    }
+
+    fn upgrade_run(
+        &self,
+        req: &crate::store::upgrade::UpgradeRequest<'_>,
+        live: LeaseCheck<'_>,
+    ) -> CoreResult<crate::store::upgrade::UpgradeOutcome> {
+        PgStore::upgrade_run(self, req, live)
+    }
+
     fn answer_interrupts(
         &self,
         run_id: &str,

@@ -3,7 +3,7 @@
 
 use crate::clock;
 use crate::error::{AtPath, CoreError, CoreResult};
-use crate::store::durable::{wake_reason, CancelOutcome, DueRun, WaitRow, EPSILON};
+use crate::store::durable::{wake_reason, CancelOutcome, DueRun, Versions, WaitRow, EPSILON};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 const TERMINAL: [&str; 3] = ["completed", "failed", "cancelled"];
@@ -223,49 +223,78 @@ pub fn request_cancel(
     Ok(outcome)
 }
 
+/// OPS-1: the code-version filter of the due queries, on runs `r`, with
+/// parameter `$v` the `{flow name: fingerprint}` JSON of `Versions::json`
+/// and `$m` its `Versions::mode`.
+macro_rules! version_filter {
+    ($v:literal, $m:literal) => {
+        concat!(
+            " AND (",
+            $m,
+            " = 0 OR (",
+            $m,
+            " = 1 AND IFNULL((SELECT value FROM json_each(",
+            $v,
+            ") WHERE key = r.name AND r.kind = 'flow') = r.fingerprint, 1)) OR (",
+            $m,
+            " = 2 AND r.kind = 'flow' AND EXISTS(SELECT 1 FROM json_each(",
+            $v,
+            ") WHERE key = r.name AND value IS NOT r.fingerprint)))"
+        )
+    };
+}
+
 /// Runs an attempt may have been executing: leased (running, or a resumed
-/// `paused` run), or running without a lease. Read through the partial index
+/// `paused` run), or running without a lease, of the code versions the
+/// filter (`?1`, `?2`) lets through. Read through the partial index
 /// `runs_active`.
-pub const RECOVERABLE_RUNS: &str = "SELECT run_id, kind, name, lease_owner, lease_until FROM runs \
-     WHERE lease_owner IS NOT NULL AND status IN ('running', 'paused') \
-     UNION ALL SELECT run_id, kind, name, lease_owner, lease_until FROM runs \
-     WHERE status = 'running' AND lease_owner IS NULL";
+pub const RECOVERABLE_RUNS: &str = concat!(
+    "SELECT run_id, kind, name, lease_owner, lease_until FROM runs r \
+     WHERE lease_owner IS NOT NULL AND status IN ('running', 'paused')",
+    version_filter!("?1", "?2"),
+    " UNION ALL SELECT run_id, kind, name, lease_owner, lease_until FROM runs r \
+     WHERE status = 'running' AND lease_owner IS NULL",
+    version_filter!("?1", "?2")
+);
+
+const DUE_TIMERS: &str = concat!(
+    "SELECT r.run_id, r.kind, r.name, w.module, w.step_key FROM waits w JOIN runs r ON r.rid = w.rid \
+     WHERE w.wake_at IS NOT NULL AND w.wake_at <= ?1 AND r.status = 'paused'",
+    version_filter!("?3", "?4"),
+    " ORDER BY w.wake_at LIMIT ?2"
+);
+
+const DUE_SIGNALS: &str = concat!(
+    "SELECT r.run_id, r.kind, r.name, w.module, w.step_key FROM waits w JOIN runs r ON r.rid = w.rid \
+     WHERE (w.signal_name IS NOT NULL OR w.after_sid IS NOT NULL) AND ?1 = ?1 \
+       AND r.status = 'paused' AND (EXISTS(SELECT 1 FROM signals s WHERE s.rid = w.rid \
+         AND s.name = w.signal_name AND s.seq >= w.signal_seq) \
+       OR EXISTS(SELECT 1 FROM signals s WHERE s.rid = w.rid AND s.sid > w.after_sid))",
+    version_filter!("?3", "?4"),
+    " ORDER BY w.rid LIMIT ?2"
+);
 
 /// EXT-2: parked runs whose timer passed or whose awaited signal arrived,
 /// then runs an attempt was executing whose lease holder is dead (a
 /// resumed run keeps its `paused` status while it executes); at most
-/// `limit`.
+/// `limit`, of the code versions `versions` lets through (OPS-1).
 pub fn due_runs(
     conn: &Connection,
     now: f64,
     limit: usize,
     live: crate::store::LeaseCheck<'_>,
+    versions: Versions<'_>,
 ) -> rusqlite::Result<Vec<DueRun>> {
     // Wake times are journaled to the microsecond.
     let now = now + EPSILON;
     let mut out: Vec<DueRun> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     let cap = limit as i64;
-    let parked = [
-        (
-            "timer",
-            "SELECT r.run_id, r.kind, r.name, w.module, w.step_key FROM waits w \
-             JOIN runs r ON r.rid = w.rid WHERE w.wake_at IS NOT NULL AND w.wake_at <= ?1 AND r.status = 'paused' \
-             ORDER BY w.wake_at LIMIT ?2",
-        ),
-        (
-            "signal",
-            "SELECT r.run_id, r.kind, r.name, w.module, w.step_key FROM waits w \
-             JOIN runs r ON r.rid = w.rid WHERE (w.signal_name IS NOT NULL OR w.after_sid IS NOT NULL) AND ?1 = ?1 \
-               AND r.status = 'paused' AND (EXISTS(SELECT 1 FROM signals s WHERE s.rid = w.rid \
-                 AND s.name = w.signal_name AND s.seq >= w.signal_seq) \
-               OR EXISTS(SELECT 1 FROM signals s WHERE s.rid = w.rid AND s.sid > w.after_sid)) \
-             ORDER BY w.rid LIMIT ?2",
-        ),
-    ];
-    for (reason, sql) in parked {
+    let mode = versions.mode();
+    let filter = versions.json();
+    for (reason, sql) in [("timer", DUE_TIMERS), ("signal", DUE_SIGNALS)] {
         let mut st = conn.prepare_cached(sql)?;
-        let rows = st.query_map(params![now, cap], |r| {
+        let rows = st.query_map(params![now, cap, filter, mode], |r| {
             let step_key: String = r.get(4)?;
             Ok(DueRun {
                 run_id: r.get(0)?,
@@ -287,7 +316,7 @@ pub fn due_runs(
         }
     }
     let mut st = conn.prepare_cached(RECOVERABLE_RUNS)?;
-    let mut rows = st.query([])?;
+    let mut rows = st.query(params![filter, mode])?;
     while let Some(r) = rows.next()? {
         if out.len() >= limit {
             break;

@@ -31,6 +31,7 @@ pub mod starts_schema;
 pub mod statements;
 pub mod step_spans;
 mod store;
+pub mod upgrade;
 pub mod wal_vfs;
 pub mod write_tx;
 mod writer;

@@ -122,7 +122,10 @@ pub fn claim(
                     "SELECT q.rid, r.run_id, r.kind, r.name FROM queue_runs q \
                      JOIN runs r ON r.rid = q.rid \
                      WHERE q.queue = ?1 AND q.started_at IS NULL AND r.status = 'queued' \
-                     AND r.name IN (SELECT value FROM json_each(?3)) \
+                     AND EXISTS(SELECT 1 FROM json_each(?3) f \
+                       WHERE json_extract(f.value, '$[0]') = r.name \
+                       AND IFNULL(json_extract(f.value, '$[1]') = r.fingerprint, \
+                         json_extract(f.value, '$[1]') IS NULL)) \
                      ORDER BY {} LIMIT ?2",
                     claim_order(limits)
                 ))

@@ -742,6 +742,28 @@ impl Store for SqliteStore {
         Ok(spend)
     }
 
+    fn code_versions(&self) -> CoreResult<Vec<crate::store::upgrade::VersionRow>> {
+        let path = self.path.clone();
+        self.with_conn(|c| crate::store::sqlite::upgrade::code_versions(c).at(&path))
+    }
+
+    fn upgrade_candidates(
+        &self,
+        flows: &[(String, String)],
+        since: Option<f64>,
+    ) -> CoreResult<Vec<crate::store::upgrade::Candidate>> {
+        let path = self.path.clone();
+        self.with_conn(|c| crate::store::sqlite::upgrade::candidates(c, flows, since).at(&path))
+    }
+
+    fn upgrade_run(
+        &self,
+        req: &crate::store::upgrade::UpgradeRequest<'_>,
+        live: crate::store::LeaseCheck<'_>,
+    ) -> CoreResult<crate::store::upgrade::UpgradeOutcome> {
+        self.with_conn(|c| crate::store::sqlite::upgrade::upgrade_run(c, &self.path, req, live))
+    }
+
     fn answer_interrupts(
         &self,
         run_id: &str,
@@ -972,9 +994,10 @@ impl DurableStore for SqliteStore {
         now: f64,
         limit: usize,
         live: crate::store::LeaseCheck<'_>,
+        versions: crate::store::durable::Versions<'_>,
     ) -> CoreResult<Vec<DueRun>> {
         let path = crate::store::Store::path(self);
-        self.with_conn(|c| durable::due_runs(c, now, limit, live).at(path))
+        self.with_conn(|c| durable::due_runs(c, now, limit, live, versions).at(path))
     }
 
     fn next_wake(&self, after: f64) -> CoreResult<Option<f64>> {

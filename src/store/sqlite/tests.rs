@@ -18,7 +18,10 @@ mod durable_schema {
 
     fn plan(conn: &Connection, sql: &str) -> Vec<String> {
         let mut st = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-        let rows = st.query_map([], |r| r.get(3)).unwrap();
+        let nulls = std::iter::repeat_n(rusqlite::types::Null, st.parameter_count());
+        let rows = st
+            .query_map(rusqlite::params_from_iter(nulls), |r| r.get(3))
+            .unwrap();
         rows.collect::<rusqlite::Result<_>>().unwrap()
     }
 
