@@ -351,6 +351,7 @@ def _agent_loop_sync_body(call: _Call, args: tuple, kwargs: dict) -> Any:
         and (agent.max_turns is None or agent.max_turns >= 1)
         and call.context_manager is None
         and _current_bus() is None
+        and agent.stream_to is None
         and _has(call.model, "complete")
         and not (call.messages and _pending_calls(call.messages[-1]))
     ):
