@@ -744,7 +744,7 @@ def test_runs_query_index_lives_in_derived_tables(store, state, capsys):
         text=True,
         timeout=60,
     )
-    assert proc.stdout.split("\n")[:2] == ["['span_fts', 'span_fts_state']", "11"]
+    assert proc.stdout.split("\n")[:2] == ["['span_fts', 'span_fts_state']", "12"]
     # The engine keeps working with the derived tables present.
     make_run(store, "R-after", spans=[span("after")])
     assert store.get_run("R-after")["status"] == "completed"
