@@ -110,6 +110,7 @@ def test_ops23_prune_keeps_unsettled_runs_and_fork_sources(store_kind):
     # finished run with it.
     assert compose.delete_runs(older_than=timedelta(0)) == 3
     assert {r.id for r in compose.list_runs()} == {queued, paused}
+    assert [r.queue for r in compose.list_runs(status="queued")] == ["later"]
     assert compose.list_runs(name="asks")[0].pending == ["ok"]
 
 
