@@ -76,6 +76,7 @@ def test_ops23_prune_keeps_unsettled_runs_and_fork_sources(store_kind):
     executing = waits.start(2)
     source = two.run(100).id
     BLOCK["b"] = True
+    GATE.clear()
     forked: list = []
 
     def fork() -> None:
