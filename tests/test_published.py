@@ -8,6 +8,7 @@ import asyncio
 import subprocess
 import sys
 import threading
+from datetime import timedelta
 
 import pytest
 
@@ -91,6 +92,8 @@ def test_ops21_ops22_a_worker_publishes_and_other_processes_read_while_it_execut
         assert first == {"step": 1}
         # Parked on its signal by the worker: its stream readers wait on.
         assert box.run_row(run_id)["status"] in ("running", "paused")
+        # A prune beside the worker leaves its run alone (OPS-23).
+        assert compose.delete_runs(older_than=timedelta(0)) == 0
         live: list = []
         reader = threading.Thread(
             target=lambda: live.extend(
