@@ -1,8 +1,9 @@
-"""Renders screenshots of `compose ui` into docs/ (ui-runs.png, ui-run.png).
+"""Renders screenshots of `compose ui` into docs/ (ui-runs.png, ui-inbox.png, ui-run.png).
 
-Seeds a throwaway SQLite store with a few runs (completed, failed, and one paused on an
-approval), serves the UI on a free loopback port, and photographs the runs page and the
-paused run's page in headless Chromium (Debian's `chromium` + `chromium-driver`, through
+Seeds a throwaway SQLite store with a few runs (completed, failed, and two paused on an
+approval), serves the UI on a free loopback port, and photographs the runs page, the inbox
+and the paused run's page (its timeline, with a model call's span opened) in headless
+Chromium (Debian's `chromium` + `chromium-driver`, through
 Selenium). The trace's pause glyph needs a font that has it (Debian's `fonts-symbola`).
 
     python docs/screenshots.py [--out DIR]
@@ -58,6 +59,7 @@ def seed() -> str:
     except ValueError:
         pass
     digest.run("example.org/changelog")
+    publish.run("example.org/pricing")
     paused = publish.run("example.org/launch")
     assert paused.status == "paused"
     compose.runs.reset_default()
@@ -101,11 +103,16 @@ def main() -> int:
             driver.get(base + "/")
             driver.find_element(By.LINK_TEXT, run_id)
             driver.save_screenshot(str(out / "ui-runs.png"))
+            driver.get(base + "/inbox")
+            driver.find_element(By.CSS_SELECTOR, f"article[data-run-id='{run_id}']")
+            driver.save_screenshot(str(out / "ui-inbox.png"))
             driver.get(f"{base}/run/{run_id}")
-            driver.set_window_size(1280, 1400)
+            driver.set_window_size(1280, 1300)
             # Open the model call's span so its input, output and usage show.
-            for summary in driver.find_elements(By.CSS_SELECTOR, "details.span > summary")[:3]:
-                summary.click()
+            for summary in driver.find_elements(By.CSS_SELECTOR, "details.wf-span > summary"):
+                if "llm" in summary.text:
+                    summary.click()
+                    break
             driver.save_screenshot(str(out / "ui-run.png"))
         finally:
             driver.quit()
@@ -113,7 +120,7 @@ def main() -> int:
             server.server_close()
     finally:
         shutil.rmtree(state, ignore_errors=True)
-    print(f"wrote {out / 'ui-runs.png'} and {out / 'ui-run.png'}")
+    print(f"wrote {', '.join(str(out / n) for n in ('ui-runs.png', 'ui-inbox.png', 'ui-run.png'))}")
     return 0
 
 

@@ -81,6 +81,11 @@ struct ScopeCalls {
     /// known: only those must replay alike (FLOW-21); a task's or a tool's
     /// body may call other steps differently on a new attempt.
     checked: Option<bool>,
+    /// The openers' text this attempt journals with the scope's rows
+    /// (`Ident::encode_with`), once computed.
+    chain: Option<Option<Arc<str>>>,
+    /// Whether the openers a stored row named were placed (`mark_openers`).
+    openers_marked: bool,
 }
 
 /// What identifies a journaled step besides its key (issue 27): its
@@ -101,8 +106,10 @@ pub struct Ident {
 pub struct Kind(u8);
 
 /// Every kind of journaled call the engine makes. A call of another kind
-/// keeps no identity (it replays unchecked).
-const KINDS: [&str; 9] = [
+/// keeps no identity (it replays unchecked). A `map` or `aggregate` takes a
+/// position without a row of its own (its items' and branches' rows name
+/// it, `Ident::encode_with`); `patched` is a marker row (OPS-2).
+const KINDS: [&str; 12] = [
     "task",
     "flow",
     "agent",
@@ -112,6 +119,9 @@ const KINDS: [&str; 9] = [
     "receive",
     "receive_all",
     "await_until",
+    "map",
+    "aggregate",
+    "patched",
 ];
 
 impl Kind {
@@ -134,10 +144,26 @@ impl Ident {
         }
     }
 
+    /// `encode` followed by the openers of the row's scope (`chain`, see
+    /// `ScopeCalls::chain`), when it has any.
+    pub fn encode_with(&self, chain: Option<&str>) -> String {
+        let mut text = self.encode();
+        if let Some(chain) = chain {
+            text.push(':');
+            text.push_str(chain);
+        }
+        text
+    }
+
     /// The stored form read back; `None` for anything else (the step is
     /// then replayed unchecked, like a journal written before identities).
     /// Read once per row of every resumed run: no allocation.
     pub fn parse(text: &str) -> Option<Ident> {
+        Ident::parse_row(text).map(|(id, _)| id)
+    }
+
+    /// `parse`, with the openers' text that follows a nested scope's row.
+    pub fn parse_row(text: &str) -> Option<(Ident, Option<&str>)> {
         fn number(part: &[u8]) -> Option<u32> {
             if part.is_empty() || part.len() > 9 {
                 return None;
@@ -146,28 +172,101 @@ impl Ident {
                 b.is_ascii_digit().then(|| n * 10 + u32::from(b - b'0'))
             })
         }
-        let mut parts = text.as_bytes().splitn(4, |&b| b == b':');
-        let pos = number(parts.next()?)?;
-        let scope_len = number(parts.next()?)?;
+        let mut parts = text.splitn(5, ':');
+        let pos = number(parts.next()?.as_bytes())?;
+        let scope_len = number(parts.next()?.as_bytes())?;
         let digest = match parts.next()? {
-            b"-" => None,
-            hex if hex.len() == 16 => Some(hex.iter().try_fold(0u64, |d, &b| {
-                let v = (b as char).to_digit(16)?;
-                Some(d << 4 | u64::from(v))
-            })?),
+            "-" => None,
+            hex if hex.len() == 16 => Some(u64::from_str_radix(hex, 16).ok()?),
             _ => return None,
         };
-        let kind = Kind::of(std::str::from_utf8(parts.next()?).ok()?)?;
+        let kind = Kind::of(parts.next()?)?;
         if pos == 0 {
             return None;
         }
-        Some(Ident {
+        let id = Ident {
             pos,
             scope_len,
             digest,
             kind,
-        })
+        };
+        Some((id, parts.next()))
     }
+}
+
+/// One opener of a scope: the call, in the parent scope, whose body or
+/// items make the scope's calls (`openers`).
+struct Opener {
+    /// The parent scope: `scope[..parent]`.
+    parent: usize,
+    /// The call's key prefix: `scope[..prefix]`.
+    prefix: usize,
+    n: u32,
+}
+
+/// The calls that open `scope`, outermost first: for `sub#1/map#2[0]`,
+/// `sub#1` in the run's scope and `sub#1/map#2` in `sub#1`; an
+/// `aggregate#k/<branch>` pair has one. Stops at a segment no positioned
+/// call opens (a tool call's).
+fn openers(scope: &str) -> Vec<Opener> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let next_end = |from: usize| scope[from..].find('/').map_or(scope.len(), |i| from + i);
+    while start < scope.len() {
+        let end = next_end(start);
+        let seg = &scope[start..end];
+        let parent = start.saturating_sub(1);
+        if let Some((name, n)) = split_key(seg) {
+            out.push(Opener {
+                parent,
+                prefix: start + name.len(),
+                n,
+            });
+            if name == "aggregate" && end < scope.len() {
+                // The branch's name is part of this opener's scope.
+                start = next_end(end + 1) + 1;
+                continue;
+            }
+        } else if let Some((head, _)) = seg.strip_suffix(']').and_then(|s| s.split_once('[')) {
+            match split_key(head) {
+                Some(("map", n)) => out.push(Opener {
+                    parent,
+                    prefix: start + 3,
+                    n,
+                }),
+                _ => break,
+            }
+        } else {
+            break;
+        }
+        start = end + 1;
+    }
+    out
+}
+
+/// One opener as stored: `<kind>@<pos>` or `<kind>@<pos>=<digest hex>`.
+fn parse_opener(text: &str) -> Option<(Kind, u32, Option<u64>)> {
+    let (kind, rest) = text.split_once('@')?;
+    let (pos, digest) = match rest.split_once('=') {
+        Some((pos, hex)) => (pos, Some(u64::from_str_radix(hex, 16).ok()?)),
+        None => (rest, None),
+    };
+    let pos: u32 = pos.parse().ok().filter(|&p| p > 0)?;
+    Some((Kind::of(kind)?, pos, digest))
+}
+
+/// The name of a `patched` marker's keys (`patched#<n>`, OPS-2).
+pub const PATCH: &str = "patched";
+
+/// Where `Journal::patch` places a `patched` call.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Patch {
+    /// The journal holds this patch's marker at the call's position.
+    Marked,
+    /// A new marker, to journal under this key.
+    New(StepKey),
+    /// No marker, and none to journal: the call takes no position.
+    Absent,
 }
 
 /// The call a step's reservation is made for.
@@ -207,6 +306,15 @@ fn describe(kind: &str, name: &str, key: &str) -> String {
     format!("{kind} '{name}' at '{key}'")
 }
 
+/// `describe`, with a `map`'s number of items (its digest).
+fn describe_call(kind: Kind, name: &str, key: &str, digest: Option<u64>) -> String {
+    let text = describe(kind.name(), name, key);
+    match (kind.name(), digest) {
+        ("map", Some(items)) => format!("{text} over {items} items"),
+        _ => text,
+    }
+}
+
 /// Slots a series may have for a journal of `len` values: a key far past
 /// every other (a store written by hand) is kept by its text instead, so
 /// memory stays linear in what is stored.
@@ -233,13 +341,15 @@ pub struct Journal {
     len: usize,
 }
 
+type Keyed = (usize, u32, Arc<str>, Option<Ident>, Option<Box<str>>);
+
 /// Builds a `Journal` from stored rows in any order.
 #[derive(Default)]
 pub struct JournalLoader {
     journal: Journal,
-    /// `(series, n, value, identity)` of counter keys, placed once the
-    /// total is known.
-    keyed: Vec<(usize, u32, Arc<str>, Option<Ident>)>,
+    /// `(series, n, value, identity, openers)` of counter keys, placed once
+    /// the total is known.
+    keyed: Vec<Keyed>,
 }
 
 impl JournalLoader {
@@ -253,11 +363,15 @@ impl JournalLoader {
         match split_key(key) {
             Some((prefix, n)) => {
                 let series = j.series_index(prefix);
-                let ident = ident.and_then(Ident::parse).filter(|id| {
+                let parsed = ident.and_then(Ident::parse_row).filter(|(id, _)| {
                     let len = id.scope_len as usize;
                     len == 0 || (prefix.len() > len && prefix.as_bytes()[len] == b'/')
                 });
-                self.keyed.push((series, n, Arc::from(value), ident));
+                let (ident, chain) = match parsed {
+                    Some((id, chain)) => (Some(id), chain.map(Box::from)),
+                    None => (None, None),
+                };
+                self.keyed.push((series, n, Arc::from(value), ident, chain));
             }
             None => {
                 j.other.insert(key.to_owned(), Arc::from(value));
@@ -269,7 +383,7 @@ impl JournalLoader {
         let JournalLoader { mut journal, keyed } = self;
         let limit = slot_limit(keyed.len() + journal.other.len());
         let mut last_scope: Option<(Arc<str>, usize)> = None;
-        for (series, n, value, ident) in keyed {
+        for (series, n, value, ident, chain) in keyed {
             let slot = n as usize - 1;
             if let Some(id) = &ident {
                 if (id.pos as usize) <= limit {
@@ -285,6 +399,13 @@ impl JournalLoader {
                             at
                         }
                     };
+                    if let Some(chain) = chain {
+                        if !journal.scopes[scope].openers_marked {
+                            journal.scopes[scope].openers_marked = true;
+                            let text = journal.scopes[scope].text.clone();
+                            journal.mark_openers(&text, &chain, limit);
+                        }
+                    }
                     let recorded = &mut journal.scopes[scope].recorded;
                     let at = id.pos as usize - 1;
                     if recorded.len() <= at {
@@ -424,6 +545,75 @@ impl Journal {
         self.scopes.len() - 1
     }
 
+    /// Places the calls that opened `scope` (stored with one of its rows as
+    /// `chain`) at their positions in their parent scopes, where no row of
+    /// their own is: a `map`, an `aggregate`, or a call still unfinished
+    /// when the journal was written (a nested flow or an agent paused
+    /// inside). A body that no longer makes such a call is then stopped at
+    /// the call it makes in its place, before that call runs.
+    fn mark_openers(&mut self, scope: &str, chain: &str, limit: usize) {
+        for (op, text) in openers(scope).iter().zip(chain.split(',')) {
+            let Some((kind, pos, digest)) = parse_opener(text) else {
+                return;
+            };
+            if pos as usize > limit || op.n as usize > limit {
+                return;
+            }
+            let series = self.series_index(&scope[..op.prefix]);
+            let parent = self.scope_of(&scope[..op.parent]);
+            let recorded = &mut self.scopes[parent].recorded;
+            let at = pos as usize - 1;
+            if recorded.len() <= at {
+                recorded.resize(at + 1, None);
+            }
+            if recorded[at].is_none() {
+                recorded[at] = Some((series, op.n));
+            }
+            let idents = &mut self.series[series].idents;
+            let slot = op.n as usize - 1;
+            if idents.len() <= slot {
+                idents.resize(slot + 1, None);
+            }
+            if idents[slot].is_none() {
+                idents[slot] = Some(Ident {
+                    pos,
+                    scope_len: op.parent as u32,
+                    digest,
+                    kind,
+                });
+            }
+        }
+    }
+
+    /// The openers of scope `at` as its rows store them: each opener's
+    /// kind, position and digest, outermost first (computed once).
+    fn chain_of(&mut self, at: usize) -> Option<Arc<str>> {
+        if let Some(chain) = &self.scopes[at].chain {
+            return chain.clone();
+        }
+        use std::fmt::Write;
+        let text = self.scopes[at].text.clone();
+        let mut out = String::new();
+        for op in openers(&text) {
+            let Some(&series) = self.by_prefix.get(&text[..op.prefix]) else {
+                break;
+            };
+            let Some(id) = self.ident_at(series, op.n) else {
+                break;
+            };
+            if !out.is_empty() {
+                out.push(',');
+            }
+            let _ = write!(out, "{}@{}", id.kind.name(), id.pos);
+            if let Some(d) = id.digest {
+                let _ = write!(out, "={d:x}");
+            }
+        }
+        let chain = (!out.is_empty()).then(|| Arc::from(out));
+        self.scopes[at].chain = Some(chain.clone());
+        chain
+    }
+
     /// Advances the counter of `name` in `scope` (call order, never
     /// completion order): its series, the new count and the scope.
     fn advance(&mut self, scope: &str, name: &str) -> (usize, u32, usize) {
@@ -539,6 +729,94 @@ impl Journal {
         (key, hit, diverged)
     }
 
+    /// `patched(id)` (OPS-2) at the next position of `scope`, `digest` the
+    /// hash of the patch id. Where the journal has this patch's marker at
+    /// that position, the call takes it (`Marked`). Where it has another
+    /// row there (or a row at a later position: a call made there did not
+    /// journal), or where `deprecate`, the call takes nothing: no key, no
+    /// position, so the calls after it keep the positions of a body
+    /// without it (`Absent`). Where the scope's journal ends before it,
+    /// the call takes the next key and position to journal a marker when
+    /// `new_code` (`New`), else nothing (`Absent`).
+    pub fn patch(&mut self, scope: &str, digest: u64, new_code: bool, deprecate: bool) -> Patch {
+        let (series, n, scope_at) = self.advance(scope, PATCH);
+        let kind = Kind::of(PATCH).expect("a known kind");
+        let pos = self.scopes[scope_at].reserved + 1;
+        let recorded = &self.scopes[scope_at].recorded;
+        let at = pos as usize - 1;
+        let outcome = match recorded.get(at) {
+            Some(Some((s2, n2))) => {
+                let marker = (*s2, *n2) == (series, n)
+                    && matches!(
+                        self.series[series].values.get(n as usize - 1),
+                        Some(Some(_))
+                    )
+                    && self
+                        .ident_at(series, n)
+                        .is_some_and(|id| id.kind == kind && id.digest == Some(digest));
+                if marker {
+                    Patch::Marked
+                } else {
+                    Patch::Absent
+                }
+            }
+            _ if deprecate || !new_code => Patch::Absent,
+            _ if recorded.iter().skip(at).any(Option::is_some) => Patch::Absent,
+            _ => {
+                let ident = Ident {
+                    pos,
+                    scope_len: scope.len() as u32,
+                    digest: Some(digest),
+                    kind,
+                };
+                let slot = n as usize - 1;
+                let idents = &mut self.series[series].idents;
+                if slot < slot_limit(self.len) {
+                    if idents.len() <= slot {
+                        idents.resize(slot + 1, None);
+                    }
+                    idents[slot] = Some(ident);
+                } else {
+                    let key = StepKey {
+                        prefix: self.series[series].prefix.clone(),
+                        n,
+                    };
+                    self.other_idents.insert(key.to_string(), ident);
+                }
+                Patch::New(StepKey {
+                    prefix: self.series[series].prefix.clone(),
+                    n,
+                })
+            }
+        };
+        match outcome {
+            Patch::Absent => self.retreat(scope),
+            _ => self.scopes[scope_at].reserved += 1,
+        }
+        outcome
+    }
+
+    /// Undoes a `Patch::New` of `scope` that journals nothing after all.
+    pub fn unpatch(&mut self, scope: &str) {
+        self.retreat(scope);
+        if let Some(&at) = self.scope_index.get(scope) {
+            self.scopes[at].reserved -= 1;
+        }
+    }
+
+    /// Takes back the last key `patch` allocated in `scope`.
+    fn retreat(&mut self, scope: &str) {
+        let mut counter_key = std::mem::take(&mut self.scratch);
+        counter_key.clear();
+        counter_key.push_str(scope);
+        counter_key.push('\0');
+        counter_key.push_str(PATCH);
+        if let Some(c) = self.counters.get_mut(counter_key.as_str()) {
+            c.n -= 1;
+        }
+        self.scratch = counter_key;
+    }
+
     /// The stored identity of key `n` of `series`.
     fn ident_at(&self, series: usize, n: u32) -> Option<&Ident> {
         let s = &self.series[series];
@@ -556,8 +834,10 @@ impl Journal {
     }
 
     /// Whether the call at `pos` of a scope, under `key`, is not the one
-    /// its journal recorded there: another step at that position, or the
-    /// same key stored with another kind, position or arguments.
+    /// its journal recorded there: another step at that position (or a call
+    /// that opened journaled scopes there), or the same key stored with
+    /// another kind, position or arguments (a `map` over another number of
+    /// items, an `aggregate` with other branches).
     #[allow(clippy::too_many_arguments)]
     fn diverges(
         &self,
@@ -569,50 +849,140 @@ impl Journal {
         (kind, digest): (Kind, Option<u64>),
         hit: bool,
     ) -> Option<Divergence> {
-        let called = || describe(kind.name(), name, &key.to_string());
+        let called = || describe_call(kind, name, &key.to_string(), digest);
         if let Some(Some((s2, n2))) = self.scopes[scope_at].recorded.get(pos as usize - 1) {
             if (*s2, *n2) != (series, key.n) {
-                let other = StepKey {
-                    prefix: self.series[*s2].prefix.clone(),
-                    n: *n2,
-                };
-                let id = self.ident_at(*s2, *n2)?;
-                let other_name = &other.prefix[name_start(id.scope_len)..];
-                return Some(Divergence {
-                    key: other.to_string(),
-                    recorded: describe(id.kind.name(), other_name, &other.to_string()),
-                    called: called(),
-                });
+                return self.recorded_divergence(*s2, *n2, None, called());
             }
         }
-        if !hit {
-            return None;
-        }
+        // Without a value, the identity is of a call that opened scopes
+        // the journal holds (`mark_openers`).
         let id = self.ident_at(series, key.n)?;
         let args_differ = matches!((id.digest, digest), (Some(a), Some(b)) if a != b);
         if id.kind == kind && id.pos == pos && !args_differ {
             return None;
         }
-        let recorded = describe(id.kind.name(), name, &key.to_string());
-        let (recorded, called) = if id.kind != kind {
-            (recorded, called())
+        let hash = |d: Option<u64>| format!("{:08x}", d.unwrap_or(0) >> 32);
+        let (recorded_tail, called_tail) = if id.kind != kind {
+            (String::new(), String::new())
         } else if args_differ {
-            let hash = |d: Option<u64>| format!("{:08x}", d.unwrap_or(0) >> 32);
-            (
-                format!("{recorded} with arguments #{}", hash(id.digest)),
-                format!("{} with other arguments #{}", called(), hash(digest)),
-            )
+            match kind.name() {
+                "map" => (String::new(), String::new()),
+                "aggregate" => (
+                    format!(" with branches #{}", hash(id.digest)),
+                    format!(" with other branches #{}", hash(digest)),
+                ),
+                _ => (
+                    format!(" with arguments #{}", hash(id.digest)),
+                    format!(" with other arguments #{}", hash(digest)),
+                ),
+            }
         } else {
             (
-                format!("{recorded} as journaled call {} of its scope", id.pos),
-                format!("{} as call {pos}", called()),
+                format!(" as journaled call {} of its scope", id.pos),
+                format!(" as call {pos}"),
             )
         };
+        let called = format!("{}{called_tail}", called());
+        if hit {
+            let recorded = describe(id.kind.name(), name, &key.to_string());
+            return Some(Divergence {
+                key: key.to_string(),
+                recorded: format!("{recorded}{recorded_tail}"),
+                called,
+            });
+        }
+        // A `map` over fewer items is named at the first item it drops.
+        let from = (kind.name() == "map" && args_differ).then(|| digest.unwrap_or(0));
+        let mut d = self.recorded_divergence(series, key.n, from, called)?;
+        d.recorded.push_str(&recorded_tail);
+        Some(d)
+    }
+
+    /// The divergence at the journaled call `n` of `series`, where the body
+    /// made `called` instead. A call with no row of its own (it opened
+    /// journaled scopes) is named by the first journaled step under it
+    /// (from `map` item `from_item` on, for a `map` over fewer items).
+    fn recorded_divergence(
+        &self,
+        series: usize,
+        n: u32,
+        from_item: Option<u64>,
+        called: String,
+    ) -> Option<Divergence> {
+        let opener = StepKey {
+            prefix: self.series[series].prefix.clone(),
+            n,
+        };
+        let id = self.ident_at(series, n)?;
+        let name = &opener.prefix[name_start(id.scope_len)..];
+        let opener_text = opener.to_string();
+        let mut recorded = describe_call(id.kind, name, &opener_text, id.digest);
+        let has_row = matches!(
+            self.series[series].values.get(n as usize - 1),
+            Some(Some(_))
+        );
+        let key = if has_row {
+            opener_text
+        } else {
+            if !matches!(id.kind.name(), "map" | "aggregate") {
+                recorded.push_str(", unfinished");
+            }
+            self.first_row_under(&opener_text, from_item)
+                .unwrap_or(opener_text)
+        };
         Some(Divergence {
-            key: key.to_string(),
+            key,
             recorded,
             called,
         })
+    }
+
+    /// The first journaled step in the scopes `opener` opened (`map`
+    /// items from `from_item` on), by item, scope and position.
+    fn first_row_under(&self, opener: &str, from_item: Option<u64>) -> Option<String> {
+        let mut best: Option<(u64, &str, u32, String)> = None;
+        for calls in &self.scopes {
+            let text = &*calls.text;
+            let Some(rest) = text.strip_prefix(opener) else {
+                continue;
+            };
+            let item = match rest.as_bytes().first() {
+                None | Some(b'/') => 0,
+                Some(b'[') => {
+                    let digits = rest[1..].split(']').next().unwrap_or("");
+                    match digits.parse::<u64>() {
+                        Ok(i) => i,
+                        Err(_) => continue,
+                    }
+                }
+                _ => continue,
+            };
+            if from_item.is_some_and(|from| item < from) {
+                continue;
+            }
+            for (at, entry) in calls.recorded.iter().enumerate() {
+                let Some((s, n)) = *entry else {
+                    continue;
+                };
+                if !matches!(self.series[s].values.get(n as usize - 1), Some(Some(_))) {
+                    continue;
+                }
+                let better = match &best {
+                    None => true,
+                    Some((i, t, p, _)) => (item, text, at as u32) < (*i, *t, *p),
+                };
+                if better {
+                    let key = StepKey {
+                        prefix: self.series[s].prefix.clone(),
+                        n,
+                    };
+                    best = Some((item, text, at as u32, key.to_string()));
+                }
+                break;
+            }
+        }
+        best.map(|(_, _, _, key)| key)
     }
 
     /// Whether a flow body makes the calls of scope `at` (cached).
@@ -679,32 +1049,37 @@ impl Journal {
             }
         }
         let (series, n) = found?;
-        let key = StepKey {
-            prefix: self.series[series].prefix.clone(),
+        self.recorded_divergence(
+            series,
             n,
-        };
-        let id = self.ident_at(series, n)?;
-        let name = &key.prefix[name_start(id.scope_len)..];
-        Some(Divergence {
-            key: key.to_string(),
-            recorded: describe(id.kind.name(), name, &key.to_string()),
-            called: "nothing: the body returned without making this call".into(),
-        })
+            None,
+            "nothing: the body returned without making this call".into(),
+        )
     }
 
     /// The identity to journal with `key`: this attempt's call, when it
-    /// reserved the key and it holds no value yet.
-    pub fn pending_ident(&self, key: &str) -> Option<String> {
+    /// reserved the key and it holds no value yet, followed by the openers
+    /// of its scope when it is nested.
+    pub fn pending_ident(&mut self, key: &str) -> Option<String> {
         let (prefix, n) = split_key(key)?;
         let &s = self.by_prefix.get(prefix)?;
         let series = &self.series[s];
         if let Some(Some(_)) = series.values.get(n as usize - 1) {
             return None;
         }
-        match series.idents.get(n as usize - 1) {
-            Some(Some(id)) => Some(id.encode()),
-            _ => self.other_idents.get(key).map(Ident::encode),
+        let id = match series.idents.get(n as usize - 1) {
+            Some(Some(id)) => *id,
+            _ => *self.other_idents.get(key)?,
+        };
+        if id.scope_len == 0 {
+            return Some(id.encode());
         }
+        let scope = &prefix[..id.scope_len as usize];
+        let chain = match self.scope_index.get(scope) {
+            Some(&at) => self.chain_of(at),
+            None => None,
+        };
+        Some(id.encode_with(chain.as_deref()))
     }
 
     pub fn get(&self, key: &str) -> Option<Arc<str>> {
@@ -749,6 +1124,13 @@ impl Journal {
         self.len += 1;
         self.other.insert(key.to_owned(), value.clone());
         value
+    }
+
+    /// Whether a stored key starts with `prefix` (a look at every series,
+    /// not every row).
+    pub fn has_key_prefix(&self, prefix: &str) -> bool {
+        self.by_prefix.keys().any(|k| k.starts_with(prefix))
+            || self.other.keys().any(|k| k.starts_with(prefix))
     }
 
     pub fn len(&self) -> usize {
@@ -1072,6 +1454,165 @@ mod tests {
         assert_eq!(j.next_call("", "a", task(1), true).2, None);
         j.next_step("", "__retry__");
         assert_eq!(j.next_call("", "b", task(2), true).2, None);
+    }
+
+    /// One call of `record_calls`: (scope, name, kind, digest).
+    type At = (&'static str, &'static str, &'static str, u64);
+
+    /// Rows journaled by `calls` in order; a `map`'s or an `aggregate`'s
+    /// call journals no row of its own, and a nested flow's is unfinished.
+    fn record_calls(calls: &[At]) -> Vec<(String, String, Option<String>)> {
+        let mut j = Journal::default();
+        let mut rows = Vec::new();
+        for &(scope, name, kind, d) in calls {
+            let call = Some(Call {
+                kind,
+                digest: Some(d),
+            });
+            let (key, hit, diverged) = j.next_call(scope, name, call, true);
+            assert_eq!((hit, diverged), (None, None));
+            if matches!(kind, "map" | "aggregate" | "flow") {
+                continue;
+            }
+            let key = key.to_string();
+            let ident = j.pending_ident(&key);
+            j.record(&key, Arc::from("1"));
+            rows.push((key, "1".to_string(), ident));
+        }
+        rows
+    }
+
+    fn call(kind: &'static str, digest: u64) -> Option<Call<'static>> {
+        Some(Call {
+            kind,
+            digest: Some(digest),
+        })
+    }
+
+    const MAPPED: [At; 4] = [
+        ("", "map", "map", 2),
+        ("map#1[0]", "f", "task", 1),
+        ("map#1[1]", "f", "task", 2),
+        ("", "g", "task", 3),
+    ];
+
+    #[test]
+    fn rows_of_nested_scopes_name_the_calls_that_opened_them() {
+        let rows = record_calls(&[
+            ("", "a", "task", 1),
+            ("", "sub", "flow", 7),
+            ("sub#1", "map", "map", 3),
+            ("sub#1/map#1[2]", "f", "task", 4),
+        ]);
+        assert_eq!(rows[0].2.as_deref(), Some("1:0:0000000000000001:task"));
+        assert_eq!(
+            rows[1].2.as_deref(),
+            Some("1:14:0000000000000004:task:flow@2=7,map@1=3")
+        );
+        let (id, chain) = Ident::parse_row(rows[1].2.as_deref().unwrap()).unwrap();
+        assert_eq!((id.pos, chain), (1, Some("flow@2=7,map@1=3")));
+        // The unchanged body replays: `sub#1` (no row yet) and its map are
+        // where the rows say they were called.
+        let mut j = Journal::from_rows(&rows);
+        assert_eq!(j.next_call("", "a", task(1), true).2, None);
+        assert_eq!(j.next_call("", "sub", call("flow", 7), true).2, None);
+        assert_eq!(j.next_call("sub#1", "map", call("map", 3), true).2, None);
+        let (_, hit, d) = j.next_call("sub#1/map#1[2]", "f", task(4), true);
+        assert_eq!((hit.is_some(), d), (true, None));
+        assert_eq!(j.unreached(), None);
+    }
+
+    #[test]
+    fn a_call_made_where_a_map_was_diverges_before_it_runs() {
+        let rows = record_calls(&MAPPED);
+        let mut j = Journal::from_rows(&rows);
+        let d = j.next_call("", "g", task(3), true).2.unwrap();
+        assert_eq!(d.key, "map#1[0]/f#1");
+        assert!(
+            d.recorded.contains("map 'map' at 'map#1' over 2 items"),
+            "{d:?}"
+        );
+        assert!(d.called.contains("task 'g'"), "{d:?}");
+    }
+
+    #[test]
+    fn a_map_over_other_items_diverges_at_the_map() {
+        let rows = record_calls(&MAPPED);
+        let mut j = Journal::from_rows(&rows);
+        let d = j.next_call("", "map", call("map", 1), true).2.unwrap();
+        assert_eq!(d.key, "map#1[1]/f#1");
+        assert!(d.called.ends_with("over 1 items"), "{d:?}");
+        let mut j = Journal::from_rows(&rows);
+        let d = j.next_call("", "map", call("map", 3), true).2.unwrap();
+        assert_eq!(d.key, "map#1");
+        let mut j = Journal::from_rows(&rows);
+        assert_eq!(j.next_call("", "map", call("map", 2), true).2, None);
+    }
+
+    #[test]
+    fn an_unfinished_nested_flow_called_with_other_arguments_diverges() {
+        let rows = record_calls(&[("", "sub", "flow", 7), ("sub#1", "b", "task", 1)]);
+        let mut j = Journal::from_rows(&rows);
+        let d = j.next_call("", "sub", call("flow", 8), true).2.unwrap();
+        assert_eq!(d.key, "sub#1/b#1");
+        assert!(d.recorded.contains("unfinished"), "{d:?}");
+        assert!(d.called.contains("other arguments"), "{d:?}");
+        // Removed: the body returns without it.
+        let mut j = Journal::from_rows(&rows);
+        assert_eq!(j.unreached().unwrap().key, "sub#1/b#1");
+    }
+
+    #[test]
+    fn patched_marks_new_code_and_keeps_old_positions() {
+        let id = digest("v2");
+        // A new run journals the marker at the call's position.
+        let mut j = Journal::default();
+        j.next_call("", "a", task(1), true);
+        let Patch::New(key) = j.patch("", id, true, false) else {
+            panic!("a new marker")
+        };
+        assert_eq!(key.to_string(), "patched#1");
+        let ident = j.pending_ident("patched#1").unwrap();
+        assert!(ident.starts_with("2:0:"), "{ident}");
+        j.record("patched#1", Arc::from("\"v2\""));
+        j.next_call("", "b", task(2), true);
+        let rows = vec![
+            (
+                "a#1".to_string(),
+                "1".to_string(),
+                Some("1:0:0000000000000001:task".into()),
+            ),
+            ("patched#1".to_string(), "\"v2\"".to_string(), Some(ident)),
+            ("b#1".to_string(), "1".to_string(), j.pending_ident("b#1")),
+        ];
+        // Replayed: the marker answers, the next call keeps its position.
+        let mut j = Journal::from_rows(&rows);
+        j.next_call("", "a", task(1), true);
+        assert_eq!(j.patch("", id, false, false), Patch::Marked);
+        assert_eq!(j.next_call("", "b", task(2), true).2, None);
+        // Deprecated: the marker is taken without being asked.
+        let mut j = Journal::from_rows(&rows);
+        j.next_call("", "a", task(1), true);
+        assert_eq!(j.patch("", id, true, true), Patch::Marked);
+        assert_eq!(j.next_call("", "b", task(2), true).2, None);
+        // Another patch id at the marker's position takes nothing.
+        let mut j = Journal::from_rows(&rows);
+        j.next_call("", "a", task(1), true);
+        assert_eq!(j.patch("", digest("v3"), true, false), Patch::Absent);
+        assert_eq!(j.patch("", id, true, false), Patch::Marked);
+        // An old run: another row at the position, or a journal that ends.
+        let old = record_calls(&[("", "a", "task", 1), ("", "b", "task", 2)]);
+        let mut j = Journal::from_rows(&old);
+        j.next_call("", "a", task(1), true);
+        assert_eq!(j.patch("", id, true, false), Patch::Absent);
+        assert_eq!(j.next_call("", "b", task(2), true).2, None);
+        assert_eq!(j.patch("", id, false, false), Patch::Absent);
+        assert_eq!(j.patch("", id, true, true), Patch::Absent);
+        let Patch::New(key) = j.patch("", id, true, false) else {
+            panic!("past the journal of a run on this code")
+        };
+        assert_eq!(key.to_string(), "patched#1");
+        assert_eq!(j.unreached(), None);
     }
 
     #[test]

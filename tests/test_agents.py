@@ -318,7 +318,10 @@ def test_agent2_bare_agent_is_accepted_and_fails_only_when_run():
     with pytest.raises(ConfigError) as info:
         bare.run("q")
     assert str(info.value) == (
-        "model must be a 'provider/model-id' string or a Model instance, got <class 'NoneType'>"
+        "@agent 'bare' has no model -- give it one: @agent(model=...) with a 'provider/model-id' "
+        "string (e.g. 'anthropic/claude-sonnet-4-5') or a Model instance (e.g. "
+        "composeai.testing.FakeModel([...]) in tests), or pass model= to the call: "
+        "bare.run(..., model=...)"
     )
     # a call-level model override makes it runnable
     assert bare.run("q", model=FakeModel(["fine"])).output == "fine"
@@ -477,7 +480,7 @@ def test_agent12_text_that_is_not_json_is_an_exact_compose_error():
     assert type(info.value) is ComposeError
     assert str(info.value) == (
         "@agent 'strict': model returned no structured payload (response.parsed was unset and "
-        "the message text is not valid JSON)"
+        'the message text is not valid JSON); the model replied: "not json"'
     )
 
 
@@ -519,7 +522,7 @@ def test_agent13_repair_turn_message_and_span_attribute():
     assert run.output == Facts(title="T", count=1)
     error = (
         "@agent 'repaired': model returned no structured payload (response.parsed was unset "
-        "and the message text is not valid JSON)"
+        'and the message text is not valid JSON); the model replied: "oops"'
     )
     assert model.requests[1].messages == [
         Message.user("q"),
@@ -2060,7 +2063,8 @@ def test_agent54_resume_of_an_unregistered_agent():
         compose.resume(paused.id, answers={"send_email": True})
     assert str(info.value) == (
         "agent 'forgotten' is not registered in this process -- import the module that defines "
-        "it (so its @agent decoration runs) before calling resume()"
+        f"it (so its @agent decoration runs) before calling resume(): `import {__name__}` "
+        f"(compose commands: --import {__name__})"
     )
     assert row(paused.id)["status"] == "paused"
 

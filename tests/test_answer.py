@@ -187,6 +187,8 @@ def test_answer_through_a_worker_in_another_process_issue26(tmp_path, monkeypatc
         check=True,
     )
     assert "outcome=completed" in out.stdout
+    # The worker logs why it continues the run: the answer, not a timer.
+    assert f"started  {run.id} flow=gate reason=answered" in out.stdout, out.stdout
     row = _engine.get_store().get_run(run.id)
     assert (row["status"], json.loads(row["output_json"])) == ("completed", 42)
     sys.modules.pop("answer_flows", None)

@@ -23,6 +23,18 @@ RID_E = "01JZ3Q8M2C4VDX9R7T5N6B1A0E"
 RID_F = "01JZ3Q8M2C4VDX9R7T5N6B1A0F"
 RID_N = "01JZ3Q7YB0GQ2W8E5F4H3K2M1N"
 
+# The header row of `compose runs`' table, aligned with its columns.
+RUNS_HEADER = (
+    "RUN ID                      KIND      NAME                 STATUS     AGE       "
+    "      COST       TOKENS\n"
+)
+
+
+def runs_rows(out: str) -> str:
+    """The rows of `compose runs`' table, after its header."""
+    assert out.startswith(RUNS_HEADER), out
+    return out[len(RUNS_HEADER) :]
+
 
 @pytest.fixture
 def state(tmp_path, monkeypatch):
@@ -30,6 +42,13 @@ def state(tmp_path, monkeypatch):
     monkeypatch.setenv("COMPOSE_DIR", str(d))
     monkeypatch.delenv("NO_COLOR", raising=False)
     return d
+
+
+def _nf(run_id: str) -> str:
+    """The CLI's not-found message, naming the store it searched."""
+    from composeai import _engine
+
+    return f"compose: {_engine.run_not_found(run_id, 'id')}\n"
 
 
 def open_store(state):
@@ -174,7 +193,7 @@ def test_no_store_is_not_created(state, capsys):
     assert run_cli(capsys, "trace", "01ABC") == (
         1,
         "",
-        "compose: no run found with id '01ABC'\n",
+        _nf("01ABC"),
     )
     assert not state.exists()
 
@@ -183,7 +202,7 @@ def test_empty_store(store, capsys):
     assert run_cli(capsys, "runs") == (0, "no runs found\n", "")
     assert run_cli(capsys, "runs", "--json") == (0, "[]\n", "")
     assert run_cli(capsys, "trace", "--last") == (1, "", "compose: no runs found\n")
-    assert run_cli(capsys, "trace", "X") == (1, "", "compose: no run found with id 'X'\n")
+    assert run_cli(capsys, "trace", "X") == (1, "", _nf("X"))
 
 
 @pytest.mark.sqlite_file
@@ -229,7 +248,7 @@ def test_runs_table_format_example(store, capsys):
     store.flush()
     rc, out, err = run_cli(capsys, "runs")
     assert (rc, err) == (0, "")
-    assert out == (
+    assert out == RUNS_HEADER + (
         "01JZ3Q7YB0GQ2W8E5F4H3K2M1N  agent     summarizer           paused     12m ago  "
         "   ≥$0.0041     1180 tok\n"
         "01JZ3Q8M2C4VDX9R7T5N6B1A0E  flow      nightly_digest       completed  3h ago   "
@@ -254,7 +273,7 @@ def test_runs_ages_costs_and_long_values(store, capsys):
     )
     rc, out, _ = run_cli(capsys, "runs")
     assert rc == 0
-    lines = out.splitlines()
+    lines = runs_rows(out).splitlines()
     assert [ln.split()[0] for ln in lines] == ["R-secs", "R-mins", "R-hours", "R-days", "R-long"]
     assert [ln[70:79] for ln in lines[:4]] == ["5s ago   ", "2m ago   ", "5h ago   ", "2d ago   "]
     # Values wider than their column are not truncated.
@@ -293,6 +312,7 @@ def test_runs_json(store, capsys):
         "output_json",
         "error_json",
         "budget_json",
+        "module",
         "tokens",
         "cost_usd",
         "cost_complete",
@@ -453,7 +473,7 @@ def test_trace_prefix_is_exact_and_ambiguity_is_reported(store, capsys):
         assert run_cli(capsys, "trace", bad) == (
             1,
             "",
-            f"compose: no run found with id '{bad}'\n",
+            _nf(bad),
         )
 
 
@@ -555,7 +575,7 @@ def test_import_modules(store, capsys, tmp_path, monkeypatch):
         monkeypatch.delitem(sys.modules, name, raising=False)
     traced_run(store, RID_E)
     rc, out, _ = run_cli(capsys, "runs", "--import", "cli_good_mod")
-    assert rc == 0 and out.startswith(RID_E)
+    assert rc == 0 and runs_rows(out).startswith(RID_E)
     assert os.environ["CLI_GOOD_MOD"] == "yes"
     # Its types are registered for decoding (OBS-61).
     from composeai import _codec
@@ -596,7 +616,7 @@ def test_default_dir_is_relative_to_cwd(monkeypatch, capsys, tmp_path):
     st = _core.Store(str(Path(".compose") / "runs.db"))
     make_run(st, RID_E, name="here")
     rc, out, _ = run_cli(capsys, "runs")
-    assert rc == 0 and out.startswith(RID_E)
+    assert rc == 0 and runs_rows(out).startswith(RID_E)
 
 
 # -- a real process ----------------------------------------------------------
@@ -617,7 +637,9 @@ def test_python_dash_m_subprocess(store, state, tmp_path):
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith(f"{RID_E}  flow      f                    completed  3")
+    assert runs_rows(proc.stdout).startswith(
+        f"{RID_E}  flow      f                    completed  3"
+    )
     assert proc.stdout.endswith("s ago      $0.0027     1500 tok\n")
     proc = subprocess.run(
         [sys.executable, "-m", "composeai.cli", "trace", "nope"],
@@ -630,7 +652,7 @@ def test_python_dash_m_subprocess(store, state, tmp_path):
         timeout=60,
     )
     assert (proc.returncode, proc.stdout) == (1, "")
-    assert proc.stderr == "compose: no run found with id 'nope'\n"
+    assert proc.stderr.startswith("compose: no run found with id 'nope' -- searched the ")
 
 
 # -- runs -q (OBS-31) ------------------------------------------------------------
@@ -678,7 +700,7 @@ def test_runs_query_matches_span_names_and_payloads(store, capsys):
     assert ids("-q", "giraffe OR zebra", "-n", "1") == ["R-giraffe"]
     assert ids("-q", "nothing") == []
     rc, out, _ = run_cli(capsys, "runs", "-q", "zebra")
-    assert rc == 0 and out.startswith("R-zebra ") and out.count("\n") == 1
+    assert rc == 0 and runs_rows(out).startswith("R-zebra ") and out.count("\n") == 2
     assert run_cli(capsys, "runs", "-q", "nothing") == (0, "no runs found\n", "")
     # Spans written later are indexed by the next search.
     make_run(store, "R-late", name="late", spans=[span("zebra_crossing")])
@@ -744,7 +766,7 @@ def test_runs_query_index_lives_in_derived_tables(store, state, capsys):
         text=True,
         timeout=60,
     )
-    assert proc.stdout.split("\n")[:2] == ["['span_fts', 'span_fts_state']", "12"]
+    assert proc.stdout.split("\n")[:2] == ["['span_fts', 'span_fts_state']", "13"]
     # The engine keeps working with the derived tables present.
     make_run(store, "R-after", spans=[span("after")])
     assert store.get_run("R-after")["status"] == "completed"
@@ -845,12 +867,12 @@ def test_diff_errors(store, capsys):
     assert run_cli(capsys, "diff", RID_E, "nope") == (
         1,
         "",
-        "compose: no run found with id 'nope'\n",
+        _nf("nope"),
     )
     assert run_cli(capsys, "diff", "nope", RID_E) == (
         1,
         "",
-        "compose: no run found with id 'nope'\n",
+        _nf("nope"),
     )
     make_run(store, RID_F)
     assert run_cli(capsys, "diff", "01JZ3Q8M2C4", RID_N) == (
@@ -1173,7 +1195,7 @@ def test_export_errors(state, capsys, tmp_path):
     assert run_cli(capsys, "export", RID_E, "--cassette", str(path)) == (
         1,
         "",
-        f"compose: no run found with id '{RID_E}'\n",
+        _nf(RID_E),
     )
     assert not state.exists()
     st = open_store(state)
@@ -1182,7 +1204,7 @@ def test_export_errors(state, capsys, tmp_path):
     assert run_cli(capsys, "export", "nope", "--cassette", str(path)) == (
         1,
         "",
-        "compose: no run found with id 'nope'\n",
+        _nf("nope"),
     )
     rc, _, err = run_cli(capsys, "export", "01JZ", "--cassette", str(path))
     assert rc == 1 and err.startswith("compose: run id prefix '01JZ' is ambiguous -- it matches 2")
@@ -1559,3 +1581,82 @@ def test_costs_over_a_million_spans_takes_under_a_second(store, state):
             elapsed = time.perf_counter() - t0
         assert f"TOTAL                    calls={n} " in proc.stdout
         assert elapsed < 1.0, (by, elapsed)
+
+
+# -- CLI polish: --version, option help, Mermaid kept valid -------------------------------
+
+
+def test_version_prints_the_installed_version(capsys):
+    """`compose --version` prints the package version and exits 0."""
+    import composeai
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"compose (composeai) {composeai.__version__}\n"
+
+
+def _walk(parser, path=("compose",)):
+    import argparse
+
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _walk(sub, (*path, name))
+
+
+def test_every_argument_of_every_command_has_help():
+    """Each option and positional argument of every (sub)command says what it
+    does in `--help`, and each command has a one-line description."""
+    import argparse
+
+    from composeai.cli import _build_parser
+
+    missing = []
+    walked = list(_walk(_build_parser()))
+    assert len(walked) >= 20  # every command and `thread`'s sub-commands
+    for path, parser in walked:
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            if isinstance(action, argparse._SubParsersAction):
+                missing += [
+                    f"{' '.join(path)} {c.dest}" for c in action._choices_actions if not c.help
+                ]
+                continue
+            if not action.help:
+                missing.append(f"{' '.join(path)} {'/'.join(action.option_strings) or action.dest}")
+    assert missing == []
+
+
+def test_mermaid_of_a_paused_run_is_only_the_diagram(store, capsys):
+    """`--format mermaid` writes a valid Mermaid flowchart to stdout and
+    nothing after it; the resume hint of a paused run goes to stderr."""
+    traced_run(
+        store,
+        RID_N,
+        status="paused",
+        pending=[("publish", "approval", "Publish it?", json.dumps(None))],
+    )
+    rc, out, err = run_cli(capsys, "trace", RID_N, "--format", "mermaid")
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[0] == "flowchart TD"
+    assert all(line.startswith("s") for line in lines[1:]), out
+    assert "resume(" not in out and f"resume('{RID_N}'" in err
+
+
+def test_runs_table_has_a_header_row(store, capsys):
+    """The text table of `compose runs` starts with a header naming its
+    columns, aligned with the rows; `--json` is unchanged (a list of rows)."""
+    make_run(store, RID_E, name="nightly", created_at=time.time() - 30)
+    rc, out, _ = run_cli(capsys, "runs")
+    header, row = out.splitlines()
+    assert rc == 0 and header + "\n" == RUNS_HEADER
+    assert header.split() == ["RUN", "ID", "KIND", "NAME", "STATUS", "AGE", "COST", "TOKENS"]
+    assert header.index("KIND") == row.index("flow")
+    assert header.index("NAME") == row.index("nightly")
+    assert len(header) == len(row)
+    rc, out, _ = run_cli(capsys, "runs", "--json")
+    assert [r["run_id"] for r in json.loads(out)] == [RID_E]

@@ -190,6 +190,8 @@ def cli(built, monkeypatch, capsys, tmp_path):
 
 
 _DURATION = re.compile(r"\b\d+(?:ms|\.\ds)(?=\])")
+# Which store a not-found message searched differs between the stores.
+_SEARCHED = re.compile(r"(no run found with id '[^']*') -- searched the [^\n]*")
 _DELTA_MS = re.compile(r"(Δdur=|Δduration: )[+-]\d+ms")
 
 
@@ -198,6 +200,7 @@ def normalise(text: str, runs: dict[str, tuple[str, str]]) -> str:
         text = text.replace(run_id, f"<{label}>".ljust(len(run_id), "_"))
         text = text.replace(trace_id, f"<trace:{label}>")
     text = _DURATION.sub("<t>", text)
+    text = _SEARCHED.sub(r"\1 -- searched <store>", text)
     return _DELTA_MS.sub(r"\1<±ms>", text)
 
 

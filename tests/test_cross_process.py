@@ -155,7 +155,7 @@ def test_edited_flow_source_is_refused_then_allowed(sb):
     b = sb.run(resume_body(extra=ANSWERS), RUN_ID=run_id, PROC="B").error()
     assert (b["error_type"], b["error_module"]) == ("ResumeMismatchError", "composeai.errors")
     assert b["message"] == (
-        f"@flow 'research''s source changed since run '{run_id}' was created (fingerprint "
+        f"the source of @flow 'research' changed since run '{run_id}' was created (fingerprint "
         "mismatch) -- pass allow_code_change=True to resume anyway (the journal may no longer "
         "match the new code's call sequence)"
     )
@@ -180,7 +180,8 @@ def test_resume_without_importing_the_flow_module(sb):
     assert (err["error_type"], err["error_module"]) == ("ConfigError", "composeai.errors")
     assert err["message"] == (
         "flow 'research' is not registered in this process -- import the module that defines "
-        "it (so its @flow decoration runs) before calling resume()"
+        "it (so its @flow decoration runs) before calling resume(): `import research` "
+        "(compose commands: --import research)"
     )
     assert sb.snapshot(run_id) == before
     assert len(sb.side_effects()) == 3
@@ -195,7 +196,9 @@ def test_resume_of_an_unknown_run_id(sb):
     pause_in_a(sb)
     err = sb.run(resume_body(), RUN_ID="01NOSUCHRUN0000000000000000", PROC="B").error()
     assert err["error_type"] == "ConfigError"
-    assert err["message"] == "no run found with run_id '01NOSUCHRUN0000000000000000'"
+    assert err["message"].startswith(
+        "no run found with run_id '01NOSUCHRUN0000000000000000' -- searched the SQLite store "
+    )
 
 
 # ---------------------------------------------------------------------------

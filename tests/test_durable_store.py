@@ -56,7 +56,7 @@ def test_ext03_a_version_2_store_is_upgraded_in_place(isolated_state):
     assert after.run().output == 1
     assert set(DURABLE_TABLES) <= _tables(path)
     with closing(sqlite3.connect(str(path))) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 12
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 13
     assert compose.resume(old.id).output == 1
 
 

@@ -472,7 +472,7 @@ def test_ext0_3_a_version_2_store_gains_the_graph_tables_in_place(tmp_path):
         runs_before = db.execute("SELECT count(*) FROM runs").fetchone()[0]
     app = counter_graph("v2b", f"sqlite:///{path}")
     assert app.thread("new").run().state["n"] == 1
-    assert read(path, "PRAGMA user_version") == [(12,)]
+    assert read(path, "PRAGMA user_version") == [(13,)]
     assert read(path, "SELECT count(*) FROM runs") == [(runs_before + 1,)]
 
 
@@ -548,7 +548,7 @@ def test_ext30_a_version_8_thread_keeps_its_history_and_continues_in_graph_steps
     before = thread.history()
     assert [h["id"] for h in before] == old_ids[::-1]
     assert thread.state() == {"n": 2, "log": ["a", "b"], "tag": "b"}
-    assert read(path, "PRAGMA user_version") == [(12,)]
+    assert read(path, "PRAGMA user_version") == [(13,)]
     third = thread.run({"tag": "c"})
     assert third.state["log"] == ["a", "b", "c"]
     after = thread.history()

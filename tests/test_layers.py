@@ -56,6 +56,8 @@ GROUPS: list[tuple[str, tuple[str, ...]]] = [
     # Features, each importing only the engine and the features before it.
     ("models", ("models.",)),
     ("lifecycle", ("_lifecycle",)),
+    # Patching flow code under runs in flight (OPS-2): asks the engine and the flow registry.
+    ("patching", ("patching",)),
     # Answers journaled from outside a run, continued through `resume`.
     ("answers", ("_answer",)),
     ("flows", ("flow",)),

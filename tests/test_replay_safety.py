@@ -473,10 +473,25 @@ def test_issue27_rows_journaled_after_an_upgrade_are_checked(deploy):
 
 
 RICH = """\
+import random as py_random
 import time
 
 import composeai as compose
 from composeai.testing import FakeModel
+
+
+WORDS = ["ant", "bee", "cat", "dog", "eel", "fox"]
+
+
+def shuffled() -> dict:
+    \"\"\"An equal dict built in another insertion order on every call (issue 31).\"\"\"
+    return {w: len(w) for w in py_random.sample(WORDS, len(WORDS))}
+
+
+@compose.task
+def tally(d: dict, **kw) -> int:
+    side_effect("tally")
+    return sum(d.values()) + len(kw)
 
 
 @compose.task
@@ -534,6 +549,7 @@ def rich(n: int) -> dict:
     out["gathered"] = compose.gather(*handles)
     out["t"] = compose.now().isoformat()
     out["r"] = compose.random()
+    out["tally"] = [tally(shuffled(), **shuffled()), tally({"n": 0}, rows=[shuffled(), {"in": shuffled()}])]
     out["ok"] = compose.approve("go")
     out["after"] = double(n)
     out["ok2"] = compose.approve("go2")
@@ -563,6 +579,7 @@ def test_issue27_unchanged_sync_body_replays_every_step_kind_without_divergence(
     assert out["nested"] == [2 + 4, 22 + 24]
     assert out["agent"] == "found"
     assert out["gathered"] == [200, 202, 204]
+    assert out["tally"] == [24, 1]
     assert out["after"] == 2 and out["ok"] is True and out["ok2"] is True
     assert deploy.executions() == executed + [("double", "1")]
     assert [e for e in executed if e[0] == "lookup"] == [("lookup", "w")]
@@ -582,8 +599,20 @@ def test_issue27_unchanged_body_replays_in_a_fresh_deploy_of_the_same_code(deplo
 
 ASYNC = """\
 import asyncio
+import random as py_random
 
 import composeai as compose
+
+
+@compose.task
+async def tally(d: dict, **kw) -> int:
+    side_effect("tally")
+    return sum(d.values()) + len(kw)
+
+
+def shuffled() -> dict:
+    keys = ["ant", "bee", "cat", "dog"]
+    return {k: len(k) for k in py_random.sample(keys, len(keys))}
 
 
 @compose.task
@@ -612,6 +641,7 @@ async def async_rich(n: int) -> dict:
     out["nested"] = (await inner.arun(n)).output
     out["t"] = (await compose.anow()).isoformat()
     out["r"] = await compose.arandom()
+    out["tally"] = await tally.arun(shuffled(), **shuffled())
     out["ok"] = compose.approve("go")
     out["after"] = await double.arun(n)
     return out
@@ -636,6 +666,7 @@ def test_issue27_unchanged_async_body_replays_without_divergence(deploy):
     assert done.output["loop"] == [0, 2, 4] and done.output["map"] == [0, 2, 4, 6, 8]
     assert done.output["nested"] == 14 + 16 and done.output["after"] == 14
     assert done.output["agg"] == {"s": "a!", "d": "a!"}
+    assert done.output["tally"] == 12 + 4
     assert deploy.executions() == executed + [("double", "7")]
 
 

@@ -98,7 +98,9 @@ def test_flow34_repause_on_the_same_id_upserts_the_pending_row():
 def test_flow41_check_order_missing_run():
     with pytest.raises(ConfigError) as info:
         compose.resume("01NOTARUN0000000000000000")
-    assert str(info.value) == "no run found with run_id '01NOTARUN0000000000000000'"
+    assert str(info.value).startswith(
+        "no run found with run_id '01NOTARUN0000000000000000' -- searched the "
+    )
 
 
 def test_flow41_callbacks_are_refused_for_flow_runs():
@@ -130,7 +132,8 @@ def test_flow41_unregistered_flow_names_the_fix():
         compose.resume(run.id)
     assert str(info.value) == (
         "flow 'gone' is not registered in this process -- import the module that defines it (so "
-        "its @flow decoration runs) before calling resume()"
+        f"its @flow decoration runs) before calling resume(): `import {__name__}` (compose "
+        f"commands: --import {__name__})"
     )
 
 
@@ -166,7 +169,7 @@ def test_flow41_fingerprint_mismatch_and_allow_code_change():
     with pytest.raises(ResumeMismatchError) as info:
         compose.resume(run.id, answers={"go": True})
     assert str(info.value) == (
-        f"@flow 'evolving''s source changed since run '{run.id}' was created (fingerprint "
+        f"the source of @flow 'evolving' changed since run '{run.id}' was created (fingerprint "
         "mismatch) -- pass allow_code_change=True to resume anyway (the journal may no longer "
         "match the new code's call sequence)"
     )

@@ -1,4 +1,4 @@
-"""The research flow from the flows guide: fetch sources, summarize them in
+"""A research flow (see docs/getting-started.md): fetch sources, summarize them in
 parallel, let an `editor` agent draft, and publish only after a human
 approves. Offline by default: the editor runs on a scripted FakeModel unless
 a provider key is set and its SDK is installed -- ANTHROPIC_API_KEY with

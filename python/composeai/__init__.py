@@ -122,6 +122,9 @@ _LAZY["fork"] = ("._replay", "fork")
 _LAZY["Queue"] = (".queues", "Queue")
 # Store selection (STORE-1) is an attribute too.
 _LAZY["configure"] = ("._engine", "configure")
+# Patching flow code under runs in flight (OPS-2): attributes too.
+_LAZY["patched"] = (".patching", "patched")
+_LAZY["deprecate_patch"] = (".patching", "deprecate_patch")
 # Reading runs from outside and retention (OPS-20 … OPS-23): attributes too.
 _LAZY["list_runs"] = (".listing", "list_runs")
 _LAZY["RunInfo"] = (".listing", "RunInfo")
@@ -154,4 +157,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | set(_LAZY))

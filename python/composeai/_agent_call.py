@@ -1,4 +1,4 @@
-"""What one agent call carries (AGENT-1 …): the model and output schema
+"""What one agent call carries: the model and output schema
 worked out at decoration time, the per-call state (`_Call`), the call's
 overrides and its budget meters.
 """
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from . import _codec, _engine
 from ._cancel import current_cancel_token
 from ._engine import BUDGETS, Frame, RunState
+from .errors import ConfigError
 from .events import _BUS
 from .messages import Message, ToolResultPart
 from .models import registry as _registry
@@ -31,7 +32,7 @@ _current_bus = _BUS.get
 
 
 def _signature_types(fn: Callable) -> tuple[Any, Any]:
-    """AGENT-6: input = first parameter's annotation, output = return
+    """Input = first parameter's annotation, output = return
     annotation (`str` when absent)."""
     import typing
 
@@ -46,7 +47,7 @@ def _signature_types(fn: Callable) -> tuple[Any, Any]:
 
 
 def _output_schema(output_type: Any) -> tuple[dict | None, bool]:
-    """AGENT-11: the sealed JSON schema sent on every turn, and whether the
+    """The sealed JSON schema sent on every turn, and whether the
     payload is wrapped under `result`."""
     if output_type is str:
         return None, False
@@ -70,7 +71,7 @@ def _output_schema(output_type: Any) -> tuple[dict | None, bool]:
 
 
 def _model_label(model: Any) -> tuple[str, str, str | None]:
-    """`(label, bare id, provider)` of a model string or instance (AGENT-22)."""
+    """`(label, bare id, provider)` of a model string or instance."""
     if isinstance(model, str):
         from .models.registry import parse_model_string
 
@@ -84,7 +85,7 @@ def _provider_name(model: Any, provider: str | None) -> str | None:
     """The provider an `llm` span names (OpenTelemetry's `gen_ai.provider.name`): a
     model string's prefix, else what a model instance reports as `provider_name`.
     The request's own `provider` stays `None` for an instance, so the response
-    cache's keys (TEST-40) do not change with it."""
+    cache's keys do not change with it."""
     if provider is not None:
         return provider
     name = getattr(model, "provider_name", None)
@@ -137,9 +138,13 @@ class _Call:
     def resolve_model(self) -> None:
         spec = self.model_spec
         if spec is None:
-            from .models.registry import resolve
-
-            resolve(None)  # type: ignore[arg-type]  # deliberately: raises the PROV-2 type error
+            name = self.agent.name
+            raise ConfigError(
+                f"@agent '{name}' has no model -- give it one: @agent(model=...) with a "
+                "'provider/model-id' string (e.g. 'anthropic/claude-sonnet-4-5') or a Model "
+                f"instance (e.g. composeai.testing.FakeModel([...]) in tests), or pass model= "
+                f"to the call: {name}.run(..., model=...)"
+            )
         self.model = self._resolve(spec)
         self.label, self.model_id, self.provider = _model_label(spec)
         self.provider_name = _provider_name(self.model, self.provider)

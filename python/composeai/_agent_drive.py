@@ -143,7 +143,7 @@ def _consume_stream(call: _Call, events, span, sink: _TokenSink | None = None) -
 
 def _run_batch_sync(call: _Call, jobs: list[_ToolJob]) -> list[Any]:
     """Runs a tool batch concurrently, one thread per call beyond the first
-    (a tool may block or call other agents, so no shared pool: ASYNC-7)."""
+    (a tool may block or call other agents, so no shared pool)."""
     if len(jobs) == 1:
         return [_run_tool_sync(call, jobs[0])]
     from contextvars import copy_context
@@ -292,7 +292,7 @@ def _seed_from_body(agent: AgentFunction, result: Any) -> list[Message]:
 
 
 def _restore(call: _Call) -> bool:
-    """Loads the call's snapshot, if any (AGENT-53)."""
+    """Loads the call's snapshot, if any."""
     if not call.restorable or not call.durable:
         return False
     assert call.run is not None  # `durable` says so
@@ -307,7 +307,7 @@ def _restore(call: _Call) -> bool:
 
 
 def _restore_or_seed(call: _Call) -> bool:
-    """AGENT-20: the conversation from a snapshot, else from a chat's seed;
+    """The conversation from a snapshot, else from a chat's seed;
     False when the body must provide it."""
     if _restore(call):
         return True

@@ -38,8 +38,15 @@ REPAIR_PROMPT = (
 )
 
 
+def _shown_text(text: str, limit: int = 300) -> str:
+    """A reply's text for an error message, quoted, cut at `limit` characters."""
+    if len(text) > limit:
+        return json.dumps(text[:limit]) + f" ... ({len(text)} characters)"
+    return json.dumps(text)
+
+
 def _extract(agent: AgentFunction, response: Any) -> Any:
-    """AGENT-10/12: the output of an END_TURN reply."""
+    """The output of an END_TURN reply."""
     if agent._schema is None:
         return response.message.text
     payload = response.parsed
@@ -49,7 +56,8 @@ def _extract(agent: AgentFunction, response: Any) -> Any:
         except ValueError:
             raise ComposeError(
                 f"@agent {agent.name!r}: model returned no structured payload (response.parsed "
-                "was unset and the message text is not valid JSON)"
+                "was unset and the message text is not valid JSON); the model replied: "
+                + _shown_text(response.message.text)
             ) from None
     if agent._wrapped:
         if not isinstance(payload, dict) or "result" not in payload:
@@ -70,7 +78,7 @@ def _extract(agent: AgentFunction, response: Any) -> Any:
 
 
 def _loop(call: _Call, first: Any = None) -> Generator[tuple, Any, Any]:
-    """The agent loop (AGENT-20 … AGENT-24). Yields I/O effects:
+    """The agent loop. Yields I/O effects:
     `("model", request)`, `("tools", batch)`, `("callback", fn, args)`.
     `first`: the reply of a first turn already made (see `_direct_turn`)."""
     agent = call.agent
@@ -165,7 +173,7 @@ def _pending_calls(message: Message) -> list[ToolCallPart]:
 
 def _llm_call(call: _Call) -> Generator[tuple, Any, Any]:
     """One model call in an `llm` span, with retries, fallback and the
-    budget check (AGENT-22, AGENT-23, BUDGET-4)."""
+    budget check."""
     agent = call.agent
     if call.run is not None:
         # An LLM turn is a durable boundary for cancel requests (EXT-10).

@@ -1,4 +1,4 @@
-"""Standalone durable agent runs (AGENT-52 … AGENT-54): starting, settling
+"""Standalone durable agent runs: starting, settling
 and resuming an `@agent` called outside any flow.
 """
 
@@ -22,7 +22,6 @@ from ._lifecycle import (
     resolve_pending_answers,
 )
 from .errors import (
-    ConfigError,
     SerializationError,
 )
 from .messages import Message
@@ -64,7 +63,13 @@ def _standalone_start(agent: AgentFunction, args: tuple, kwargs: dict, opts: dic
     # The row is inserted with the settlement (or by the store's writer
     # within milliseconds): a short call commits once (AGENT-52).
     attempt = _engine.get_store().start_run(
-        "agent", agent.name, None, args_json, budget_json, queued=True
+        "agent",
+        agent.name,
+        None,
+        args_json,
+        budget_json,
+        queued=True,
+        module=_engine.importable_module(agent.fn),
     )
     meter = None if budget is None else _engine.budget_meter(budget, "agent", agent.name)
     return _engine.RunState(attempt, agent.name), meter
@@ -118,8 +123,7 @@ def _plain_standalone(agent: AgentFunction, opts: dict) -> bool:
 
 def _standalone_plain(agent: AgentFunction, args: tuple, kwargs: dict, opts: dict) -> Run:
     """`_standalone_sync` of a fresh run that `_plain_standalone` admits, in
-    one straight line: the same rows, spans, events and `Run` (AGENT-52,
-    OBS-5), without the settlement plan's machinery, the budget scopes and
+    one straight line: the same rows, spans, events and `Run`, without the settlement plan's machinery, the budget scopes and
     the snapshot lookup a fresh run cannot need."""
     name = agent.name
     # The text of `{"args": [...], "kwargs": {...}}` when the payload is
@@ -231,6 +235,7 @@ async def _astandalone_start(agent: AgentFunction, args: tuple, kwargs: dict, op
         None,
         _standalone_payload(args, kwargs, opts),
         None if budget is None else _engine.budget_json(budget),
+        module=_engine.importable_module(agent.fn),
     )
     meter = None if budget is None else _engine.budget_meter(budget, "agent", agent.name)
     return _engine.RunState(attempt, agent.name), meter
@@ -259,7 +264,7 @@ def _settle_standalone_error(call: _Call, exc: BaseException) -> Run:
 
 def run_seeded(agent: AgentFunction, seed: list[Message], opts: dict) -> Run:
     """A standalone durable run whose conversation is `seed`; the agent body
-    is not called (CHAT-3)."""
+    is not called."""
     _engine.check_sync_facade()
     return _standalone_sync(agent, (), {}, {**opts, "seed": seed})
 
@@ -267,13 +272,13 @@ def run_seeded(agent: AgentFunction, seed: list[Message], opts: dict) -> Run:
 def resume_standalone(
     row: dict, answers, budget, approver, tool_interceptor, context_manager, asynchronous: bool
 ):
-    """AGENT-54: continue a paused or crashed standalone agent run."""
+    """Continue a paused or crashed standalone agent run."""
     run_id = row["run_id"]
     if row["status"] == "completed":
         return completed_run(row)
     agent = _AGENTS.get(row["name"])
     if agent is None:
-        raise ConfigError(agent_not_registered(row["name"]))
+        raise agent_not_registered(row["name"], row.get("module"))
 
     hooks = (approver, tool_interceptor, context_manager)
     if asynchronous:

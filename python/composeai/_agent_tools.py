@@ -1,4 +1,4 @@
-"""Tool batches of an agent turn (AGENT-40 … AGENT-46): approval gates,
+"""Tool batches of an agent turn: approval gates,
 interceptors, and each tool executed on the sync or async path.
 """
 
@@ -103,7 +103,7 @@ def _gated(agent: AgentFunction, c: ToolCallPart) -> bool:
 
 
 def _denied(call: _Call, c: ToolCallPart, content: str) -> ToolResultPart:
-    """A refused call: an error result and a `tool` span with status ok (AGENT-44)."""
+    """A refused call: an error result and a `tool` span with status ok."""
     span = _engine.open_span(call.frame.span, call.frame.trace, "tool", c.name)
     if _engine._capture():
         span.input = c.arguments
@@ -112,7 +112,7 @@ def _denied(call: _Call, c: ToolCallPart, content: str) -> ToolResultPart:
 
 
 def _gated_call(call: _Call, c: ToolCallPart, arguments: dict) -> Generator[tuple, Any, Any]:
-    """AGENT-41: look up the journaled answer, ask the approver, or pause.
+    """Look up the journaled answer, ask the approver, or pause.
     Returns `(result or pause, denied)`."""
     interrupt_id = f"tool:{c.name}:{c.id}"
     run = call.run

@@ -2,7 +2,7 @@
 the web UI's Approve / Deny / JSON answer form share this module.
 
 An answer is journaled under `__interrupt__:<id>` first-write-wins, and its
-pending row deleted, exactly as `resume(answers=...)` records it (FLOW-43),
+pending row deleted, exactly as `resume(answers=...)` records it,
 but without executing the run: the core does it in one transaction
 (`answer_interrupts`) and, when that leaves a parked flow or standalone
 agent run waiting for nothing, makes the run due so a `compose worker`
@@ -33,7 +33,7 @@ from typing import Any
 
 from . import _codec, _core, _engine, _lifecycle
 from ._show import _db_path
-from .errors import ComposeError, SerializationError
+from .errors import ComposeError, ConfigError, SerializationError
 
 __all__ = [
     "AlreadyAnswered",
@@ -58,6 +58,21 @@ class AlreadyAnswered(ComposeError):
         self.run_id = run_id
         self.interrupt_id = interrupt_id
         self.stored = stored
+
+
+class StoredNotContinued(ComposeError):
+    """`answer(..., resume=True)` stored the answer but could not continue
+    the run in this process (its flow or agent is not registered here)."""
+
+    def __init__(self, run_id: str, interrupt_id: str, module: str | None, cause: str) -> None:
+        imp = f"--import {module}" if module else "--import <module>"
+        super().__init__(
+            f"the answer to interrupt '{interrupt_id}' of run '{run_id}' is stored, but the run "
+            f"could not continue in this process: {cause} -- run the same command again with "
+            f"{imp} to continue it here, or let `compose worker {imp}` continue it"
+        )
+        self.run_id = run_id
+        self.interrupt_id = interrupt_id
 
 
 class Superseded(ComposeError):
@@ -139,7 +154,7 @@ def _plain(value_json: str | None) -> Any:
 
 
 def resolve(run_id: str) -> dict:
-    """The run row for a full id or unique prefix (OBS-30), or a
+    """The run row for a full id or unique prefix, or a
     `ComposeError` naming it."""
     outcome, value = _core.resolve_run(_db_path(), run_id)
     if outcome == "ambiguous":
@@ -148,7 +163,7 @@ def resolve(run_id: str) -> dict:
             f"{', '.join(value)} -- use a longer prefix or the full id"
         )
     if outcome != "found":
-        raise ComposeError(f"no run found with id '{run_id}'")
+        raise ComposeError(_engine.run_not_found(run_id, "id"))
     return value
 
 
@@ -168,7 +183,7 @@ def _answered_key(journal: list[tuple[str, str]], key: str) -> tuple[str, Any] |
 
 
 def _full_id(run_id: str, key: str, ids: list[str]) -> str | None:
-    """FLOW-43's lookup, restricted to pending interrupts: the id itself, or
+    """`resume()`'s answer-key lookup, restricted to pending interrupts: the id itself, or
     the one `tool:<key>:...` id; `None` when none is pending."""
     if key in ids:
         return key
@@ -185,6 +200,28 @@ def graph_head(run_id: str) -> str | None:
     """The checkpoint graph run `run_id` is suspended at: what its pending
     interrupts were asked at, and what `answer(..., at=)` takes."""
     return _core.graph_suspension_head(_engine.get_store(), run_id)
+
+
+def _same_again(row: dict, stored: Any, value: Any) -> bool:
+    """Whether an answer with `resume` repeats the one stored for a run still
+    paused (a first try stored it but could not continue the run here): then
+    the run continues instead of the answer being refused."""
+    return (
+        row["kind"] != "graph"
+        and row["status"] == "paused"
+        and stored == _plain(_codec.dumps(value))
+    )
+
+
+def _continue(row: dict, interrupt_id: str) -> Any:
+    """`resume()` of an answered run; a run this process cannot continue is
+    reported as answered but not continued."""
+    try:
+        return _lifecycle.resume(row["run_id"])
+    except ConfigError as exc:
+        if not getattr(exc, "not_registered", False):
+            raise
+        raise StoredNotContinued(row["run_id"], interrupt_id, row.get("module"), str(exc)) from None
 
 
 def answer(
@@ -220,6 +257,9 @@ def answer(
     if full is None:
         key = _lifecycle.graph_answer_key(interrupt_id, at) if graph and at else interrupt_id
         earlier = _answered_key(store.journal(run_id), key)
+        if earlier is not None and resume and _same_again(row, earlier[1], value):
+            outcome = _continue(row, earlier[0])
+            return Answered(run_id, row["kind"], earlier[0], earlier[1], False, outcome)
         if earlier is not None:
             raise AlreadyAnswered(run_id, interrupt_id if graph else earlier[0], earlier[1])
         shown = ", ".join(repr(p.id) for p in waiting) or "none"
@@ -243,7 +283,7 @@ def answer(
         store, run_id, [(full, encoded)], at if graph else None
     )
     if outcome == "no_run":
-        raise ComposeError(f"no run found with id '{run_id}'")
+        raise ComposeError(_engine.run_not_found(run_id, "id"))
     if outcome == "superseded":
         raise Superseded(run_id, full, at, found)
     if outcome == "not_pending":
@@ -251,10 +291,13 @@ def answer(
             f"interrupt '{full}' of run '{run_id}' is no longer pending -- nothing was stored"
         )
     (answered_id, stored, now_json), *_ = found[0]
+    if not stored and resume and _same_again(row, _plain(now_json), value):
+        outcome = _continue(row, answered_id)
+        return Answered(run_id, row["kind"], answered_id, _plain(now_json), False, outcome)
     if not stored:
         # Another answer won the race since the pending row was read.
         raise AlreadyAnswered(run_id, answered_id, _plain(now_json))
     done: Any = None
     if resume:
-        done = _lifecycle.resume(run_id)
+        done = _continue(row, answered_id)
     return Answered(run_id, row["kind"], full, value, found[1] and not resume, done)

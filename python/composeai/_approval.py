@@ -1,4 +1,4 @@
-"""The `ApprovalReply` model (AGENT-43), kept apart so that importing
+"""The `ApprovalReply` model, kept apart so that importing
 `composeai.hitl` does not import pydantic."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The cancel token of a run's stream (AGENT-93): `RunStream` makes one
+"""The cancel token of a run's stream: `RunStream` makes one
 ambient inside its call through the `CANCEL_TOKEN` ContextVar, and the engine
 polls it (`current_cancel_token()`) at its boundaries. Kept below the engine,
 which reads it, and the streams, which set it; importing it costs nothing."""

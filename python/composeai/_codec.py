@@ -1,4 +1,4 @@
-"""The value encoder/decoder and its type registry (OBS-60 .. OBS-63, FLOW-5, PKG-6).
+"""The value encoder/decoder and its type registry.
 
 Every journaled step, run argument, pending interrupt, cassette and cache entry goes
 through :func:`dumps` / :func:`loads`, so this module is on the engine's hot path and is
@@ -17,7 +17,7 @@ never imported here: a value can only be a pydantic model if ``pydantic`` is alr
 ``sys.modules``; enum values likewise only exist once ``enum`` is. The ``datetime``,
 ``dataclasses`` and ``typing`` modules are also only consulted lazily.
 
-Encoding rules (OBS-60) and the decisions taken where the spec leaves room:
+Encoding rules and the decisions taken where the spec leaves room:
 
 * ``None``/``bool``/``int``/``float``/``str`` are stored as is. Subclasses of ``str`` --
   including ``str``-mixin enums such as ``StopReason`` -- are stored as their plain string
@@ -121,7 +121,7 @@ _MODEL_TAGS: dict[type, str] = {}
 
 
 def tag_of(cls: type) -> str:
-    """The type tag of ``cls``: ``"<module>:<qualname>"`` (OBS-62, PKG-6)."""
+    """The type tag of ``cls``: ``"<module>:<qualname>"``."""
     tag = _TAGS.get(cls)
     if tag is None:
         tag = f"{cls.__module__}:{cls.__qualname__}"
@@ -130,7 +130,7 @@ def tag_of(cls: type) -> str:
 
 
 def register_serializable(cls: type) -> type:
-    """Register ``cls`` for decoding under :func:`tag_of` ``(cls)``; returns ``cls`` (OBS-62).
+    """Register ``cls`` for decoding under :func:`tag_of` ``(cls)``; returns ``cls``.
 
     Usable as a class decorator. Re-registering a tag rebinds it to the newest class.
     """
@@ -239,7 +239,7 @@ def _walk_type_inner(tp: Any, seen: set[int]) -> None:
 
 
 def register_module_types(module: Any) -> None:
-    """Register every pydantic model, dataclass and enum found in ``vars(module)`` (OBS-62).
+    """Register every pydantic model, dataclass and enum found in ``vars(module)``.
 
     Recurses into field types and generic arguments. Re-exported types register under
     their own defining module's tag. Nothing is imported.
@@ -262,7 +262,7 @@ def _is_plain_annotation(a: Any) -> bool:
 
 
 def register_annotation_types(fn: Any) -> None:
-    """Register the persistable types reachable from ``fn``'s annotations (FLOW-5, OBS-63).
+    """Register the persistable types reachable from ``fn``'s annotations.
 
     Resolves annotations with ``typing.get_type_hints(include_extras=True)``; if that fails
     (e.g. an unresolvable forward reference), each annotation is resolved on its own and
@@ -394,7 +394,7 @@ def _set_items(v: Any) -> list:
 def _by_encoding(v: Any) -> list:
     """A set's elements ordered by their encoded text: iteration order
     depends on the process's hash seed, and a set's text (and the hash of a
-    step's arguments, issue 27) must be the same in every process."""
+    step's arguments) must be the same in every process."""
     try:
         return sorted(v, key=dumps)
     except Exception:  # noqa: BLE001 -- an unencodable element fails the encoding later
@@ -518,7 +518,7 @@ def _serialization_error(path: str, fail: _Fail) -> SerializationError:
 
 
 def encode(value: Any, path: str = _ROOT) -> Any:
-    """Encode ``value`` into a JSON-safe tree (OBS-60). Registers encoded classes (OBS-61)."""
+    """Encode ``value`` into a JSON-safe tree. Registers encoded classes."""
     if type(value) in _PRIMS:
         return value
     try:
@@ -671,7 +671,7 @@ def _utf8_safe(text: str, tree: Any) -> str:
 
 
 def dumps(value: Any, path: str = _ROOT) -> str:
-    """Encode ``value`` (OBS-60) and return compact JSON text."""
+    """Encode ``value`` and return compact JSON text."""
     t = type(value)
     if t is str:
         return _utf8_safe(_encode_str(value), value)
@@ -701,8 +701,71 @@ def dumps(value: Any, path: str = _ROOT) -> str:
     return _utf8_safe(text, tree)
 
 
+def _make_sorted_dumper() -> Any:
+    """`_dump_tree` with every object's keys in sorted order."""
+    if _c_make_encoder is not None:
+        c_enc = _c_make_encoder(None, _no_default, _encode_str, None, ":", ",", True, False, True)
+
+        def dump_tree(tree: Any) -> str:
+            return "".join(c_enc(tree, 0))
+
+        return dump_tree
+    import json
+
+    encoder = json.JSONEncoder(
+        separators=(",", ":"),
+        ensure_ascii=False,
+        check_circular=False,
+        sort_keys=True,
+        default=_no_default,
+    )
+    return encoder.encode
+
+
+_dump_sorted = _make_sorted_dumper()
+_SET_KINDS = ("set", "frozenset")
+
+
+def _canonical_sets(tree: Any) -> Any:
+    """`tree` with the elements of every encoded set in the order of their
+    canonical text (sets of sets are only partially ordered by `sorted`)."""
+    if type(tree) is list:
+        return [_canonical_sets(x) for x in tree]
+    if type(tree) is not dict:
+        return tree
+    out = {k: _canonical_sets(x) for k, x in tree.items()}
+    if out.get(_KIND) in _SET_KINDS and type(out.get("value")) is list:
+        out["value"] = sorted(out["value"], key=_dump_sorted)
+    return out
+
+
+def canonical_dumps(value: Any) -> str:
+    """A text of `value` that two equal values share whatever their dict
+    insertion order or set iteration order (the hash of a step's arguments
+    compares them): :func:`dumps`'s encoding with object keys
+    sorted. Raises `SerializationError` like :func:`dumps`."""
+    try:
+        tree = _enc(value)
+    except _Fail as fail:
+        raise _serialization_error(_ROOT, fail) from fail.__cause__
+    except RecursionError:
+        raise SerializationError(
+            f"{_ROOT}: value is nested too deeply or contains a reference cycle"
+        ) from None
+    try:
+        text = _dump_sorted(tree)
+        if '"set"' in text or '"frozenset"' in text:
+            text = _dump_sorted(_canonical_sets(tree))
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise SerializationError(f"{_ROOT}: {exc}") from None
+    if not text.isascii():
+        # Lone surrogates have no UTF-8 form: escaped, each to its own text.
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 def dumps_lenient(value: Any) -> str:
-    """Like :func:`dumps`, but unencodable sub-values become their ``repr()`` (OBS-4).
+    """Like :func:`dumps`, but unencodable sub-values become their ``repr()``.
 
     Never raises.
     """
@@ -867,7 +930,7 @@ def _dec_tagged(d: dict) -> Any:
 
 
 def decode(tree: Any) -> Any:
-    """Inverse of :func:`encode` (OBS-61). Tagged types resolve via the registry only."""
+    """Inverse of :func:`encode`. Tagged types resolve via the registry only."""
     t = type(tree)
     if t is not dict and t is not list:
         return tree

@@ -207,6 +207,15 @@ class Attempt:
     @property
     def replayed_steps(self) -> int: ...
     def next_key(self, scope: str, name: str, fence: Fence | None = None) -> str: ...
+    def open_scope(self, scope: str, kind: str, digest: int, fence: Fence | None = None) -> str: ...
+    def patched(
+        self,
+        scope: str,
+        patch_id: str,
+        same_code: bool,
+        deprecate: bool = False,
+        fence: Fence | None = None,
+    ) -> bool: ...
     def lookup(self, key: str, fence: Fence | None = None) -> str | None: ...
     def commit(
         self,
@@ -310,6 +319,7 @@ class Store:
         run_id: str | None = None,
         trace_id: str | None = None,
         queued: bool = False,
+        module: str | None = None,
     ) -> Attempt: ...
     def resume(
         self, run_id: str, recover: bool = False, answers: list[tuple[str, str]] = ...
@@ -324,6 +334,7 @@ class Store:
         budget_json: str | None = None,
         run_id: str | None = None,
         trace_id: str | None = None,
+        module: str | None = None,
     ) -> None:
         """`start_run` off the event loop: resolves `future` with the attempt."""
     def aresume(self, future: Any, run_id: str, recover: bool = False) -> None:
@@ -535,6 +546,7 @@ def queue_enqueue(
     budget_json: str | None = None,
     priority: int = 0,
     dedup_id: str | None = None,
+    module: str | None = None,
 ) -> str: ...
 def queue_claim(
     store: Store,
@@ -549,6 +561,9 @@ def queue_next_slot(
     store: Store, queue: str, rate_limit: tuple[int, float] | None
 ) -> float | None: ...
 def queue_stats(store: Store) -> list[tuple[str, int, int, int, float | None]]: ...
+def lease_holders(store: Store) -> list[tuple[str, int, float]]:
+    """`(owner, runs held, latest lease expiry)` per process holding leases."""
+
 def clock_now() -> float: ...
 def clock_is_fake() -> bool: ...
 def clock_set_fake(at: float | None = None) -> None: ...

@@ -122,12 +122,12 @@ async def arun_plan(plan) -> Any:
         return stop.value
 
 
-async def astart_run(*args: Any) -> Any:
-    """`get_store().start_run(*args)`, off the loop when the store is a server."""
+async def astart_run(*args: Any, **kwargs: Any) -> Any:
+    """`get_store().start_run(*args, **kwargs)`, off the loop when the store is a server."""
     store = await aget_store()
     if store.kind == "sqlite":
-        return store.start_run(*args)
-    return await off_loop(store.astart_run, *args)
+        return store.start_run(*args, **kwargs)
+    return await off_loop(store.astart_run, *args, **kwargs)
 
 
 async def aresume_attempt(run_id: str, recover: bool = False) -> Any:
@@ -173,7 +173,7 @@ def _pending_row(pause: _Pause) -> tuple:
 def drive_sync(run: RunState, body: Callable[[], Any], root: Span) -> Any:
     """Executes a durable run's body on the calling thread and settles the
     attempt. Returns `(status, output, pause)`; failures are re-raised
-    unchanged after the row is marked failed (FLOW-12)."""
+    unchanged after the row is marked failed."""
     frame = Frame(run, "", root, None, run.trace)
     token = FRAME.set(frame)
     driver = driven_synchronously()
@@ -201,7 +201,7 @@ def _diverged(run: RunState, exc: BaseException) -> BaseException:
 
 
 def join_started(run: RunState) -> None:
-    """Structured concurrency (EXT-6): waits for every started step; the
+    """Structured concurrency: waits for every started step; the
     first failure nobody asked for fails the run."""
     assert run.started is not None  # called only when steps were started
     join_handles(run.started)
@@ -249,7 +249,7 @@ def _settle_cancelled(
 ):
     """A run whose stream was cancelled; the caller gets a cancelled Run. A
     flow's row is failed with message "cancelled" (resumable, like
-    ASYNC-10); agents and composites mark theirs `cancelled` (AGENT-93)."""
+    any failed flow run); agents and composites mark theirs `cancelled`."""
     fail_span(run, root, exc)
     if row_status == "failed":
         error = _codec.dumps({"type": "CancelledError", "message": "cancelled"})
@@ -262,7 +262,7 @@ def _settle_cancelled(
 
 
 def settle_error(run: RunState, root: Span, exc: BaseException) -> None:
-    """A run that failed: span, row and `run_finished` (FLOW-12)."""
+    """A run that failed: span, row and `run_finished`."""
     return _settle_now(_settle_error(run, root, exc))
 
 
@@ -300,8 +300,7 @@ def _settle_interrupted(run: RunState, root: Span, exc: BaseException, cancelled
 
 
 def settle_completed(run: RunState, root: Span, output: Any, lenient: bool = False):
-    """A run whose body returned. An unencodable output fails a flow
-    (FLOW-12); agents and composites store it as NULL instead (AGENT-52)."""
+    """A run whose body returned. An unencodable output fails a flow; agents and composites store it as NULL instead."""
     return _settle_now(_settle_completed(run, root, output, lenient))
 
 

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 
 class _Pause(BaseException):
-    """Internal signal: an interrupt has no answer yet (FLOW-32)."""
+    """Internal signal: an interrupt has no answer yet."""
 
     def __init__(self, interrupt_id: str, kind: str, question: str | None, payload: Any):
         super().__init__(interrupt_id)
@@ -64,17 +64,16 @@ class _Pause(BaseException):
 
 
 class _Cancelled(BaseException):
-    """Internal signal: the run's stream was cancelled (AGENT-93)."""
+    """Internal signal: the run's stream was cancelled."""
 
 
 class _Revoked(BaseException):
-    """Internal signal: this thread's journal access was revoked (FLOW-61).
+    """Internal signal: this thread's journal access was revoked.
     It unwinds an abandoned thread silently."""
 
 
 class _RunCancelled(BaseException):
-    """Internal signal: a cancel request for the run reached this attempt
-    (EXT-10). Code may clean up in `finally` but must not swallow it."""
+    """Internal signal: a cancel request for the run reached this attempt. Code may clean up in `finally` but must not swallow it."""
 
 
 _core.register_errors(ConfigError, SerializationError, _Revoked, _RunCancelled)
@@ -96,10 +95,17 @@ _configured_store: str | None = None
 
 
 def configure(*, store: str | None = None, otel: bool | None = None) -> None:
-    """STORE-1: selects the store (a URL, as for `COMPOSE_STORE`) before its
-    first use; a later call naming another store is a `ConfigError`.
-    `otel=True` emits every span through OpenTelemetry as it ends, `False`
-    stops it (see `_otel`; overrides `COMPOSE_OTEL`)."""
+    """Configures the process: which store, and whether spans go to OpenTelemetry.
+
+    Args:
+        store: the store's URL, as for `COMPOSE_STORE`: `sqlite:///abs/path.db`
+            or `postgresql://user:pass@host:5432/db?...`. Call it before the
+            first run; naming another store after one was opened is a
+            `ConfigError`.
+        otel: `True` emits every span through the global OpenTelemetry
+            `TracerProvider` as it ends, `False` stops it (overrides
+            `COMPOSE_OTEL`).
+    """
     global _configured_store
     if otel is not None:
         from . import _otel
@@ -134,7 +140,7 @@ def _default_sqlite() -> str:
 
 
 def get_store():
-    """The process's store, opened on first use (OBS-1)."""
+    """The process's store, opened on first use."""
     store = _store
     if store is not None:
         return store
@@ -221,7 +227,7 @@ _warned_span_write = False
 
 
 def _check_span_writes() -> None:
-    """OBS-5: span persistence failures warn once per process, then stay silent."""
+    """Span persistence failures warn once per process, then stay silent."""
     global _warned_span_write
     message = _core.take_span_write_error()
     if message is not None and not _warned_span_write:
@@ -402,6 +408,63 @@ FRAME: ContextVar[Frame | None] = ContextVar("composeai.frame", default=None)
 BUDGETS: ContextVar[tuple] = ContextVar("composeai.budgets", default=())
 
 
+def store_searched() -> str:
+    """Which store a lookup searched, and how it was chosen, for a message."""
+    spec = store_spec()
+    kind, target = _core.store_target(spec, _default_sqlite())
+    if kind != "sqlite":
+        return f"searched the {kind} store '{target}' (COMPOSE_STORE or configure(store=...))"
+    path = os.path.abspath(target)
+    if spec:
+        how = "COMPOSE_STORE or configure(store=...)"
+    elif os.environ.get("COMPOSE_DIR"):
+        how = f"COMPOSE_DIR={os.environ['COMPOSE_DIR']}"
+    else:
+        how = f"COMPOSE_DIR is unset: ./.compose under {os.getcwd()}"
+    return f"searched the SQLite store '{path}' ({how})"
+
+
+def run_not_found(run_id: str, quote: str = "run_id") -> str:
+    """The message for a run id no row matches, naming the store searched."""
+    return (
+        f"no run found with {quote} '{run_id}' -- {store_searched()}; run from the directory "
+        "the run was started in, or set COMPOSE_DIR / COMPOSE_STORE to its store"
+    )
+
+
+def missing_store() -> bool:
+    """Whether the SQLite store file a lookup of an existing run would open
+    does not exist (so the lookup reports it instead of creating it empty)."""
+    if _store is not None:
+        return False
+    kind, target = _core.store_target(store_spec(), _default_sqlite())
+    return kind == "sqlite" and not os.path.exists(target)
+
+
+def importable_module(fn: Any) -> str | None:
+    """The module another process imports to register `fn`; None for a
+    script's `__main__` (no other process imports it by that name)."""
+    module = getattr(fn, "__module__", None)
+    return None if module in (None, "__main__") else module
+
+
+def not_registered(kind: str, name: str, module: str | None, before: str) -> ConfigError:
+    """The error for a run whose `kind` ('flow', 'agent') is not registered
+    here, naming the module recorded with the run when there is one; its
+    `not_registered` attribute tells it from other configuration errors."""
+    text = (
+        f"{kind} '{name}' is not registered in this process -- import the module that "
+        f"defines it (so its @{kind} decoration runs) before {before}"
+    )
+    if module:
+        text += f": `import {module}` (compose commands: --import {module})"
+    else:
+        text += " (compose commands: --import <module>)"
+    error = ConfigError(text)
+    error.not_registered = True  # type: ignore[attr-defined]
+    return error
+
+
 def budget_json(budget: Any) -> str | None:
     if budget is None:
         return None
@@ -439,7 +502,7 @@ def _emit(kind: EventKind, span: Span, data: dict) -> None:
 
 
 def emit_run_finished(root: Span, status: str, exc: BaseException | None = None) -> None:
-    """AGENT-82: once per trace, for the root span."""
+    """Once per trace, for the root span."""
     if _current_bus() is None:
         return
     data: dict[str, Any] = {"status": status}
@@ -492,7 +555,7 @@ def error_info(exc: BaseException) -> ErrorInfo:
 
 
 def mark_failed(span: Span, exc: BaseException) -> None:
-    """Records how `exc` ended the span: paused, revoked or an error (OBS-12)."""
+    """Records how `exc` ended the span: paused, revoked or an error."""
     span.ended_at = time.time()
     if isinstance(exc, _Pause):
         span.status = "paused"
@@ -605,7 +668,7 @@ _BIG_INT = 10**18
 
 def persist_span(run: RunState | None, span: Span, output_json: str | None = None) -> None:
     """Hands a finished span to the core: batched with the run's next commit,
-    or, outside any run, written when its root finishes (OBS-5)."""
+    or, outside any run, written when its root finishes."""
     if not _capture():
         output_json = None
     if _current_bus() is not None:
@@ -666,7 +729,7 @@ def run_on_thread(
 ) -> Any:
     """Runs `fn` on a dedicated daemon thread under `frame` (whose fence the
     caller derived for it). On timeout the fence is revoked and the thread
-    abandoned (FLOW-3, FLOW-61)."""
+    abandoned."""
     outcome: list[Any] = []
     from threading import Event
 
@@ -713,7 +776,7 @@ def child_fence(frame: Frame):
 
 def call_body(fn: Callable, is_async: bool, args: tuple, kwargs: dict) -> Any:
     """Calls a body from sync code: directly, or for an `async def` body on
-    the calling thread's own event loop (ASYNC-7)."""
+    the calling thread's own event loop."""
     if is_async:
         from . import _runtime
 
@@ -722,8 +785,8 @@ def call_body(fn: Callable, is_async: bool, args: tuple, kwargs: dict) -> Any:
 
 
 def call_with_retries(body: Callable[[], Any], retries: int, span: Span, policy=None) -> Any:
-    """FLOW-2: re-runs the body on an `Exception`, recording each failure;
-    with a `RetryPolicy` (EXT-9), as it says, after its delays."""
+    """Re-runs the body on an `Exception`, recording each failure;
+    with a `RetryPolicy`, as it says, after its delays."""
     if policy is not None:
         return call_with_policy(body, policy, span)
     attempt = 0
@@ -775,9 +838,9 @@ ASYNC_DRIVER: ContextVar[Any] = ContextVar("composeai.async_driver", default=Non
 
 
 def check_sync_facade() -> None:
-    """ASYNC-6: a sync facade call made on the thread of the loop that drives
+    """A sync facade call made on the thread of the loop that drives
     the engine would block or deadlock that loop; it raises instead. A sync
-    call from a plain coroutine (a notebook cell) is fine (ASYNC-1)."""
+    call from a plain coroutine (a notebook cell) is fine."""
     runtime = sys.modules.get("composeai._runtime")
     if runtime is not None and runtime.on_loop_thread():
         raise RuntimeError(runtime.REENTRY)
@@ -841,7 +904,7 @@ def begin_step(
     digest: int | None = None,
 ) -> StepStart:
     """Reserves the step's key. A hit is replayed here: the span is recorded
-    as replayed and nothing else runs (FLOW-16). Without `keep`, the span
+    as replayed and nothing else runs. Without `keep`, the span
     is persisted but not added to the in-memory trace (see
     `keep_step_spans_in_store`). `digest`: the hash of the call's arguments
     its identity keeps (`step_digest`)."""
@@ -916,7 +979,7 @@ def _step_record(step: StepStart, value: Any) -> tuple[str, Any, bool]:
 
 def finish_step(step: StepStart, value: Any) -> Any:
     """Journals the step's value and span in one durable commit and returns
-    the value decoded from what was stored (FLOW-17, FLOW-18)."""
+    the value decoded from what was stored."""
     run = step.frame.run
     assert run is not None and step.span is not None  # a miss inside a durable run
     value_json, row, capture = _step_record(step, value)
@@ -959,7 +1022,7 @@ FAILED = "$failed"
 
 
 def replayed_value(frame: Frame, step: StepStart) -> Any:
-    """A journal hit: its value, or the journaled failure raised again (EXT-7)."""
+    """A journal hit: its value, or the journaled failure raised again."""
     assert frame.run is not None  # journaled steps run inside a durable run
     hit = step.hit
     if frame.run.journal_failures and isinstance(hit, dict) and list(hit) == [FAILED]:
@@ -1066,7 +1129,7 @@ def task_step(frame: Frame, run: RunState, task: Any, args: tuple, kwargs: dict)
 
 
 def task_outside(task: Any, frame: Frame | None, args: tuple, kwargs: dict) -> Any:
-    """A `@task` call outside any durable run (FLOW-6)."""
+    """A `@task` call outside any durable run."""
     return unjournaled_call(
         frame,
         "task",
@@ -1124,15 +1187,15 @@ def _args_input(args: tuple, kwargs: dict) -> dict:
 
 
 def step_digest(args: tuple, kwargs: dict) -> int | None:
-    """The hash a step's identity keeps of its arguments (issue 27): of the
-    text the step's input is written as (keyword arguments in name order),
-    or None when they cannot be encoded (the call is then compared by kind,
+    """The hash a step's identity keeps of its arguments: of their encoded
+    text with every dict's keys (keyword arguments included) in sorted order,
+    so that arguments equal by `==` hash alike whatever order a dict was built
+    in; None when they cannot be encoded (the call is then compared by kind,
     name and position only)."""
     text = _args_text(args, kwargs)
     if text is None:
         try:
-            ordered = {k: kwargs[k] for k in sorted(kwargs)}
-            text = _codec.dumps({"args": list(args), "kwargs": ordered})
+            text = _codec.canonical_dumps({"args": list(args), "kwargs": kwargs})
         except Exception:  # noqa: BLE001 -- any unencodable argument
             return None
     return _core.step_digest(text)
@@ -1184,7 +1247,7 @@ def _unjournaled_frame(frame: Frame | None, kind: str, name: str, span_input: An
 def unjournaled_call(
     frame: Frame | None, kind: str, name: str, execute: Callable[[Frame], Any], span_input: Any
 ) -> Any:
-    """A step outside any durable run: a plain span, nothing journaled (FLOW-6)."""
+    """A step outside any durable run: a plain span, nothing journaled."""
     inner = _unjournaled_frame(frame, kind, name, span_input)
     token = FRAME.set(inner)
     try:
@@ -1240,7 +1303,7 @@ NO_RUN_FOR_INTERRUPT = (
 
 
 def interrupt(interrupt_id: str, kind: str, question: str | None, payload: Any) -> Any:
-    """Looks the answer up in the run's journal; without one, pauses (FLOW-31)."""
+    """Looks the answer up in the run's journal; without one, pauses."""
     frame = FRAME.get()
     if frame is None or frame.run is None:
         raise ConfigError(NO_RUN_FOR_INTERRUPT)
@@ -1286,7 +1349,7 @@ async def run_on_thread_async(
     thread_name: str,
 ) -> Any:
     """Awaits a sync body run on a dedicated daemon thread (never a shared,
-    bounded pool: ASYNC-7). Timeout or cancellation revokes its fence."""
+    bounded pool). Timeout or cancellation revokes its fence."""
     import asyncio
 
     from . import _threads

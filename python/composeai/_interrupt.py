@@ -1,4 +1,4 @@
-"""The `Interrupt` model (FLOW-33), kept apart so that importing
+"""The `Interrupt` model, kept apart so that importing
 `composeai.hitl` does not import pydantic."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The life of a durable run outside its body, shared by flows, durable
-waits, queues, agents, graphs and the worker: `resume()` (FLOW-40 … FLOW-43),
-continuing a due run, run handles and background starts (EXT-11), signals
-and cancel requests (EXT-3, EXT-10).
+waits, queues, agents, graphs and the worker: `resume()`,
+continuing a due run, run handles and background starts, signals
+and cancel requests.
 
 Run kinds other than `flow` belong to features above this module: the agent
 and graph modules register what resumes their runs in `OWNERS` when they are
@@ -67,11 +67,8 @@ def completed_run(row: dict) -> Run[Any]:
     )
 
 
-def agent_not_registered(name: str) -> str:
-    return (
-        f"agent {name!r} is not registered in this process -- import the module that "
-        "defines it (so its @agent decoration runs) before calling resume()"
-    )
+def agent_not_registered(name: str, module: str | None = None) -> ConfigError:
+    return _engine.not_registered("agent", name, module, "calling resume()")
 
 
 def graph_answer_key(interrupt_id: str, head: str) -> str:
@@ -114,13 +111,13 @@ def queue_not_declared(name: str) -> str:
 def _resume_agent_run(
     row: dict, answers, budget, approver, tool_interceptor, context_manager, asynchronous: bool
 ):
-    """AGENT-54: a standalone agent run, continued by `composeai.agentfn`
+    """A standalone agent run, continued by `composeai.agentfn`
     (registered once any `@agent` exists in this process)."""
     resume_standalone = OWNERS.get("agent")
     if resume_standalone is None:
         if row["status"] == "completed":
             return completed_run(row)
-        raise ConfigError(agent_not_registered(row["name"]))
+        raise agent_not_registered(row["name"], row.get("module"))
     return resume_standalone(
         row, answers, budget, approver, tool_interceptor, context_manager, asynchronous
     )
@@ -153,7 +150,7 @@ _CALLBACKS_ON_FLOW = (
 
 
 def _resolve_answers(answers: dict[str, Any], pending_ids: list[str]) -> list[tuple[str, str]]:
-    """Maps answer keys to interrupt ids and encodes the answers (FLOW-43)."""
+    """Maps answer keys to interrupt ids and encodes the answers."""
     pending = set(pending_ids)
     resolved: list[tuple[str, str]] = []
     for key, value in answers.items():
@@ -191,7 +188,7 @@ def _prepare_resume(
     allow_code_change: bool,
     callbacks: tuple,
 ):
-    """Plan (`_drive.plan_io`): FLOW-41's checks, in order, before anything
+    """Plan (`_drive.plan_io`): `resume()`'s checks, in order, before anything
     is written. Returns the flow to run and the resolved answers, or a
     finished `Run`, or the row of an agent or graph run."""
     remote = store.kind != "sqlite"
@@ -201,7 +198,7 @@ def _prepare_resume(
         found = yield from graph.find_run(run_id)
         row = found[1] if found is not None else None
     if row is None:
-        raise ConfigError(f"no run found with run_id {run_id!r}")
+        raise ConfigError(_engine.run_not_found(run_id))
     if row["kind"] in ("agent", "graph"):
         return None, None, row
     if any(c is not None for c in callbacks):
@@ -210,15 +207,12 @@ def _prepare_resume(
         raise ConfigError(f"run '{run_id}' was cancelled")
     flow_obj = _FLOWS.get(row["name"])
     if flow_obj is None or row["kind"] != "flow":
-        raise ConfigError(
-            f"flow {row['name']!r} is not registered in this process -- import the module that "
-            "defines it (so its @flow decoration runs) before calling resume()"
-        )
+        raise _engine.not_registered("flow", row["name"], row.get("module"), "calling resume()")
     if row["status"] == "completed":
         return None, None, completed_run(row)
     if not allow_code_change and not flow_obj._has_fingerprint(row["fingerprint"]):
         raise ResumeMismatchError(
-            f"@flow {flow_obj.name!r}'s source changed since run {run_id!r} was created "
+            f"the source of @flow '{flow_obj.name}' changed since run '{run_id}' was created "
             "(fingerprint mismatch) -- pass allow_code_change=True to resume anyway (the journal "
             "may no longer match the new code's call sequence)"
         )
@@ -227,7 +221,7 @@ def _prepare_resume(
 
 
 def _pending_answers(store: Any, run_id: str, answers: dict[str, Any] | None):
-    """Plan: FLOW-43 against the run's pending interrupts; nothing is written."""
+    """Plan: the answers' keys matched against the run's pending interrupts; nothing is written."""
     if not answers:
         return []
     remote = store.kind != "sqlite"
@@ -236,7 +230,8 @@ def _pending_answers(store: Any, run_id: str, answers: dict[str, Any] | None):
 
 
 def resolve_pending_answers(run_id: str, answers: dict[str, Any] | None) -> list:
-    """FLOW-43 against the run's pending interrupts; nothing is written."""
+    """The answers' keys matched against the run's pending interrupts;
+    nothing is written."""
     return _drive.run_plan(_pending_answers(_engine.get_store(), run_id, answers))
 
 
@@ -251,8 +246,8 @@ def begin_resume(
 ):
     """Takes the lease, applies the budget override and the answers, decodes
     the stored arguments, and builds the budget meter seeded with earlier
-    attempts' spend (FLOW-42, BUDGET-7/8). Returns `(run, payload, meter)`.
-    `recover`: a worker continuing a due run (STORE-12's limit applies)."""
+    attempts' spend. Returns `(run, payload, meter)`.
+    `recover`: a worker continuing a due run (the recovery attempt limit applies)."""
     # The answers are journaled with the claim (one commit on SQLite).
     attempt = _engine.get_store().resume(run_id, recover, resolved)
     try:
@@ -374,8 +369,32 @@ def resume(
     context_manager: Any = None,
     wait: bool = True,
 ) -> Run[Any]:
-    """Continues a durable run in this or any process (FLOW-40 … FLOW-43)."""
+    """Continues a durable run — paused, failed or crashed — in this process.
+
+    Works from any process that has imported the code defining the run's
+    flow, agent or graph. Journaled steps are replayed from the journal, not
+    executed again; the run goes on from the first step without a record.
+
+    Args:
+        run_id: the run.
+        answers: answers to pending interrupts, `{interrupt id: value}`; a
+            gated tool's answer may use the tool's name as its key.
+        budget: replaces the run's stored `Budget` from now on.
+        allow_code_change: resume although the flow's source changed since
+            the run was created (every call is still checked against the
+            journal).
+        approver: for a standalone agent run: decides its gated tool calls.
+        tool_interceptor: for a standalone agent run.
+        context_manager: for a standalone agent run.
+        wait: `False` parks the run on its next durable wait instead of
+            blocking in place.
+
+    Returns:
+        The `Run`, `completed`, `paused` again or `cancelled`.
+    """
     _engine.check_sync_facade()
+    if _engine.missing_store():
+        raise ConfigError(_engine.run_not_found(run_id))
     flow_obj, resolved, done = _drive.run_plan(
         _prepare_resume(
             _engine.get_store(),
@@ -414,6 +433,8 @@ async def aresume(
 ) -> Run[Any]:
     """Async twin of `resume`, on the caller's loop: every read and write of a
     server-backed store, and its first open, are awaited off the loop."""
+    if _engine.missing_store():
+        raise ConfigError(_engine.run_not_found(run_id))
     flow_obj, resolved, done = await _drive.arun_plan(
         _prepare_resume(
             await _engine.aget_store(),
@@ -455,7 +476,7 @@ def _encode_signal(name: str, value: Any) -> str:
 
 
 def signal(run_id: str, name: str, value: Any = None, *, resume: bool = False) -> Run | None:
-    """EXT-3: delivers `value` under `name` to a run that has not finished
+    """Delivers `value` under `name` to a run that has not finished
     (buffered until the body asks). With `resume=True`, a run parked on
     that name is continued here and its `Run` returned."""
     value_json = _encode_signal(name, value)
@@ -482,7 +503,7 @@ def _parked_on(store: Any, run_id: str, name: str) -> bool:
 
 
 def cancel(run_id: str, reason: str | None = None) -> None:
-    """EXT-10: cancels a run: a parked one at once, an executing one at its
+    """Cancels a run: a parked one at once, an executing one at its
     next durable boundary (in whatever process executes it)."""
     if reason is not None and not isinstance(reason, str):
         raise ConfigError(f"cancel(): reason must be a string, got {type(reason).__name__}")
@@ -517,7 +538,7 @@ class RunHandle:
     def _row(self) -> dict:
         row = _engine.get_store().get_run(self.id)
         if row is None:
-            raise ConfigError(f"no run found with run_id {self.id!r}")
+            raise ConfigError(_engine.run_not_found(self.id))
         return row
 
     @property
@@ -636,7 +657,7 @@ def _asked_id(payload: Any) -> str | None:
 
 
 def pending_interrupt(node: str, payload: Any) -> Interrupt:
-    """A suspended graph node as an `Interrupt` (EXT-29): id `node:<name>`; a
+    """A suspended graph node as an `Interrupt`: id `node:<name>`; a
     node paused by `approve()`/`ask_human()` keeps that kind, question and payload."""
     from ._interrupt import Interrupt
 
@@ -665,7 +686,7 @@ def _stored_error(run_id: str, error_json: str | None) -> BaseException:
 
 
 def get_run(run_id: str) -> RunHandle:
-    """EXT-11: a handle on an existing run (any process)."""
+    """A handle on an existing run (any process)."""
     handle = RunHandle(run_id)
     handle._row()
     return handle

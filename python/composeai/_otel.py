@@ -16,7 +16,7 @@ POSTs them, as one OTLP/HTTP protobuf `ExportTraceServiceRequest`, to URL.
 Both describe a span the same way (`_describe`): GenAI semantic-convention
 attributes on `llm`, `agent` and `tool` spans; `composeai.*` for the rest;
 content (inputs, outputs, messages) only while `COMPOSE_TRACE_CONTENT` is
-not `0` (OBS-70).
+not `0`.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def _trace_id(text: str) -> int:
 
 
 def _plain(value: Any) -> Any:
-    """A stored JSON tree without the codec's type tags (OBS-60), read as
+    """A stored JSON tree without the codec's type tags, read as
     plain JSON: nothing is imported or decoded."""
     if isinstance(value, list):
         return [_plain(v) for v in value]

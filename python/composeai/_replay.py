@@ -1,4 +1,4 @@
-"""Replay safety beyond resume (issue 27): re-running a stored flow run's
+"""Replay safety beyond resume: re-running a stored flow run's
 body against its journal without executing anything (`replay`, the check a
 team runs in CI before deploying a code change), and a new run that reuses
 an old one's journal up to a step (`fork`, the flows' time travel).
@@ -57,10 +57,7 @@ def _flow_of(row: dict, what: str) -> Any:
         )
     flow_obj = _FLOWS.get(row["name"])
     if flow_obj is None:
-        raise ConfigError(
-            f"flow {row['name']!r} is not registered in this process -- import the module that "
-            f"defines it (so its @flow decoration runs) before {what}"
-        )
+        raise _engine.not_registered("flow", row["name"], row.get("module"), what)
     return flow_obj
 
 
@@ -91,6 +88,9 @@ def replay(run: str | Run, *, store: str | None = None) -> ReplayReport:
     source = _store(store)
     attempt = source.replay_attempt(run_id)
     row = {"run_id": attempt.run_id, "kind": attempt.kind, "name": attempt.name}
+    if attempt.name not in _FLOWS:
+        # For the message: the module recorded with the run.
+        row["module"] = (source.get_run(run_id) or {}).get("module")
     flow_obj = _flow_of(row, "replay()")
     args, kwargs = _arguments(attempt.args_json)
     state = RunState(attempt, flow_obj.name)
@@ -127,10 +127,12 @@ def fork(run_id: str, at: str) -> Run[Any]:
     """A new run of the same flow and arguments whose journal is `run_id`'s
     up to (not including) the step `at`, in body order; `at` and everything
     after it execute here. The old run is left as it is."""
+    if _engine.missing_store():
+        raise ConfigError(_engine.run_not_found(run_id))
     store = _engine.get_store()
     row = store.get_run(run_id)
     if row is None:
-        raise ConfigError(f"no run found with run_id {run_id!r}")
+        raise ConfigError(_engine.run_not_found(run_id))
     flow_obj = _flow_of(row, "fork()")
     journal = dict(store.journal(run_id))
     if at not in journal or at.startswith("__"):
@@ -146,7 +148,12 @@ def fork(run_id: str, at: str) -> Run[Any]:
         )
     args, kwargs = _arguments(row["args_json"])
     attempt = store.start_run(
-        "flow", flow_obj.name, flow_obj.fingerprint, row["args_json"], row["budget_json"]
+        "flow",
+        flow_obj.name,
+        flow_obj.fingerprint,
+        row["args_json"],
+        row["budget_json"],
+        module=flow_obj._module,
     )
     attempt.fork_from(run_id, at)
     run = RunState(attempt, flow_obj.name)

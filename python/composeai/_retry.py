@@ -1,4 +1,4 @@
-"""`RetryPolicy` (EXT-9), kept apart so that `@task` can check it without
+"""`RetryPolicy`, kept apart so that `@task` can check it without
 loading `composeai.durable`."""
 
 from __future__ import annotations

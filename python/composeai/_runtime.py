@@ -1,5 +1,5 @@
 """The background event loop that runs `async def` bodies reached from sync
-code. It starts only when such a body is first reached (ASYNC-1)."""
+code. It starts only when such a body is first reached."""
 
 from __future__ import annotations
 
@@ -113,10 +113,10 @@ _local = threading.local()
 def run_here(make_coro: Callable[[], Awaitable[Any]], driver: Any) -> Any:
     """Runs the coroutine made by `make_coro` to completion on the calling
     thread, on an event loop of this thread's own (made once per thread), so
-    a sync call of an `async def` body costs no thread hop (ASYNC-7). The
+    a sync call of an `async def` body costs no thread hop. The
     `driver` context variable names that loop while it runs, so a sync
-    facade call inside the body raises instead of re-entering (ASYNC-6). A
-    thread whose own loop is already running (a notebook cell, ASYNC-1)
+    facade call inside the body raises instead of re-entering. A
+    thread whose own loop is already running (a notebook cell)
     uses the background loop instead. Ctrl-C cancels the coroutine (a real
     CancelledError into it) and re-raises."""
     import asyncio

@@ -28,7 +28,7 @@ def _state_dir() -> Path:
 
 
 def _store_target() -> tuple[str, str]:
-    """`(kind, target)` of the configured store (STORE-1, STORE-2)."""
+    """`(kind, target)` of the configured store."""
     from . import _engine
 
     return _core.store_target(_engine.store_spec(), str(_state_dir() / "runs.db"))
@@ -36,7 +36,7 @@ def _store_target() -> tuple[str, str]:
 
 def _db_path() -> str:
     """The configured store for the query commands: a SQLite file path or a
-    PostgreSQL URL (STORE-2: every command reads either). The URL keeps its
+    PostgreSQL URL (every command reads either). The URL keeps its
     password for connecting; the core shows it redacted."""
     from . import _engine
 
@@ -79,7 +79,7 @@ def _cost(cost_usd: float | None, complete: bool) -> str:
 
 
 def _parked(rows: list[dict]) -> dict[str, str]:
-    """The pending column of runs parked on a timer or a signal (EXT-2);
+    """The pending column of runs parked on a timer or a signal;
     other rows keep the 0.11.0 line."""
     ids = [r["run_id"] for r in rows if r["status"] == "paused"]
     if not ids:

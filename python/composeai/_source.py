@@ -1,6 +1,6 @@
-"""A flow's source fingerprint (FLOW-9) without `inspect` on the common path.
+"""A flow's source fingerprint without `inspect` on the common path.
 
-FLOW-9 defines the fingerprint as the SHA-256 of `textwrap.dedent(inspect.
+A flow's fingerprint is the SHA-256 of `textwrap.dedent(inspect.
 getsource(fn))`. Importing `inspect` (with `ast`, `dis`, `tokenize` and `re`)
 and tokenizing the file cost a fresh process several milliseconds, so for a
 plain function in a plain UTF-8 `.py` file decoration only snapshots the

@@ -1,11 +1,11 @@
-"""Type machinery of composition stages (COMP-1 … COMP-4, COMP-20, COMP-30 … COMP-32).
+"""Type machinery of composition stages.
 
 Pure and engine-independent: what a stage accepts and returns, what it is called, whether two
 adjacent stages fit, and the runtime validator guarding a stage's input boundary.
 
 Decisions beyond the spec's letter:
 
-- ``Annotated[T, ...]``: :func:`stage_types` resolves like AGENT-6 (``typing.get_type_hints``
+- ``Annotated[T, ...]``: :func:`stage_types` resolves like an agent's types (``typing.get_type_hints``
   without extras), so annotations read from a signature come back stripped. Types that still
   carry ``Annotated`` (duck-typed ``input_type`` attributes, raw fallback annotations) are
   compared as ``T`` by :func:`compatible`, while :func:`build_validator` hands the whole
@@ -15,12 +15,12 @@ Decisions beyond the spec's letter:
   skip runtime validation, as do types whose pydantic adapter cannot be completed because of an
   undefined forward reference inside them (``list["Missing"]``).
 - A bare typing alias without arguments (``typing.List``) counts as its origin class (``list``),
-  and COMP-4's equality rule compares generics argument by argument, so the ``typing`` and the
+  and the stage compatibility rule compares generics argument by argument, so the ``typing`` and the
   builtin spelling of one type are equal (``typing.Dict[str, int]`` is ``dict[str, int]``).
 - ``<pydantic error text>`` in a ``StageTypeError`` is ``str()`` of the pydantic
   ``ValidationError``, verbatim: its title line, one entry per failing location with the message,
   error type and offending input, and pydantic's documentation link.
-- Pydantic's strict mode accepts a ``dict`` for a model but never for a dataclass, while COMP-32
+- Pydantic's strict mode accepts a ``dict`` for a model but never for a dataclass, while the coercion table
   instantiates both. A dataclass type therefore takes a ``dict`` by validating each ``__init__``
   argument with the same strict machinery (recursively, so a field typed as another dataclass also
   takes a ``dict``) and calling the class; unknown keys are ignored, as pydantic does for
@@ -67,7 +67,7 @@ _UNION_ORIGINS: tuple[Any, ...] = (typing.Union, types.UnionType)
 
 
 def stage_types(stage: Any) -> tuple[Any, Any]:
-    """COMP-1: ``(input_type, output_type)`` of a stage."""
+    """``(input_type, output_type)`` of a stage."""
     if hasattr(stage, "input_type") and hasattr(stage, "output_type"):
         # AgentFunction, Pipeline, Aggregate, Tool.
         return stage.input_type, stage.output_type
@@ -79,7 +79,7 @@ def stage_types(stage: Any) -> tuple[Any, Any]:
 
 def _callable_types(fn: Any) -> tuple[Any, Any]:
     """First positional(-or-keyword) parameter's annotation and the return annotation, each
-    ``Any`` when missing or when the signature can't be inspected; resolved as AGENT-6."""
+    ``Any`` when missing or when the signature can't be inspected; resolved as an agent's types are."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -131,7 +131,7 @@ def _raw(annotation: Any) -> Any:
 
 
 def stage_name(stage: Any) -> str:
-    """COMP-2: ``AgentFunction.name`` / a pipeline's or aggregate's own name / a non-empty ``str``
+    """``AgentFunction.name`` / a pipeline's or aggregate's own name / a non-empty ``str``
     attribute ``name`` (``Tool``, ``Task``); else ``__name__``; else ``repr(stage)``."""
     try:
         name = getattr(stage, "name", None)
@@ -149,7 +149,7 @@ def stage_name(stage: Any) -> str:
 
 
 def type_name(t: Any) -> str:
-    """COMP-3: ``Any`` → ``Any``, a class → its ``__name__``, else ``str(t)``."""
+    """``Any`` → ``Any``, a class → its ``__name__``, else ``str(t)``."""
     if t is Any:
         return "Any"
     if _is_plain_class(t):
@@ -161,7 +161,7 @@ def type_name(t: Any) -> str:
 
 
 def compatible(out_t: Any, in_t: Any) -> bool:
-    """COMP-4: can a stage returning ``out_t`` feed a stage expecting ``in_t``?"""
+    """Can a stage returning ``out_t`` feed a stage expecting ``in_t``?"""
     o = _normalize(out_t)
     i = _normalize(in_t)
     # 1. Any / object (and unresolved annotations, which can't be judged).
@@ -267,7 +267,7 @@ def _is_plain_class(t: Any) -> bool:
 
 
 def check_pipe(stages: Sequence[Any]) -> None:
-    """COMP-3: at least two stages, every adjacent pair compatible (COMP-4)."""
+    """At least two stages, every adjacent pair compatible."""
     stages = list(stages)
     if len(stages) < 2:
         raise CompositionTypeError(f"pipe() requires at least 2 stages, got {len(stages)}")
@@ -283,7 +283,7 @@ def check_pipe(stages: Sequence[Any]) -> None:
 
 
 def aggregate_input_type(branch_types: Sequence[Any]) -> Any:
-    """COMP-20: the branches' common input type if all are equal (``==``), else ``Any``."""
+    """The branches' common input type if all are equal (``==``), else ``Any``."""
     branch_types = list(branch_types)
     if not branch_types:
         return Any
@@ -306,7 +306,7 @@ class _Unbuildable(Exception):
 
 
 def build_validator(stage: Any, input_type: Any = None) -> Callable[[Any, str], Any] | None:
-    """COMP-30/31/32: the validator of ``stage``'s input boundary, built eagerly.
+    """The validator of ``stage``'s input boundary, built eagerly.
 
     ``input_type`` defaults to the stage's own input type (:func:`stage_types`; ``None`` means
     "derive it" -- a ``None`` annotation resolves to ``NoneType``). Returns ``None`` when
@@ -429,7 +429,7 @@ def _adapter(t: Any, arbitrary: bool) -> Any:
 
 def _strict_check(adapter: Any, keep: type | None, value: Any) -> Any:
     """Strict pydantic validation; an instance of the declared class (or a subclass) passes as
-    the same object even where pydantic would hand back a copy (COMP-32)."""
+    the same object even where pydantic would hand back a copy."""
     result = adapter.validate_python(value, strict=True)
     if keep is not None and result is not value and isinstance(value, keep):
         return value

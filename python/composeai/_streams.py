@@ -1,4 +1,4 @@
-"""`RunStream` and `AsyncRunStream` (AGENT-90 … AGENT-93, ASYNC-4, ASYNC-12).
+"""`RunStream` and `AsyncRunStream`.
 
 Both run one call with a fresh private `EventBus` made ambient for it, and
 subscribe before the call starts, so no event is lost. The bus is closed when
@@ -45,7 +45,7 @@ else:
 
 
 class RunStream(Generic[R]):
-    """Events of a run executing on a background thread (AGENT-90, AGENT-91).
+    """Events of a run executing on a background thread.
 
     Iterating yields `Event`s until the run settles, then stops; if the run
     raised, the first full drain re-raises that same exception object. Later
@@ -147,7 +147,7 @@ class RunStream(Generic[R]):
 def _cancelled_run(exc: BaseException) -> Run | None:
     """The `Run` a cancelled call returns when the engine's cancel signal
     reached the stream itself: a stream nested in a flow step has no run row
-    to settle, and the signal must never reach user code (AGENT-93, ERR-5)."""
+    to settle, and the signal must never reach user code."""
     if not isinstance(exc, _engine._Cancelled):
         return None
     frame = _engine.FRAME.get()
@@ -166,8 +166,7 @@ _LIVE_TASKS: set[asyncio.Task[Any]] = set()
 
 
 class AsyncRunStream(Generic[R]):
-    """Events of a run executing as an `asyncio.Task` on the caller's loop
-    (AGENT-92, ASYNC-4). Made by `AsyncRunStream.start`, not directly."""
+    """Events of a run executing as an `asyncio.Task` on the caller's loop. Made by `AsyncRunStream.start`, not directly."""
 
     def __init__(self, bus: EventBus, subscription: AsyncSubscription) -> None:
         self._bus = bus
@@ -234,7 +233,7 @@ class AsyncRunStream(Generic[R]):
 
     async def run(self) -> Run[R]:
         """Wait for the run; return its `Run` or re-raise. Cancelling the
-        awaiting task cancels the run (ASYNC-10)."""
+        awaiting task cancels the run."""
         assert self._task is not None
         return await self._task
 
@@ -243,6 +242,6 @@ class AsyncRunStream(Generic[R]):
         self._sub.close()
 
     def cancel(self) -> None:
-        """Cancels the run at its next step or wait (EXT-10): `run()` then
+        """Cancels the run at its next step or wait: `run()` then
         returns `Run(status="cancelled")`. Idempotent."""
         self._token.set()

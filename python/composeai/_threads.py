@@ -2,7 +2,7 @@
 
 Every sync stage that must leave the calling thread (a timeout, an async
 caller, a parallel branch) gets a thread of its own at once: there is no
-bound and no queueing (ASYNC-7), so a body that blocks or calls back into
+bound and no queueing, so a body that blocks or calls back into
 the engine can never starve another. A thread whose body returned waits
 briefly for the next body instead of exiting: reused while work keeps
 coming, gone within a second once it stops.

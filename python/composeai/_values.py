@@ -1,5 +1,5 @@
-"""Value types below the engine: `Run` and `Budget` (AGENT-55, BUDGET-1),
-re-exported by `composeai.runs`, and `TaskFailed` (EXT-7), re-exported by
+"""Value types below the engine: `Run` and `Budget`,
+re-exported by `composeai.runs`, and `TaskFailed`, re-exported by
 `composeai.durable`. Each reports its public module as `__module__`, so type
 tags, reprs and pickles name the module the spec names."""
 
@@ -48,8 +48,19 @@ class _LazyUsage:
 
 
 class Run(Generic[R]):
-    """The outcome of a run. `pending` is set exactly when `status == "paused"`;
-    a returned `Run` is never `failed` (failures raise)."""
+    """The outcome of a run, as `run()`, `resume()` and `RunHandle.result()` return it.
+
+    Attributes:
+        id: the run's id (a ULID): what `resume()`, `compose trace` and the
+            web UI take.
+        status: `"completed"`, `"paused"` (waiting for an answer, a timer or a
+            signal) or `"cancelled"`; a failed run raises instead.
+        output: the flow's or agent's return value (`None` unless completed).
+        usage: tokens and USD of the run's model calls (`Usage`).
+        trace: the run's spans (`Trace`).
+        messages: an agent run's conversation.
+        pending: what a paused run waits on (`Interrupt`), else `None`.
+    """
 
     # A dataclass (AGENT-55), written out; see `_dataclass`.
     id: str
@@ -114,7 +125,17 @@ class Run(Generic[R]):
 
 
 class Budget:
-    """A spending cap: USD, tokens, or both (BUDGET-1)."""
+    """A spending cap on a run's model calls: USD, tokens, or both.
+
+    Counted over every attempt of the run and checked after each model call:
+    once the spending is over the cap, `BudgetExceededError` is raised (the
+    call that crossed it has been made and is counted). Pass it as `budget=`
+    to `run()`, `resume()` or an agent call.
+
+    Attributes:
+        usd: the most the run may spend, in US dollars.
+        tokens: the most input plus output tokens the run may use.
+    """
 
     # A dataclass (BUDGET-1), written out; see `_dataclass`.
     usd: float | None = None
@@ -145,7 +166,7 @@ class Budget:
 
 
 class TaskFailed(ComposeError):
-    """EXT-7: a step of a `@flow(journal_failures=True)` failed after its
+    """A step of a `@flow(journal_failures=True)` failed after its
     retries; journaled, so a replay raises the same failure again."""
 
     def __init__(self, step_key: str, error_type: str, message: str) -> None:

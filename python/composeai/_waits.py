@@ -1,4 +1,4 @@
-"""Durable waits as the engine decides them (EXT-1 … EXT-5, EXT-8).
+"""Durable waits as the engine decides them.
 
 A wait is a journaled step. The core decides it from the journal and the
 store's timers/signals/cancel-request tables: ready, block in place (the

@@ -1,4 +1,4 @@
-"""`@agent`: LLM loops as typed functions (AGENT-1 … AGENT-56).
+"""`@agent`: LLM loops as typed functions.
 
 The loop is written once, as a generator that yields its I/O (model calls,
 tool batches, user callbacks) to a driver; the sync driver performs them on
@@ -75,12 +75,19 @@ else:
 
 def prompt(text_or_messages: Any) -> Any:
     """Returns its argument unchanged; typed `Any` so a structured-output
-    agent's body can return its prompt (AGENT-8)."""
+    agent's body can return its prompt."""
     return text_or_messages
 
 
 class AgentFunction(Generic[P, R]):
-    """An LLM loop behind a typed function (AGENT-1)."""
+    """An agent made by `@agent`.
+
+    `agent_fn(...)` returns the output (`None` when the run paused);
+    `run()` returns the `Run`, `arun()` awaits it, `stream()` and `astream()`
+    yield its events. Every method takes the keyword-only overrides
+    `budget=`, `system=`, `model=`, `approver=`, `tool_interceptor=` and
+    `context_manager=`; other arguments go to the function.
+    """
 
     def __init__(self, fn: Callable[..., Any], **options: Any):
         functools.update_wrapper(self, fn)
@@ -391,10 +398,41 @@ def agent(
     retry: Any = None,
     stream_to: str | None = None,
 ):
-    """Declares an LLM agent, bare or with keyword options (AGENT-1 … AGENT-4);
-    `retry=RetryPolicy(...)` governs provider-call retries (EXT-9);
-    `stream_to="tokens"` appends each text delta of a call made in a durable
-    run to that stream of the run, in batches (`compose.read_stream`)."""
+    """Declares an agent: a typed function backed by a language model.
+
+    The docstring is the system prompt, the body returns the user prompt
+    (`prompt(...)` or a `str`), and the return annotation is the output type:
+    `str` for the model's text, any other type as validated structured
+    output. Calling the agent returns its output; `.run()` returns the `Run`.
+    Inside a flow a call is one journaled step, replayed without calling the
+    model again.
+
+    Args:
+        model: a model string (`"anthropic/claude-sonnet-5"`,
+            `"openai/gpt-5.4"`) or a model object (`complete(request)`).
+        tools: the `Tool`s (or `@tool` functions) the model may call.
+        temperature: sent with every request when given.
+        max_tokens: the cap on each reply's tokens.
+        max_turns: model calls allowed before `MaxTurnsExceededError`
+            (`None`: no limit).
+        retries: attempts again after a `ProviderError`, this many times.
+        max_repairs: times an invalid structured output is sent back to the
+            model to fix.
+        timeout: seconds for the whole agent call (`AgentTimeoutError`).
+        prompt_cache: mark prompt-cache breakpoints where the provider has them.
+        thinking: turn the provider's reasoning on or off.
+        effort: the provider's reasoning effort level.
+        thinking_budget: the reasoning token budget.
+        fallback: a model tried when the model still fails after its retries.
+        cache: reuse the stored response of an identical earlier request.
+        name: the registered name (default: the function's name); unique per
+            process.
+        replace: rebind a name that is already registered.
+        retry: a `RetryPolicy` for provider calls, instead of `retries=`.
+        stream_to: the name of a stream of the run (`compose.read_stream`)
+            that each text delta of a call made in a durable run is appended
+            to, in batches.
+    """
     if stream_to is not None and (not isinstance(stream_to, str) or not stream_to):
         raise ConfigError(f"@agent(stream_to=...) must be a non-empty str, got {stream_to!r}")
 
@@ -442,8 +480,7 @@ def agent(
 
 def run_conversation_step(agent: AgentFunction, messages: list) -> tuple[Any, list]:
     """Runs `agent` on `messages` (instead of its body's prompt) as a
-    journaled step of the current durable run: a graph's agent node
-    (EXT-22). Returns the output and the whole transcript."""
+    journaled step of the current durable run: a graph's agent node. Returns the output and the whole transcript."""
     frame = FRAME.get()
     assert frame is not None  # a graph's agent node runs as a step of its run
     opts = _overrides(None, None, None, None, None, None)

@@ -1,6 +1,6 @@
-"""Persistent chats over one `@agent` (CHAT-1 … CHAT-8).
+"""Persistent chats over one `@agent`.
 
-Each send is an ordinary standalone durable agent run (AGENT-52) seeded with
+Each send is an ordinary standalone durable agent run seeded with
 the chat's history plus the new user message; the agent body is not called.
 The `chats` row is written by the core after every completed send.
 """
@@ -29,10 +29,10 @@ __all__ = ["Chat", "ChatStream", "chat", "load_chat"]
 
 class Chat:
     """A conversation with one agent. Made by `chat()` or `load_chat()`,
-    not constructed directly (CHAT-1).
+    not constructed directly.
 
     `system`, `model` and `created_at` are what the chat stores and
-    `load_chat` restores (CHAT-7).
+    `load_chat` restores.
     """
 
     def __init__(
@@ -66,7 +66,7 @@ class Chat:
 
     @property
     def messages(self) -> list[Message]:
-        """A copy of the history (no system prompt) (CHAT-2)."""
+        """A copy of the history (no system prompt)."""
         return list(self._messages)
 
     @property
@@ -95,11 +95,11 @@ class Chat:
 
     def send(self, text: str, *, budget: Budget | None = None) -> Run:
         """Run the agent on `history + [Message.user(text)]` as a standalone
-        durable run, then fold the outcome into the chat (CHAT-3, CHAT-4)."""
+        durable run, then fold the outcome into the chat."""
         return self._fold(self._run_send(text, budget))
 
     def resume(self, answers: dict[str, Any] | None = None, *, budget: Budget | None = None) -> Run:
-        """Resume the last paused send with this chat's own callbacks (CHAT-5)."""
+        """Resume the last paused send with this chat's own callbacks."""
         if self._pending is None or self._last_run_id is None:
             raise ConfigError("nothing to resume: this chat has no paused send")
         from .flow import resume
@@ -115,14 +115,14 @@ class Chat:
         return self._fold(run)
 
     def stream(self, text: str, *, budget: Budget | None = None) -> ChatStream:
-        """`send` on a background thread, as a cancellable event stream (CHAT-6)."""
+        """`send` on a background thread, as a cancellable event stream."""
         from ._streams import RunStream
 
         stream = RunStream.start(lambda: self._run_send(text, budget), cancellable=True)
         return ChatStream(self, stream)
 
     def _fold(self, run: Run) -> Run:
-        """CHAT-4: remember the run; a completed run replaces the history and
+        """Remember the run; a completed run replaces the history and
         is persisted, a paused one sets `pending`."""
         with self._lock:
             self._last_run_id = run.id
@@ -146,7 +146,7 @@ class Chat:
 
 
 class ChatStream:
-    """Events of one chat send (CHAT-6). The outcome is folded into the chat
+    """Events of one chat send. The outcome is folded into the chat
     once: when iteration finishes or when `run` is read."""
 
     def __init__(self, chat_obj: Chat, stream: RunStream) -> None:
@@ -186,7 +186,7 @@ class ChatStream:
         self._stream.close()
 
     def cancel(self) -> None:
-        """Stop the send at its next check (AGENT-93)."""
+        """Stop the send at its next check."""
         self._stream.cancel()
 
 
@@ -208,7 +208,7 @@ def chat(
     context_manager: Any = None,
 ) -> Chat:
     """A new chat with a fresh id and empty history; nothing is stored until
-    the first completed send (CHAT-1)."""
+    the first completed send."""
     from . import _core
 
     return Chat(
@@ -225,7 +225,7 @@ def chat(
 
 
 def load_chat(chat_id: str) -> Chat:
-    """Restore a chat saved by any process (CHAT-7). Callbacks are not
+    """Restore a chat saved by any process. Callbacks are not
     persisted: a loaded chat has none."""
     row = _engine.get_store().load_chat(chat_id)
     if row is None:

@@ -1,4 +1,4 @@
-"""The `compose` command line: inspect the local run store (OBS-30 … OBS-37).
+"""The `compose` command line: inspect the local run store.
 
 Kept light on purpose: besides the standard library it needs only the
 compiled core, `composeai.errors` and `composeai._show` (the helpers it
@@ -9,7 +9,7 @@ does the database work (`query_runs`, `search_runs`, `trace_view`,
 formats what needs Python semantics (`repr`, `format`, `json.dumps`).
 
 Stored values are never decoded except by `export`, which must rebuild
-`Message` objects: it decodes through the type registry only (OBS-61), so a
+`Message` objects: it decodes through the type registry only, so a
 type tag naming an unregistered class (`os:system`, ...) is refused, never
 imported. Everything else reads stored JSON as plain JSON.
 """
@@ -48,6 +48,7 @@ from ._show import (
     _state_dir,
     _store_target,
 )
+from ._version import __version__
 from .errors import ComposeError
 
 __all__ = ["main"]
@@ -64,7 +65,7 @@ def _parse_limit(value: str, parser: argparse.ArgumentParser) -> int:
 
 
 def _import_modules(modules: list[str]) -> None:
-    """OBS-37: import each `--import` module and register its types."""
+    """Import each `--import` module and register its types."""
     if not modules:
         return
     # The console script does not put the working directory on sys.path;
@@ -90,7 +91,7 @@ _FTS_MISSING = (
 
 
 def _cmd_prune(args: argparse.Namespace) -> int:
-    """OPS-23: `compose runs --prune --older-than X`."""
+    """`compose runs --prune --older-than X`: deletes settled runs older than X."""
     from datetime import datetime
 
     from .retention import compact, delete_runs
@@ -152,7 +153,8 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         return 0
     now = time.time()
     parked = _parked(rows)
-    lines = []
+    header = f"{'RUN ID':<26}  {'KIND':<9} {'NAME':<20} {'STATUS':<10} {'AGE':<9} {'COST':>10}"
+    lines = [f"{header} {'TOKENS':>12}"]
     for r in rows:
         age = _age(r["created_at"], now)
         cost = _cost(r["cost_usd"], r["cost_complete"])
@@ -165,7 +167,9 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _not_found(run_id: str) -> ComposeError:
-    return ComposeError(f"no run found with id '{run_id}'")
+    from . import _engine
+
+    return ComposeError(_engine.run_not_found(run_id, "id"))
 
 
 def _color() -> bool:
@@ -185,8 +189,15 @@ def _payload(payload_json: str | None) -> object:
         return payload_json
 
 
-def _parked_banner(run_id: str, pending: list[tuple]) -> str:
-    """A run parked on a durable timer or signal (EXT-1/EXT-4)."""
+def _resume_lines(module: str | None) -> list[str]:
+    """The hint's first lines: the import that registers the run's flow (its
+    module is recorded with the run), then resume's."""
+    first = [f"    import {module}"] if module else []
+    return [*first, "    from composeai import resume"]
+
+
+def _parked_banner(run_id: str, pending: list[tuple], module: str | None = None) -> str:
+    """A run parked on a durable timer or signal."""
     lines = ["", f"⏸  run {run_id} is parked on {len(pending)} durable wait(s):"]
     for interrupt_id, kind, _question, payload_json in pending:
         payload = _payload(payload_json)
@@ -200,7 +211,7 @@ def _parked_banner(run_id: str, pending: list[tuple]) -> str:
     lines += [
         "",
         "A running `compose worker` (with --import for its flow) continues it when due; or:",
-        "    from composeai import resume",
+        *_resume_lines(module),
         f"    resume({run_id!r})",
     ]
     if any(p[1] == "signal" for p in pending):
@@ -208,9 +219,9 @@ def _parked_banner(run_id: str, pending: list[tuple]) -> str:
     return "\n".join(lines)
 
 
-def _paused_banner(run_id: str, pending: list[tuple]) -> str:
+def _paused_banner(run_id: str, pending: list[tuple], module: str | None = None) -> str:
     if pending and all(p[1] in ("timer", "signal") for p in pending):
-        return _parked_banner(run_id, pending)
+        return _parked_banner(run_id, pending, module)
     lines = ["", f"⏸  run {run_id} is paused with {len(pending)} pending interrupt(s):"]
     answers: dict[str, object] = {}
     for interrupt_id, kind, question, payload_json in pending:
@@ -220,9 +231,15 @@ def _paused_banner(run_id: str, pending: list[tuple]) -> str:
     lines += [
         "",
         "To resume:",
-        "    from composeai import resume",
+        *_resume_lines(module),
         f"    resume({run_id!r}, answers={answers!r})",
     ]
+    if module and len(pending) == 1:
+        first = pending[0][0]
+        value = "--yes" if pending[0][1] == "approval" else "--json VALUE"
+        lines.append(
+            f"    # or: compose answer {run_id} {first} {value} --resume --import {module}"
+        )
     return "\n".join(lines)
 
 
@@ -240,21 +257,29 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     if outcome == "ambiguous":
         raise _ambiguous(args.run_id, value)
     print(value["text"])
+    # Mermaid output is meant to be piped into a renderer: the hint goes to
+    # stderr, so stdout stays a valid diagram.
+    hint = sys.stderr if args.format == "mermaid" else sys.stdout
     if value["events"]:
-        # OPS-21: the latest value of each event the run published.
-        print("\nevents:")
+        # The latest value of each event the run published.
+        print("\nevents:", file=hint)
         for key, value_json in value["events"]:
-            print(f"  {key} = {value_json}")
+            print(f"  {key} = {value_json}", file=hint)
     if value["status"] == "paused" and not value["pending"]:
         # Answered (`compose answer`), not continued yet.
-        print(f"\n⏸  run {value['run_id']} is answered and due: `compose worker` continues it")
+        print(
+            f"\n⏸  run {value['run_id']} is answered and due: `compose worker` continues it",
+            file=hint,
+        )
     elif value["status"] == "paused":
-        print(_paused_banner(value["run_id"], value["pending"]))
+        found, row = _core.resolve_run(_db_path(), value["run_id"])
+        module = row.get("module") if found == "found" else None
+        print(_paused_banner(value["run_id"], value["pending"], module), file=hint)
     return 0
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    """EXT-2: continues due runs until SIGINT/SIGTERM (or one pass, --once)."""
+    """Continues due runs until SIGINT/SIGTERM (or one pass, --once)."""
     if args.concurrency < 1:
         args.parser.error(f"--concurrency must be a positive integer, got {args.concurrency}")
     if args.interval <= 0:
@@ -281,7 +306,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _cmd_queues(args: argparse.Namespace) -> int:
-    """STORE-23: per queue, queued, running, completed in the last hour and
+    """Per queue, queued, running, completed in the last hour and
     the age of the oldest queued run."""
     from . import _engine
 
@@ -315,7 +340,7 @@ def _cmd_queues(args: argparse.Namespace) -> int:
 
 
 def _cmd_signal(args: argparse.Namespace) -> int:
-    """EXT-3: `compose signal RUN_ID NAME [--json VALUE]`."""
+    """`compose signal RUN_ID NAME [--json VALUE]`."""
     value = None
     if args.json is not None:
         try:
@@ -332,7 +357,7 @@ def _cmd_signal(args: argparse.Namespace) -> int:
 
 def _cmd_answer(args: argparse.Namespace) -> int:
     """`compose answer RUN_ID INTERRUPT_ID [--json VALUE | --yes | --no] [--resume]`
-    and `compose answer RUN_ID --list` (issue 26)."""
+    and `compose answer RUN_ID --list`."""
     from . import _answer
 
     _import_modules(args.imports)
@@ -381,7 +406,7 @@ def _cmd_answer(args: argparse.Namespace) -> int:
 def _cmd_replay(args: argparse.Namespace) -> int:
     """`compose replay RUN_ID... [--since X] [--import M]`: re-runs stored
     flow runs' bodies against their journals, executing nothing, and says
-    which diverge (issue 27). Exit 1 when any diverged or was skipped."""
+    which diverge. Exit 1 when any diverged or was skipped."""
     from . import _answer, _replay
     from .errors import NondeterminismError
 
@@ -423,7 +448,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 def _cmd_fork(args: argparse.Namespace) -> int:
     """`compose fork RUN_ID --at KEY [--import M]`: a new run reusing the
-    journal of RUN_ID up to KEY, executed here (issue 27)."""
+    journal of RUN_ID up to KEY, executed here."""
     from . import _answer, _replay
 
     _import_modules(args.imports)
@@ -436,7 +461,7 @@ def _cmd_fork(args: argparse.Namespace) -> int:
 
 
 def _cmd_ui(args: argparse.Namespace) -> int:
-    """`compose ui`: the local web app over the store (issue 26)."""
+    """`compose ui`: the local web app over the store."""
     _import_modules(args.imports)
     from .ui.server import serve
 
@@ -444,7 +469,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
-    """EXT-10: `compose cancel RUN_ID [--reason TEXT]`."""
+    """`compose cancel RUN_ID [--reason TEXT]`."""
     from . import _engine
 
     outcome = _core.request_cancel(_engine.get_store(), args.run_id, args.reason)
@@ -470,7 +495,7 @@ def _store_spec() -> str:
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    """STORE-3: applies (or with --dry-run reports) the store's schema version."""
+    """Applies (or with --dry-run reports) the store's schema version."""
     found, now, latest = _core.migrate_store(
         _store_spec(), str(_state_dir() / "runs.db"), args.dry_run
     )
@@ -619,7 +644,7 @@ def _output_hash(output_json: str | None) -> str:
 
 
 def _load_run(loader: Callable[[str, str], tuple[str, Any]], run_id: str) -> dict:
-    """Resolves `run_id` (OBS-30) through a core `*_view` function. Without a
+    """Resolves `run_id` through a core `*_view` function. Without a
     store: `no runs found` (the caller may report it as not found)."""
     outcome, value = loader(_db_path(), run_id)
     if outcome == "no_store":
@@ -901,7 +926,15 @@ def _cmd_thread_rewind(args: argparse.Namespace) -> int:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="compose", description="Inspect composeai runs stored in $COMPOSE_DIR/runs.db."
+        prog="compose",
+        description="Inspect and drive composeai runs in the configured store "
+        "($COMPOSE_STORE, else $COMPOSE_DIR/runs.db).",
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"compose (composeai) {__version__}",
+        help="print the installed composeai version and exit",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -919,8 +952,8 @@ def _build_parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="list recent runs")
     runs.add_argument("-n", "--limit", default="10", metavar="N", help="rows to show (10)")
     runs.add_argument("--json", action="store_true", help="print rows as JSON")
-    runs.add_argument("--status", choices=_STATUSES)
-    runs.add_argument("--kind", choices=_KINDS)
+    runs.add_argument("--status", choices=_STATUSES, help="only runs with this status")
+    runs.add_argument("--kind", choices=_KINDS, help="only runs of this kind")
     runs.add_argument("--since", metavar="X", help="<N>d, <N>h or YYYY-MM-DD")
     runs.add_argument(
         "-q", "--query", metavar="Q", help="full-text search of span names and payloads (FTS5)"
@@ -940,7 +973,12 @@ def _build_parser() -> argparse.ArgumentParser:
     trace = sub.add_parser("trace", help="show the span tree of a run")
     trace.add_argument("run_id", nargs="?", metavar="RUN_ID", help="run id or unique prefix")
     trace.add_argument("--last", action="store_true", help="the newest run")
-    trace.add_argument("--format", choices=("tree", "mermaid"), default="tree")
+    trace.add_argument(
+        "--format",
+        choices=("tree", "mermaid"),
+        default="tree",
+        help="a text tree (tree, the default) or a Mermaid flowchart (mermaid)",
+    )
     add_import(trace)
     trace.set_defaults(func=_cmd_trace, parser=trace)
 
@@ -951,7 +989,12 @@ def _build_parser() -> argparse.ArgumentParser:
     diff.set_defaults(func=_cmd_diff, parser=diff)
 
     costs = sub.add_parser("costs", help="model calls, tokens and cost by model, name or day")
-    costs.add_argument("--by", choices=("model", "name", "day"), default="model")
+    costs.add_argument(
+        "--by",
+        choices=("model", "name", "day"),
+        default="model",
+        help="group by model (the default), run name or day",
+    )
     costs.add_argument("--since", metavar="X", help="<N>d, <N>h or YYYY-MM-DD")
     costs.set_defaults(func=_cmd_costs, parser=costs)
 
@@ -1002,15 +1045,20 @@ def _build_parser() -> argparse.ArgumentParser:
     queues.set_defaults(func=_cmd_queues, parser=queues)
 
     sig = sub.add_parser("signal", help="send a signal to a run")
-    sig.add_argument("run_id", metavar="RUN_ID")
-    sig.add_argument("name", metavar="NAME")
+    sig.add_argument("run_id", metavar="RUN_ID", help="the run to signal")
+    sig.add_argument("name", metavar="NAME", help="the signal's name, as the flow receives it")
     sig.add_argument("--json", metavar="VALUE", help="the signal's value, as JSON")
     add_import(sig)
     sig.set_defaults(func=_cmd_signal, parser=sig)
 
     ans = sub.add_parser("answer", help="answer a pending interrupt of a run")
     ans.add_argument("run_id", metavar="RUN_ID", help="run id or unique prefix")
-    ans.add_argument("interrupt_id", nargs="?", metavar="INTERRUPT_ID")
+    ans.add_argument(
+        "interrupt_id",
+        nargs="?",
+        metavar="INTERRUPT_ID",
+        help="the pending interrupt to answer (see --list)",
+    )
     given = ans.add_mutually_exclusive_group()
     given.add_argument("--json", dest="value", metavar="VALUE", help="the answer, as JSON")
     given.add_argument("--yes", dest="value", action="store_const", const=True, help="answer true")
@@ -1051,8 +1099,8 @@ def _build_parser() -> argparse.ArgumentParser:
     ui.set_defaults(func=_cmd_ui, parser=ui)
 
     cancel = sub.add_parser("cancel", help="cancel a run")
-    cancel.add_argument("run_id", metavar="RUN_ID")
-    cancel.add_argument("--reason", metavar="TEXT")
+    cancel.add_argument("run_id", metavar="RUN_ID", help="the run to cancel")
+    cancel.add_argument("--reason", metavar="TEXT", help="why, stored with the cancel request")
     cancel.set_defaults(func=_cmd_cancel, parser=cancel)
     threads = sub.add_parser("threads", help="list graph threads, or prune old ones")
     threads.add_argument("--graph", metavar="NAME", help="only threads of this graph")
@@ -1065,13 +1113,15 @@ def _build_parser() -> argparse.ArgumentParser:
     thread_sub = thread.add_subparsers(dest="thread_command", metavar="COMMAND")
     thread_sub.required = True
     history = thread_sub.add_parser("history", help="a thread's checkpoints, newest first")
-    history.add_argument("thread_id", metavar="THREAD_ID")
+    history.add_argument("thread_id", metavar="THREAD_ID", help="the graph thread")
     history.add_argument("-n", "--limit", default="20", metavar="N", help="rows to show (20)")
     history.add_argument("--json", action="store_true", help="print rows as JSON")
     history.set_defaults(func=_cmd_thread_history, parser=history)
     rewind = thread_sub.add_parser("rewind", help="copy a checkpoint as the thread's new head")
-    rewind.add_argument("thread_id", metavar="THREAD_ID")
-    rewind.add_argument("checkpoint_id", metavar="CHECKPOINT_ID")
+    rewind.add_argument("thread_id", metavar="THREAD_ID", help="the graph thread")
+    rewind.add_argument(
+        "checkpoint_id", metavar="CHECKPOINT_ID", help="the checkpoint to copy (see history)"
+    )
     rewind.set_defaults(func=_cmd_thread_rewind, parser=rewind)
 
     path = sub.add_parser("path", help="print the state directory (or the store URL)")

@@ -1,4 +1,4 @@
-"""Composition: `pipe`/`>>`, `aggregate`, `map`/`amap` (COMP-1 … COMP-27).
+"""Composition: `pipe`/`>>`, `aggregate`, `map`/`amap`.
 
 Composites run as spans of the current run when something is active (a flow
 or any span: adoption), and as independent `pipe`/`aggregate` runs otherwise.
@@ -61,7 +61,7 @@ else:
 
 @dataclass
 class MapResult(Generic[T]):
-    """One item's outcome of `map(..., on_error="collect")` (COMP-26)."""
+    """One item's outcome of `map(..., on_error="collect")`."""
 
     ok: bool
     value: T | None = None
@@ -85,7 +85,7 @@ class _Fanout:
     A watcher adds workers (doubling, up to `limit`) whenever items are
     waiting and none finished during a tick: items that block or wait get
     threads of their own within milliseconds, while quick items run without
-    thread hand-offs. No bounded shared pool sits under the items (ASYNC-7).
+    thread hand-offs. No bounded shared pool sits under the items.
     """
 
     # Long enough that a commit or a checkpoint does not look like a blocked
@@ -193,8 +193,19 @@ def map(
     timeout_per_item: float | None = None,
     on_error: str = "raise",
 ) -> list:
-    """Applies `fn` to every item concurrently; results in input order. In a
-    flow, item `i` of the k-th map journals under scope `map#k[i]`."""
+    """Applies a stage to every item concurrently; returns the results in input order.
+
+    In a flow, the steps of item `i` of the k-th map are journaled under the
+    scope `map#k[i]`, so a resumed flow runs only the items not finished.
+
+    Args:
+        fn: a `@task`, `@agent`, pipeline, aggregate or one-argument function.
+        items: the inputs.
+        max_workers: how many items run at once (default: all).
+        timeout_per_item: seconds per item (`TaskTimeoutError`).
+        on_error: `"raise"` (the first failure by index is raised) or
+            `"collect"` (a `MapResult` per item instead of its value).
+    """
     _check_map_args("map", on_error, max_workers)
     validator = build_validator(fn)
     _engine.check_sync_facade()
@@ -204,11 +215,11 @@ def map(
     frame = FRAME.get()
     run = frame.run if frame is not None else None
     name = stage_name(fn)
-    span, trace = _engine.open_child(frame, "aggregate", f"map({name})")
     scope = frame.scope if frame is not None else ""
     fence = frame.fence if frame is not None else None
-    map_key = run.attempt.next_key(scope, "map", fence) if run is not None else None
     count = len(items)
+    map_key = _open_map(run, scope, count, fence)
+    span, trace = _engine.open_child(frame, "aggregate", f"map({name})")
     outcomes: list[Any] = [None] * count
     failures: list[BaseException | None] = [None] * count
     item_fences = []
@@ -249,6 +260,15 @@ def map(
     return _collect(run, span, on_error, outcomes, failures)
 
 
+def _open_map(run: Any, scope: str, count: int, fence: Any) -> str | None:
+    """The key of a map in a run: a call of its scope that journals no row
+    of its own, checked against the journal with its number of items, so a
+    body that now maps over fewer or more items stops before any runs."""
+    if run is None:
+        return None
+    return run.attempt.open_scope(scope, "map", count, fence)  # type: ignore[no-any-return]
+
+
 def _run_item(
     fn: Callable[[Any], Any],
     name: str,
@@ -259,7 +279,7 @@ def _run_item(
     validator: Callable[[Any, str], Any] | None,
 ) -> Any:
     """One item: validated at its boundary, then an agent or composite in
-    its own span, anything else inside a `<fn>[<i>]` task span (COMP-24)."""
+    its own span, anything else inside a `<fn>[<i>]` task span."""
     if validator is not None:
         item = validator(item, f"map item {index}")
     label = f"{name}[{index}]"
@@ -319,8 +339,7 @@ def _run_item(
 
 
 def _collect(run: Any, span: Any, on_error: str, outcomes: list, failures: list) -> list:
-    """Settles a map: results in input order, or the first failure by index
-    (COMP-25); pauses and other BaseExceptions are never collected."""
+    """Settles a map: results in input order, or the first failure by index; pauses and other BaseExceptions are never collected."""
     if on_error == "collect":
         fatal = next((f for f in failures if f is not None and not isinstance(f, Exception)), None)
         if fatal is not None:
@@ -395,7 +414,7 @@ async def amap(
     timeout_per_item: float | None = None,
     on_error: Literal["raise", "collect"] = "raise",
 ) -> list:
-    """Async twin of `map`, on the caller's loop (COMP-27)."""
+    """Async twin of `map`, on the caller's loop."""
     import asyncio
 
     _check_map_args("amap", on_error, max_workers)
@@ -410,11 +429,11 @@ async def amap(
     frame = FRAME.get()
     run = frame.run if frame is not None else None
     name = stage_name(fn)
-    span, trace = _engine.open_child(frame, "aggregate", f"map({name})")
     scope = frame.scope if frame is not None else ""
     fence = frame.fence if frame is not None else None
-    map_key = run.attempt.next_key(scope, "map", fence) if run is not None else None
     count = len(items)
+    map_key = _open_map(run, scope, count, fence)
+    span, trace = _engine.open_child(frame, "aggregate", f"map({name})")
     gate = asyncio.Semaphore(count if max_workers is None else min(max_workers, count))
 
     async def one(index: int) -> Any:
@@ -519,7 +538,7 @@ async def _arun_item(
 
 
 class Stage(Protocol[In_contra, Out_co]):
-    """Anything callable with one positional argument (COMP-42)."""
+    """Anything callable with one positional argument."""
 
     def __call__(self, x: In_contra, /) -> Out_co: ...
 
@@ -530,7 +549,7 @@ def _is_agent(stage: Any) -> bool:
 
 
 def _call_stage_sync(stage: Any, x: Any) -> Any:
-    """COMP-15: an agent is called (journaled in a flow), a composite nests,
+    """An agent is called (journaled in a flow), a composite nests,
     anything else runs in a `task` span named after it."""
     if _is_agent(stage):
         return stage(x)
@@ -584,7 +603,7 @@ def _bounded_sync(
 ) -> Any:
     """A stage under a timeout from sync code: an async body is cancelled
     cooperatively on the background loop, a sync one is abandoned on its
-    thread (ASYNC-11, FLOW-61)."""
+    thread."""
     if _runs_on_loop(stage):
         import asyncio
 
@@ -754,7 +773,7 @@ class _Composite:
         return _drive.make_run_result(run, outcome)
 
     def run(self, x: Any, budget: Any = None):
-        """An independent top-level run, even inside a flow (COMP-11)."""
+        """An independent top-level run, even inside a flow."""
         _engine.check_sync_facade()
         run, root, meter = self._start(budget)
         if _engine._capture():
@@ -772,7 +791,7 @@ class _Composite:
         return self._settle(run, root, output, None)
 
     async def arun(self, x: Any, budget: Any = None):
-        """Async twin: adopts an active run, else an independent run (COMP-13)."""
+        """Async twin: adopts an active run, else an independent run."""
         from .runs import Run
 
         frame = FRAME.get()
@@ -819,7 +838,7 @@ class _Composite:
 
 
 class Pipeline(_Composite, Generic[_PIn, _POut]):
-    """Stages run one after another (COMP-6, COMP-16)."""
+    """Stages run one after another."""
 
     kind = "pipe"
 
@@ -860,7 +879,7 @@ class Pipeline(_Composite, Generic[_PIn, _POut]):
 
 
 class Aggregate(_Composite, Generic[_PIn]):
-    """Branches run concurrently on the same input (COMP-20, COMP-21)."""
+    """Branches run concurrently on the same input."""
 
     kind = "aggregate"
     output_type = dict
@@ -885,6 +904,7 @@ class Aggregate(_Composite, Generic[_PIn]):
 
         self.input_type = aggregate_input_type([stage_types(b)[0] for b in self.branches.values()])
         self._validators = {k: build_validator(b) for k, b in self.branches.items()}
+        self._branches_digest = _core.step_digest("\0".join(sorted(self.branches)))
 
     def _branch_frames(self) -> tuple[Frame, list[str]]:
         frame = FRAME.get()
@@ -892,7 +912,11 @@ class Aggregate(_Composite, Generic[_PIn]):
         keys = list(self.branches)
         if frame.run is None:
             return frame, [frame.scope] * len(keys)
-        base = frame.run.attempt.next_key(frame.scope, "aggregate", frame.fence)
+        # A call of its scope, checked with its branches' names: a body that
+        # now aggregates other branches stops before any runs.
+        base = frame.run.attempt.open_scope(
+            frame.scope, "aggregate", self._branches_digest, frame.fence
+        )
         return frame, [f"{base}/{k}" for k in keys]
 
     def _timeout_error(self, key: str, cooperative: bool):
@@ -1067,8 +1091,8 @@ def pipe(
     /,
 ) -> Pipeline[_A, _J]: ...
 def pipe(*stages: Any) -> Pipeline:
-    """Chains stages, checking adjacent types before anything runs (COMP-3).
-    A `Pipeline` stage stays one nested stage (COMP-1)."""
+    """Chains stages, checking adjacent types before anything runs.
+    A `Pipeline` stage stays one nested stage."""
     from ._stages import check_pipe
 
     check_pipe(stages)
@@ -1077,7 +1101,7 @@ def pipe(*stages: Any) -> Pipeline:
 
 def chain(left: Any, right: Any) -> Pipeline:
     """`left >> right`: `pipe(left, right)` with `Pipeline` operands
-    flattened, so `a >> b >> c` is one 3-stage pipeline (COMP-5)."""
+    flattened, so `a >> b >> c` is one 3-stage pipeline."""
     from ._stages import check_pipe
 
     flat = _flatten((left, right))
@@ -1091,7 +1115,7 @@ def aggregate(
     **branches: Stage[_AggIn, Any] | Callable[[Any], Any],
 ) -> Aggregate[_AggIn]:
     """Runs every branch on the same input concurrently; returns
-    `{name: output}` in declaration order (COMP-20)."""
+    `{name: output}` in declaration order."""
     if not branches:
         raise CompositionTypeError("aggregate() requires at least 1 branch, got 0")
     if timeout_per_branch is not None and (

@@ -1,4 +1,4 @@
-"""Durable flow primitives (EXT-1 … EXT-12): time, signals, cancellation,
+"""Durable flow primitives: time, signals, cancellation,
 run handles and the worker's entry point.
 
 A wait is a journaled step. The core decides it from the journal and the
@@ -77,7 +77,7 @@ def _seconds(value: Any, what: str) -> float:
 
 
 def sleep(duration: timedelta | float) -> None:
-    """EXT-1: a durable timer inside a flow (journaled `sleep#<n>` = wake
+    """A durable timer inside a flow (journaled `sleep#<n>` = wake
     time); outside a flow, `time.sleep`."""
     seconds = _seconds(duration, "sleep() duration")
     frame = _in_flow()
@@ -115,7 +115,7 @@ def _begin_receive(frame: Frame, name: str, timeout: Any, default: Any, what: st
 
 
 def receive(name: str, *, timeout: timedelta | float | None = None, default: Any = None) -> Any:
-    """EXT-4: the next signal of `name` sent to this run (in send order,
+    """The next signal of `name` sent to this run (in send order,
     journaled as `receive:<name>#<n>`); waits for it. After `timeout`
     without one, `default`."""
     frame = _in_flow()
@@ -136,7 +136,7 @@ async def areceive(
 
 
 def receive_all(name: str) -> list:
-    """EXT-4: every delivered, unconsumed signal of `name`, without waiting;
+    """Every delivered, unconsumed signal of `name`, without waiting;
     consumed and journaled."""
     frame = _in_flow()
     if frame is None:
@@ -146,7 +146,7 @@ def receive_all(name: str) -> list:
 
 
 def await_until(predicate: Any, *, timeout: timedelta | float | None = None) -> bool:
-    """EXT-5: returns `True` once `predicate()` holds, evaluating it now and
+    """Returns `True` once `predicate()` holds, evaluating it now and
     again after every signal delivered to the run; `False` after `timeout`.
     The predicate may read only journal-safe values (results of `receive`,
     `receive_all` and steps). Journaled as `await_until#<n>`, with the
@@ -230,7 +230,7 @@ CONTINUED_KINDS = ("flow", "agent", "graph")
 
 def missing_owner_message(run_id: str, kind: str, name: str, module: str | None) -> str | None:
     """The warning for a due run whose flow, agent or graph is not
-    registered in this process (it is skipped, never failed: EXT-2), else
+    registered in this process (it is skipped, never failed), else
     `None`."""
     if kind == "graph":
         graphs = OWNERS.get("graph")
@@ -243,9 +243,10 @@ def missing_owner_message(run_id: str, kind: str, name: str, module: str | None)
     if kind == "agent":
         if _agent_for(name) is not None:
             return None
+        where = f"import module {module!r}" if module else "import the module that defines it"
         return (
-            f"run {run_id}: agent {name!r} is not registered in this process -- import the "
-            "module that defines it (compose worker --import MODULE); the run is skipped"
+            f"run {run_id}: agent {name!r} is not registered in this process -- {where} "
+            "(compose worker --import MODULE); the run is skipped"
         )
     return None if _flow_for(name) is not None else missing_flow_message(run_id, name, module)
 
@@ -257,7 +258,7 @@ def continue_run(run_id: str) -> Run:
 
 
 def wake_due(now: datetime | None = None) -> list[Run]:
-    """EXT-2: continues in this process every registered run that is due at
+    """Continues in this process every registered run that is due at
     `now` (default: the engine clock): parked runs whose timer passed or
     whose awaited signal arrived, and `running` runs whose lease holder is
     dead. A run whose body raises is failed (as `resume` does), warned
@@ -287,7 +288,7 @@ def wake_due(now: datetime | None = None) -> list[Run]:
 def _continued(kind: str, reason: str) -> bool:
     """Whether a due run is continued here: flows for any reason; an agent
     only when its wait came due, not for crash recovery, which stays with
-    an explicit `resume()` (AGENT-54)."""
+    an explicit `resume()`."""
     return kind == "flow" or (kind in CONTINUED_KINDS and reason != "recovered")
 
 
@@ -368,7 +369,7 @@ def _stage_of(stage: Any, frame: Frame):
 
 
 def start(stage: Any, *args: Any, **kwargs: Any) -> StepHandle:
-    """EXT-6: reserves the key a direct call of `stage` would take, runs the
+    """Reserves the key a direct call of `stage` would take, runs the
     step concurrently and returns its `StepHandle`. A journaled step's handle
     is resolved at once (replay)."""
     frame = _in_flow()
@@ -422,7 +423,7 @@ def start(stage: Any, *args: Any, **kwargs: Any) -> StepHandle:
 
 
 def gather(*handles: StepHandle, return_exceptions: bool = False) -> list:
-    """EXT-6: the results of `handles`, in order; with `return_exceptions`,
+    """The results of `handles`, in order; with `return_exceptions`,
     a failed step's exception takes its place."""
     out = []
     for handle in handles:

@@ -1,4 +1,4 @@
-"""The exception hierarchy of composeai (ERR-1)."""
+"""The exception hierarchy of composeai."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ class ResumeMismatchError(ComposeError):
 class NondeterminismError(ComposeError):
     """A resumed (or replayed) body no longer makes the calls its run
     journaled: at journal key `key` the run recorded `recorded` and the body
-    now makes `called` (issue 27). Nothing new is journaled; the run resumes
+    now makes `called`. Nothing new is journaled; the run resumes
     once the code that made the journaled calls is back."""
 
     def __init__(

@@ -1,4 +1,4 @@
-"""Streaming events and the event bus (AGENT-80, AGENT-81).
+"""Streaming events and the event bus.
 
 The engine reports progress (spans, text deltas, tool calls, run outcome) as
 `Event`s on the *ambient* `EventBus`, if any. `emit()` is on the engine's hot
@@ -69,6 +69,7 @@ if TYPE_CHECKING:
         "paused",
         "run_finished",
     ]
+    """The kinds of `Event` a run emits, as a `Literal` of their names."""
 
 
 def __getattr__(name: str) -> Any:
@@ -89,7 +90,7 @@ _EVENT_FACTORIES = {"ts": time.time}
 
 
 class Event:
-    """One thing that happened during a run (AGENT-80, AGENT-82)."""
+    """One thing that happened during a run."""
 
     # `@dataclass(frozen=True, slots=True)`, written out; see `_dataclass`.
     __slots__ = _EVENT_FIELDS
@@ -231,7 +232,7 @@ class EventBus:
 
 
 class Subscription:
-    """A blocking iterator over a bus's events (AGENT-81).
+    """A blocking iterator over a bus's events.
 
     Iteration stops once the queue is drained after the bus closed or after
     `close()`: closing stops new deliveries but keeps what was already
@@ -309,7 +310,7 @@ class Subscription:
 
 class AsyncSubscription:
     """An async iterator over a bus's events, bound to the event loop that was
-    running when it was created (AGENT-81).
+    running when it was created.
 
     Producers on any thread append under the bus lock and, when a consumer is
     waiting, wake it with `loop.call_soon_threadsafe` (one wake-up per batch).

@@ -1,4 +1,4 @@
-"""`@task`, `@flow`, `now()`/`random()` and `resume()` (FLOW-1 … FLOW-61)."""
+"""`@task`, `@flow`, `now()`/`random()` and `resume()`."""
 
 from __future__ import annotations
 
@@ -97,7 +97,11 @@ def _args_payload(args: tuple, kwargs: dict) -> dict:
 
 
 class Task(_core.TaskCall, Generic[P, R]):
-    """A journaled unit of work (FLOW-1 … FLOW-7)."""
+    """A task made by `@task`: call it like the function it wraps.
+
+    Inside a flow a call is a journaled step; `await task.arun(...)` is the
+    async form. `name` is the journal name.
+    """
 
     def __init__(
         self,
@@ -225,7 +229,7 @@ class Task(_core.TaskCall, Generic[P, R]):
                 attempt += 1
 
     async def arun(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        """Async twin of calling the task, on the caller's loop (FLOW-7)."""
+        """Async twin of calling the task, on the caller's loop."""
         frame = FRAME.get()
         if frame is not None and frame.run is not None:
             return await _engine.ajournaled_step(
@@ -279,8 +283,22 @@ def task(
     retry: Any = None,
 ) -> _TaskDecorator: ...
 def task(fn=None, /, *, retries=0, timeout=None, name=None, replace=False, retry=None):
-    """Declares a journaled task, bare or with keyword options (FLOW-1);
-    `retry=RetryPolicy(...)` instead of `retries=` (EXT-9)."""
+    """Declares a task: a step whose value a flow journals.
+
+    Usable bare (`@task`) or with keyword options. Inside a flow each call is
+    journaled under `<name>#<n>` and replayed from the journal on resume;
+    outside any flow a call simply runs (traced, not journaled).
+
+    Args:
+        retries: attempts again at once after an exception, this many times.
+        timeout: seconds per attempt; a sync body is raced on a thread, an
+            async one cancelled; raises `TaskTimeoutError`.
+        name: the journal name (default: the function's name); unique per
+            process.
+        replace: rebind a name that is already registered.
+        retry: a `RetryPolicy` (backoff, jitter, which exceptions), instead
+            of `retries=`.
+    """
 
     def decorate(f: Callable[..., Any]) -> Task:
         task_name = name or f.__name__
@@ -311,7 +329,7 @@ def task(fn=None, /, *, retries=0, timeout=None, name=None, replace=False, retry
 
 
 def _fingerprint(fn: Callable) -> str:
-    """SHA-256 of the dedented source (FLOW-9), hashed in the core."""
+    """SHA-256 of the dedented source, hashed in the core."""
     import inspect
     import textwrap
 
@@ -323,7 +341,14 @@ def _fingerprint(fn: Callable) -> str:
 
 
 class Flow(Generic[P, R]):
-    """A durable run (FLOW-8 … FLOW-12)."""
+    """A durable flow made by `@flow`.
+
+    `flow_fn(...)` runs it and returns its output; `run()` returns the `Run`
+    (`completed`, `paused` or `cancelled`; a failure raises); `start()`
+    executes it in the background and returns a `RunHandle`; `stream()`
+    yields its events; `arun()` is the async form. `name` and `fingerprint`
+    (a hash of the source, checked on resume) identify its code.
+    """
 
     def __init__(
         self,
@@ -397,11 +422,18 @@ class Flow(Generic[P, R]):
             "run's budget governs); set it on the outer run"
         )
 
+    @property
+    def _module(self) -> str | None:
+        """The importable module defining the flow, recorded with each run so an
+        error in another process can name the import (None for a script's
+        `__main__`, which no other process can import by that name)."""
+        return _engine.importable_module(self.fn)
+
     def _start(self, args: tuple, kwargs: dict, budget: Any, wait: bool = True):
         args_json = _codec.dumps(_args_payload(args, kwargs))
         budget_json = _engine.budget_json(budget)
         attempt = _engine.get_store().start_run(
-            "flow", self.name, self.fingerprint, args_json, budget_json
+            "flow", self.name, self.fingerprint, args_json, budget_json, module=self._module
         )
         run = _engine.RunState(attempt, self.name, not wait)
         return run, _engine.budget_meter(budget, "flow", self.name)
@@ -410,7 +442,7 @@ class Flow(Generic[P, R]):
         args_json = _codec.dumps(_args_payload(args, kwargs))
         budget_json = _engine.budget_json(budget)
         attempt = await _drive.astart_run(
-            "flow", self.name, self.fingerprint, args_json, budget_json
+            "flow", self.name, self.fingerprint, args_json, budget_json, module=self._module
         )
         run = _engine.RunState(attempt, self.name, not wait)
         return run, _engine.budget_meter(budget, "flow", self.name)
@@ -454,7 +486,7 @@ class Flow(Generic[P, R]):
         return self._after(run, _drive.make_run_result(run, outcome))
 
     def _after(self, run, result):
-        """A blocking driver carries on after a retry backoff (EXT-8)."""
+        """A blocking driver carries on after a retry backoff."""
         if self.retry is not None and not run.park:
             from ._waits import is_retry_park
 
@@ -507,7 +539,7 @@ class Flow(Generic[P, R]):
 
     def run(self, *args: Any, budget: Any = None, wait: bool = True, **kwargs: Any) -> Run[R]:
         """Starts a new top-level durable run, even inside another flow.
-        `wait=False`: durable waits park the run instead of blocking (EXT-1)."""
+        `wait=False`: durable waits park the run instead of blocking."""
         _engine.check_sync_facade()
         run, meter = self._start(args, kwargs, budget, wait)
         return self._drive(run, args, kwargs, meter)
@@ -522,9 +554,9 @@ class Flow(Generic[P, R]):
         dedup_id: str | None = None,
         **kwargs: Any,
     ):
-        """EXT-11: creates the run durably, executes it on a background thread
+        """Creates the run durably, executes it on a background thread
         of this process and returns its `RunHandle` at once. With `queue`
-        (STORE-20) the run is created `queued` and a worker executes it."""
+        the run is created `queued` and a worker executes it."""
         _engine.check_sync_facade()
         if queue is not None:
             return start_queued(self, args, kwargs, budget, queue, priority, dedup_id)
@@ -535,7 +567,7 @@ class Flow(Generic[P, R]):
         return start_in_background(self, args, kwargs, budget, wait)
 
     def stream(self, *args: Any, budget: Any = None, **kwargs: Any) -> RunStream[R]:
-        """Runs `.run()` on a background thread with a fresh event bus (FLOW-10)."""
+        """Runs `.run()` on a background thread with a fresh event bus."""
         from ._streams import RunStream
 
         return RunStream.start(lambda: self.run(*args, budget=budget, **kwargs), cancellable=True)
@@ -543,7 +575,7 @@ class Flow(Generic[P, R]):
     async def arun(
         self, *args: Any, budget: Any = None, wait: bool = True, **kwargs: Any
     ) -> Run[R]:
-        """Async twin of `run`; nested (one step) when a flow is active (FLOW-50)."""
+        """Async twin of `run`; nested (one step) when a flow is active."""
         frame = FRAME.get()
         if frame is not None and frame.run is not None:
             if budget is not None:
@@ -609,14 +641,28 @@ def flow(
     durability=None,
     on_divergence="raise",
 ):
-    """Declares a durable flow, bare or with keyword options (FLOW-8).
-    `journal_failures=True`: failed steps raise a journaled `TaskFailed`
-    (EXT-7); `retry=RetryPolicy(...)`: the engine re-attempts a failed run
-    after a durable backoff (EXT-8); `durability="batch"`: steps are
-    group-committed in the background (default `"step"`, or
-    `COMPOSE_DURABILITY`); `on_divergence="warn"`: a resumed body whose
-    calls no longer match its journal warns (`NondeterminismWarning`)
-    instead of raising `NondeterminismError` (issue 27)."""
+    """Declares a durable flow: a function whose steps are journaled.
+
+    Usable bare (`@flow`) or with keyword options (`@flow(name=...)`). Calling
+    the flow runs it and returns its output; `.run()` returns the `Run`.
+    Inside another flow, a call is one nested, journaled step.
+
+    Args:
+        name: the registered name (default: the function's name); unique per
+            process, as `resume()` finds a run's code by it.
+        replace: rebind a name that is already registered.
+        journal_failures: a step that fails after its retries raises a
+            journaled `TaskFailed` inside the body (replayed as the same
+            failure) instead of failing the run.
+        retry: a `RetryPolicy`: the engine re-attempts a failed run after a
+            durable backoff.
+        durability: `"step"` (each step's record is committed before its
+            value is handed back) or `"batch"` (records are group-committed
+            in the background); default: `COMPOSE_DURABILITY`, else `"step"`.
+        on_divergence: `"raise"` (a resumed body whose calls no longer match
+            its journal raises `NondeterminismError`) or `"warn"` (it warns
+            with `NondeterminismWarning` and carries on).
+    """
     if durability is not None:
         _engine.check_durability(durability, "@flow(durability=...)")
     if on_divergence not in ("raise", "warn"):
@@ -655,7 +701,7 @@ def flow(
 
 
 def reset_registries() -> None:
-    """Forgets every registered task, flow, graph and queue name (TEST-50)."""
+    """Forgets every registered task, flow, graph and queue name."""
     _TASKS.clear()
     _FLOWS.clear()
     for registry in REGISTRIES:
@@ -681,22 +727,22 @@ def _draw() -> float:
 
 
 def now():
-    """The current UTC time, journaled once per call inside a flow (FLOW-22)."""
+    """The current UTC time, journaled once per call inside a flow."""
     _engine.check_sync_facade()
     return _engine.journaled_value("now", _utc_now)
 
 
 def random() -> float:
-    """A float in [0, 1), journaled once per call inside a flow (FLOW-23)."""
+    """A float in [0, 1), journaled once per call inside a flow."""
     _engine.check_sync_facade()
     return _engine.journaled_value("random", _draw)
 
 
 async def anow():
-    """Async twin of `now()`, sharing its keys (FLOW-24)."""
+    """Async twin of `now()`, sharing its keys."""
     return _engine.journaled_value("now", _utc_now)
 
 
 async def arandom() -> float:
-    """Async twin of `random()`, sharing its keys (FLOW-24)."""
+    """Async twin of `random()`, sharing its keys."""
     return _engine.journaled_value("random", _draw)

@@ -1,4 +1,4 @@
-"""Tool-call interception: `BeforeTool` and `ToolInterceptor` (AGENT-46)."""
+"""Tool-call interception: `BeforeTool` and `ToolInterceptor`."""
 
 from __future__ import annotations
 

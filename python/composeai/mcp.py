@@ -1,4 +1,4 @@
-"""Tools served by MCP servers (MCP-1 … MCP-9).
+"""Tools served by MCP servers.
 
 Each `mcp_tools()` call opens one connection (stdio or streamable HTTP) and
 keeps it for the life of the process on an event loop of its own, in a
@@ -68,7 +68,7 @@ class _Connection:
     # -- lifecycle -----------------------------------------------------------
 
     def open(self, connect_timeout: float) -> None:
-        """Connect and `initialize()` within `connect_timeout` (MCP-3)."""
+        """Connect and `initialize()` within `connect_timeout`."""
         import asyncio
         import concurrent.futures
 
@@ -183,7 +183,7 @@ async def _list_all(session: Any) -> list[Any]:
 
 
 def render_result(result: Any) -> str:
-    """MCP-6: the text a call result hands to the model."""
+    """The text a call result hands to the model."""
     blocks = list(result.content or ())
     structured = getattr(result, "structuredContent", None)
     has_text = any(getattr(b, "type", None) == "text" for b in blocks)
@@ -234,7 +234,7 @@ def _select(
     exclude: Sequence[str],
     requires_approval: bool | Sequence[str],
 ) -> list[tuple[Any, bool]]:
-    """MCP-4: the server's tools to offer, in server order, each with its
+    """The server's tools to offer, in server order, each with its
     approval flag."""
     names = [t.name for t in listed]
     dups = sorted(n for n, k in Counter(names).items() if k > 1)
@@ -296,7 +296,7 @@ def mcp_tools(
     timeout: float | None = None,
     connect_timeout: float = 30.0,
 ) -> list[Tool]:
-    """Connect to an MCP server and return its tools as `Tool`s (MCP-1 … MCP-5)."""
+    """Connect to an MCP server and return its tools as `Tool`s."""
     if (command is None) == (url is None):
         raise ConfigError(
             "mcp_tools() requires exactly one of command= (stdio) or url= (streamable HTTP)"
@@ -372,7 +372,7 @@ def _register(conn: _Connection) -> None:
 
 
 def close_all() -> None:
-    """Close every live MCP connection (idempotent, never raises) (MCP-9)."""
+    """Close every live MCP connection (idempotent, never raises)."""
     with _live_lock:
         conns = list(_live)
         _live.clear()

@@ -1,4 +1,4 @@
-"""Conversation message types and token usage (AGENT-60 … AGENT-65)."""
+"""Conversation message types and token usage."""
 
 from __future__ import annotations
 
@@ -26,12 +26,16 @@ _M = TypeVar("_M", bound=BaseModel)
 
 
 class TextPart(BaseModel):
+    """Text in a message."""
+
     model_config = _FROZEN
     type: Literal["text"] = "text"
     text: str
 
 
 class ImagePart(BaseModel):
+    """An image in a message: base64 `data` or a `url` (exactly one), of `media_type`."""
+
     model_config = _FROZEN
     type: Literal["image"] = "image"
     media_type: str
@@ -46,6 +50,9 @@ class ImagePart(BaseModel):
 
 
 class ToolCallPart(BaseModel):
+    """The model asking for a tool call: the tool's `name`, its `arguments`, and the
+    call's `id` that the result refers to."""
+
     model_config = _FROZEN
     type: Literal["tool_call"] = "tool_call"
     id: str
@@ -54,6 +61,9 @@ class ToolCallPart(BaseModel):
 
 
 class ToolResultPart(BaseModel):
+    """The result of the tool call `tool_call_id` sent back to the model; `is_error`
+    marks a failure, a denial or a blocked call."""
+
     model_config = _FROZEN
     type: Literal["tool_result"] = "tool_result"
     tool_call_id: str
@@ -62,6 +72,9 @@ class ToolResultPart(BaseModel):
 
 
 class ThinkingPart(BaseModel):
+    """The model's reasoning, with the provider's opaque token that lets it be sent
+    back on the next turn."""
+
     model_config = _FROZEN
     type: Literal["thinking"] = "thinking"
     text: str = ""
@@ -73,6 +86,7 @@ ContentPart = Annotated[
     TextPart | ImagePart | ToolCallPart | ToolResultPart | ThinkingPart,
     Field(discriminator="type"),
 ]
+"""Any part of a message, told apart by its `type` field."""
 
 
 def _parts(text_or_parts: str | list[Any]) -> list[Any]:
@@ -82,6 +96,12 @@ def _parts(text_or_parts: str | list[Any]) -> list[Any]:
 
 
 class Message(BaseModel):
+    """One message of a conversation: its `role` and its `parts`.
+
+    `Message.user(text)` and `Message.assistant(text)` make a text message;
+    `text` joins the message's text parts.
+    """
+
     model_config = _FROZEN
     role: Literal["user", "assistant"]
     parts: list[ContentPart]
@@ -153,6 +173,9 @@ _PART_TYPES = frozenset((TextPart, ImagePart, ToolCallPart, ToolResultPart, Thin
 
 
 class StopReason(str, Enum):
+    """Why the model stopped: it finished, ran out of tokens, asked for tools,
+    refused, failed, or another reason (`raw_stop_reason` has the provider's)."""
+
     END_TURN = "end_turn"
     MAX_TOKENS = "max_tokens"
     TOOL_USE = "tool_use"

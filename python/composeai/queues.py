@@ -1,4 +1,4 @@
-"""Queues (STORE-20 … STORE-23): `Queue` declares one; `Flow.start(queue=…)`
+"""Queues: `Queue` declares one; `Flow.start(queue=…)`
 and `Queue.enqueue` create `queued` runs that `compose worker --queue NAME`
 executes.
 
@@ -56,7 +56,21 @@ def _rate_limit(value: Any, name: str) -> tuple[int, float] | None:
 
 
 class Queue:
-    """A named queue of flow runs (process-global registry)."""
+    """Declares a named queue of flow runs that workers execute.
+
+    `flow_fn.start(*args, queue=name)` (or `enqueue(flow_fn, *args)`) adds a
+    run; `compose worker --queue NAME` executes them. A queue is declared once
+    per process; declaring the same name with other limits is a
+    `ConfigError`.
+
+    Args:
+        name: the queue's name.
+        concurrency: runs of this queue executing at once, across all workers.
+        worker_concurrency: runs of this queue executing at once per worker.
+        priority: claim lower `priority=` values first (else in arrival order).
+        rate_limit: `(n, seconds)`: at most `n` starts per window, across all
+            workers.
+    """
 
     def __init__(
         self,
@@ -143,6 +157,7 @@ def start_queued(
         _engine.budget_json(budget),
         priority,
         dedup_id,
+        flow_obj._module,
     )
     return RunHandle(run_id)
 

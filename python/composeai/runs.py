@@ -1,5 +1,5 @@
-"""`Run` results and `Budget` (AGENT-55, BUDGET-1), and the streams of a run
-(AGENT-90 …). The classes live below the engine (`_values`, `_streams`); this
+"""`Run` results and `Budget`, and the streams of a run.
+The classes live below the engine (`_values`, `_streams`); this
 module is where the spec names them."""
 
 from __future__ import annotations

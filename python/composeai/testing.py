@@ -1,4 +1,4 @@
-"""Test kit: a scripted fake model, request hashes and registry reset (testing.md).
+"""Test kit: a scripted fake model, request hashes and registry reset.
 
 Nothing here needs a provider SDK.
 """
@@ -95,19 +95,35 @@ _DEFAULT_USAGE = Usage(input_tokens=10, output_tokens=20, cost_complete=False)
 
 
 class FakeModel:
-    """A scripted ``Model``: one script item is consumed per call (TEST-1 … TEST-5).
+    """A scripted ``Model``: one script item is consumed per call.
 
     Item forms: a ``str`` (text reply), ``{"tool_calls": [...], "text": ...}``,
     ``{"json": payload}``, a ``ModelResponse`` (returned unchanged) or a callable taking the
     ``ModelRequest`` and returning one of the former. Every request is recorded in
     ``requests``. There is deliberately no ``model_id`` attribute.
+
+    The script follows the conversation, so a run resumed in a fresh process (after an
+    approval pause or a crash) continues where it is: the n-th model turn of an agent's
+    conversation gets the n-th item. When a request's conversation holds assistant turns
+    this FakeModel did not answer itself, and the next script items are the ones that
+    produced them (same text, same tool calls; a callable item counts as the same), those
+    items are skipped as already used. History written by hand that does not match the
+    script skips nothing, so a script holding only the remaining replies works too.
+
+    A dict item with a key outside ``tool_calls``/``text``/``json`` (or a tool call with
+    a key outside ``name``/``arguments``/``id``) raises ``ConfigError`` here, naming it.
     """
 
     def __init__(self, script: list, *, usage: Usage | None = None) -> None:
+        for item in script:
+            _check_keys(item)
         self.script = list(script)
         self.requests: list[ModelRequest] = []
         self._usage = usage
         self._lock = threading.Lock()
+        # Per conversation (keyed by its system prompt and first message): how many of
+        # its assistant turns this instance accounted for.
+        self._turns: dict[tuple, int] = {}
 
     def __repr__(self) -> str:
         return f"FakeModel(<{len(self.script)} scripted item(s) left>)"
@@ -115,6 +131,17 @@ class FakeModel:
     def _next_item(self, request: ModelRequest) -> Any:
         with self._lock:
             self.requests.append(request)
+            messages = request.messages
+            replies = [m for m in messages if m.role == "assistant"]
+            if messages:
+                first = messages[0]
+                key: tuple = (request.system, first.role, len(first.parts), first.text)
+                unseen = replies[self._turns.get(key, 0) :]
+                # Turns answered by an earlier process: their items were used there.
+                while unseen and self.script and _produced(self.script[0], unseen[0]):
+                    self.script.pop(0)
+                    unseen.pop(0)
+                self._turns[key] = len(replies) + 1
             if not self.script:
                 raise ComposeError(
                     f"FakeModel script exhausted after {len(self.requests)} request(s): "
@@ -137,6 +164,7 @@ class FakeModel:
                 Message.assistant(item), StopReason.END_TURN, "end_turn", usage, request.model
             )
         if isinstance(item, dict):
+            _check_keys(item)
             if "tool_calls" in item:
                 return self._tool_calls(item, request, usage)
             if "json" in item:
@@ -196,6 +224,59 @@ def _unrecognized(item: Any) -> ComposeError:
     return ComposeError(f"FakeModel: unrecognized script item {item!r}")
 
 
+_ITEM_KEYS = ("tool_calls", "text", "json")
+_CALL_KEYS = ("name", "arguments", "id")
+
+
+def _check_keys(item: Any) -> None:
+    """Refuses a misspelt key in a dict item or one of its tool calls."""
+    if type(item) is not dict:
+        return
+    for key in item:
+        if key not in _ITEM_KEYS:
+            raise ConfigError(
+                f"FakeModel: unknown key {key!r} in script item {item!r}; "
+                f"valid keys: {', '.join(_ITEM_KEYS)}"
+            )
+    calls = item.get("tool_calls")
+    if isinstance(calls, (list, tuple)):
+        for call in calls:
+            if isinstance(call, dict):
+                for key in call:
+                    if key not in _CALL_KEYS:
+                        raise ConfigError(
+                            f"FakeModel: unknown key {key!r} in tool call {call!r}; "
+                            f"valid keys: {', '.join(_CALL_KEYS)}"
+                        )
+
+
+def _produced(item: Any, message: Message) -> bool:
+    """Whether script item ``item`` yields the assistant ``message``."""
+    if callable(item) and not isinstance(item, ModelResponse):
+        return True
+    if isinstance(item, ModelResponse):
+        return item.message == message
+    if isinstance(item, str):
+        return message.text == item and not any(isinstance(p, ToolCallPart) for p in message.parts)
+    if isinstance(item, dict):
+        if "tool_calls" in item and isinstance(item["tool_calls"], (list, tuple)):
+            made = [p for p in message.parts if isinstance(p, ToolCallPart)]
+            wanted = item["tool_calls"]
+            if len(made) != len(wanted) or (item.get("text") or "") != message.text:
+                return False
+            for part, call in zip(made, wanted):
+                if not isinstance(call, dict) or part.name != call.get("name"):
+                    return False
+                if part.arguments != (call.get("arguments") or {}):
+                    return False
+                if call.get("id") and part.id != call["id"]:
+                    return False
+            return True
+        if "json" in item:
+            return message.text == json.dumps(item["json"])
+    return False
+
+
 # --------------------------------------------------------------------------- cassettes (TEST-20 …)
 
 CASSETTE_VERSION = 2
@@ -214,7 +295,7 @@ _cassette_active = False
 
 
 def _cassette_entry(request: ModelRequest, response: ModelResponse) -> dict[str, Any]:
-    """One cassette entry (TEST-21): both hashes, the request's conversation, the response."""
+    """One cassette entry: both hashes, the request's conversation, the response."""
     from composeai import _codec
 
     return {
@@ -231,7 +312,7 @@ def _cassette_entry(request: ModelRequest, response: ModelResponse) -> dict[str,
 
 class RecordingModel:
     """Passes every call through to ``inner`` and appends one cassette entry per completed
-    call to ``entries`` (TEST-20). Stream methods exist only where ``inner`` has them; a
+    call to ``entries``. Stream methods exist only where ``inner`` has them; a
     stream is recorded from its ``response_done`` event."""
 
     def __init__(self, inner: Any, entries: list[dict[str, Any]]) -> None:
@@ -274,7 +355,7 @@ class RecordingModel:
 
 
 class ReplayModel:
-    """Answers requests from recorded cassette entries, each used at most once (TEST-24):
+    """Answers requests from recorded cassette entries, each used at most once:
     the first unused entry whose ``full_hash`` matches, else the first unused whose
     ``message_hash`` matches (exported cassettes carry no full hash)."""
 
@@ -325,8 +406,8 @@ class ReplayModel:
 
 @contextlib.contextmanager
 def _intercept_resolve(make: Callable[[Any], Any]) -> Iterator[None]:
-    """Swaps ``registry.resolve`` for ``make(original)`` for the block (PROV-3), refusing a
-    second active cassette context before anything is touched (TEST-25)."""
+    """Swaps ``registry.resolve`` for ``make(original)`` for the block, refusing a
+    second active cassette context before anything is touched."""
     global _cassette_active
     from composeai.models import registry
 
@@ -346,7 +427,7 @@ def _intercept_resolve(make: Callable[[Any], Any]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def record_cassette(path: str | os.PathLike[str]) -> Iterator[list[dict[str, Any]]]:
-    """Record every model call made in the block to the cassette at ``path`` (TEST-20).
+    """Record every model call made in the block to the cassette at ``path``.
 
     The file is written when the block exits, also when it raised, in full regardless of
     ``COMPOSE_TRACE_CONTENT``. Yields the list of entries recorded so far.
@@ -391,7 +472,7 @@ def _read_cassette(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 @contextlib.contextmanager
 def replay_cassette(path: str | os.PathLike[str]) -> Iterator[ReplayModel]:
-    """Answer every model call in the block from the cassette at ``path`` (TEST-23): every
+    """Answer every model call in the block from the cassette at ``path``: every
     model resolves to one shared ``ReplayModel``; no adapter or SDK is constructed."""
     with _cassette_lock:
         if _cassette_active:
@@ -402,7 +483,7 @@ def replay_cassette(path: str | os.PathLike[str]) -> Iterator[ReplayModel]:
 
 
 def _use_cassette(path: str | os.PathLike[str]) -> contextlib.AbstractContextManager[Any]:
-    """TEST-30: ``COMPOSE_RECORD=1`` records (overwriting); else an existing file replays;
+    """``COMPOSE_RECORD=1`` records (overwriting); else an existing file replays;
     else the block runs live, untouched."""
     if os.environ.get("COMPOSE_RECORD") == "1":
         return record_cassette(path)
@@ -417,7 +498,7 @@ def _make_cassette_fixture() -> Any:
     @pytest.fixture
     def cassette() -> Iterator[Callable[[str | os.PathLike[str]], Any]]:
         """Yields ``use(path)``: a context manager that records, replays or passes through
-        model calls per ``COMPOSE_RECORD`` and whether ``path`` exists (TEST-30)."""
+        model calls per ``COMPOSE_RECORD`` and whether ``path`` exists."""
         yield _use_cassette
 
     return cassette
@@ -446,7 +527,7 @@ def __getattr__(name: str) -> Any:
 
 
 def reset_registries() -> None:
-    """Forget every ``@agent``, ``@flow`` and ``@task`` name (TEST-50)."""
+    """Forget every ``@agent``, ``@flow`` and ``@task`` name."""
     # (``composeai.flow`` the attribute is the @flow decorator, so import the function.)
     from composeai.flow import reset_registries as reset_flows_and_tasks
 
@@ -505,6 +586,6 @@ class _FakeClockContext:
 
 
 def fake_clock(start=None) -> _FakeClockContext:
-    """EXT-12: replaces the engine clock process-wide for the `with` block
+    """Replaces the engine clock process-wide for the `with` block
     (`start`: an aware datetime, default now); yields a `FakeClock`."""
     return _FakeClockContext(start)

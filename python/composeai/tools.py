@@ -1,9 +1,9 @@
-"""`@tool` and `Tool` (AGENT-30 … AGENT-37).
+"""`@tool` and `Tool`.
 
 A `Tool` wraps either a local function (``fn`` + a pydantic ``param_model`` built from its
 signature) or a remote executor (MCP, ``executor=``). The agent loop drives it through
 :meth:`Tool.execute` / :meth:`Tool.aexecute`; the per-call span, the ``timeout=`` race and the
-conversion of failures into ``is_error`` results (AGENT-35 … AGENT-37) belong to the loop, so
+conversion of failures into ``is_error`` results belong to the loop, so
 both methods here simply propagate validation errors and body exceptions.
 
 Importing this module imports pydantic (tools are agent-side).
@@ -55,7 +55,7 @@ _ARG_LINE = re.compile(r"^([ \t]+)([^\W\d]\w*)\s*:\s*(.*)$")
 
 
 def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
-    """Split a docstring into ``(description, {arg name: arg description})`` (AGENT-31).
+    """Split a docstring into ``(description, {arg name: arg description})``.
 
     The docstring is cleaned with :func:`inspect.cleandoc`. The first line whose stripped text
     is exactly ``Args:`` opens the argument section; the description is everything before it
@@ -124,7 +124,7 @@ def _seal(node: Any) -> Any:
 
 
 def seal_schema(schema: dict) -> dict:
-    """Seal a JSON Schema (AGENT-33); returns a new dict, ``schema`` is not modified.
+    """Seal a JSON Schema; returns a new dict, ``schema`` is not modified.
 
     Recursively drops every ``title`` whose value is a string, and gives every
     ``"type": "object"`` schema ``additionalProperties: false`` unless it already holds a
@@ -137,13 +137,13 @@ def seal_schema(schema: dict) -> dict:
 
 
 def _model_name(tool_name: str) -> str:
-    """``count_words`` → ``CountWordsParams`` (AGENT-33)."""
+    """``count_words`` → ``CountWordsParams``."""
     words = re.split(r"[\W_]+", tool_name)
     return "".join(word.capitalize() for word in words if word) + "Params"
 
 
 def _type_hints(fn: Callable[..., Any], include_extras: bool) -> dict[str, Any]:
-    """``typing.get_type_hints``; falling back to the raw signature annotations (AGENT-6)."""
+    """``typing.get_type_hints``; falling back to the raw signature annotations."""
     import typing
 
     try:
@@ -215,14 +215,19 @@ def _input_schema(param_model: Any, arg_docs: dict[str, str]) -> dict:
 
 
 def _render(value: Any) -> str:
-    """A tool result as model-facing text (AGENT-35)."""
+    """A tool result as model-facing text."""
     if isinstance(value, str):
         return value if type(value) is str else str.__str__(value)
     return json.dumps(_codec.encode(value))
 
 
 class Tool(Generic[P, R]):
-    """A function (or remote operation) the model can call (AGENT-34)."""
+    """A function (or remote operation, such as an MCP tool) the model can call.
+
+    Made by `@tool` or `mcp_tools()`. `spec` is what the model is sent
+    (`name`, description, `input_schema`); `execute(arguments)` and
+    `aexecute(arguments)` validate the arguments and return the result text.
+    """
 
     fn: Callable[..., Any] | None
     spec: ToolSpec
@@ -320,7 +325,7 @@ class Tool(Generic[P, R]):
         return tuple(args[:keep]), kwargs
 
     def execute(self, arguments: dict[str, Any]) -> str:
-        """Run the tool with model-supplied ``arguments``; returns the result text (AGENT-35).
+        """Run the tool with model-supplied ``arguments``; returns the result text.
 
         Validation errors and exceptions from the body propagate. An ``async def`` body runs
         on the background loop.
@@ -352,7 +357,7 @@ class Tool(Generic[P, R]):
         return _render(body())
 
     async def aexecute(self, arguments: dict[str, Any]) -> str:
-        """Await an ``async`` tool with model-supplied ``arguments`` (AGENT-35)."""
+        """Await an ``async`` tool with model-supplied ``arguments``."""
         if not self._is_async:
             raise ConfigError(
                 f"tool '{self.spec.name}' is not async (its body is a plain function); "
@@ -379,7 +384,7 @@ class Tool(Generic[P, R]):
 
 
 def _with_policy(policy: Any, body: Callable[[], Any]) -> Any:
-    """Runs a tool body as its `RetryPolicy` says (EXT-9)."""
+    """Runs a tool body as its `RetryPolicy` says."""
     import time
 
     attempt = 1
@@ -409,7 +414,7 @@ def _record_retry(exc: Exception, delay: float) -> float:
 
 def _stage_types(fn: Callable[..., Any]) -> tuple[Any, Any]:
     """``(input_type, output_type)``: first positional parameter's annotation and the return
-    annotation, each ``Any`` when absent (AGENT-34)."""
+    annotation, each ``Any`` when absent."""
     hints = _type_hints(fn, include_extras=False)
     input_type: Any = Any
     params: Iterable[inspect.Parameter]
@@ -501,10 +506,22 @@ def tool(
     timeout: float | None = None,
     retry: Any = None,
 ) -> Any:
-    """Expose a function to the model as a tool (AGENT-30 … AGENT-33).
+    """Exposes a function to the model as a tool.
 
-    Usable bare (``@tool``) or with keyword-only options (``@tool(name=..., ...)``);
-    ``retry=RetryPolicy(...)`` re-runs a failing body (EXT-9).
+    The model sees the tool's name, its description (the docstring up to an
+    `Args:` section) and a JSON Schema of its typed parameters, each described
+    by its `Args:` entry. The result is a `Tool`, still callable as the
+    function. A tool without a docstring or with `*args`/`**kwargs` is a
+    `ConfigError`.
+
+    Args:
+        name: the name the model calls (default: the function's name).
+        description: the description, instead of the docstring's.
+        requires_approval: pause the run before each call until a person (or
+            an `approver=`) answers the interrupt `tool:<name>:<call id>`;
+            a denial sends the model `"denied by user"`.
+        timeout: seconds per call; a timeout is the call's (error) result.
+        retry: a `RetryPolicy` re-running a failing body.
     """
     if fn is not None:
         return _make_tool(fn, name, description, requires_approval, timeout, retry)

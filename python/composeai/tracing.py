@@ -1,4 +1,4 @@
-"""Spans and traces (OBS-10 … OBS-25)."""
+"""Spans and traces."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ __all__ = ["ErrorInfo", "Span", "Trace", "render_trace", "render_trace_mermaid"]
 
 
 class ErrorInfo:
+    """The error a span ended with: its exception `type`, `message` and
+    `stacktrace` (empty for spans read back from the store)."""
+
     # `@dataclass(slots=True)`, written out; see `_dataclass`.
     __slots__ = ("type", "message", "stacktrace")  # noqa: RUF023 -- the fields' order
     type: str
@@ -103,7 +106,7 @@ _SPAN_PARAMS = {"kw_only": True, "slots": True}
 
 
 class Span:
-    """One timed operation of a trace (OBS-10); `span_id` defaults to a
+    """One timed operation of a trace; `span_id` defaults to a
     fresh ULID."""
 
     # `@dataclass(kw_only=True, slots=True)`, written out; see `_dataclass`.
@@ -318,7 +321,7 @@ class Trace:
 
     @property
     def status(self) -> str:
-        """OBS-16: error > cancelled > paused > running > ok."""
+        """Error > cancelled > paused > running > ok."""
         roots = self.roots()
         if any(s.status == "error" for s in roots):
             return "error"

@@ -1,4 +1,4 @@
-"""`compose worker` (EXT-2, STORE-21): the long-running loop that continues
+"""`compose worker`: the long-running loop that continues
 due runs and executes queued ones.
 
 The core says which runs are due (`due_runs`) and when the next timer falls

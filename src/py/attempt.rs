@@ -251,6 +251,49 @@ impl PyAttempt {
             .py_err()
     }
 
+    /// Allocates the key of a `map` (`digest`: its number of items) or an
+    /// `aggregate` (`digest`: the hash of its branches' names): a call that
+    /// takes a position and is checked, but journals no row of its own.
+    #[pyo3(signature = (scope, kind, digest, fence=None))]
+    fn open_scope(
+        &self,
+        py: Python<'_>,
+        scope: &str,
+        kind: &str,
+        digest: u64,
+        fence: Option<&PyFence>,
+    ) -> PyResult<String> {
+        let call = Call {
+            kind,
+            digest: Some(digest),
+        };
+        let opened = self
+            .inner
+            .open_scope(scope, kind, call, fence.map(|f| &f.inner));
+        super::errors::warn_divergences(py, &self.inner)?;
+        opened.py_err()
+    }
+
+    /// `compose.patched` (or, with `deprecate`, `deprecate_patch`) in
+    /// `scope`: whether the body takes the patched branch; journals the
+    /// marker where the body runs past the journal of a run started on
+    /// this code (`same_code`: the run's fingerprint is the code's).
+    #[pyo3(signature = (scope, patch_id, same_code, deprecate=false, fence=None))]
+    fn patched(
+        &self,
+        py: Python<'_>,
+        scope: &str,
+        patch_id: &str,
+        same_code: bool,
+        deprecate: bool,
+        fence: Option<&PyFence>,
+    ) -> PyResult<bool> {
+        let attempt = &self.inner;
+        let fence = fence.map(|f| f.inner.clone());
+        py.allow_threads(|| attempt.patched(scope, patch_id, same_code, deprecate, fence.as_ref()))
+            .py_err()
+    }
+
     #[pyo3(signature = (key, fence=None))]
     fn lookup<'py>(
         &self,

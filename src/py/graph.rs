@@ -537,6 +537,7 @@ fn thread_starter(
             fingerprint: Some(g.fingerprint.clone()),
             args_json: Some(args_json),
             budget_json,
+            module: None,
         };
         let input = parse_state(&input_json, "graph input")?;
         let (name, fingerprint) = (g.spec.name.clone(), g.fingerprint.clone());

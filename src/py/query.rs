@@ -626,6 +626,7 @@ type ViewSpan = (
     (Option<String>, Option<String>),
     Option<UsageTuple>,
     (Option<String>, Option<String>, Option<String>),
+    Option<String>,
 );
 
 /// The data side of the web UI's run page: resolves `run_id` and returns
@@ -634,7 +635,7 @@ type ViewSpan = (
 /// ordered by `started_at` then span id, as `(span_id, parent_span_id,
 /// kind, name, started_at, ended_at, status, replayed, (error_type,
 /// error_message), usage | None, (attributes_json, input_json,
-/// output_json))`.
+/// output_json), step_key | None)`.
 #[pyfunction]
 pub fn span_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(String, PyObject)> {
     run_spans(
@@ -660,6 +661,7 @@ pub fn span_view(py: Python<'_>, db_path: &str, run_id: &str) -> PyResult<(Strin
                 (span.error_type, span.error_message),
                 usage,
                 (s.attributes_json, s.input_json, s.output_json),
+                s.step_key,
             ))
         },
     )

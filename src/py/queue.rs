@@ -29,7 +29,7 @@ fn limits(concurrency: Option<i64>, rate_limit: Option<(i64, f64)>, priority: bo
 
 /// STORE-20: creates a `queued` run; returns its run id.
 #[pyfunction]
-#[pyo3(signature = (store, kind, name, queue, fingerprint=None, args_json=None, budget_json=None, priority=0, dedup_id=None))]
+#[pyo3(signature = (store, kind, name, queue, fingerprint=None, args_json=None, budget_json=None, priority=0, dedup_id=None, module=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn queue_enqueue(
     py: Python<'_>,
@@ -42,6 +42,7 @@ pub fn queue_enqueue(
     budget_json: Option<String>,
     priority: i64,
     dedup_id: Option<String>,
+    module: Option<String>,
 ) -> PyResult<String> {
     let new = NewRun {
         run_id: crate::ids::new_ulid(),
@@ -51,6 +52,7 @@ pub fn queue_enqueue(
         fingerprint,
         args_json,
         budget_json,
+        module,
     };
     let placement = Placement {
         queue,
@@ -129,6 +131,19 @@ pub fn queue_stats(py: Python<'_>, store: &PyStore) -> PyResult<Vec<StatsTuple>>
         })
 }
 
+/// `(owner, runs held, latest lease expiry)` per process holding leases,
+/// latest expiry first (the web UI's worker liveness).
+#[pyfunction]
+pub fn lease_holders(py: Python<'_>, store: &PyStore) -> PyResult<Vec<(String, i64, f64)>> {
+    py.allow_threads(|| queue::lease_holders(backend(store)?))
+        .py_err()
+        .map(|rows| {
+            rows.into_iter()
+                .map(|h| (h.owner, h.runs, h.lease_until))
+                .collect()
+        })
+}
+
 /// STORE-22 on PostgreSQL: sleeps until a wake-up hint (a notification
 /// the listener turned into a clock poke), engine time `until`, or
 /// `max_seconds`, polling at least every second; whether it was woken.
@@ -160,6 +175,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wrap_pyfunction!(queue_claim, m)?,
         wrap_pyfunction!(queue_next_slot, m)?,
         wrap_pyfunction!(queue_stats, m)?,
+        wrap_pyfunction!(lease_holders, m)?,
     ] {
         m.add_function(f)?;
     }

@@ -18,6 +18,7 @@ pub fn run_row_dict<'py>(py: Python<'py>, r: &RunRow) -> PyResult<Bound<'py, PyD
     d.set_item("output_json", &r.output_json)?;
     d.set_item("error_json", &r.error_json)?;
     d.set_item("budget_json", &r.budget_json)?;
+    d.set_item("module", &r.module)?;
     Ok(d)
 }
 

@@ -145,7 +145,7 @@ impl PyStore {
     /// Creates a run (status `running`, leased to this process) and returns
     /// its first attempt. With `queued` the row's insert is left to the next
     /// commit or the store's writer (see `Attempt::start_queued`).
-    #[pyo3(signature = (kind, name, fingerprint=None, args_json=None, budget_json=None, run_id=None, trace_id=None, queued=false))]
+    #[pyo3(signature = (kind, name, fingerprint=None, args_json=None, budget_json=None, run_id=None, trace_id=None, queued=false, module=None))]
     #[allow(clippy::too_many_arguments)]
     fn start_run(
         &self,
@@ -158,6 +158,7 @@ impl PyStore {
         run_id: Option<String>,
         trace_id: Option<String>,
         queued: bool,
+        module: Option<String>,
     ) -> PyResult<PyAttempt> {
         let new = NewRun {
             run_id: run_id.unwrap_or_else(crate::ids::new_ulid),
@@ -167,6 +168,7 @@ impl PyStore {
             fingerprint,
             args_json,
             budget_json,
+            module,
         };
         let store: Arc<dyn Store> = self.inner.clone();
         let attempt = py
@@ -183,7 +185,7 @@ impl PyStore {
 
     /// `start_run` for an async driver: `future` (of the running loop) gets
     /// the attempt once the server answered; the loop runs meanwhile.
-    #[pyo3(signature = (future, kind, name, fingerprint=None, args_json=None, budget_json=None, run_id=None, trace_id=None))]
+    #[pyo3(signature = (future, kind, name, fingerprint=None, args_json=None, budget_json=None, run_id=None, trace_id=None, module=None))]
     #[allow(clippy::too_many_arguments)]
     fn astart_run(
         &self,
@@ -196,6 +198,7 @@ impl PyStore {
         budget_json: Option<String>,
         run_id: Option<String>,
         trace_id: Option<String>,
+        module: Option<String>,
     ) -> PyResult<()> {
         let new = NewRun {
             run_id: run_id.unwrap_or_else(crate::ids::new_ulid),
@@ -205,6 +208,7 @@ impl PyStore {
             fingerprint,
             args_json,
             budget_json,
+            module,
         };
         let store: Arc<dyn Store> = self.inner.clone();
         super::offloop::resolve_with(

@@ -11,7 +11,7 @@
 
 use crate::error::{CoreError, CoreResult};
 pub use crate::store::queue::{
-    allowance, Claimed, Claimer, Limits, Placement, QueueStats, QueueStore,
+    allowance, Claimed, Claimer, LeaseHolder, Limits, Placement, QueueStats, QueueStore,
 };
 use crate::store::{NewRun, RunRow};
 
@@ -57,6 +57,11 @@ pub fn claim(
 /// STORE-23: per queue, by name.
 pub fn stats(b: Backend<'_>, now: f64) -> CoreResult<Vec<QueueStats>> {
     b.stats(now)
+}
+
+/// Every process holding a lease on a run, latest expiry first.
+pub fn lease_holders(b: Backend<'_>) -> CoreResult<Vec<LeaseHolder>> {
+    b.lease_holders()
 }
 
 /// When a rate-limited queue next has room: the oldest start in the
@@ -138,6 +143,7 @@ mod on_sqlite {
             fingerprint: Some("fp".into()),
             args_json: Some("{\"args\":[1]}".into()),
             budget_json: Some("{\"max_usd\":1.0}".into()),
+            module: Some("app.flows".into()),
             ..new_run("f")
         };
         let row = queue::enqueue(&store, &new, &placed("q", 0, None)).unwrap();

@@ -4,10 +4,13 @@
 
 use super::{Attempt, Commit, TxWork};
 use crate::error::{CoreError, CoreResult};
-use crate::journal::{Call, Fence, ForkSource, Journal, StepKey};
+use crate::journal::{Call, Fence, ForkSource, Journal, Patch, StepKey};
 
 /// The journal key a fork keeps its origin under (issue 27).
 pub use crate::store::published::FORK_KEY;
+
+/// The start of the journal keys an upgrade to other code keeps (OPS-3).
+const UPGRADE_KEY: &str = "__upgrade__";
 use crate::store::SpanRow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -62,6 +65,90 @@ impl Attempt {
             return Err(CoreError::ReplayEnd(key.to_string()));
         }
         Ok((key, borrowed))
+    }
+
+    /// Allocates the key of a `map` or `aggregate` (`call`: its kind, and
+    /// its number of items or a hash of its branches' names), a call that
+    /// takes its scope's next position and journals no row of its own: its
+    /// items' and branches' rows name it. Checked against the journal like
+    /// any call, so a body that now maps over other items or aggregates
+    /// other branches stops here, before any of them runs.
+    pub fn open_scope(
+        &self,
+        scope: &str,
+        name: &str,
+        call: Call<'_>,
+        fence: Option<&Fence>,
+    ) -> CoreResult<String> {
+        self.check(fence)?;
+        let (key, _, diverged) =
+            self.journal
+                .lock()
+                .next_call(scope, name, Some(call), self.checks());
+        if let Some(d) = diverged {
+            self.diverge(d)?;
+        }
+        Ok(key.to_string())
+    }
+
+    /// `compose.patched(patch_id)` (or, with `deprecate`,
+    /// `compose.deprecate_patch`) in `scope` (OPS-2): whether the body
+    /// takes the patched branch. A marker journaled at this position by an
+    /// earlier attempt answers true; another row there, or a journal that
+    /// ends before it in a run started on other code (`new_code` false),
+    /// answers false and journals nothing. Past the journal of a run
+    /// started on this code (`same_code`: its fingerprint is the code's, and
+    /// it was not upgraded to it), the marker is journaled (a fork borrows its
+    /// source's marker, or answers false before its `at` key without one).
+    pub fn patched(
+        &self,
+        scope: &str,
+        patch_id: &str,
+        same_code: bool,
+        deprecate: bool,
+        fence: Option<&Fence>,
+    ) -> CoreResult<bool> {
+        self.check(fence)?;
+        self.check_cancel(false)?;
+        let forking = self.forking.load(Ordering::Relaxed);
+        let digest = crate::journal::digest(patch_id);
+        let outcome = {
+            let mut journal = self.journal.lock();
+            // A run upgraded to this code (OPS-3) was started on other code.
+            let new_code = same_code && !journal.has_key_prefix(UPGRADE_KEY);
+            journal.patch(scope, digest, new_code || forking, deprecate)
+        };
+        let key = match outcome {
+            Patch::Marked => {
+                if self.replay_only {
+                    self.replayed_steps.fetch_add(1, Ordering::Relaxed);
+                }
+                return Ok(true);
+            }
+            Patch::Absent => return Ok(false),
+            Patch::New(key) => key.to_string(),
+        };
+        let value = serde_json::Value::from(patch_id).to_string();
+        if forking {
+            match self.borrow_source(&key) {
+                Some(v) if *v == *value => {}
+                _ if self.forking.load(Ordering::Relaxed) => {
+                    // Before the fork's `at`: the source took the old branch.
+                    self.journal.lock().unpatch(scope);
+                    return Ok(false);
+                }
+                _ if !same_code => {
+                    self.journal.lock().unpatch(scope);
+                    return Ok(false);
+                }
+                _ => {}
+            }
+        }
+        if self.replay_only {
+            return Ok(true);
+        }
+        self.commit_checked(&key, &value, None, fence)?;
+        Ok(true)
     }
 
     /// A fork's step before its `at` key: the source run's value, journaled
@@ -401,7 +488,7 @@ impl Attempt {
     /// The identity to journal `key` with (`Ok`), or the value it already
     /// holds (`Err`: an earlier write won).
     fn unjournaled(&self, key: &str) -> Result<Option<String>, Arc<str>> {
-        let j = self.journal.lock();
+        let mut j = self.journal.lock();
         match j.get(key) {
             Some(existing) => Err(existing),
             None => Ok(j.pending_ident(key)),

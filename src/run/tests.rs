@@ -19,6 +19,7 @@ fn new_run(name: &str) -> NewRun {
         fingerprint: Some("f".into()),
         args_json: Some("{}".into()),
         budget_json: None,
+        module: Some("app.flows".into()),
     }
 }
 

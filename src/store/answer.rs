@@ -16,6 +16,7 @@
 //! the lease on the run deletes that row again, like any other wait.
 
 use crate::error::CoreResult;
+use crate::store::durable::ANSWERED_WAIT;
 use crate::store::graph::GraphTx;
 
 /// `(interrupt_id, stored, value_json)`: whether this answer was stored,
@@ -160,7 +161,7 @@ pub fn answer_in(
     let left = tx.pending_left(run.rid)?;
     let due = run.wakes(left) && out.iter().any(|a| a.1);
     if due {
-        tx.make_due(run.rid, &format!("__interrupt__:{}", out[0].0), now)?;
+        tx.make_due(run.rid, &format!("{ANSWERED_WAIT}{}", out[0].0), now)?;
     }
     Ok(AnswerOutcome::Answered((out, due)))
 }

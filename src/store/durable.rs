@@ -43,10 +43,24 @@ pub struct DueRun {
     pub run_id: String,
     pub kind: String,
     pub name: String,
-    /// `timer`, `signal` or `recovered` (a `running` run whose lease
-    /// holder is dead).
+    /// `timer`, `answered` (an answer given from outside the run),
+    /// `signal` or `recovered` (a `running` run whose lease holder is dead).
     pub reason: &'static str,
     pub module: Option<String>,
+}
+
+/// The step key prefix of the wait row an answer given from outside the run
+/// (`compose answer`, the web UI) leaves to make the run due.
+pub const ANSWERED_WAIT: &str = "__interrupt__:";
+
+/// Why a run whose wait row's `wake_at` passed is due: an outside answer
+/// made it due, or its durable timer fired.
+pub fn wake_reason(step_key: &str) -> &'static str {
+    if step_key.starts_with(ANSWERED_WAIT) {
+        "answered"
+    } else {
+        "timer"
+    }
 }
 
 /// The durable primitives' operations on a store (EXT-1 … EXT-12). Every

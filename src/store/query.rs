@@ -96,6 +96,8 @@ pub struct StoredSpan {
     pub input_json: Option<String>,
     /// The output JSON, read from the journal when stored by reference.
     pub output_json: Option<String>,
+    /// The journal key of the step the span records, if it records one.
+    pub step_key: Option<String>,
 }
 
 /// `type` and `message` of a stored `{"type", "message", "stacktrace"}`.

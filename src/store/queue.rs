@@ -50,6 +50,16 @@ pub struct QueueStats {
     pub oldest_queued_at: Option<f64>,
 }
 
+/// A process holding leases on runs (a worker, or any process executing
+/// runs): its owner id, how many runs it holds, and the latest expiry of
+/// those leases (renewed with each heartbeat).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseHolder {
+    pub owner: String,
+    pub runs: i64,
+    pub lease_until: f64,
+}
+
 /// How many runs a claim may start now: what the worker has room for,
 /// bounded by the queue's free global slots and its rate-limit window.
 pub fn allowance(limits: &Limits, room: i64, running: i64, started_in_window: i64) -> i64 {
@@ -112,4 +122,6 @@ pub trait QueueStore {
     /// The start times of the queue's runs since `since`, oldest first, at
     /// most `limit`.
     fn recent_starts(&self, queue: &str, since: f64, limit: i64) -> CoreResult<Vec<f64>>;
+    /// Every process holding a lease on a run, latest expiry first.
+    fn lease_holders(&self) -> CoreResult<Vec<LeaseHolder>>;
 }

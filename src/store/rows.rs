@@ -29,6 +29,9 @@ pub struct RunRow {
     pub output_json: Option<String>,
     pub error_json: Option<String>,
     pub budget_json: Option<String>,
+    /// The module defining the run's flow (None for runs stored before it
+    /// was recorded, and for runs not started from a module's function).
+    pub module: Option<String>,
 }
 
 impl RunRow {
@@ -48,6 +51,7 @@ impl RunRow {
             output_json: None,
             error_json: None,
             budget_json: new.budget_json.clone(),
+            module: new.module.clone(),
         }
     }
 }
@@ -62,6 +66,8 @@ pub struct NewRun {
     pub fingerprint: Option<String>,
     pub args_json: Option<String>,
     pub budget_json: Option<String>,
+    /// The module defining the flow, so a message can name the import.
+    pub module: Option<String>,
 }
 
 /// Token usage and cost of an `llm` span.

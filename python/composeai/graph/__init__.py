@@ -1,5 +1,5 @@
 """Graph workflows: nodes, edges, routes, joins, `goto`, reducers, suspend
-and resume, threads with history (EXT-20 … EXT-33).
+and resume, threads with history.
 
 The Rust core validates the graph, schedules every step, merges updates
 through the reducers and writes the checkpoints; this package calls the node

@@ -1,4 +1,4 @@
-"""Agent nodes of a graph (EXT-22): the conversation comes from and goes
+"""Agent nodes of a graph: the conversation comes from and goes
 back to `state["messages"]`; an approval-gated tool pause suspends the graph.
 """
 

@@ -1,4 +1,4 @@
-"""`Graph`, the builder (EXT-20 … EXT-26): nodes, edges, routes, joins,
+"""`Graph`, the builder: nodes, edges, routes, joins,
 `goto` targets and reducers, checked and compiled by the core.
 """
 
@@ -22,7 +22,7 @@ from ._values import END, GraphValidationError
 
 class Graph:
     """A graph of nodes (functions or agents), checked by `compile()` and
-    run by the core (EXT-20)."""
+    run by the core."""
 
     def __init__(self, reducers: Mapping[str, str] | None = None, *, name: str | None = None):
         if reducers is not None and not isinstance(reducers, Mapping):
@@ -121,8 +121,7 @@ class Graph:
     def compile(
         self, storage: Any = None, *, audit: bool = False, replace: bool = False
     ) -> CompiledGraph:
-        """Checks the whole graph in the core, reporting every issue at once
-        (EXT-26), and registers it by name for `compose.resume()`."""
+        """Checks the whole graph in the core, reporting every issue at once, and registers it by name for `compose.resume()`."""
         name = self._name or self._start or ""
         native, issues_json = _core.graph_compile(self._spec(name))
         if native is None:

@@ -1,5 +1,5 @@
-"""`CompiledGraph` (EXT-27): runs, resumes and snapshots of a checked graph,
-and `GraphThread`, one durable history of it (EXT-30 … EXT-32).
+"""`CompiledGraph`: runs, resumes and snapshots of a checked graph,
+and `GraphThread`, one durable history of it.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def reset_registry() -> None:
 
 
 class CompiledGraph:
-    """A checked graph, ready to run (EXT-27)."""
+    """A checked graph, ready to run."""
 
     def __init__(self, builder: Any, native: Any, storage: Storage, audit: bool):
         self._builder = builder
@@ -124,7 +124,7 @@ class CompiledGraph:
         deadline: float | None = None,
         budget: Any = None,
     ) -> GraphResult:
-        """Runs once from the start node with `input` as the state (EXT-27)."""
+        """Runs once from the start node with `input` as the state."""
         _engine.check_sync_facade()
         return _now(self._begin_run(input, max_steps, deadline, budget)).drive()
 
@@ -186,7 +186,7 @@ class CompiledGraph:
         budget: Any = None,
     ) -> GraphResult:
         """Continues a thread-less suspended run from its snapshot: each
-        suspended node runs again with `ctx.resume == values[node]` (EXT-29).
+        suspended node runs again with `ctx.resume == values[node]`.
 
         A node already answered from outside the run for this suspension
         (`compose answer`, the web UI) resumes with that answer, which wins
@@ -271,7 +271,7 @@ class CompiledGraph:
         return _Attempt(_Driver(self, attempt, gr, None), self._budget(budget, attempt))
 
     def thread(self, thread_id: str, actor: str | None = None) -> GraphThread:
-        """A durable run history in the graph's storage; lazy (EXT-30)."""
+        """A durable run history in the graph's storage; lazy."""
         if not isinstance(thread_id, str) or not thread_id:
             raise ValueError(f"thread_id must be a non-empty str, got {thread_id!r}")
         return GraphThread(self, thread_id, actor)
@@ -367,7 +367,7 @@ def _check_answers(check: Callable[[list[str]], Any], names: list[str], store: A
 
 
 async def _off_loop(call: Callable[[], Any]) -> Any:
-    """Awaits a sync graph call run on a thread of its own (ASYNC-7)."""
+    """Awaits a sync graph call run on a thread of its own."""
     # Outside a flow there is no frame and the thread runs with none.
     return await _engine.run_on_thread_async(
         call,
@@ -400,7 +400,7 @@ async def aresume_graph_run(row: dict, answers: Mapping[str, Any] | None, budget
 
 
 def _as_run(row: dict, result: GraphResult) -> Run:
-    """`compose.resume()` returns a `Run` for every run kind (FLOW-40), so code
+    """`compose.resume()` returns a `Run` for every run kind, so code
     answering paused runs need not know their kind; `GraphResult` stays the
     answer of `CompiledGraph.resume()` and threads."""
     trace = Trace(trace_id=row["trace_id"] or "")
@@ -458,7 +458,7 @@ class GraphThread:
         _now(self._audit_io(action, checkpoint_id, store))
 
     def _audit_io(self, action: str, checkpoint_id: str | None = None, store: Any = None):
-        """Plan: appends to the audit trail (EXT-32) for an operation that
+        """Plan: appends to the audit trail for an operation that
         acts on the thread: run, resume, retry, rewind, fork (and the forked
         thread's start) and delete. Reads (state, interrupts, history,
         audit) act on nothing and are not recorded."""
@@ -570,7 +570,7 @@ class GraphThread:
         budget: Any = None,
     ) -> GraphResult:
         """Runs from the start node on the stored state, `input` keys
-        replacing stored ones (EXT-30)."""
+        replacing stored ones."""
         _engine.check_sync_facade()
         return _now(self._begin_run(input, max_steps, deadline, budget)).drive()
 
@@ -673,7 +673,7 @@ class GraphThread:
         deadline: float | None = None,
         budget: Any = None,
     ) -> GraphResult:
-        """Answers the suspended nodes and continues the run (EXT-30). A node
+        """Answers the suspended nodes and continues the run. A node
         already answered from outside the run for this suspension (`compose
         answer`, the web UI) resumes with that answer, which wins over
         `values` (first write wins) and may be left out of them."""
@@ -684,7 +684,7 @@ class GraphThread:
         self, *, max_steps: int = 64, deadline: float | None = None, budget: Any = None
     ) -> GraphResult:
         """Continues a failed or interrupted run from its last checkpoint;
-        saved nodes do not run again (EXT-30)."""
+        saved nodes do not run again."""
         _engine.check_sync_facade()
         return _now(self._begin_continue("retry", None, max_steps, deadline, budget)).drive()
 
@@ -749,7 +749,7 @@ class GraphThread:
         return existed
 
     def audit(self, limit: int = 50) -> list[dict]:
-        """The audit trail of this thread, newest first (EXT-32)."""
+        """The audit trail of this thread, newest first."""
         return json.loads(_core.thread_audit(self._store(), self.thread_id, int(limit)))
 
     async def aresume(

@@ -319,7 +319,7 @@ class _Driver:
 
     async def _arun_step(self, root, ready: list[_Step]) -> list:
         """Runs a step's nodes on the running loop: async nodes awaited there
-        (concurrently when several are ready, EXT-24), sync and agent nodes
+        (concurrently when several are ready), sync and agent nodes
         each on a thread of its own so the loop never blocks."""
         if len(ready) == 1:
             return [await self._arun_node(root, ready[0], True)]
@@ -629,7 +629,7 @@ def _node_failed(step: _Step, exc: Exception) -> GraphError:
 
 def _human_suspend(pause: Any) -> _Suspend:
     """`approve()`/`ask_human()` without an answer suspends its node; the
-    payload is the interrupt as a dict (FLOW-33's fields)."""
+    payload is the interrupt as a dict (the fields of `Interrupt`)."""
     frame = FRAME.get()
     if frame is not None and frame.run is not None:
         # A paused agent's state, as an agent node keeps it (AGENT-40).

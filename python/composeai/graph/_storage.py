@@ -1,4 +1,4 @@
-"""Where a graph keeps its runs: `Storage` (EXT-30), and the store calls
+"""Where a graph keeps its runs: `Storage`, and the store calls
 the graph makes as plans (see `_drive.plan_io`).
 """
 
@@ -90,14 +90,14 @@ class Storage:
 
     async def aopen(self):
         """`store()` for an async caller: a server's first open (connection and
-        schema check) is awaited off the loop (ASYNC-1)."""
+        schema check) is awaited off the loop."""
         if self.url is None:
             return await _engine.aget_store()
         return await _anow(self._open_io())
 
 
 def _flush_all() -> None:
-    """A settled graph run's spans are written with its settlement (OBS-5);
+    """A settled graph run's spans are written with its settlement;
     spans of a run that has not settled ride with later commits or the
     background writer, and whatever is still queued at exit is written then."""
     stores = [_engine._store, *(s._store for s in list(_STORAGES))]

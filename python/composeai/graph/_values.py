@@ -1,6 +1,6 @@
-"""Graph values: `END`, the graph errors (EXT-31: each carries `.code` and
+"""Graph values: `END`, the graph errors (each carries `.code` and
 `.details`), `GraphResult`, `GraphInterrupt`, `NodeContext`, and what a node
-returns to `suspend` or `goto` (EXT-25, EXT-28, EXT-29).
+returns to `suspend` or `goto`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _rebuild(cls, message, code, details):
 
 
 class GraphValidationError(ConfigError, GraphError):
-    """The graph, a snapshot or resume values do not fit (EXT-26, EXT-29)."""
+    """The graph, a snapshot or resume values do not fit."""
 
     def __init__(
         self,
@@ -55,19 +55,19 @@ class GraphValidationError(ConfigError, GraphError):
 
 
 class GraphLimitError(GraphError):
-    """`max_steps` or `deadline` was reached (EXT-27)."""
+    """`max_steps` or `deadline` was reached."""
 
 
 class GraphStorageError(GraphError):
-    """A thread's storage has no such checkpoint or thread (EXT-30)."""
+    """A thread's storage has no such checkpoint or thread."""
 
 
 class ThreadSuspendedError(GraphError):
-    """`run()` on a thread whose nodes wait for `resume()` (EXT-31)."""
+    """`run()` on a thread whose nodes wait for `resume()`."""
 
 
 class ThreadBusyError(GraphError):
-    """Another caller holds the thread (EXT-31)."""
+    """Another caller holds the thread."""
 
 
 _ERROR_CLASSES: dict[str, type[GraphError]] = {
@@ -96,7 +96,7 @@ def _error_from_core(code: str, message: str, details_json: str) -> GraphError:
 
 @dataclass(frozen=True)
 class GraphInterrupt:
-    """A suspended node and what it asked (EXT-28)."""
+    """A suspended node and what it asked."""
 
     node: str
     payload: Any
@@ -104,7 +104,7 @@ class GraphInterrupt:
 
 @dataclass(frozen=True)
 class NodeContext:
-    """What a node knows about its execution (EXT-28)."""
+    """What a node knows about its execution."""
 
     run_id: str
     step: int
@@ -115,7 +115,7 @@ class NodeContext:
 
 @dataclass
 class GraphResult:
-    """What a graph run produced (EXT-28)."""
+    """What a graph run produced."""
 
     state: dict
     steps: int
@@ -144,7 +144,7 @@ class _Goto:
 
 
 def suspend(payload: Any, update: dict | None = None) -> Any:
-    """Return this from a node to pause the run until someone answers (EXT-29)."""
+    """Return this from a node to pause the run until someone answers."""
     if update is not None and not isinstance(update, dict):
         raise TypeError(f"suspend(update=...) takes a dict, got {type(update).__name__}")
     return _Suspend(payload, update)
@@ -152,7 +152,7 @@ def suspend(payload: Any, update: dict | None = None) -> Any:
 
 def goto(targets: str | Sequence[str], update: dict | None = None) -> Any:
     """Return this from a node to choose its next nodes among those declared
-    with `Graph.goto` (EXT-25)."""
+    with `Graph.goto`."""
     if isinstance(targets, str):
         names = [targets]
     else:

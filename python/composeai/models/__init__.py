@@ -1,1 +1,1 @@
-"""Model adapters, the model protocol, resolution of model strings and prices (providers.md)."""
+"""Model adapters, the model protocol, resolution of model strings and prices."""

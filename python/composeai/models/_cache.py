@@ -1,5 +1,5 @@
-"""The response cache of `@agent(cache=True)` (TEST-40) and the request
-hashes it and the cassettes key on (TEST-22). `composeai.testing` exports
+"""The response cache of `@agent(cache=True)` and the request
+hashes it and the cassettes key on. `composeai.testing` exports
 them; they live with the models so that agents, below the test helpers,
 can wrap a model in the cache."""
 
@@ -24,14 +24,14 @@ def _canonical_hash(payload: Any) -> str:
 
 
 def compute_message_hash(system: str | None, messages: Sequence[Message]) -> str:
-    """SHA-256 (hex) of the system prompt and messages only (TEST-22)."""
+    """SHA-256 (hex) of the system prompt and messages only."""
     return _canonical_hash(
         {"system": system, "messages": [m.model_dump(mode="json") for m in messages]}
     )
 
 
 def compute_full_hash(request: ModelRequest) -> str:
-    """SHA-256 (hex) of everything in ``request`` that affects the reply (TEST-22).
+    """SHA-256 (hex) of everything in ``request`` that affects the reply.
 
     ``prompt_cache`` is never hashed; ``thinking``/``effort``/``thinking_budget`` only when set.
     """
@@ -66,7 +66,7 @@ def compute_full_hash(request: ModelRequest) -> str:
 
 class CachingModel:
     """Wraps a model with an on-disk response cache keyed by the request's
-    full hash (TEST-40): a hit is returned with `Usage()`, never re-billed."""
+    full hash: a hit is returned with `Usage()`, never re-billed."""
 
     def __init__(self, inner: Any, cache_dir: str | None = None):
         import contextvars

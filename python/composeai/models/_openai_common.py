@@ -1,4 +1,4 @@
-"""What the OpenAI and OpenAI-compatible adapters share (PROV-15, PROV-17, PROV-21).
+"""What the OpenAI and OpenAI-compatible adapters share.
 
 The SDK is imported on first call, never at import or construction. Clients are built lazily
 and kept on the instance as ``_client`` / ``_async_client`` (test suites patch those). An
@@ -117,7 +117,7 @@ _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 
 
 def strict_flag(schema: Any) -> bool:
-    """Whether ``schema`` fits strict structured decoding (PROV-17). Never mutates it.
+    """Whether ``schema`` fits strict structured decoding. Never mutates it.
 
     Walks the schema by keyword, so a property *named* ``default`` or ``pattern`` is a
     name, not a keyword, and data values (``enum``, ``const``, ``examples``) are not
@@ -157,7 +157,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 def schema_name(schema: dict) -> str:
-    """The schema's ``title`` when it is a valid format name, else ``"response"`` (PROV-16)."""
+    """The schema's ``title`` when it is a valid format name, else ``"response"``."""
     title = schema.get("title")
     if isinstance(title, str) and _NAME.match(title):
         return title

@@ -1,9 +1,9 @@
-"""The Anthropic Messages API adapter (PROV-10 … PROV-14, PROV-40, PROV-41).
+"""The Anthropic Messages API adapter.
 
 The wire mapping is a set of pure functions over plain values (``request_to_kwargs``,
 ``parse_response``, ``usage_from_wire``, ``StreamAccumulator``); ``AnthropicModel`` only moves
 those values through the official SDK. The SDK is imported at the first call, never at import
-or construction (PKG-5), and its clients are built then too and kept on the instance as
+or construction, and its clients are built then too and kept on the instance as
 ``_client`` / ``_async_client`` so a test suite can swap them out.
 """
 
@@ -70,7 +70,7 @@ _STREAMING_REQUIRED = "Streaming is required"
 
 
 def request_to_kwargs(request: ModelRequest, model_id: str) -> dict[str, Any]:
-    """The keyword arguments of ``messages.create`` for ``request`` (PROV-11). ``model_id``
+    """The keyword arguments of ``messages.create`` for ``request``. ``model_id``
     is the adapter's: it names the model on the wire and decides which thinking is echoed."""
     messages = [_message_to_wire(i, m, model_id) for i, m in enumerate(request.messages)]
     kwargs: dict[str, Any] = {
@@ -168,7 +168,7 @@ def _part_to_block(part: Any, model_id: str) -> dict[str, Any] | None:
 
 
 def _echoed_thinking(part: ThinkingPart, model_id: str) -> dict[str, Any] | None:
-    """The original thinking block, only for the model that produced it (AGENT-62)."""
+    """The original thinking block, only for the model that produced it."""
     block = own_echo(part, PROVIDER, model_id, "block")
     return None if block is None else _strip_none(block)
 
@@ -180,7 +180,7 @@ def _strip_none(block: dict[str, Any]) -> dict[str, Any]:
 def continuation_kwargs(
     kwargs: dict[str, Any], replies: list[dict[str, Any]], model_id: str
 ) -> dict[str, Any]:
-    """The request continuing after ``replies`` ended in ``pause_turn`` (PROV-12): the
+    """The request continuing after ``replies`` ended in ``pause_turn``: the
     original request plus one assistant message holding every block returned so far."""
     if len(replies) > MAX_CONTINUATIONS:
         raise ProviderError(
@@ -244,7 +244,7 @@ def map_stop_reason(raw: str | None) -> StopReason:
 
 
 def usage_from_wire(usage: dict[str, Any] | None, model_id: str) -> Usage:
-    """``Usage`` of one reply, priced when ``model_id`` has a price (PROV-13)."""
+    """``Usage`` of one reply, priced when ``model_id`` has a price."""
     u = usage or {}
     details = u.get("output_tokens_details") or {}
     input_tokens = u.get("input_tokens") or 0
@@ -313,7 +313,7 @@ def parse_response(
 ) -> ModelResponse:
     """One ``ModelResponse`` from the wire replies of a call: one reply, or several when
     ``pause_turn`` continuations happened (parts and usage accumulate; the last stop
-    counts). ``structured``: an output schema was requested (PROV-12)."""
+    counts). ``structured``: an output schema was requested."""
     if isinstance(replies, dict):
         replies = [replies]
     parts: list[Any] = []
@@ -601,7 +601,7 @@ def _status_message(exc: Any) -> str:
 
 
 class AnthropicModel:
-    """A ``Model`` over the Anthropic Messages API (PROV-10).
+    """A ``Model`` over the Anthropic Messages API.
 
     ``provider_name`` is what ``llm`` spans name as OpenTelemetry's ``gen_ai.provider.name``.
 
@@ -821,5 +821,5 @@ async def _alast_response(events: AsyncIterator[RawStreamEvent]) -> ModelRespons
 
 
 def create_model(model_id: str) -> AnthropicModel:
-    """The registry's factory for ``'anthropic/<model_id>'`` (PROV-1, PROV-10)."""
+    """The registry's factory for ``'anthropic/<model_id>'``."""
     return AnthropicModel(model_id)

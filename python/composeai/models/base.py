@@ -1,7 +1,7 @@
-"""The model protocol and the request/response/stream value types (PROV-4 … PROV-8).
+"""The model protocol and the request/response/stream value types.
 
 ``ToolSpec``, ``ModelRequest`` and ``ModelResponse`` are registered with the value encoder
-at import, so their type tags are ``composeai.models.base:<name>`` (PKG-6, AGENT-65).
+at import, so their type tags are ``composeai.models.base:<name>``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ __all__ = ["Model", "ModelRequest", "ModelResponse", "RawStreamEvent", "ToolSpec
 
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
-    """A tool as offered to the model (PROV-5)."""
+    """A tool as offered to the model."""
 
     name: str
     description: str
@@ -38,7 +38,7 @@ class ToolSpec:
 
 @dataclass(frozen=True, slots=True)
 class ModelRequest:
-    """One model call (PROV-6). ``model`` is the bare model id; ``provider`` is metadata only."""
+    """One model call. ``model`` is the bare model id; ``provider`` is metadata only."""
 
     model: str
     messages: list[Message]
@@ -56,7 +56,7 @@ class ModelRequest:
 
 @dataclass(frozen=True, slots=True)
 class ModelResponse:
-    """A model's reply (PROV-7). ``parsed`` is set only for structured output on ``END_TURN``."""
+    """A model's reply. ``parsed`` is set only for structured output on ``END_TURN``."""
 
     message: Message
     stop_reason: StopReason
@@ -158,7 +158,7 @@ def new_response(
 
 @dataclass(frozen=True, slots=True)
 class RawStreamEvent:
-    """One provider stream event (PROV-8).
+    """One provider stream event.
 
     ``kind`` is one of ``text_delta``, ``thinking_delta``, ``tool_call_started``,
     ``tool_args_delta``, ``tool_call_finished``, ``response_done``. ``text`` is the delta (or
@@ -174,7 +174,7 @@ class RawStreamEvent:
 
 @runtime_checkable
 class Model(Protocol):
-    """Anything with ``complete(request) -> ModelResponse`` (PROV-4).
+    """Anything with ``complete(request) -> ModelResponse``.
 
     Optional capabilities, discovered by attribute (``None`` counts as absent):
     ``stream(request) -> Iterator[RawStreamEvent]``, ``async acomplete(request)`` and
@@ -209,7 +209,7 @@ _register(
 
 def own_echo(part: ThinkingPart, provider: str, model_id: str, field: str) -> dict | None:
     """The provider payload under ``field`` of a thinking part's token, only when the part
-    came from ``provider`` and the token's model is ``model_id`` (AGENT-62): reasoning is
+    came from ``provider`` and the token's model is ``model_id``: reasoning is
     echoed back only to the model that produced it."""
     if part.provider != provider or not part.provider_token:
         return None

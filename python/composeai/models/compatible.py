@@ -1,4 +1,4 @@
-"""OpenAI-compatible servers through the Chat Completions API (PROV-20 … PROV-26).
+"""OpenAI-compatible servers through the Chat Completions API.
 
 The wire mapping is pure: ``request_kwargs`` (``ModelRequest`` → keyword arguments of
 ``client.chat.completions.create``), ``parse_completion`` (a chat completion, SDK object or
@@ -104,7 +104,7 @@ def _user(message: Message, out: list[dict]) -> None:
 
 
 def wire_messages(request: ModelRequest) -> list[dict]:
-    """Chat Completions ``messages`` (PROV-22); thinking parts are dropped."""
+    """Chat Completions ``messages``; thinking parts are dropped."""
     out: list[dict] = []
     if request.system is not None:
         out.append({"role": "system", "content": request.system})
@@ -127,7 +127,7 @@ def _add_instruction(messages: list[dict], schema: dict) -> None:
 
 def request_kwargs(request: ModelRequest, model_id: str, mode: str) -> dict[str, Any]:
     """Keyword arguments of ``chat.completions.create`` in effective schema ``mode``
-    (``"native"`` or ``"prompt"``) (PROV-22, PROV-40: the knobs send nothing)."""
+    (``"native"`` or ``"prompt"``) (the thinking and caching knobs send nothing)."""
     messages = wire_messages(request)
     kwargs: dict[str, Any] = {"model": model_id, "messages": messages}
     kwargs["max_tokens"] = request.max_tokens
@@ -201,7 +201,7 @@ def _balanced_end(text: str, start: int) -> int:
 
 
 def recover_json(text: str) -> dict | None:
-    """Prompt mode's lenient parse (PROV-24): one surrounding code fence stripped, else the
+    """Prompt mode's lenient parse: one surrounding code fence stripped, else the
     first balanced ``{...}`` substring, left to right, that parses to a dict."""
     inner = _strip_fence(text)
     if inner is not None:
@@ -247,7 +247,7 @@ def _arguments(name: Any, raw: Any, model_id: str) -> dict:
 
 
 def usage_of(usage: Any, model_id: str):
-    """Usage and cost of a Chat Completions ``usage`` object (PROV-26)."""
+    """Usage and cost of a Chat Completions ``usage`` object."""
     if usage is None:
         return NO_USAGE
     prompt_details = get(usage, "prompt_tokens_details")
@@ -319,8 +319,7 @@ def _parse(completion: Any, request: ModelRequest, model_id: str, mode: str) -> 
 def parse_completion(
     completion: Any, request: ModelRequest, model_id: str, mode: str
 ) -> ModelResponse:
-    """A chat completion as a ``ModelResponse`` in effective schema ``mode`` (PROV-23,
-    PROV-24, PROV-26)."""
+    """A chat completion as a ``ModelResponse`` in effective schema ``mode``."""
     try:
         return _parse(completion, request, model_id, mode)
     except _NonJSON as exc:
@@ -328,7 +327,7 @@ def parse_completion(
 
 
 class _Accumulator:
-    """Stream chunks → ``RawStreamEvent``s and the completion they add up to (PROV-26)."""
+    """Stream chunks → ``RawStreamEvent``s and the completion they add up to."""
 
     __slots__ = ("calls", "finish", "model", "refusal", "text", "usage")
 
@@ -421,11 +420,11 @@ class _Accumulator:
 
 
 class OpenAICompatibleModel(OpenAIClientBase):
-    """A model behind an OpenAI-compatible Chat Completions server (PROV-21).
+    """A model behind an OpenAI-compatible Chat Completions server.
 
     ``schema_mode``: ``"native"`` (``response_format`` json_schema), ``"prompt"`` (the schema
     as an instruction, parsed leniently) or ``"auto"`` (native until the server's first
-    non-JSON structured reply, then prompt for good, PROV-25)."""
+    non-JSON structured reply, then prompt for good)."""
 
     _provider = PROVIDER
     _display = "OpenAI-compatible server"
@@ -557,7 +556,7 @@ def openai_compatible(
     output_price: float | None = None,
     schema_mode: str = "native",
 ) -> Model:
-    """A model on an OpenAI-compatible server (vLLM, Ollama, LM Studio, ...) (PROV-20).
+    """A model on an OpenAI-compatible server (vLLM, Ollama, LM Studio, ...).
 
     Pass both prices (USD per million tokens) to have its calls costed."""
     if (input_price is None) != (output_price is None):

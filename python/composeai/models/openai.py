@@ -1,4 +1,4 @@
-"""The OpenAI adapter: the Responses API (PROV-15 … PROV-19).
+"""The OpenAI adapter: the Responses API.
 
 The wire mapping is pure: ``request_kwargs`` turns a ``ModelRequest`` into the keyword
 arguments of ``client.responses.create`` / ``client.responses.stream``, ``parse_response``
@@ -77,7 +77,7 @@ def _reasoning_item(part: ThinkingPart, model_id: str) -> dict | None:
 
 
 def input_items(messages: list[Message], model_id: str) -> list[dict]:
-    """Responses API ``input`` items for a conversation (PROV-16), in part order."""
+    """Responses API ``input`` items for a conversation, in part order."""
     items: list[dict] = []
     for message in messages:
         content: list[dict] = []
@@ -127,7 +127,7 @@ def tool_param(tool: ToolSpec) -> dict:
 
 
 def text_format(schema: dict) -> dict:
-    """``text`` for a structured-output request (PROV-16)."""
+    """``text`` for a structured-output request."""
     return {
         "format": {
             "type": "json_schema",
@@ -139,7 +139,7 @@ def text_format(schema: dict) -> dict:
 
 
 def request_kwargs(request: ModelRequest, model_id: str) -> dict[str, Any]:
-    """Keyword arguments of ``responses.create`` for ``request`` (PROV-16, PROV-40).
+    """Keyword arguments of ``responses.create`` for ``request``.
 
     ``thinking``, ``thinking_budget`` and ``prompt_cache`` send nothing: caching is automatic
     and reasoning is steered by ``effort`` only."""
@@ -223,7 +223,7 @@ def _thinking(item: Any, model_id: str) -> ThinkingPart:
 
 
 def usage_of(usage: Any, model_id: str):
-    """Usage and cost of a Responses API ``usage`` object (PROV-19)."""
+    """Usage and cost of a Responses API ``usage`` object."""
     if usage is None:
         return NO_USAGE
     return make_usage(
@@ -237,7 +237,7 @@ def usage_of(usage: Any, model_id: str):
 
 
 def parse_response(response: Any, request: ModelRequest, model_id: str) -> ModelResponse:
-    """A Responses API response as a ``ModelResponse`` (PROV-18, PROV-19)."""
+    """A Responses API response as a ``ModelResponse``."""
     status = get(response, "status")
     if status == "failed":
         raise _fail(failure_message(get(response, "error")), model_id)
@@ -303,7 +303,7 @@ def parse_response(response: Any, request: ModelRequest, model_id: str) -> Model
 
 
 class StreamMapper:
-    """Responses API stream events → ``RawStreamEvent``s (PROV-8, PROV-18).
+    """Responses API stream events → ``RawStreamEvent``s.
 
     ``feed(event)`` returns the events to yield; after a terminal event
     (completed/incomplete/failed) ``response`` holds exactly what ``parse_response`` makes of
@@ -370,7 +370,7 @@ class StreamMapper:
 
 
 class OpenAIModel(OpenAIClientBase):
-    """A model behind OpenAI's Responses API (PROV-15).
+    """A model behind OpenAI's Responses API.
 
     ``OpenAIModel(model_id, *, client=None, api_key=None, max_retries=2, base_url=None,
     timeout=None)``. The key (``api_key`` or ``OPENAI_API_KEY``) is checked at the first
@@ -456,5 +456,5 @@ class OpenAIModel(OpenAIClientBase):
 
 
 def create_model(model_id: str) -> OpenAIModel:
-    """``'openai/<model_id>'`` resolves to ``OpenAIModel(model_id)`` (PROV-1)."""
+    """``'openai/<model_id>'`` resolves to ``OpenAIModel(model_id)``."""
     return OpenAIModel(model_id)

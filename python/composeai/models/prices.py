@@ -1,4 +1,4 @@
-"""Model prices in USD per million tokens and cost computation (PROV-30, PROV-31)."""
+"""Model prices in USD per million tokens and cost computation."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ __all__ = [
 ]
 
 PRICES_AS_OF = "2026-07-12"
+"""The date the built-in prices were last checked against the providers' lists."""
 
 # Unset cache prices resolve to these multiples of the input price (PROV-30).
 _CACHE_READ_MULT = 0.1
@@ -54,7 +55,7 @@ class _Rates:
 
 
 def _rates(price: ModelPrice) -> _Rates:
-    """The rates of ``price``, unset cache prices derived from ``input`` (PROV-30)."""
+    """The rates of ``price``, unset cache prices derived from ``input``."""
     return _Rates(
         input=price.input,
         output=price.output,
@@ -106,7 +107,7 @@ def compute_cost(
     cache_write_5m_tokens: int = 0,
     cache_write_1h_tokens: int = 0,
 ) -> float:
-    """USD cost of ``usage`` at ``price`` (cache fields resolved, PROV-30)."""
+    """USD cost of ``usage`` at ``price`` (cache fields resolved)."""
     p = _rates(price)
     return (
         usage.input_tokens * p.input

@@ -1,8 +1,8 @@
-"""Resolution of ``'provider/model-id'`` strings to model instances (PROV-1 … PROV-3).
+"""Resolution of ``'provider/model-id'`` strings to model instances.
 
 Import stays cheap: neither pydantic nor any provider SDK is imported until a model is
 actually resolved. Library code must look ``resolve`` up at call time
-(``registry.resolve(...)``) so testing hooks that swap it out take effect (PROV-3).
+(``registry.resolve(...)``) so testing hooks that swap it out take effect.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _known() -> str:
 
 
 def parse_model_string(s: str) -> tuple[str, str]:
-    """Split ``s`` at its first ``/`` into ``(provider, model_id)`` (PROV-1, PROV-2)."""
+    """Split ``s`` at its first ``/`` into ``(provider, model_id)``."""
     provider, sep, model_id = s.partition("/")
     if not sep or not provider or not model_id:
         raise ConfigError(
@@ -48,7 +48,7 @@ def parse_model_string(s: str) -> tuple[str, str]:
 
 
 def register_provider(name: str, factory: Callable[[str], Model]) -> None:
-    """Make ``'<name>/<model-id>'`` resolve to ``factory(model_id)`` (PROV-1).
+    """Make ``'<name>/<model-id>'`` resolve to ``factory(model_id)``.
 
     Overrides a built-in provider of the same name. Instances cached for ``name`` are
     dropped, so the new factory takes effect for every model id.

@@ -1,4 +1,4 @@
-"""`compose ui`: a small local web app over the run store (issue 26).
+"""`compose ui`: a small local web app over the run store.
 
 Served by the standard library alone (`http.server`'s threading server, and
 hand-written HTML, CSS and one small script; no build step, no extra

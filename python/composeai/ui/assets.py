@@ -61,13 +61,90 @@ svg.chart { background: #fff; border: 1px solid var(--line); display: block; mar
 svg.chart .bar { fill: var(--accent); }
 svg.chart text { font: 12px system-ui, sans-serif; fill: var(--fg); }
 .empty, .note { color: var(--muted); }
+nav a:hover { color: #fff; }
+.actions { display: flex; gap: .6em; margin: .8em 0; }
+.actions form { margin: 0; }
+button.danger { background: #fff; color: #b03222; border-color: #e3b1aa; }
+button.danger:hover { background: #fbe3e0; }
+button.fork { background: var(--accent); color: #fff; border-color: var(--accent); }
+.count { font-size: 13px; font-weight: 400; color: var(--muted); margin-left: .4em; }
+.inbox-item { background: #fff; border: 1px solid var(--line); border-radius: 6px;
+              padding: .6em 1em; margin: 0 0 .8em; max-width: 900px; }
+.inbox-item header { display: flex; gap: .7em; align-items: baseline; margin-bottom: .4em; }
+.inbox-item .age { margin-left: auto; color: var(--muted); font-size: 12.5px; }
+.inbox-item .pending .interrupt { margin: .3em 0; }
+.error-page { max-width: 640px; margin-top: 2em; }
+.error-page .code { font-size: 56px; font-weight: 700; color: #c9cfda; margin: 0; }
+.error-page h1 { margin-top: 0; }
+tr.worker.stale td { color: var(--muted); }
+.waterfall { background: #fff; border: 1px solid var(--line); border-radius: 4px;
+             font-size: 13px; max-width: 1200px; }
+.wf-head, .wf-span > summary { display: grid; align-items: center; gap: .6em;
+  grid-template-columns: minmax(240px, 32%) 1fr 70px 70px 80px; padding: .15em .6em; }
+.wf-head { color: var(--muted); font-size: 12px; font-weight: 600;
+           border-bottom: 1px solid var(--line); background: #fbfcfd; }
+.wf-span > summary { cursor: pointer; list-style: none; border-bottom: 1px solid #eef1f5; }
+.wf-span > summary::-webkit-details-marker { display: none; }
+.wf-span > summary:hover { background: #f3f6fc; }
+.wf-span[open] > summary { background: #eef2fb; }
+.wf-span.hidden-by-parent { display: none; }
+.wf-name { white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
+.wf-name .pad { display: inline-block; width: 14px; }
+.twisty, .twisty-gap { display: inline-block; width: 16px; padding: 0; border: 0;
+                       background: none; color: var(--muted); font-size: 11px; cursor: pointer; }
+.wf-bar svg { width: 100%; height: 10px; display: block; background: #f4f6fa; }
+.wf-bar rect { fill: #8fa6e3; }
+.wf-bar rect.k-flow { fill: #3559c7; }
+.wf-bar rect.k-llm { fill: #9b59b6; }
+.wf-bar rect.k-agent { fill: #2e86ab; }
+.wf-bar rect.k-tool { fill: #e08e0b; }
+.wf-bar rect.k-pause { fill: #f0b429; }
+.wf-span.status-error .wf-bar rect { fill: #c0392b; }
+.wf-detail { padding: .3em 1em .6em 2.2em; background: #fafbfd; border-bottom: 1px solid var(--line); }
+.wf-detail dl { margin: .2em 0; }
+.wf-detail dt { color: var(--muted); font-size: 12px; }
+.wf-detail dd { margin: 0 0 .3em; }
+.wf-detail form.fork { margin: .4em 0 .2em; }
+.num.dur { color: var(--muted); }
+details.text-trace { margin: .8em 0; }
+details.text-trace summary { cursor: pointer; color: var(--muted); }
 """
 
-# Live updates: a run page polls its run's state and reloads (as a GET of the
+# Collapsible span subtrees (a span's descendants follow it in the timeline,
+# deeper than it); a confirmation before a form marked data-confirm posts;
+# live updates: a run page polls its run's state and reloads (as a GET of the
 # run's own address) once the run moved on.
 SCRIPT = """\
 (function () {
   "use strict";
+  function depth(el) { return parseInt(el.dataset.depth || "0", 10); }
+  function setSubtree(row, open) {
+    var d = depth(row), el = row.nextElementSibling, skipBelow = null;
+    while (el && el.classList.contains("wf-span") && depth(el) > d) {
+      var ed = depth(el);
+      if (skipBelow !== null && ed > skipBelow) { el = el.nextElementSibling; continue; }
+      skipBelow = null;
+      el.classList.toggle("hidden-by-parent", !open);
+      var t = el.querySelector(":scope > summary .twisty");
+      if (open && t && t.getAttribute("aria-expanded") === "false") { skipBelow = ed; }
+      el = el.nextElementSibling;
+    }
+  }
+  document.querySelectorAll(".wf-span > summary .twisty").forEach(function (btn) {
+    btn.addEventListener("click", function (ev) {
+      ev.preventDefault();
+      ev.stopPropagation();
+      var open = btn.getAttribute("aria-expanded") !== "true";
+      btn.setAttribute("aria-expanded", open ? "true" : "false");
+      btn.textContent = open ? "\u25be" : "\u25b8";
+      setSubtree(btn.closest(".wf-span"), open);
+    });
+  });
+  document.querySelectorAll("form[data-confirm]").forEach(function (form) {
+    form.addEventListener("submit", function (ev) {
+      if (!window.confirm(form.dataset.confirm)) { ev.preventDefault(); }
+    });
+  });
   var body = document.body;
   var runId = body.dataset.runId;
   if (!runId) { return; }

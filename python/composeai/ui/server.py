@@ -8,8 +8,10 @@ Safe by default:
   time;
 - on a loopback bind the `Host` header must name a loopback host, so a page
   on another site cannot reach the server through DNS rebinding;
-- an answer is a POST carrying this server's random CSRF token, from a
-  same-origin page (`Origin`, or `Referer` when there is no `Origin`);
+- an answer or action is a POST carrying this server's random CSRF token,
+  from a same-origin page (`Origin`, or `Referer` when there is no
+  `Origin`; behind a reverse proxy, `COMPOSE_UI_ORIGIN` names the public
+  origin its pages are served at);
 - every page is sent with a Content-Security-Policy that allows no inline
   script, on top of every stored value being escaped.
 """
@@ -23,6 +25,7 @@ import os
 import secrets
 import sys
 import traceback
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -67,9 +70,19 @@ def _host_name(host_header: str) -> str:
 class UIServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], *, token: str | None, loopback: bool) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        *,
+        token: str | None,
+        loopback: bool,
+        public_origin: tuple[str, str] | None = None,
+    ) -> None:
         self.token = token
         self.loopback = loopback
+        # `(scheme, host[:port])` a reverse proxy serves the UI at, whose
+        # pages may post (COMPOSE_UI_ORIGIN).
+        self.public_origin = public_origin
         # Per server: a page from an earlier server cannot post to this one.
         self.csrf = secrets.token_urlsafe(32)
         if ":" in address[0]:
@@ -107,6 +120,12 @@ class Handler(BaseHTTPRequestHandler):
     def _text(self, status: int, text: str) -> None:
         self._send(status, text + "\n", "text/plain; charset=utf-8")
 
+    def _error(self, status: int, title: str, message: str, *, authorized: bool = True) -> None:
+        """A styled error page; one answered before the request was
+        authorized carries no CSRF token."""
+        csrf = self.server.csrf if authorized else ""
+        self._send(status, views.error_page(status, title, message, csrf=csrf))
+
     def _redirect(self, location: str, headers: dict[str, str] | None = None) -> None:
         self.send_response(HTTPStatus.SEE_OTHER)
         for name, value in {**_HEADERS, **(headers or {})}.items():
@@ -140,17 +159,19 @@ class Handler(BaseHTTPRequestHandler):
         """True when the request may proceed; None when it was answered
         (refused, or redirected to drop a token from the URL)."""
         if not self._host_ok():
-            self._text(HTTPStatus.FORBIDDEN, "403: unexpected Host header")
+            self._error(403, "Forbidden", "unexpected Host header", authorized=False)
             return None
         token = self.server.token
         if token is None:
             return True
         given, in_url = self._presented_token(query)
         if given is None or not hmac.compare_digest(given.encode(), token.encode()):
-            self._text(
-                HTTPStatus.UNAUTHORIZED,
-                "401: this compose ui requires its token (COMPOSE_UI_TOKEN): send "
+            self._error(
+                401,
+                "Token required",
+                "this compose ui requires its token (COMPOSE_UI_TOKEN): send "
                 "'Authorization: Bearer <token>' or open the page once with ?token=<token>",
+                authorized=False,
             )
             return None
         if in_url and self.command == "GET":
@@ -165,14 +186,17 @@ class Handler(BaseHTTPRequestHandler):
 
     def _same_origin(self) -> bool:
         host = self.headers.get("Host", "")
+        allowed = {("http", host)}
+        if self.server.public_origin is not None:
+            allowed.add(self.server.public_origin)
         origin = self.headers.get("Origin")
         if origin is not None:
             parts = urlsplit(origin)
-            return parts.scheme == "http" and parts.netloc == host
+            return (parts.scheme, parts.netloc) in allowed
         referer = self.headers.get("Referer")
         if referer is not None:
             parts = urlsplit(referer)
-            return parts.scheme == "http" and parts.netloc == host
+            return (parts.scheme, parts.netloc) in allowed
         # A browser sends one of them with a form post; other clients must
         # still carry the CSRF token.
         return True
@@ -191,53 +215,47 @@ class Handler(BaseHTTPRequestHandler):
         path = parts.path
         csrf = self.server.csrf
         try:
-            if path == "/":
-                self._send(200, views.runs_page(params, csrf))
-            elif path.startswith("/run/"):
-                run_id = unquote(path[len("/run/") :])
-                answered = params.get("answered")
-                message = (
-                    f"answer to '{answered}' stored -- a compose worker continues the run"
-                    if answered
-                    else ""
-                )
-                status, page = views.run_page(run_id, csrf, message=message)
-                self._send(status, page)
-            elif path.startswith("/api/run/") and path.endswith("/state"):
-                run_id = unquote(path[len("/api/run/") : -len("/state")])
-                state = views.run_state(run_id)
-                if state is None:
-                    self._send(404, json.dumps({"error": "not found"}), "application/json")
-                else:
-                    self._send(200, json.dumps(state), "application/json")
-            elif path == "/costs":
-                self._send(200, views.costs_page(params, csrf))
-            elif path == "/threads":
-                self._send(200, views.threads_page(csrf))
-            elif path.startswith("/thread/"):
-                status, page = views.thread_page(unquote(path[len("/thread/") :]), csrf)
-                self._send(status, page)
-            elif path == "/queues":
-                self._send(200, views.queues_page(csrf))
-            elif path == "/static/style.css":
-                self._send(200, assets.STYLE, "text/css; charset=utf-8")
-            elif path == "/static/app.js":
-                self._send(200, assets.SCRIPT, "text/javascript; charset=utf-8")
-            else:
-                self._text(HTTPStatus.NOT_FOUND, "404: not found")
+            self._get(path, params, csrf)
         except ComposeError as exc:
-            self._send(400, views.layout("Error", _error_body(exc), csrf=csrf))
+            self._send(400, views.error_page(400, "Error", str(exc), csrf=csrf))
         except Exception:  # noqa: BLE001 -- one broken page must not stop the server
             traceback.print_exc()
-            self._text(HTTPStatus.INTERNAL_SERVER_ERROR, "500: internal error (see the server log)")
+            self._error(500, "Internal error", "the page failed: see the server's log")
+
+    def _get(self, path: str, params: dict[str, str], csrf: str) -> None:
+        page = GET_PAGES.get(path)
+        if page is not None:
+            self._send(200, page(params, csrf))
+        elif path.startswith("/run/"):
+            run_id = unquote(path[len("/run/") :])
+            status, body = views.run_page(run_id, csrf, message=_flash(params))
+            self._send(status, body)
+        elif path.startswith("/api/run/") and path.endswith("/state"):
+            run_id = unquote(path[len("/api/run/") : -len("/state")])
+            state = views.run_state(run_id)
+            if state is None:
+                self._send(404, json.dumps({"error": "not found"}), "application/json")
+            else:
+                self._send(200, json.dumps(state), "application/json")
+        elif path.startswith("/thread/"):
+            status, body = views.thread_page(unquote(path[len("/thread/") :]), csrf)
+            self._send(status, body)
+        elif path == "/static/style.css":
+            self._send(200, assets.STYLE, "text/css; charset=utf-8")
+        elif path == "/static/app.js":
+            self._send(200, assets.SCRIPT, "text/javascript; charset=utf-8")
+        else:
+            self._error(404, "Not found", f"there is no page at {path}")
 
     def do_POST(self) -> None:
         parts = urlsplit(self.path)
         if not self._authorized(parse_qs(parts.query)):
             return
         path = parts.path
-        if not (path.startswith("/run/") and path.endswith("/answer")):
-            self._text(HTTPStatus.NOT_FOUND, "404: not found")
+        run_id, _, action = path[len("/run/") :].rpartition("/")
+        handler = POST_ACTIONS.get(action) if path.startswith("/run/") and run_id else None
+        if handler is None:
+            self._error(404, "Not found", f"there is no action at {path}")
             return
         length = int(self.headers.get("Content-Length") or 0)
         if length > _MAX_BODY:
@@ -252,16 +270,27 @@ class Handler(BaseHTTPRequestHandler):
         if not self._same_origin() or not hmac.compare_digest(
             given.encode(), self.server.csrf.encode()
         ):
-            self._text(HTTPStatus.FORBIDDEN, "403: missing or wrong CSRF token, or cross-origin")
+            self._error(403, "Forbidden", "missing or wrong CSRF token, or a cross-origin post")
             return
-        run_id = unquote(path[len("/run/") : -len("/answer")])
-        self._answer(run_id, form)
+        try:
+            handler(self, unquote(run_id), form)
+        except Exception:  # noqa: BLE001 -- one failed action must not stop the server
+            traceback.print_exc()
+            self._error(500, "Internal error", "the action failed: see the server's log")
+
+    def _refused(self, run_id: str, exc: BaseException, status: int = 400) -> None:
+        """The run page again with the refusal shown, else an error page."""
+        csrf = self.server.csrf
+        try:
+            _, page = views.run_page(run_id, csrf, error=str(exc))
+        except ComposeError:
+            page = views.error_page(status, "Error", str(exc), csrf=csrf)
+        self._send(status, page)
 
     def _answer(self, run_id: str, form: dict[str, str]) -> None:
         """The form's answer through the same code as `compose answer`."""
         from .. import _answer
 
-        csrf = self.server.csrf
         interrupt_id = form.get("interrupt_id", "")
         action = form.get("action", "")
         try:
@@ -279,19 +308,108 @@ class Handler(BaseHTTPRequestHandler):
             done = _answer.answer(run_id, interrupt_id, value, at=form.get("at") or None)
         except ComposeError as exc:
             refused = (_answer.AlreadyAnswered, _answer.Superseded)
-            status = 409 if isinstance(exc, refused) else 400
-            try:
-                _, page = views.run_page(run_id, csrf, error=str(exc))
-            except ComposeError:
-                page = views.layout("Error", _error_body(exc), csrf=csrf)
-            self._send(status, page)
+            self._refused(run_id, exc, 409 if isinstance(exc, refused) else 400)
             return
-        target = views.run_href(done.run_id) + "?answered=" + quote(done.interrupt_id, safe="")
-        self._redirect(target)
+        answered = quote(done.interrupt_id, safe="")
+        if form.get("next") == "inbox":
+            self._redirect(f"/inbox?answered={answered}&run={quote(done.run_id, safe='')}")
+            return
+        self._redirect(views.run_href(done.run_id) + "?answered=" + answered)
+
+    def _cancel(self, run_id: str, form: dict[str, str]) -> None:
+        """Cancels the run as `compose cancel` does: a parked or orphaned run
+        now, a running one at its next step boundary."""
+        from .. import _core, _engine
+
+        try:
+            outcome = _core.request_cancel(_engine.get_store(), run_id, "cancelled from compose ui")
+        except ComposeError as exc:
+            self._refused(run_id, exc)
+            return
+        self._redirect(views.run_href(run_id) + "?cancel=" + quote(outcome, safe=""))
+
+    def _fork(self, run_id: str, form: dict[str, str]) -> None:
+        """`compose fork RUN --at KEY`, executed in this process: the new run
+        replays the steps before `at` and executes from there (it needs the
+        flow's module: `compose ui --import MODULE`)."""
+        from .. import _replay
+
+        at = form.get("at", "")
+        try:
+            run = _replay.fork(run_id, at=at)
+        except ComposeError as exc:
+            self._refused(run_id, exc)
+            return
+        self._redirect(views.run_href(run.id) + "?forked=" + quote(run_id, safe=""))
+
+    def _replay(self, run_id: str, form: dict[str, str]) -> None:
+        """`compose replay RUN`: the body re-run against the journal, nothing
+        executed or written; the outcome is shown on the run page."""
+        from .. import _replay
+        from ..errors import NondeterminismError
+
+        csrf = self.server.csrf
+        try:
+            report = _replay.replay(run_id)
+        except NondeterminismError as exc:
+            text = f"replay check: diverged at '{exc.key}': recorded {exc.recorded}; called {exc.called}"
+            _, page = views.run_page(run_id, csrf, error=text)
+            self._send(200, page)
+            return
+        except ComposeError as exc:
+            self._refused(run_id, exc)
+            return
+        if report.stopped_at is not None:
+            end = f", stopped at '{report.stopped_at}'"
+        elif report.error is not None:
+            end = f", the body raised {report.error}"
+        else:
+            end = ""
+        text = f"replay check: ok -- {report.steps} steps replayed{end}, no divergence"
+        _, page = views.run_page(run_id, csrf, message=text)
+        self._send(200, page)
 
 
-def _error_body(exc: BaseException) -> str:
-    return f"<h1>Error</h1><p class='flash err' role='alert'>{views.esc(exc)}</p>"
+# GET pages taking `(params, csrf)`, by exact path; the run, thread and API
+# routes take a path argument and are matched in `Handler._get`.
+GET_PAGES: dict[str, Callable[[dict[str, str], str], str]] = {
+    "/": views.runs_page,
+    "/inbox": lambda params, csrf: views.inbox_page(csrf, message=_flash(params)),
+    "/workers": lambda params, csrf: views.workers_page(csrf),
+    "/costs": views.costs_page,
+    "/threads": lambda params, csrf: views.threads_page(csrf),
+    "/queues": lambda params, csrf: views.queues_page(csrf),
+}
+
+# POST actions on a run (`/run/<id>/<action>`), each behind the CSRF and
+# same-origin checks of `Handler.do_POST`.
+POST_ACTIONS: dict[str, Callable[[Handler, str, dict[str, str]], None]] = {
+    "answer": Handler._answer,
+    "cancel": Handler._cancel,
+    "fork": Handler._fork,
+    "replay": Handler._replay,
+}
+
+_CANCELLED = {
+    "cancelled": "run cancelled",
+    "requested": "cancel requested -- the process executing the run stops at its next step",
+    "already": "the run had already finished; nothing to cancel",
+}
+
+
+def _flash(params: dict[str, str]) -> str:
+    """The message a redirect after an action carries (fixed texts around
+    the ids it names; the page escapes it)."""
+    if params.get("answered"):
+        where = f" of run {params['run']}" if params.get("run") else ""
+        return (
+            f"answer to '{params['answered']}'{where} stored -- a compose worker continues the run"
+        )
+    if params.get("cancel"):
+        return _CANCELLED.get(params["cancel"], "")
+    if params.get("forked"):
+        return f"forked from run {params['forked']}"
+    return ""
 
 
 def make_server(host: str, port: int, *, allow_remote: bool = False) -> UIServer:
@@ -309,7 +427,22 @@ def make_server(host: str, port: int, *, allow_remote: bool = False) -> UIServer
             raise ComposeError(
                 "--allow-remote needs COMPOSE_UI_TOKEN set to a secret of at least 16 characters"
             )
-    return UIServer((host, port), token=token, loopback=loopback)
+    return UIServer((host, port), token=token, loopback=loopback, public_origin=_public_origin())
+
+
+def _public_origin() -> tuple[str, str] | None:
+    """`COMPOSE_UI_ORIGIN` (e.g. `https://compose.example.com`): the origin a
+    reverse proxy serves the UI at, so that its pages' forms are same-origin."""
+    value = os.environ.get("COMPOSE_UI_ORIGIN") or None
+    if value is None:
+        return None
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
+        raise ComposeError(
+            f"COMPOSE_UI_ORIGIN must be a scheme and host like 'https://compose.example.com', "
+            f"got {value!r}"
+        )
+    return parts.scheme, parts.netloc
 
 
 def serve(host: str, port: int, *, allow_remote: bool = False) -> int:

@@ -8,48 +8,58 @@ Stored JSON is read as plain JSON, never decoded into objects.
 
 from __future__ import annotations
 
-import html
 import json
 import time
-from typing import Any
 from urllib.parse import quote, urlencode
 
 from .. import _core, _show
 from ..errors import ComposeError
+from .html import esc, pretty
+from .waterfall import seconds, waterfall
 
 PAGE_SIZES = (10, 25, 50, 100, 200)
-
-
-def esc(value: Any) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
-
-
-def pretty(value_json: str | None) -> str:
-    """Stored JSON, indented, escaped for a `<pre>`."""
-    if value_json is None:
-        return ""
-    try:
-        text = json.dumps(json.loads(value_json), indent=2, ensure_ascii=False)
-    except ValueError:
-        text = value_json
-    return esc(text)
 
 
 def run_href(run_id: str) -> str:
     return "/run/" + quote(run_id, safe="")
 
 
+# The navigation bar: (path, label). A new page adds its entry here and its
+# route in `server.GET_PAGES`.
+NAV: list[tuple[str, str]] = [
+    ("/", "Runs"),
+    ("/inbox", "Inbox"),
+    ("/workers", "Workers"),
+    ("/costs", "Costs"),
+    ("/threads", "Threads"),
+    ("/queues", "Queues"),
+]
+
+
 def layout(title: str, body: str, *, csrf: str, extra_attrs: str = "") -> str:
+    """A page: navigation, then `body`. `csrf` is empty on pages served
+    before the request was authorized (error pages), so they never carry it."""
+    links = "".join(f"<a href='{esc(path)}'>{esc(label)}</a>" for path, label in NAV)
+    meta = f"<meta name='csrf-token' content='{esc(csrf)}'>" if csrf else ""
     return (
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-        f"<title>{esc(title)} · compose ui</title>"
-        f"<meta name='csrf-token' content='{esc(csrf)}'>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<title>{esc(title)} · compose ui</title>{meta}"
         "<link rel='stylesheet' href='/static/style.css'>"
         "<script src='/static/app.js' defer></script></head>"
-        f"<body{extra_attrs}><nav><a class='brand' href='/'>compose ui</a>"
-        "<a href='/'>Runs</a><a href='/costs'>Costs</a><a href='/threads'>Threads</a>"
-        "<a href='/queues'>Queues</a></nav><main>"
+        f"<body{extra_attrs}><nav><a class='brand' href='/'>compose ui</a>{links}</nav><main>"
         f"{body}</main></body></html>"
+    )
+
+
+def error_page(status: int, title: str, message: str, *, csrf: str = "") -> str:
+    """A styled error page (404, 403, 401, 500 ...)."""
+    return layout(
+        f"{status} {title}",
+        f"<section class='error-page'><p class='code'>{status}</p><h1>{esc(title)}</h1>"
+        f"<p class='flash err' role='alert'>{esc(message)}</p>"
+        "<p><a href='/'>« back to the runs</a></p></section>",
+        csrf=csrf,
     )
 
 
@@ -62,8 +72,12 @@ def _options(values: tuple, chosen: str | None, blank: str | None) -> str:
 
 
 def _duration(row: dict, now: float) -> str:
-    end = now if row["status"] in ("running", "queued") else row["updated_at"]
-    return _show._duration(max(0.0, (end or now) - row["created_at"]))
+    """How long the run has taken: until now while it runs, is queued or
+    waits paused (a paused run is not over), else until it settled."""
+    open_ended = row["status"] in ("running", "queued", "paused")
+    end = now if open_ended else row["updated_at"]
+    text = seconds(max(0.0, (end or now) - row["created_at"]))
+    return f"{text} so far" if row["status"] == "paused" else text
 
 
 def _parse_before(value: str | None) -> tuple[float, str] | None:
@@ -157,86 +171,26 @@ def runs_page(params: dict[str, str], csrf: str) -> str:
     return layout("Runs", "".join(body), csrf=csrf)
 
 
-def _usage_text(usage: tuple | None) -> str:
-    if usage is None:
-        return ""
-    inp, out, cache_r, cache_c, reasoning, cost, complete = usage
-    parts = [f"in={inp}", f"out={out}"]
-    if cache_r or cache_c:
-        parts.append(f"cache_read={cache_r} cache_write={cache_c}")
-    if reasoning:
-        parts.append(f"reasoning={reasoning}")
-    parts.append(f"cost={_show._cost(cost, complete)}")
-    return " ".join(parts)
-
-
-def _span_html(spans: list[tuple]) -> str:
-    """Each span, indented under its parent, with its payloads."""
-    children: dict[str | None, list[tuple]] = {}
-    ids = {s[0] for s in spans}
-    for s in spans:
-        parent = s[1] if s[1] in ids else None
-        children.setdefault(parent, []).append(s)
-    out: list[str] = []
-    # Iterative, so a deep trace cannot exhaust the recursion limit; `None`
-    # closes the innermost open span.
-    stack: list[tuple | None] = list(reversed(children.get(None, [])))
-    while stack:
-        item = stack.pop()
-        if item is None:
-            out.append("</div></details>")
-            continue
-        (span_id, _parent, kind, name, start, end, status, replayed, error, usage, payloads) = item
-        attributes_json, input_json, output_json = payloads
-        marks = []
-        if replayed:
-            marks.append("<span class='mark replayed'>replayed</span>")
-        if status == "paused":
-            marks.append("<span class='mark paused'>paused</span>")
-        if status == "error":
-            marks.append("<span class='mark error'>error</span>")
-        dur = "running" if end is None else f"{(end - start) * 1000:.0f}ms"
-        glyph = _show._GLYPHS.get(kind, "•")
-        parts = [
-            (
-                f"<details class='span' data-span-id='{esc(span_id)}'><summary>{esc(glyph)} "
-                f"<b>{esc(name)}</b> <span class='kind'>{esc(kind)}</span> "
-                f"<span class='dur'>[{esc(dur)}]</span> {' '.join(marks)}</summary><dl>"
-            )
-        ]
-        if usage is not None:
-            parts.append(f"<dt>usage</dt><dd><code>{esc(_usage_text(usage))}</code></dd>")
-        if attributes_json:
-            parts.append(f"<dt>attributes</dt><dd><pre>{pretty(attributes_json)}</pre></dd>")
-        if input_json is not None:
-            parts.append(f"<dt>input</dt><dd><pre class='input'>{pretty(input_json)}</pre></dd>")
-        if output_json is not None:
-            parts.append(f"<dt>output</dt><dd><pre class='output'>{pretty(output_json)}</pre></dd>")
-        if error[0] or error[1]:
-            parts.append(
-                f"<dt>error</dt><dd><pre class='error'>{esc(error[0])}: {esc(error[1])}</pre></dd>"
-            )
-        parts.append("</dl><div class='children'>")
-        out.append("".join(parts))
-        stack.append(None)
-        stack.extend(reversed(children.get(span_id, [])))
-    return "".join(out)
-
-
-def _answer_forms(run_id: str, kind: str, pending: list, csrf: str) -> str:
+def _answer_forms(
+    run_id: str, kind: str, pending: list, csrf: str, *, back: str = "", heading: bool = True
+) -> str:
+    """The answer forms of a run's pending interrupts (Approve / Deny / a JSON
+    answer); `back="inbox"` returns to the inbox once answered."""
     from .._answer import Pending, graph_head
 
     if not pending:
         return ""
     action = esc(run_href(run_id) + "/answer")
     hidden = f"<input type='hidden' name='csrf' value='{esc(csrf)}'>"
+    if back:
+        hidden += f"<input type='hidden' name='next' value='{esc(back)}'>"
     if kind == "graph":
         # The suspension shown here: an answer posted after the run moved on
         # from it is refused, not given to the node's next question.
         head = graph_head(run_id)
         if head is not None:
             hidden += f"<input type='hidden' name='at' value='{esc(head)}'>"
-    out = ["<section class='pending'><h2>Pending interrupts</h2>"]
+    out = ["<section class='pending'>" + ("<h2>Pending interrupts</h2>" if heading else "")]
     for row in pending:
         p = Pending(row)
         if p.kind in ("timer", "signal"):
@@ -264,39 +218,76 @@ def _answer_forms(run_id: str, kind: str, pending: list, csrf: str) -> str:
     return "".join(out)
 
 
+def _actions(row: dict, csrf: str) -> str:
+    """The run's actions: cancel (while it can still stop), replay check (a
+    flow run's body against its journal; nothing executes or is written)."""
+    base = run_href(row["run_id"])
+    hidden = f"<input type='hidden' name='csrf' value='{esc(csrf)}'>"
+    out = []
+    if row["status"] in ("running", "paused", "queued"):
+        out.append(
+            f"<form method='post' action='{esc(base + '/cancel')}' class='cancel' "
+            f"data-confirm='Cancel run {esc(row['run_id'])}?'>{hidden}"
+            "<button class='cancel danger'>Cancel run</button></form>"
+        )
+    if row["kind"] == "flow":
+        out.append(
+            f"<form method='post' action='{esc(base + '/replay')}' class='replay'>{hidden}"
+            "<button class='replay'>Replay check</button></form>"
+        )
+    if not out:
+        return ""
+    return "<div class='actions'>" + "".join(out) + "</div>"
+
+
 def run_page(run_id: str, csrf: str, *, message: str = "", error: str = "") -> tuple[int, str]:
     db = _show._db_path()
     outcome, view = _core.trace_view(db, run_id, "tree", False)
     if outcome == "ambiguous":
         raise ComposeError(_show._ambiguous(run_id, view).args[0])
     if outcome != "found":
-        return 404, layout(
-            "Not found", f"<h1>Not found</h1><p>no run found with id '{esc(run_id)}'</p>", csrf=csrf
-        )
+        return 404, error_page(404, "Run not found", f"no run found with id '{run_id}'", csrf=csrf)
     run_id = view["run_id"]
     _, row = _core.resolve_run(db, run_id)
     _, spans_view = _core.span_view(db, run_id)
     spans = spans_view["spans"] if spans_view else []
     from .. import _engine
 
-    journal_keys = [k for k, _ in _engine.get_store().journal(run_id)] if row else []
+    journal = _engine.get_store().journal(run_id) if row else []
+    keys = [k for k, _ in journal]
+    # Internal entries (answers, fork origin, waits) are not steps.
+    steps = [k for k in keys if not k.startswith("__")]
     now = time.time()
     state = f"{row['status']}:{row['updated_at']!r}:{len(spans)}:{len(view['pending'])}"
-    body = [
-        f"<h1>Run <code>{esc(run_id)}</code></h1>",
-        f"<p class='flash ok'>{esc(message)}</p>" if message else "",
-        f"<p class='flash err' role='alert'>{esc(error)}</p>" if error else "",
-        "<table class='meta'>",
+    meta = [
         (
             f"<tr><th>status</th><td><span id='run-status' class='status {esc(row['status'])}'>"
             f"{esc(row['status'])}</span></td></tr>"
         ),
         f"<tr><th>kind</th><td>{esc(row['kind'])}</td></tr>",
         f"<tr><th>name</th><td>{esc(row['name'])}</td></tr>",
+    ]
+    if row.get("module"):
+        meta.append(f"<tr><th>module</th><td><code>{esc(row['module'])}</code></td></tr>")
+    origin = _fork_origin(dict(journal).get("__fork__"))
+    if origin is not None:
+        meta.append(
+            f"<tr><th>forked from</th><td><a href='{esc(run_href(origin[0]))}'>"
+            f"<code>{esc(origin[0])}</code></a> at <code>{esc(origin[1])}</code></td></tr>"
+        )
+    meta += [
         f"<tr><th>created</th><td>{esc(_show._age(row['created_at'], now))}</td></tr>",
         f"<tr><th>duration</th><td>{esc(_duration(row, now))}</td></tr>",
         f"<tr><th>trace</th><td><code>{esc(row['trace_id'])}</code></td></tr>",
+    ]
+    body = [
+        f"<h1>Run <code>{esc(run_id)}</code></h1>",
+        f"<p class='flash ok' role='status'>{esc(message)}</p>" if message else "",
+        f"<p class='flash err' role='alert'>{esc(error)}</p>" if error else "",
+        "<table class='meta'>",
+        *meta,
         "</table>",
+        _actions(row, csrf),
         _answer_forms(run_id, row["kind"], view["pending"], csrf),
     ]
     if row["output_json"] is not None:
@@ -310,15 +301,40 @@ def run_page(run_id: str, csrf: str, *, message: str = "", error: str = "") -> t
             for key, value_json in view["events"]
         )
         body.append(f"<h2>Events</h2><table class='events'>{events}</table>")
-    body.append(f"<h2>Trace</h2><pre class='tree'>{esc(view['text'])}</pre>")
-    body.append(f"<h2>Spans</h2><div class='spans'>{_span_html(spans)}</div>")
-    keys = "".join(f"<li><code>{esc(k)}</code></li>" for k in journal_keys)
-    body.append(f"<h2>Journal keys</h2><ul class='journal'>{keys or '<li>none</li>'}</ul>")
+    fork_action = run_href(run_id) + "/fork" if row["kind"] == "flow" else None
+    body.append("<h2>Timeline</h2>")
+    body.append(waterfall(spans, fork_action=fork_action, fork_keys=set(steps), csrf=csrf))
+    body.append(
+        f"<details class='text-trace'><summary>Text trace</summary>"
+        f"<pre class='tree'>{esc(view['text'])}</pre></details>"
+    )
+    items = "".join(f"<li><code>{esc(k)}</code></li>" for k in steps)
+    internal = len(keys) - len(steps)
+    note = (
+        f"<p class='note'>{internal} internal entr{'y' if internal == 1 else 'ies'} "
+        "(answers, waits, fork origin) not shown</p>"
+        if internal
+        else ""
+    )
+    body.append(
+        f"<h2>Journaled steps</h2><ul class='journal'>{items or '<li>none</li>'}</ul>{note}"
+    )
     attrs = (
         f" data-run-id='{esc(run_id)}' data-run-url='{esc(run_href(run_id))}'"
         f" data-state='{esc(state)}'"
     )
     return 200, layout(f"Run {run_id}", "".join(body), csrf=csrf, extra_attrs=attrs)
+
+
+def _fork_origin(value_json: str | None) -> tuple[str, str] | None:
+    """`(run_id, at)` of a forked run's origin entry."""
+    if value_json is None:
+        return None
+    try:
+        value = json.loads(value_json)
+        return str(value["run_id"]), str(value["at"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def run_state(run_id: str) -> dict | None:
@@ -473,3 +489,116 @@ def queues_page(csrf: str) -> str:
             )
         body.append("</tbody></table>")
     return layout("Queues", "".join(body), csrf=csrf)
+
+
+# -- the inbox: runs waiting for a person ---------------------------------------
+
+INBOX_LIMIT = 200
+
+
+def inbox_page(csrf: str, *, message: str = "") -> str:
+    """Paused runs with a question or an approval pending (not those parked on
+    a timer or a signal), oldest waiting first, each answerable here."""
+    from .. import _engine
+    from .._answer import Pending
+
+    db = _show._db_path()
+    rows = _core.query_runs(db, "paused", None, None, INBOX_LIMIT + 1, None) or []
+    more = len(rows) > INBOX_LIMIT
+    store = None if _engine.missing_store() else _engine.get_store()
+    now = time.time()
+    waiting = []
+    for row in rows[:INBOX_LIMIT]:
+        pending = store.pending(row["run_id"]) if store is not None else []
+        asks = [p for p in pending if Pending(p).kind not in ("timer", "signal")]
+        if asks:
+            waiting.append((row, asks))
+    waiting.reverse()
+    body = [
+        (
+            "<h1>Inbox <small class='count'>"
+            f"{len(waiting)} run{'' if len(waiting) == 1 else 's'} waiting for a person</small></h1>"
+        ),
+        f"<p class='flash ok'>{esc(message)}</p>" if message else "",
+    ]
+    if not waiting:
+        body.append("<p class='empty'>nothing is waiting for an answer</p>")
+    for row, asks in waiting:
+        run_id = row["run_id"]
+        body.append(
+            f"<article class='inbox-item' data-run-id='{esc(run_id)}'><header>"
+            f"<a href='{esc(run_href(run_id))}'><code>{esc(run_id)}</code></a> "
+            f"<b>{esc(row['name'])}</b> <span class='kind'>{esc(row['kind'])}</span> "
+            f"<span class='age'>waiting {esc(seconds(max(0.0, now - row['updated_at'])))}"
+            "</span></header>"
+            f"{_answer_forms(run_id, row['kind'], asks, csrf, back='inbox', heading=False)}"
+            "</article>"
+        )
+    if more:
+        body.append(
+            f"<p class='note'>only the {INBOX_LIMIT} most recently paused runs are read: "
+            "answer some, or find older ones on the runs page (status paused)</p>"
+        )
+    return layout("Inbox", "".join(body), csrf=csrf)
+
+
+# -- workers: liveness from their leases ---------------------------------------
+
+
+def _owner_parts(owner: str) -> tuple[str, str]:
+    """`(host, pid)` of a lease owner id (`host:pid:start:ulid`)."""
+    parts = owner.split(":")
+    if len(parts) >= 4:
+        return ":".join(parts[:-3]), parts[-3]
+    return owner, "?"
+
+
+def workers_page(csrf: str) -> str:
+    """Every process holding a run's lease, with its last heartbeat (a lease
+    is renewed every few seconds while its holder lives; a lease that ran
+    out means its holder stopped)."""
+    from .. import _engine
+
+    lease = _lease_seconds()
+    holders = [] if _engine.missing_store() else _core.lease_holders(_engine.get_store())
+    now = time.time()
+    body = [
+        "<h1>Workers</h1>",
+        (
+            "<p class='note'>A process appears here while it holds a run's lease: a "
+            "<code>compose worker</code> continuing runs, or any process executing one. Its "
+            f"heartbeat renews the lease ({lease:g}s); an expired lease means the process stopped, "
+            "and its runs are taken over by the next worker pass.</p>"
+        ),
+    ]
+    if not holders:
+        body.append("<p class='empty'>no process holds a lease right now</p>")
+        return layout("Workers", "".join(body), csrf=csrf)
+    body.append(
+        "<table class='workers'><thead><tr><th>host</th><th>pid</th><th>state</th>"
+        "<th>last heartbeat</th><th class='num'>runs held</th><th>owner id</th></tr>"
+        "</thead><tbody>"
+    )
+    for owner, runs, until in holders:
+        host, pid = _owner_parts(owner)
+        alive = until > now
+        beat = max(0.0, now - (until - lease))
+        state = "alive" if alive else "lease expired"
+        body.append(
+            f"<tr class='worker {'alive' if alive else 'stale'}'><td>{esc(host)}</td>"
+            f"<td>{esc(pid)}</td><td><span class='status {'completed' if alive else 'failed'}'>"
+            f"{esc(state)}</span></td><td>{esc(seconds(beat))} ago</td>"
+            f"<td class='num'>{runs}</td><td><code>{esc(owner)}</code></td></tr>"
+        )
+    body.append("</tbody></table>")
+    return layout("Workers", "".join(body), csrf=csrf)
+
+
+def _lease_seconds() -> float:
+    import os
+
+    try:
+        value = float(os.environ.get("COMPOSE_LEASE_SECONDS") or 30.0)
+    except ValueError:
+        return 30.0
+    return value if value > 0 else 30.0

@@ -9,7 +9,7 @@
 use crate::clock;
 use crate::error::{CoreError, CoreResult};
 use crate::runtime::block_on;
-use crate::store::durable::{CancelOutcome, DueRun, DurableStore, WaitRow, EPSILON};
+use crate::store::durable::{wake_reason, CancelOutcome, DueRun, DurableStore, WaitRow, EPSILON};
 use crate::store::graph::{GraphTx, GraphWork, Row, Thread};
 use crate::store::postgres::inner::{insert_run_err, PgInner, PgStore};
 use crate::store::postgres::sql::{
@@ -278,7 +278,7 @@ impl DurableStore for PgStore {
             let c = self.client().await?;
             let timers = rows(
                 &c,
-                "SELECT r.run_id, r.kind, r.name, w.module FROM waits w \
+                "SELECT r.run_id, r.kind, r.name, w.module, w.step_key FROM waits w \
                  JOIN runs r ON r.rid = w.rid WHERE w.wake_at IS NOT NULL AND w.wake_at <= $1 \
                  AND r.status = 'paused' ORDER BY w.wake_at LIMIT $2",
                 &timer_params,
@@ -316,7 +316,11 @@ impl DurableStore for PgStore {
                         run_id,
                         kind: r.get(1),
                         name: r.get(2),
-                        reason,
+                        reason: if reason == "timer" {
+                            wake_reason(r.get::<_, &str>(4))
+                        } else {
+                            reason
+                        },
                         module: r.get(3),
                     });
                 }

@@ -190,7 +190,7 @@ impl PgStore {
                 "SELECT s.span_id, s.parent, s.kind, s.name, s.started_at, s.ended_at, s.status, \
                         s.flags, s.error_json, s.input_tokens, s.output_tokens, \
                         s.cache_read_tokens, s.cache_creation_tokens, s.reasoning_tokens, \
-                        s.cost_usd, s.cost_complete, {payloads} \
+                        s.cost_usd, s.cost_complete, {payloads}, s.step_key \
                  FROM spans s WHERE s.trace_id = $1"
             ),
             &[&trace_id],
@@ -234,6 +234,7 @@ impl PgStore {
                     attributes_json: r.get(17),
                     input_json: r.get(18),
                     output_json: r.get(19),
+                    step_key: r.get(20),
                 }
             })
             .collect();

@@ -8,8 +8,8 @@ use crate::error::{CoreError, CoreResult};
 use crate::runtime::block_on;
 use crate::store::postgres::inner::{insert_run_err, PgStore};
 use crate::store::queue::{
-    allowance, claim_order, dedup_taken, window, Claimed, Claimer, Limits, Placement, QueueStats,
-    QueueStore,
+    allowance, claim_order, dedup_taken, window, Claimed, Claimer, LeaseHolder, Limits, Placement,
+    QueueStats, QueueStore,
 };
 use crate::store::{NewRun, RunRow};
 use crate::time::now;
@@ -50,8 +50,8 @@ pub fn enqueue(s: &PgStore, new: &NewRun, p: &Placement) -> CoreResult<RunRow> {
         let row = tx
             .query_one(
                 "WITH r AS (INSERT INTO runs(run_id, kind, name, status, created_at, updated_at, \
-                 trace_id, fingerprint, args_json, budget_json) \
-                 VALUES($1, $2, $3, 'queued', $4, $4, $5, $6, $7, $8) RETURNING rid) \
+                 trace_id, fingerprint, args_json, budget_json, module) \
+                 VALUES($1, $2, $3, 'queued', $4, $4, $5, $6, $7, $8, $12) RETURNING rid) \
                  INSERT INTO queue_runs(rid, queue, priority, dedup_id, enqueued_at) \
                  SELECT rid, $9, $10, $11, $4 FROM r RETURNING rid",
                 &[
@@ -66,6 +66,7 @@ pub fn enqueue(s: &PgStore, new: &NewRun, p: &Placement) -> CoreResult<RunRow> {
                     &p.queue,
                     &p.priority,
                     &p.dedup_id,
+                    &new.module,
                 ],
             )
             .await
@@ -189,6 +190,29 @@ pub fn stats(s: &PgStore, t: f64) -> CoreResult<Vec<QueueStats>> {
     })
 }
 
+pub fn lease_holders(s: &PgStore) -> CoreResult<Vec<LeaseHolder>> {
+    block_on(async {
+        let c = s.client().await?;
+        let rows = c
+            .query(
+                "SELECT lease_owner, COUNT(*), MAX(lease_until) FROM runs \
+                 WHERE lease_owner IS NOT NULL AND lease_until IS NOT NULL \
+                 GROUP BY lease_owner ORDER BY MAX(lease_until) DESC",
+                &[],
+            )
+            .await
+            .map_err(s.err())?;
+        Ok(rows
+            .iter()
+            .map(|r| LeaseHolder {
+                owner: r.get(0),
+                runs: r.get(1),
+                lease_until: r.get(2),
+            })
+            .collect())
+    })
+}
+
 pub fn recent_starts(s: &PgStore, queue: &str, since: f64, limit: i64) -> CoreResult<Vec<f64>> {
     block_on(async {
         let c = s.client().await?;
@@ -222,5 +246,8 @@ impl QueueStore for PgStore {
     }
     fn recent_starts(&self, queue: &str, since: f64, limit: i64) -> CoreResult<Vec<f64>> {
         recent_starts(self, queue, since, limit)
+    }
+    fn lease_holders(&self) -> CoreResult<Vec<LeaseHolder>> {
+        lease_holders(self)
     }
 }

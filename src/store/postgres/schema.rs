@@ -13,7 +13,7 @@ pub(super) const LEASE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS run_recoveries
 
 /// Versions of the PostgreSQL schema (its own series; step `n` brings a
 /// schema at `n - 1` to `n`).
-pub const PG_SCHEMA_VERSION: i32 = 6;
+pub const PG_SCHEMA_VERSION: i32 = 7;
 
 pub(super) const PG_SCHEMA_V1: &str = r#"
 CREATE TABLE runs(
@@ -103,16 +103,21 @@ CREATE TABLE cancel_requests(
 
 /// `(version, DDL)` of each step, in order; a schema at version `v` gets
 /// every step above `v`.
-pub(super) const MIGRATIONS: [(i32, &str); 6] = [
+pub(super) const MIGRATIONS: [(i32, &str); 7] = [
     (1, PG_SCHEMA_V1),
     (2, PG_SCHEMA_V2),
     (3, PG_QUEUE_SCHEMA),
     (4, LEASE_SCHEMA),
     (5, IDENT_SCHEMA),
-    (6, PUBLISHED_SCHEMA),
+    (6, MODULE_SCHEMA),
+    (7, PUBLISHED_SCHEMA),
 ];
 
-/// Schema version 6: what runs publish (OPS-21, OPS-22) and the fork rows
+/// Schema version 6: the module defining each run's flow, so an error can
+/// name the import that registers it; NULL for runs stored before it.
+pub const MODULE_SCHEMA: &str = "ALTER TABLE runs ADD COLUMN IF NOT EXISTS module TEXT;";
+
+/// Schema version 7: what runs publish (OPS-21, OPS-22) and the fork rows
 /// of the journal a prune looks up (OPS-23), as on SQLite. A new event
 /// value, stream value or stream end sends the wake-up hint, which readers
 /// wait on.

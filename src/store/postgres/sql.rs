@@ -268,18 +268,19 @@ pub(super) fn read_run(r: &tokio_postgres::Row) -> RunRow {
         output_json: r.get(10),
         error_json: r.get(11),
         budget_json: r.get(12),
+        module: r.get(13),
     }
 }
 
 pub(super) const RUN_COLUMNS: &str =
     "rid, run_id, kind, name, status, created_at, updated_at, trace_id, \
-     fingerprint, args_json, output_json, error_json, budget_json";
+     fingerprint, args_json, output_json, error_json, budget_json, module";
 
 /// Inserts a `running` run held by `$9` until `$10`, returning its rid;
 /// `INSERT_RUN_PARAMS` are its parameters.
 pub(super) const INSERT_RUN: &str = "INSERT INTO runs(run_id, kind, name, status, created_at, \
-     updated_at, trace_id, fingerprint, args_json, budget_json, lease_owner, lease_until) \
-     VALUES($1, $2, $3, 'running', $4, $4, $5, $6, $7, $8, $9, $10) RETURNING rid";
+     updated_at, trace_id, fingerprint, args_json, budget_json, lease_owner, lease_until, module) \
+     VALUES($1, $2, $3, 'running', $4, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING rid";
 
 /// The parameters of `INSERT_RUN`.
 pub(super) fn insert_run_params<'a>(
@@ -287,7 +288,7 @@ pub(super) fn insert_run_params<'a>(
     t: &'a f64,
     owner: &'a &str,
     lease_until: &'a f64,
-) -> [&'a (dyn ToSql + Sync); 10] {
+) -> [&'a (dyn ToSql + Sync); 11] {
     [
         &new.run_id,
         &new.kind,
@@ -299,6 +300,7 @@ pub(super) fn insert_run_params<'a>(
         &new.budget_json,
         owner,
         lease_until,
+        &new.module,
     ]
 }
 

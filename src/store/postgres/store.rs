@@ -175,8 +175,8 @@ impl Store for PgStore {
                 .map_err(self.err())?
                 .ok_or_else(|| CoreError::Config(format!("no run found with run_id '{run_id}'")))?;
             let run = read_run(&row);
-            let holder: Option<String> = row.get(13);
-            let until: Option<f64> = row.get(14);
+            let holder: Option<String> = row.get(14);
+            let until: Option<f64> = row.get(15);
             if let Some(holder) = &holder {
                 if holder != owner && live(holder, until.unwrap_or(0.0)) {
                     return Err(CoreError::Config(format!(

@@ -3,7 +3,7 @@
 
 use crate::clock;
 use crate::error::{AtPath, CoreError, CoreResult};
-use crate::store::durable::{CancelOutcome, DueRun, WaitRow, EPSILON};
+use crate::store::durable::{wake_reason, CancelOutcome, DueRun, WaitRow, EPSILON};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 const TERMINAL: [&str; 3] = ["completed", "failed", "cancelled"];
@@ -249,14 +249,14 @@ pub fn due_runs(
     let parked = [
         (
             "timer",
-            "SELECT r.run_id, r.kind, r.name, w.module FROM waits w JOIN runs r ON r.rid = w.rid \
-             WHERE w.wake_at IS NOT NULL AND w.wake_at <= ?1 AND r.status = 'paused' \
+            "SELECT r.run_id, r.kind, r.name, w.module, w.step_key FROM waits w \
+             JOIN runs r ON r.rid = w.rid WHERE w.wake_at IS NOT NULL AND w.wake_at <= ?1 AND r.status = 'paused' \
              ORDER BY w.wake_at LIMIT ?2",
         ),
         (
             "signal",
-            "SELECT r.run_id, r.kind, r.name, w.module FROM waits w JOIN runs r ON r.rid = w.rid \
-             WHERE (w.signal_name IS NOT NULL OR w.after_sid IS NOT NULL) AND ?1 = ?1 \
+            "SELECT r.run_id, r.kind, r.name, w.module, w.step_key FROM waits w \
+             JOIN runs r ON r.rid = w.rid WHERE (w.signal_name IS NOT NULL OR w.after_sid IS NOT NULL) AND ?1 = ?1 \
                AND r.status = 'paused' AND (EXISTS(SELECT 1 FROM signals s WHERE s.rid = w.rid \
                  AND s.name = w.signal_name AND s.seq >= w.signal_seq) \
                OR EXISTS(SELECT 1 FROM signals s WHERE s.rid = w.rid AND s.sid > w.after_sid)) \
@@ -266,11 +266,16 @@ pub fn due_runs(
     for (reason, sql) in parked {
         let mut st = conn.prepare_cached(sql)?;
         let rows = st.query_map(params![now, cap], |r| {
+            let step_key: String = r.get(4)?;
             Ok(DueRun {
                 run_id: r.get(0)?,
                 kind: r.get(1)?,
                 name: r.get(2)?,
-                reason,
+                reason: if reason == "timer" {
+                    wake_reason(&step_key)
+                } else {
+                    reason
+                },
                 module: r.get(3)?,
             })
         })?;

@@ -24,6 +24,11 @@ const LEASE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS run_recoveries(\
 const IDENT_VERSION: i64 = 11;
 const IDENT_SCHEMA: &str = "ALTER TABLE journal ADD COLUMN ident TEXT";
 
+/// Schema step 12: the module defining each run's flow, so an error can
+/// name the import that registers it; NULL for runs stored before it.
+const MODULE_VERSION: i64 = 12;
+const MODULE_SCHEMA: &str = "ALTER TABLE runs ADD COLUMN module TEXT";
+
 /// The version 0.11.0 stamped on its stores.
 const LEGACY_VERSION: i64 = 1;
 
@@ -140,6 +145,9 @@ pub fn bring_up_to_date(conn: &Connection, path: &str, version: i64) -> CoreResu
             conn.execute_batch(IDENT_SCHEMA).at(path)?;
         }
     }
+    if version < MODULE_VERSION && !has_column(conn, path, "runs", "module")? {
+        conn.execute_batch(MODULE_SCHEMA).at(path)?;
+    }
     if version < crate::store::sqlite::published_schema::VERSION {
         conn.execute_batch(crate::store::sqlite::published_schema::SCHEMA)
             .at(path)?;
@@ -148,6 +156,15 @@ pub fn bring_up_to_date(conn: &Connection, path: &str, version: i64) -> CoreResu
         .at(path)?;
     conn_tx.commit()?;
     Ok(())
+}
+
+fn has_column(conn: &Connection, path: &str, table: &str, column: &str) -> CoreResult<bool> {
+    conn.query_row(
+        "SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2",
+        [table, column],
+        |r| r.get(0),
+    )
+    .at(path)
 }
 
 /// `BEGIN IMMEDIATE` on a shared connection, rolled back unless committed.

@@ -1,12 +1,12 @@
 //! The tables of events, streams and the journal's fork rows on SQLite
-//! (OPS-21 … OPS-23): schema step 12, applied to a new store and as an
+//! (OPS-21 … OPS-23): schema step 13, applied to a new store and as an
 //! upgrade step of an older one; every statement is idempotent.
 
-/// Schema step 12: the latest value of each event key of a run, the values
+/// Schema step 13: the latest value of each event key of a run, the values
 /// of a run's streams by sequence number, the streams closed, and the fork
 /// rows of the journal (a prune looks them up to spare the runs they
 /// borrow from).
-pub const VERSION: i64 = 12;
+pub const VERSION: i64 = 13;
 
 pub const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS run_events(

@@ -19,7 +19,7 @@ use rusqlite::{params, Connection, OptionalExtension, ToSql, Transaction, Transa
 use std::collections::HashMap;
 
 const RUN_COLUMNS: &str = "rid, run_id, kind, name, status, created_at, updated_at, trace_id, \
-     fingerprint, args_json, output_json, error_json, budget_json";
+     fingerprint, args_json, output_json, error_json, budget_json, module";
 
 /// Runs matching `f`, newest first, with their usage.
 pub fn list_runs(conn: &Connection, f: &RunFilter) -> rusqlite::Result<Vec<RunSummary>> {
@@ -414,7 +414,7 @@ fn read_trace(
         "SELECT s.span_id, s.parent, s.kind, s.name, s.started_at, s.ended_at, s.status, \
                 s.flags, s.error_json, s.input_tokens, s.output_tokens, s.cache_read_tokens, \
                 s.cache_creation_tokens, s.reasoning_tokens, s.cost_usd, s.cost_complete, \
-                {payloads} \
+                {payloads}, s.step_key \
          FROM spans s WHERE {IN_RUN_TRACE}"
     ))?;
     let rows = st.query_map(params![rid, trace_id], |r| {
@@ -457,6 +457,7 @@ fn read_trace(
             attributes_json: r.get(17)?,
             input_json: r.get(18)?,
             output_json: r.get(19)?,
+            step_key: r.get(20)?,
         })
     })?;
     let mut spans = rows.collect::<rusqlite::Result<Vec<_>>>()?;

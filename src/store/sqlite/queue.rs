@@ -3,8 +3,8 @@
 
 use crate::error::{AtPath, CoreResult};
 use crate::store::queue::{
-    allowance, claim_order, dedup_taken, window, Claimed, Claimer, Limits, Placement, QueueStats,
-    QueueStore,
+    allowance, claim_order, dedup_taken, window, Claimed, Claimer, LeaseHolder, Limits, Placement,
+    QueueStats, QueueStore,
 };
 use crate::store::sqlite::store::SqliteStore;
 use crate::store::{NewRun, RunRow, Store};
@@ -36,8 +36,8 @@ pub fn enqueue(s: &SqliteStore, new: &NewRun, p: &Placement) -> CoreResult<RunRo
         }
         tx.prepare_cached(
             "INSERT INTO runs(run_id, kind, name, status, created_at, updated_at, trace_id, \
-             fingerprint, args_json, budget_json) \
-             VALUES(?1, ?2, ?3, 'queued', ?4, ?4, ?5, ?6, ?7, ?8)",
+             fingerprint, args_json, budget_json, module) \
+             VALUES(?1, ?2, ?3, 'queued', ?4, ?4, ?5, ?6, ?7, ?8, ?9)",
         )
         .and_then(|mut st| {
             st.execute(params![
@@ -48,7 +48,8 @@ pub fn enqueue(s: &SqliteStore, new: &NewRun, p: &Placement) -> CoreResult<RunRo
                 new.trace_id,
                 new.fingerprint,
                 new.args_json,
-                new.budget_json
+                new.budget_json,
+                new.module
             ])
         })
         .map_err(|e| match e {
@@ -185,6 +186,29 @@ pub fn stats(s: &SqliteStore, t: f64) -> CoreResult<Vec<QueueStats>> {
     })
 }
 
+pub fn lease_holders(s: &SqliteStore) -> CoreResult<Vec<LeaseHolder>> {
+    let path = s.path().to_string();
+    s.with_conn(|c| {
+        let mut st = c
+            .prepare_cached(
+                "SELECT lease_owner, COUNT(*), MAX(lease_until) FROM runs \
+                 WHERE lease_owner IS NOT NULL AND lease_until IS NOT NULL \
+                 GROUP BY lease_owner ORDER BY MAX(lease_until) DESC",
+            )
+            .at(&path)?;
+        let rows = st
+            .query_map([], |r| {
+                Ok(LeaseHolder {
+                    owner: r.get(0)?,
+                    runs: r.get(1)?,
+                    lease_until: r.get(2)?,
+                })
+            })
+            .at(&path)?;
+        rows.collect::<rusqlite::Result<_>>().at(&path)
+    })
+}
+
 /// Claim times of `queue` after `since`, oldest first, at most `limit`.
 pub fn recent_starts(s: &SqliteStore, queue: &str, since: f64, limit: i64) -> CoreResult<Vec<f64>> {
     let path = s.path().to_string();
@@ -220,5 +244,8 @@ impl QueueStore for SqliteStore {
     }
     fn recent_starts(&self, queue: &str, since: f64, limit: i64) -> CoreResult<Vec<f64>> {
         recent_starts(self, queue, since, limit)
+    }
+    fn lease_holders(&self) -> CoreResult<Vec<LeaseHolder>> {
+        lease_holders(self)
     }
 }

@@ -37,8 +37,8 @@ pub(crate) fn moved_rid(tx: &Connection, rid: i64) -> CoreError {
 /// when the run ended before its row was written.
 pub const QUEUED_RUN_INSERT: &str =
     "INSERT OR IGNORE INTO runs(run_id, kind, name, status, created_at, updated_at, trace_id, \
-     fingerprint, args_json, budget_json, output_json, error_json, lease_owner, lease_until) \
-     VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)";
+     fingerprint, args_json, budget_json, output_json, error_json, lease_owner, lease_until, \
+     module) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)";
 
 pub(crate) fn insert_run(
     tx: &Connection,
@@ -78,7 +78,8 @@ pub(crate) fn insert_run(
         p.set(11, output)?;
         p.set(12, error)?;
         p.set(13, owner)?;
-        p.set(14, until)
+        p.set(14, until)?;
+        p.set(15, new.module.as_deref())
     })?;
     Ok((n == 1).then(|| tx.last_insert_rowid()))
 }
@@ -98,6 +99,7 @@ pub fn read_run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
         output_json: r.get(10)?,
         error_json: r.get(11)?,
         budget_json: r.get(12)?,
+        module: r.get(13)?,
     })
 }
 

@@ -3,7 +3,7 @@
 /// From version 10 on a run's own trace has no `traces` row: its spans are
 /// stored under `tid = -rid`. No table changed; the version keeps an older
 /// engine, which finds spans only through `traces`, from opening the store.
-pub const SCHEMA_VERSION: i64 = 12;
+pub const SCHEMA_VERSION: i64 = 13;
 
 pub const SCHEMA: &str = r#"
 CREATE TABLE runs(

@@ -162,8 +162,8 @@ impl Store for SqliteStore {
         self.apply(&mut w, ops, |tx| {
             tx.prepare_cached(
                 "INSERT INTO runs(run_id, kind, name, status, created_at, updated_at, trace_id, \
-                 fingerprint, args_json, budget_json, lease_owner, lease_until) \
-                 VALUES(?1, ?2, ?3, 'running', ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                 fingerprint, args_json, budget_json, lease_owner, lease_until, module) \
+                 VALUES(?1, ?2, ?3, 'running', ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
             )
             .and_then(|mut st| {
                 st.execute(params![
@@ -176,7 +176,8 @@ impl Store for SqliteStore {
                     new.args_json,
                     new.budget_json,
                     owner,
-                    lease_until
+                    lease_until,
+                    new.module
                 ])
             })
             .at(&self.path)?;

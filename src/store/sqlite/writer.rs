@@ -304,7 +304,7 @@ impl Inner {
     pub(crate) fn run_row(conn: &Connection, run_id: &str) -> rusqlite::Result<Option<RunRow>> {
         conn.prepare_cached(
             "SELECT rid, run_id, kind, name, status, created_at, updated_at, trace_id, \
-             fingerprint, args_json, output_json, error_json, budget_json \
+             fingerprint, args_json, output_json, error_json, budget_json, module \
              FROM runs WHERE run_id = ?1",
         )?
         .query_row([run_id], read_run_row)
