@@ -8,6 +8,7 @@ import asyncio
 import subprocess
 import sys
 import threading
+from datetime import timedelta
 
 import pytest
 
@@ -91,9 +92,13 @@ def test_ops21_ops22_a_worker_publishes_and_other_processes_read_while_it_execut
         assert first == {"step": 1}
         # Parked on its signal by the worker: its stream readers wait on.
         assert box.run_row(run_id)["status"] in ("running", "paused")
+        # A prune beside the worker leaves its run alone (OPS-23).
+        assert compose.delete_runs(older_than=timedelta(0)) == 0
         live: list = []
         reader = threading.Thread(
-            target=lambda: live.extend(compose.read_stream(run_id, "numbers"))
+            target=lambda: live.extend(
+                compose.read_stream(run_id, "numbers", timeout=_proc.TIMEOUT)
+            )
         )
         reader.start()
         compose.signal(run_id, "go", "now")
@@ -124,7 +129,7 @@ def test_ops22_agent_tokens_reach_a_reader_before_the_run_ends(box, store_kind):
     run_id = park(box, "pubflows.story.run('owls', wait=False)")
     proc = worker(box)
     try:
-        tokens = compose.read_stream(run_id, "tokens")
+        tokens = compose.read_stream(run_id, "tokens", timeout=_proc.TIMEOUT)
         got = ""
         while got != "alpha beta gamma delta epsilon":
             got += next(tokens)
@@ -246,3 +251,11 @@ def test_ops21_compose_trace_lists_the_events(store_kind, capsys):
     assert cli.main(["trace", run.id]) == 0
     out = capsys.readouterr().out
     assert '\nevents:\n  stage = "start"\n' in out
+
+
+@pytest.fixture(autouse=True)
+def registered(isolated_state):
+    """The store fixture forgets every flow name; fork() and resume() find
+    flows by name."""
+    for f in (publisher, silent, closes_then_writes, unencodable):
+        flow(f.fn, name=f.name, replace=True)

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
+import _proc
 import composeai as compose
 from composeai import cli, flow, task
 from composeai.errors import ConfigError
@@ -75,16 +76,24 @@ def test_ops23_prune_keeps_unsettled_runs_and_fork_sources(store_kind):
     executing = waits.start(2)
     source = two.run(100).id
     BLOCK["b"] = True
+    GATE.clear()
     forked: list = []
-    fork_thread = threading.Thread(target=lambda: forked.append(compose.fork(source, "b#1")))
+
+    def fork() -> None:
+        try:
+            forked.append(compose.fork(source, "b#1"))
+        except BaseException as exc:  # noqa: BLE001 -- reported below
+            forked.append(exc)
+
+    fork_thread = threading.Thread(target=fork)
     fork_thread.start()
     try:
 
         def fork_running() -> bool:
+            assert not forked, forked
             return any(r.parent_id == source for r in compose.list_runs(status="running"))
 
-        while not fork_running():
-            fork_thread.join(0.05)
+        _proc.wait_until(fork_running, what="the fork executing its step")
         assert compose.delete_runs(older_than=timedelta(0), dry_run=True) == 30
         assert compose.delete_runs(older_than=timedelta(0)) == 30
         left = {r.id for r in compose.list_runs()}
@@ -102,6 +111,7 @@ def test_ops23_prune_keeps_unsettled_runs_and_fork_sources(store_kind):
     # finished run with it.
     assert compose.delete_runs(older_than=timedelta(0)) == 3
     assert {r.id for r in compose.list_runs()} == {queued, paused}
+    assert [r.queue for r in compose.list_runs(status="queued")] == ["later"]
     assert compose.list_runs(name="asks")[0].pending == ["ok"]
 
 
@@ -181,3 +191,11 @@ def test_ops23_worker_retention_prunes_when_it_starts(store_kind, capsys):
     with pytest.raises(SystemExit):
         cli.main(["worker", "--once", "--retention", "soon"])
     assert "invalid --retention value 'soon'" in capsys.readouterr().err
+
+
+@pytest.fixture(autouse=True)
+def registered(isolated_state):
+    """The store fixture forgets every flow name; fork() and resume() find
+    flows by name."""
+    for f in (two, waits, asks):
+        flow(f.fn, name=f.name, replace=True)

@@ -20,12 +20,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Whether a stream reader of `run` is done waiting: the run completed,
-/// failed or was cancelled, or paused for an answer. A run parked on a
-/// timer or a signal is continued by a worker without anyone's help, so
-/// its readers wait on.
+/// failed or was cancelled, or waits for an answer (an approval, a
+/// question). A run parked on a timer or a signal is continued by a worker
+/// without anyone's help, and an answered run is due: their readers wait
+/// on. (A run a worker continues keeps its `paused` row until it settles
+/// again; its answered interrupts are no longer pending.)
 fn settled(store: &Source, run: &RunRow) -> CoreResult<bool> {
     Ok(match run.status.as_str() {
-        "paused" => store.inner.parked_wait(&run.run_id)?.is_none(),
+        "paused" => store
+            .inner
+            .pending(run.rid)?
+            .iter()
+            .any(|p| p.kind != "timer" && p.kind != "signal"),
         status => FINAL.contains(&status),
     })
 }

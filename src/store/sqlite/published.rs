@@ -69,7 +69,7 @@ fn publish(c: &Connection, rid: i64, item: &Published<'_>, path: &str) -> CoreRe
 /// index on `created_at` finds), not graph runs (they follow their
 /// threads), and not borrowed from by a fork that has not reached its
 /// `at` step.
-const PRUNE_SELECT: &str = "\
+pub(crate) const PRUNE_SELECT: &str = "\
     SELECT r.rid FROM runs r \
     WHERE r.created_at < ?1 AND r.updated_at < ?1 \
       AND r.status IN (SELECT value FROM json_each(?2)) \

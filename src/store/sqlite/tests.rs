@@ -229,3 +229,51 @@ mod chat {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+mod published {
+    use crate::store::sqlite::open::open_connection;
+
+    /// A prune reads the runs it may delete through the creation-time index
+    /// and the journal's fork rows through their partial index: never a
+    /// scan of the runs or of the journal.
+    #[test]
+    fn prune_selects_through_indexes() {
+        let dir = std::env::temp_dir().join(format!("composeai-prune-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("runs.db").to_string_lossy().into_owned();
+        let _ = std::fs::remove_file(&path);
+        let conn = open_connection(&path, false).unwrap();
+        let sql = format!(
+            "EXPLAIN QUERY PLAN {}",
+            crate::store::sqlite::published::PRUNE_SELECT
+        );
+        let mut st = conn.prepare(&sql).unwrap();
+        let steps: Vec<String> = st
+            .query_map(
+                rusqlite::params![0.0, "[\"completed\"]", None::<String>, None::<String>, 10],
+                |r| r.get(3),
+            )
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert!(
+            steps
+                .iter()
+                .any(|s| s.contains("USING INDEX runs_by_created")),
+            "{steps:?}"
+        );
+        assert!(
+            steps
+                .iter()
+                .any(|s| s.contains("USING INDEX journal_forks")),
+            "{steps:?}"
+        );
+        assert!(
+            !steps
+                .iter()
+                .any(|s| s == "SCAN r" || s == "SCAN f" || s == "SCAN a"),
+            "{steps:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
