@@ -434,7 +434,8 @@ impl DurableStore for PgStore {
         now: f64,
         error_of: crate::store::durable::DeadlineError<'_>,
     ) -> CoreResult<Vec<String>> {
-        let expired = block_on(async {
+        // A retry after a lost commit reply finds those runs failed already.
+        let expired = self.retry(async |_| {
             let mut c = self.client().await?;
             let tx = c.transaction().await.map_err(self.err())?;
             // Workers expiring at once each take the rows no other holds.

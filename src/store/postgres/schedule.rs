@@ -1,7 +1,6 @@
 //! The schedules on PostgreSQL (OPS-11).
 
 use crate::error::{CoreError, CoreResult};
-use crate::runtime::block_on;
 use crate::store::postgres::inner::PgStore;
 use crate::store::postgres::sql::{exec, rows};
 use crate::store::schedule::{
@@ -28,7 +27,7 @@ fn read_row(r: &tokio_postgres::Row) -> ScheduleRow {
 
 impl ScheduleStore for PgStore {
     fn save_schedule(&self, s: &ScheduleRow) -> CoreResult<ScheduleRow> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             let saved = rows(
                 &c,
@@ -59,7 +58,7 @@ impl ScheduleStore for PgStore {
     }
 
     fn schedules(&self, name: Option<&str>) -> CoreResult<Vec<ScheduleRow>> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             let found = rows(
                 &c,
@@ -81,7 +80,7 @@ impl ScheduleStore for PgStore {
         paused: bool,
         next_fire: Option<f64>,
     ) -> CoreResult<bool> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             let t = crate::time::now();
             exec(&c, PAUSE_SCHEDULE, &[&name, &paused, &next_fire, &t])
@@ -92,7 +91,7 @@ impl ScheduleStore for PgStore {
     }
 
     fn delete_schedule(&self, name: &str) -> CoreResult<bool> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             exec(&c, "DELETE FROM schedules WHERE name = $1", &[&name])
                 .await
@@ -108,7 +107,7 @@ impl ScheduleStore for PgStore {
         next_fire: Option<f64>,
         fired: Option<(f64, &str)>,
     ) -> CoreResult<bool> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             let (tick, run_id) = (fired.map(|f| f.0), fired.map(|f| f.1));
             exec(
@@ -123,7 +122,7 @@ impl ScheduleStore for PgStore {
     }
 
     fn serve_flows(&self, owner: &str, flows: &[String], at: f64) -> CoreResult<()> {
-        block_on(async {
+        self.retry(async |_| {
             let mut c = self.client().await?;
             let tx = c.transaction().await.map_err(self.err())?;
             exec(&tx, "DELETE FROM worker_flows WHERE owner = $1", &[&owner])
@@ -143,7 +142,7 @@ impl ScheduleStore for PgStore {
     }
 
     fn served_flows(&self, since: f64) -> CoreResult<Vec<String>> {
-        block_on(async {
+        self.retry(async |_| {
             let c = self.client().await?;
             let found = rows(
                 &c,
