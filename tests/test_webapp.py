@@ -80,8 +80,11 @@ def test_ops20_23_example_web_app_streams_a_workers_agent_to_a_browser(tmp_path)
             assert started.status_code == 201, started.text
             run_id = started.json()["run_id"]
             again = client.post("/runs", json={"topic": "owls", "request_id": "req-1"}).json()
-            # The run is still queued (no worker yet): the same request id names it.
+            # The same request id names the same run (its run id).
             assert again == {"run_id": run_id, "created": False}
+            assert run_id == "article:req-1"
+            other = client.post("/runs", json={"topic": "bats", "request_id": "req-1"})
+            assert other.status_code == 409 and "argument" in other.json()["error"]
             assert client.post("/runs", json={"topic": ""}).status_code == 400
             worker = _spawn(
                 box,
@@ -115,6 +118,9 @@ def test_ops20_23_example_web_app_streams_a_workers_agent_to_a_browser(tmp_path)
             again = client.post(f"/runs/{run_id}/approval", json={"approved": True})
             assert again.status_code == 409
             assert client.get("/runs/nope/progress").status_code == 404
+            # A retried request after the run finished still names that run.
+            retried = client.post("/runs", json={"topic": "owls", "request_id": "req-1"})
+            assert retried.json() == {"run_id": run_id, "created": False}
             # A late reader gets every token again, then the end.
             assert _sse(client, f"/runs/{run_id}/tokens") == events
     finally:

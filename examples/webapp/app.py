@@ -11,16 +11,15 @@ process never executes the agent: it reads what the worker publishes.
     compose worker --queue articles --import articles &
     uvicorn app:app --port 8000
 
-Starting is idempotent: the browser sends a request id, and a second
-start with the same id while the first run is queued or running returns
-that run (the queue's `dedup_id`).
+Starting is idempotent: the browser sends a request id, which becomes
+the run's id (`run_id=`), so a retried request returns the run the first
+one started, whether it is still queued, running, paused or finished.
 """
 
 from __future__ import annotations
 
 import html
 import json
-import re
 from collections.abc import AsyncIterator
 
 from articles import ARTICLES, article
@@ -32,8 +31,6 @@ from starlette.routing import Route
 
 import composeai as compose
 from composeai.errors import ConfigError
-
-_DEDUP_OWNER = re.compile(r"already used by run '([^']+)'")
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -48,13 +45,18 @@ async def start(request: Request) -> Response:
         return _error(400, "topic must be a non-empty string")
     if not isinstance(request_id, str) or not request_id:
         return _error(400, "request_id must be a non-empty string")
+    run_id = f"article:{request_id}"
+    # Only for the response's `created` flag: the start itself is idempotent.
+    existed = await run_in_threadpool(_exists, run_id)
     try:
-        handle = article.start(topic.strip(), queue=ARTICLES, dedup_id=request_id)
+        handle = await run_in_threadpool(
+            lambda: article.start(topic.strip(), queue=ARTICLES, run_id=run_id)
+        )
     except ConfigError as exc:
-        owner = _DEDUP_OWNER.search(str(exc))
-        if owner is None:
-            raise
-        return JSONResponse({"run_id": owner.group(1), "created": False})
+        # A request id outside the allowed alphabet, or reused for another topic.
+        return _error(409 if existed else 400, str(exc))
+    if existed:
+        return JSONResponse({"run_id": handle.id, "created": False})
     return JSONResponse({"run_id": handle.id, "created": True}, status_code=201)
 
 
