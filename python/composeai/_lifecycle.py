@@ -31,7 +31,7 @@ _FLOWS: dict[str, Any] = {}
 
 def flow_versions() -> list[tuple[str, str]]:
     """`(name, fingerprint)` of every `@flow` registered in this process: the
-    code versions whose runs it continues (OPS-1)."""
+    code versions whose runs it continues."""
     return [(name, flow_obj.fingerprint) for name, flow_obj in _FLOWS.items()]
 
 
@@ -239,7 +239,7 @@ def _prepare_resume(
 
 
 def _timed_out(row: dict) -> bool:
-    """Whether a failed run was failed by its deadline (OPS-12)."""
+    """Whether a failed run was failed by its deadline."""
     error_json = row["error_json"]
     if not error_json or "FlowTimeoutError" not in error_json:
         return False

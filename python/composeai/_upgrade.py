@@ -1,5 +1,5 @@
-"""Checked upgrades of runs in flight to the imported code (OPS-3), and the
-code versions of unsettled runs (OPS-1).
+"""Checked upgrades of runs in flight to the imported code, and the
+code versions of unsettled runs.
 
 A run's code version is its flow's fingerprint; a worker continues only
 the runs of the code it imported. An upgrade replays a run's journal

@@ -465,7 +465,7 @@ def _iso(t: float) -> str:
 
 
 def _cmd_versions(args: argparse.Namespace) -> int:
-    """`compose versions [--import M] [--json]` (OPS-1): per flow and code
+    """`compose versions [--import M] [--json]`: per flow and code
     version, the runs not settled yet; the version of the imported code is
     marked `current`."""
     _import_modules(args.imports)
@@ -496,7 +496,7 @@ def _cmd_versions(args: argparse.Namespace) -> int:
 
 def _cmd_upgrade(args: argparse.Namespace) -> int:
     """`compose upgrade [RUN_ID...] [--flow NAME] [--since X] --import M
-    [--dry-run] [--json]` (OPS-3): replays each run against the imported
+    [--dry-run] [--json]`: replays each run against the imported
     code and re-stamps the ones that do not diverge. Exit 1 when any
     diverged."""
     if not args.imports:
@@ -565,12 +565,12 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 # Schedules (OPS-11)
 
 
-def _iso(when: Any) -> str:
+def _iso_datetime(when: Any) -> str:
     return "-" if when is None else when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _cmd_schedules(args: argparse.Namespace) -> int:
-    """OPS-11: `compose schedules [--json]`: every schedule with its next and
+    """`compose schedules [--json]`: every schedule with its next and
     last fire, and whether any live worker imported its flow."""
     from .schedules import list_schedules, unserved
 
@@ -613,8 +613,8 @@ def _cmd_schedules(args: argparse.Namespace) -> int:
         ("FLOW", [s.flow for s in found]),
         ("CRON", [s.cron for s in found]),
         ("TIMEZONE", [s.timezone for s in found]),
-        ("NEXT FIRE", [_iso(s.next_fire) for s in found]),
-        ("LAST FIRE", [_iso(s.last_fire) for s in found]),
+        ("NEXT FIRE", [_iso_datetime(s.next_fire) for s in found]),
+        ("LAST FIRE", [_iso_datetime(s.last_fire) for s in found]),
     ]
     widths = [max(len(h), *(len(v) for v in values)) for h, values in cols]
     lines = ["  ".join(f"{h:<{w}}" for (h, _), w in zip(cols, widths)) + "  STATE"]
@@ -626,7 +626,7 @@ def _cmd_schedules(args: argparse.Namespace) -> int:
 
 
 def _cmd_schedule(args: argparse.Namespace) -> int:
-    """OPS-11: `compose schedule pause|resume|delete|trigger NAME`."""
+    """`compose schedule pause|resume|delete|trigger NAME`."""
     from .schedules import get_schedule
 
     _import_modules(args.imports)
@@ -636,7 +636,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         print(f"schedule {sched.name} paused")
     elif args.action == "resume":
         sched.resume()
-        print(f"schedule {sched.name} resumed: next fire {_iso(sched.next_fire)}")
+        print(f"schedule {sched.name} resumed: next fire {_iso_datetime(sched.next_fire)}")
     elif args.action == "delete":
         sched.delete()
         print(f"schedule {sched.name} deleted")

@@ -462,7 +462,7 @@ class Flow(Generic[P, R]):
         return run, _engine.budget_meter(budget, "flow", self.name)
 
     def _start_keyed(self, args: tuple, kwargs: dict, budget: Any, wait: bool, run_id: Any):
-        """`_start` under the caller's `run_id` (OPS-10): `(run, meter, None)`
+        """`_start` under the caller's `run_id`: `(run, meter, None)`
         when the run was created here, else `(None, None, (row, live))` for
         the run of the same flow and arguments that holds the id."""
         args_json = _codec.dumps(_args_payload(args, kwargs))

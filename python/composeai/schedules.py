@@ -1,4 +1,4 @@
-"""Schedules (OPS-11): `schedule()` stores a cron schedule of a flow in the
+"""Schedules: `schedule()` stores a cron schedule of a flow in the
 store, and `compose worker` fires it: each tick starts one run with the id
 `sched:<name>:<tick>` (UTC, ISO 8601, seconds), so any number of workers on
 one store start exactly one run per tick.

@@ -9,10 +9,10 @@ the worker sleeps in the core (GIL released) until the next timer, another
 process's commit (a new signal, a parked or queued run: polled on SQLite, a
 `LISTEN` hint on PostgreSQL), or a run of its own settling.
 
-A worker continues only the runs of the code it imported (OPS-1): the
+A worker continues only the runs of the code it imported: the
 core's due and claim queries compare each flow run's stored fingerprint
 with the imported flow's, so runs started on other code are left to the
-workers running that code. With `--upgrade` (OPS-3) it first checks each
+workers running that code. With `--upgrade` it first checks each
 such run it could otherwise not claim against its own code, replaying the
 journal without executing anything, and takes over the ones that replay
 cleanly.

@@ -1,4 +1,4 @@
-"""The schedules page of the web UI (OPS-11): every schedule with its
+"""The schedules page of the web UI: every schedule with its
 pattern, zone, next and last fire (linking its last run), and its state."""
 
 from __future__ import annotations
