@@ -3,7 +3,7 @@
 
 use crate::error::{CoreError, CoreResult};
 use crate::runtime::runtime;
-use crate::store::postgres::retry::Limits;
+use crate::store::postgres::reachability::Limits;
 use crate::store::postgres::schema::{MIGRATIONS, PG_SCHEMA_VERSION};
 use crate::store::postgres::sql::{
     cannot_connect, connect_failed, moved, on_settle, owner, span_insert_once_sql, span_insert_sql,

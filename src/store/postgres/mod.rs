@@ -17,6 +17,7 @@ pub mod listen;
 mod published;
 pub mod query;
 pub mod queue;
+mod reachability;
 mod retry;
 mod schedule;
 mod schema;

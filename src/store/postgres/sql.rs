@@ -4,7 +4,7 @@
 use crate::error::CoreError;
 use crate::ids::{encode_id, StoredId};
 use crate::store::durable::WaitRow;
-use crate::store::postgres::retry::is_unreachable;
+use crate::store::postgres::reachability::is_unreachable;
 use crate::store::slot::{FLAG_OUTPUT_IN_JOURNAL, FLAG_REPLAYED};
 use crate::store::url::PgUrl;
 use crate::store::{AgentStateRow, NewRun, RunRow, SpanRecord};

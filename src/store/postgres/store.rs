@@ -5,7 +5,7 @@ use crate::ids::decode_id;
 use crate::runtime::{block_on, runtime};
 use crate::store::graph::GraphWork;
 use crate::store::postgres::inner::{insert_run_err, own_insert, PgInner, PgStore};
-use crate::store::postgres::retry::Limits;
+use crate::store::postgres::reachability::Limits;
 use crate::store::postgres::sql::{
     insert_run_params, moved, on_acquire, read_run, write_agent_state, DELETE_DURABLE, INSERT_RUN,
     INSERT_RUN_KEYED, RUN_COLUMNS,

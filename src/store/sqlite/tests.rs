@@ -32,7 +32,10 @@ mod durable_schema {
         let path = dir.join("runs.db").to_string_lossy().into_owned();
         let _ = std::fs::remove_file(&path);
         let conn = open_connection(&path, false).unwrap();
-        assert_eq!(runs_indexes(&conn), ["runs_active", "runs_by_created"]);
+        assert_eq!(
+            runs_indexes(&conn),
+            ["runs_active", "runs_by_created", "runs_by_deadline"]
+        );
         // Both halves of the recovery query read the runs it may return
         // through the partial index, never the whole table.
         let steps = plan(&conn, crate::store::sqlite::durable::RECOVERABLE_RUNS);
@@ -52,7 +55,10 @@ mod durable_schema {
         .unwrap();
         drop(conn);
         let conn = open_connection(&path, false).unwrap();
-        assert_eq!(runs_indexes(&conn), ["runs_active", "runs_by_created"]);
+        assert_eq!(
+            runs_indexes(&conn),
+            ["runs_active", "runs_by_created", "runs_by_deadline"]
+        );
         let version: i64 = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
