@@ -1326,8 +1326,12 @@ def _build_parser() -> argparse.ArgumentParser:
     schedules.set_defaults(func=_cmd_schedules, parser=schedules)
 
     sched = sub.add_parser("schedule", help="pause, resume, delete or trigger a schedule")
-    sched.add_argument("action", choices=("pause", "resume", "delete", "trigger"))
-    sched.add_argument("name", metavar="NAME")
+    sched.add_argument(
+        "action",
+        choices=("pause", "resume", "delete", "trigger"),
+        help="pause or resume its ticks, delete it, or start one run now (trigger)",
+    )
+    sched.add_argument("name", metavar="NAME", help="the schedule's name")
     add_import(sched)
     sched.set_defaults(func=_cmd_schedule, parser=sched)
 
