@@ -194,6 +194,12 @@ def test_ext1_ctrl_c_interrupts_a_blocking_sleep_and_leaves_the_run_resumable(tm
     )
     proc = box.spawn(
         """
+        import signal
+
+        # Ctrl-C as from a terminal: a shell that started the tests in the
+        # background may have left SIGINT ignored for its children.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
         import napmod
         napmod.nap.run()
         """
